@@ -1,0 +1,38 @@
+# The two commands a newcomer types: `make run` and `make test`.
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.setup-done
+
+.PHONY: run test test-fast lint install gpu-test clean
+
+$(STAMP): pyproject.toml scripts/setup.sh
+	scripts/setup.sh
+	touch $(STAMP)
+
+install: $(STAMP)
+
+## make run: the workbench on embedded defaults (SQLite, a private Redis, one local worker) at http://127.0.0.1:8000
+run: install
+	@if [ -f frontend/package.json ]; then scripts/build_frontend.sh; fi
+	$(BIN)/slidedp serve
+
+## make test: everything CI runs (lint, runtime, backend, browser, fault and fuzz suites)
+test: install
+	SETUP_BROWSER=1 scripts/setup.sh
+	$(BIN)/ruff check runtime backend tests examples
+	$(BIN)/python -m pytest -q -m "not gpu" tests
+
+## make test-fast: the quick subset for iteration (no browser, no slow suites)
+test-fast: install
+	$(BIN)/python -m pytest -q -m "not gpu and not e2e and not slow" tests
+
+## make gpu-test: the GPU suite; on the GPU machine run `PYTHONPATH=runtime python3 -m pytest -m gpu tests/gpu`
+gpu-test:
+	PYTHONPATH=runtime python3 -m pytest -q -m gpu tests/gpu
+
+lint: install
+	$(BIN)/ruff check runtime backend tests examples
+	$(BIN)/ruff format --check runtime backend tests examples
+
+clean:
+	rm -rf $(VENV) frontend/node_modules frontend/dist

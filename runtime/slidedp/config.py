@@ -1,0 +1,321 @@
+"""The job config: one schema for the CLI, the Python API, the web API and the UI.
+
+Imports no torch (and no pydantic): the web API validates jobs with it in a process without torch,
+and the GPU machine has no pydantic. Every key is a dataclass field whose ``doc`` metadata is the
+documentation that docs/interfaces.md, ``slidedp config-schema`` and the OpenAPI schema show.
+
+    cfg = JobConfig.from_dict(yaml.safe_load(open("job.yaml")))   # raises ConfigError
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import types
+import typing
+from dataclasses import dataclass, field
+from typing import Any, Literal, Optional, get_args, get_origin
+
+
+class ConfigError(ValueError):
+    """One or more config keys are wrong. ``errors`` lists {"loc": "optimizer.lr", "msg": "..."}."""
+
+    def __init__(self, errors: list[dict[str, str]]):
+        self.errors = errors
+        super().__init__("; ".join(f"{e['loc']}: {e['msg']}" for e in errors))
+
+
+def _f(default: Any = dataclasses.MISSING, doc: str = "", *, factory: Any = None, **checks: Any) -> Any:
+    meta = {"doc": doc, **checks}
+    if factory is not None:
+        return field(default_factory=factory, metadata=meta)
+    return field(default=default, metadata=meta)
+
+
+@dataclass
+class DataConfig:
+    path: str = _f(doc="Dataset file (.jsonl, .json, .parquet or .txt) on the host that runs the job.")
+    format: Literal["tokens", "text", "prompt_completion", "chat", "alpaca"] = _f(
+        "tokens",
+        doc="tokens: jsonl lines {input_ids, labels?} of length seq_len (labels aligned with input_ids, "
+        "-100 = ignored; the model shifts). text: documents packed into seq_len blocks. "
+        "prompt_completion / chat / alpaca: supervised examples, loss on the answer only.",
+    )
+    shuffle: bool = _f(True, doc="Shuffle sequences each epoch with `seed` (off: file order).")
+    seed: int = _f(0, doc="Seed of the data order.")
+    text_field: str = _f("text", doc="Field holding the text for format=text in json/jsonl/parquet files.")
+    pack: bool = _f(
+        True,
+        doc="Supervised formats: pack several examples into one seq_len row (attention never crosses "
+        "example boundaries) instead of padding one example per row.",
+    )
+
+
+@dataclass
+class OptimizerConfig:
+    lr: float = _f(1e-5, doc="Peak learning rate of AdamW.", gt=0.0)
+    weight_decay: float = _f(0.0, doc="Decoupled weight decay (AdamW).", ge=0.0)
+    betas: tuple[float, float] = _f((0.9, 0.95), doc="AdamW (beta1, beta2), each in [0, 1).")
+    eps: float = _f(1e-8, doc="AdamW epsilon.", gt=0.0)
+    max_grad_norm: float = _f(
+        0.0,
+        doc="> 0: exact global-norm clipping (as torch.nn.utils.clip_grad_norm_ on the whole model; updates "
+        "wait for the norm). 0: no clipping (the norm is still reported).",
+        ge=0.0,
+    )
+
+
+@dataclass
+class ScheduleConfig:
+    warmup_steps: int = _f(0, doc="Linear warmup from 0 to optimizer.lr over this many steps.", ge=0)
+    decay: Literal["constant", "linear", "cosine"] = _f("constant", doc="Shape after warmup.")
+    min_lr_ratio: float = _f(0.0, doc="Floor of linear/cosine decay as a fraction of lr.", ge=0.0, le=1.0)
+
+
+@dataclass
+class PolicyConfig:
+    delivery: Literal["auto", "replicated", "sharded"] = _f(
+        "auto",
+        doc="Parameter route host->GPU. replicated: every rank copies the whole unit over its own PCIe link. "
+        "sharded: each rank copies 1/N, then all-gather between GPUs.",
+    )
+    grad_reduce: Literal["auto", "gpu", "host"] = _f(
+        "auto",
+        doc="Gradient route. gpu: reduce-scatter between GPUs, each rank returns its 1/N. "
+        "host: each rank returns the whole unit gradient and the host sums.",
+    )
+    reduce_dtype: Literal["fp32", "bf16"] = _f("fp32", doc="Dtype gradients are reduced and returned in.")
+    activations: Literal["auto", "checkpoint", "keep", "offload"] = _f(
+        "auto",
+        doc="Activation placement for every decoder layer. checkpoint: save the unit input, recompute in "
+        "backward. keep: keep activations on the GPU. offload: keep them in host memory. auto: AutoPolicy "
+        "mixes them per unit (checkpoint where no plan is available).",
+    )
+    keep_layers: Optional[int] = _f(
+        None, doc="With activations=auto: force how many leading layers keep activations (None: planner).", ge=0
+    )
+    offload_layers: Optional[int] = _f(
+        None, doc="With activations=auto: force how many layers offload activations (None: planner).", ge=0
+    )
+    window: int = _f(3, doc="GPU unit buffers in the working window (>= 2: one computing, one arriving).", ge=2)
+    chunk_mb: int = _f(64, doc="Transfer chunk size in MiB for host<->GPU copies.", ge=1)
+    loss_chunk_tokens: int = _f(
+        4096, doc="Tokens per chunk of the lm_head + cross-entropy (full fp32 logits never exist).", ge=1
+    )
+    resident_units: Optional[int] = _f(
+        None,
+        doc="Decoder layers whose bf16 weights stay on the GPU between forward and backward (None: planner).",
+        ge=0,
+    )
+
+
+@dataclass
+class CheckpointConfig:
+    interval: int = _f(0, doc="Save host state every K steps (and at the end). 0 turns checkpointing off.", ge=0)
+    keep: int = _f(2, doc="Keep the last M checkpoints.", ge=1)
+
+
+@dataclass
+class JobConfig:
+    model: str = _f(
+        doc="A local Hugging Face model directory (a value containing '/' or naming an existing directory) "
+        "or a preset name (see `slidedp presets`; random init)."
+    )
+    data: DataConfig = _f(doc="The dataset.")
+    seq_len: int = _f(2048, doc="Tokens per sequence.", gt=0)
+    micro_batch_size: int = _f(1, doc="Sequences per rank per micro-batch.", gt=0)
+    grad_accum: int = _f(1, doc="Micro-batches per optimizer step.", gt=0)
+    steps: int = _f(10, doc="Optimizer steps to run.", gt=0)
+    optimizer: OptimizerConfig = _f(factory=OptimizerConfig, doc="AdamW hyperparameters.")
+    schedule: ScheduleConfig = _f(factory=ScheduleConfig, doc="Learning-rate schedule.")
+    gpus: int = _f(0, doc="GPUs to use, one rank each. 0: train on the CPU (gloo) with `ranks` processes.", ge=0)
+    ranks: int = _f(1, doc="CPU ranks when gpus = 0 (development and CI).", gt=0)
+    precision: Literal["bf16", "fp32"] = _f(
+        "bf16", doc="bf16: bf16 weights delivered and computed, fp32 master. fp32: fp32 throughout."
+    )
+    policy: PolicyConfig = _f(factory=PolicyConfig, doc="Execution policy (routes, window, activations).")
+    checkpoint: CheckpointConfig = _f(factory=CheckpointConfig, doc="Host-state checkpoints for resume.")
+    output_dir: str = _f("runs/job", doc="Where metrics.jsonl, checkpoints/ and final/ are written.")
+    seed: int = _f(0, doc="Seed of random initialisation (presets) and of dropout-free training RNG.")
+    cpu_threads: Optional[int] = _f(
+        None, doc="CPU threads per rank for the host update (None: the host's cores split over ranks).", gt=0
+    )
+    host_ram_gib: Optional[float] = _f(
+        None, doc="Host RAM available to the job in GiB (None: the cgroup limit, else MemTotal).", gt=0
+    )
+    resume: bool = _f(False, doc="Continue from the newest checkpoint in output_dir/checkpoints.")
+    export: bool = _f(True, doc="Write output_dir/final/ (Hugging Face directory) at the end.")
+    deterministic: bool = _f(False, doc="Deterministic kernels on GPU (slower); for bit-exact resume tests.")
+
+    # ------------------------------------------------------------------ construction
+    @classmethod
+    def from_dict(cls, raw: Any) -> JobConfig:
+        """Build and range-check a config; raise ConfigError naming every bad key path."""
+        errors: list[dict[str, str]] = []
+        cfg = _build(cls, raw, "", errors)
+        if not errors:
+            _cross_checks(cfg, errors)
+        if errors:
+            raise ConfigError(errors)
+        return cfg
+
+    def to_dict(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d["optimizer"]["betas"] = list(self.optimizer.betas)
+        return d
+
+    @property
+    def world_size(self) -> int:
+        return self.gpus if self.gpus > 0 else self.ranks
+
+    @property
+    def global_batch_sequences(self) -> int:
+        return self.micro_batch_size * self.world_size * self.grad_accum
+
+    @property
+    def tokens_per_step(self) -> int:
+        return self.global_batch_sequences * self.seq_len
+
+
+def load_config_file(path: str) -> dict[str, Any]:
+    """Read a YAML or JSON job file into a dict (YAML needs pyyaml, which the GPU machine has)."""
+    with open(path, encoding="utf-8") as fh:
+        text = fh.read()
+    if path.endswith(".json"):
+        return json.loads(text)
+    import yaml  # local: only YAML files need it
+
+    return yaml.safe_load(text) or {}
+
+
+def is_model_path(model: str) -> bool:
+    """A model value containing '/' or naming an existing directory is a path; otherwise a preset name."""
+    return "/" in model or os.sep in model or os.path.isdir(model)
+
+
+# ---------------------------------------------------------------------------- internals
+def _type_name(tp: Any) -> str:
+    origin = get_origin(tp)
+    if origin is Literal:
+        return "one of " + ", ".join(repr(a) for a in get_args(tp))
+    if origin in (typing.Union, types.UnionType):
+        return " or ".join(_type_name(a) for a in get_args(tp) if a is not type(None)) + " or null"
+    if origin is tuple:
+        return "a list of " + str(len(get_args(tp))) + " numbers"
+    return {int: "an integer", float: "a number", bool: "true or false", str: "a string"}.get(tp, str(tp))
+
+
+def _coerce(tp: Any, value: Any, loc: str, errors: list[dict[str, str]]) -> Any:
+    origin = get_origin(tp)
+    if dataclasses.is_dataclass(tp):
+        return _build(tp, value, loc + ".", errors)
+    if origin in (typing.Union, types.UnionType):
+        if value is None:
+            return None
+        inner = [a for a in get_args(tp) if a is not type(None)][0]
+        return _coerce(inner, value, loc, errors)
+    if origin is Literal:
+        if value not in get_args(tp):
+            errors.append({"loc": loc, "msg": f"must be {_type_name(tp)}, got {value!r}"})
+        return value
+    if origin is tuple:
+        args = get_args(tp)
+        if not isinstance(value, (list, tuple)) or len(value) != len(args):
+            errors.append({"loc": loc, "msg": f"must be {_type_name(tp)}, got {value!r}"})
+            return value
+        return tuple(_coerce(a, v, f"{loc}[{i}]", errors) for i, (a, v) in enumerate(zip(args, value)))
+    if tp is bool:
+        if not isinstance(value, bool):
+            errors.append({"loc": loc, "msg": f"must be true or false, got {value!r}"})
+        return value
+    if tp is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            if isinstance(value, float) and value.is_integer():
+                return int(value)
+            errors.append({"loc": loc, "msg": f"must be an integer, got {value!r}"})
+        return value
+    if tp is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            errors.append({"loc": loc, "msg": f"must be a number, got {value!r}"})
+            return value
+        if value != value or value in (float("inf"), float("-inf")):
+            errors.append({"loc": loc, "msg": f"must be a finite number, got {value!r}"})
+        return float(value)
+    if tp is str:
+        if not isinstance(value, str):
+            errors.append({"loc": loc, "msg": f"must be a string, got {value!r}"})
+        return value
+    return value
+
+
+def _range_check(meta: dict[str, Any], value: Any, loc: str, errors: list[dict[str, str]]) -> None:
+    if value is None or isinstance(value, bool) or not isinstance(value, (int, float)):
+        return
+    if "gt" in meta and not value > meta["gt"]:
+        errors.append({"loc": loc, "msg": f"must be greater than {meta['gt']}, got {value}"})
+    if "ge" in meta and not value >= meta["ge"]:
+        errors.append({"loc": loc, "msg": f"must be at least {meta['ge']}, got {value}"})
+    if "le" in meta and not value <= meta["le"]:
+        errors.append({"loc": loc, "msg": f"must be at most {meta['le']}, got {value}"})
+
+
+def _build(cls: Any, raw: Any, prefix: str, errors: list[dict[str, str]]) -> Any:
+    where = prefix.rstrip(".") or "config"
+    if not isinstance(raw, dict):
+        errors.append({"loc": where, "msg": f"must be a mapping of keys to values, got {type(raw).__name__}"})
+        return None
+    hints = typing.get_type_hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    for key in raw:
+        if key not in fields:
+            close = [n for n in fields if n.startswith(str(key)[:3])]
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            errors.append({"loc": prefix + str(key), "msg": f"unknown key{hint}; allowed: {', '.join(fields)}"})
+    kwargs: dict[str, Any] = {}
+    for name, f in fields.items():
+        loc = prefix + name
+        if name in raw:
+            value = _coerce(hints[name], raw[name], loc, errors)
+            _range_check(dict(f.metadata), value, loc, errors)
+            kwargs[name] = value
+        elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+            errors.append({"loc": loc, "msg": "is required"})
+    try:
+        return cls(**kwargs)
+    except TypeError:
+        return None
+
+
+def _cross_checks(cfg: JobConfig, errors: list[dict[str, str]]) -> None:
+    if not cfg.model.strip():
+        errors.append({"loc": "model", "msg": "must name a local model directory or a preset"})
+    if not cfg.data.path.strip():
+        errors.append({"loc": "data.path", "msg": "must name a dataset file"})
+    for i, b in enumerate(cfg.optimizer.betas):
+        if not 0.0 <= b < 1.0:
+            errors.append({"loc": f"optimizer.betas[{i}]", "msg": f"must be in [0, 1), got {b}"})
+    if cfg.gpus > 0 and cfg.ranks != 1 and cfg.ranks != cfg.gpus:
+        errors.append({"loc": "ranks", "msg": "is for CPU training (gpus = 0); with GPUs there is one rank per GPU"})
+    if cfg.schedule.warmup_steps > cfg.steps:
+        errors.append({"loc": "schedule.warmup_steps", "msg": f"is longer than the run ({cfg.steps} steps)"})
+    if cfg.policy.keep_layers is not None and cfg.policy.activations != "auto":
+        errors.append({"loc": "policy.keep_layers", "msg": "only applies with policy.activations = auto"})
+
+
+def schema_doc(cls: Any = JobConfig, prefix: str = "") -> list[tuple[str, str, str, str]]:
+    """(key path, type, default, doc) for every key, nested ones included; docs/interfaces.md shows this."""
+    rows = []
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        tp = hints[f.name]
+        if dataclasses.is_dataclass(tp):
+            rows.append((prefix + f.name, "mapping", "", f.metadata.get("doc", "")))
+            rows.extend(schema_doc(tp, prefix + f.name + "."))
+            continue
+        if f.default is not dataclasses.MISSING:
+            default = json.dumps(list(f.default) if isinstance(f.default, tuple) else f.default)
+        else:
+            default = "required"
+        rows.append((prefix + f.name, _type_name(tp), default, f.metadata.get("doc", "")))
+    return rows

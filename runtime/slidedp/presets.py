@@ -1,0 +1,127 @@
+"""Named model shapes (random init) and parameter arithmetic that needs no torch.
+
+Tiny presets train on a CPU in seconds and use the small tokenizer shipped in slidedp/assets/tokenizer;
+the Qwen3 presets have the real shapes (vocab 151,936, head_dim 128) for benchmarks. The planner and the
+validation module size host state from these figures without building a model.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+TINY_VOCAB = 512  # size of the tokenizer in slidedp/assets/tokenizer
+
+_QWEN3_COMMON = {
+    "model_type": "qwen3",
+    "vocab_size": 151936,
+    "head_dim": 128,
+    "max_position_embeddings": 40960,
+    "rope_theta": 1000000.0,
+    "rms_norm_eps": 1e-6,
+    "hidden_act": "silu",
+    "attention_bias": False,
+    "bos_token_id": 151643,
+    "eos_token_id": 151645,
+}
+
+
+def _qwen3(hidden: int, layers: int, heads: int, kv_heads: int, ffn: int, tied: bool) -> dict[str, Any]:
+    return {
+        **_QWEN3_COMMON,
+        "hidden_size": hidden,
+        "num_hidden_layers": layers,
+        "num_attention_heads": heads,
+        "num_key_value_heads": kv_heads,
+        "intermediate_size": ffn,
+        "tie_word_embeddings": tied,
+    }
+
+
+def _tiny(model_type: str, **extra: Any) -> dict[str, Any]:
+    cfg = {
+        "model_type": model_type,
+        "vocab_size": TINY_VOCAB,
+        "hidden_size": 64,
+        "num_hidden_layers": 4,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "intermediate_size": 160,
+        "max_position_embeddings": 1024,
+        "rope_theta": 10000.0,
+        "rms_norm_eps": 1e-6,
+        "hidden_act": "silu",
+        "tie_word_embeddings": False,
+        "bos_token_id": 1,
+        "eos_token_id": 2,
+        "pad_token_id": 0,
+    }
+    cfg.update(extra)
+    return cfg
+
+
+PRESETS: dict[str, dict[str, Any]] = {
+    # Tiny shapes for tests and the CPU demo (the tiny tokenizer ships with the package).
+    "tiny-qwen3": _tiny("qwen3", head_dim=16),
+    "tiny-qwen3-tied": _tiny("qwen3", head_dim=16, tie_word_embeddings=True),
+    "tiny-qwen2": _tiny("qwen2"),
+    "tiny-llama": _tiny("llama"),
+    "tiny-mistral": _tiny("mistral", sliding_window=None),
+    "demo-qwen3": _tiny("qwen3", hidden_size=128, num_hidden_layers=4, intermediate_size=384, head_dim=32,
+                        num_attention_heads=4, num_key_value_heads=2),
+    # Real Qwen3 shapes for benchmarks.
+    "qwen3-0.6b": _qwen3(1024, 28, 16, 8, 3072, True),
+    "qwen3-1.7b": _qwen3(2048, 28, 16, 8, 6144, True),
+    "qwen3-4b": _qwen3(2560, 36, 32, 8, 9728, True),
+    "qwen3-8b": _qwen3(4096, 36, 32, 8, 12288, False),
+    "qwen3-14b": _qwen3(5120, 40, 40, 8, 17408, False),
+    "qwen3-32b": _qwen3(5120, 64, 64, 8, 25600, False),
+}
+
+SUPPORTED_ARCHITECTURES = ("qwen3", "qwen2", "llama", "mistral")
+TINY_PRESETS = tuple(name for name in PRESETS if name.startswith(("tiny-", "demo-")))
+
+
+def model_config_dict(model: str) -> dict[str, Any]:
+    """The HF config of a preset or a local model directory, as a plain dict (no torch, no transformers)."""
+    from slidedp.config import is_model_path
+
+    if is_model_path(model):
+        with open(os.path.join(model, "config.json"), encoding="utf-8") as fh:
+            return json.load(fh)
+    return dict(PRESETS[model])
+
+
+def head_dim(cfg: dict[str, Any]) -> int:
+    return int(cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"])
+
+
+def unit_param_counts(cfg: dict[str, Any]) -> list[int]:
+    """Parameters per unit in streaming order: embedding, each decoder layer, final norm + lm_head.
+
+    With tied embeddings the lm_head weight is the embedding's and is counted once, in unit 0.
+    """
+    h, v, f = cfg["hidden_size"], cfg["vocab_size"], cfg["intermediate_size"]
+    nh, nkv, hd = cfg["num_attention_heads"], cfg["num_key_value_heads"], head_dim(cfg)
+    attn = h * nh * hd + 2 * h * nkv * hd + nh * hd * h
+    if cfg["model_type"] == "qwen2" or cfg.get("attention_bias"):
+        attn += nh * hd + 2 * nkv * hd + (h if cfg.get("attention_bias") and cfg["model_type"] != "qwen2" else 0)
+    if cfg["model_type"] == "qwen3":
+        attn += 2 * hd  # q_norm, k_norm
+    layer = attn + 3 * h * f + 2 * h
+    tied = bool(cfg.get("tie_word_embeddings", False))
+    head = h + (0 if tied else v * h)
+    return [v * h] + [layer] * cfg["num_hidden_layers"] + [head]
+
+
+def param_count(cfg: dict[str, Any]) -> int:
+    return sum(unit_param_counts(cfg))
+
+
+def flops_per_token(cfg: dict[str, Any], seq_len: int) -> float:
+    """Training FLOPs per token (forward + backward, no recompute): 6 * matmul params + attention."""
+    counts = unit_param_counts(cfg)
+    matmul_params = sum(counts[1:-1]) + cfg["vocab_size"] * cfg["hidden_size"]
+    attn = 12 * cfg["num_hidden_layers"] * cfg["num_attention_heads"] * head_dim(cfg) * seq_len / 2
+    return 6.0 * matmul_params + attn
