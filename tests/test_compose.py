@@ -35,14 +35,14 @@ def compose_binary() -> str:
 
 
 def compose(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-    # A clean environment: settings a developer exported must not change what the tests see.
+    # A clean environment: settings a developer exported or put in .env must not change what the tests see.
     base = {
         k: v for k, v in os.environ.items() if not k.startswith(("SLIDEDP_", "DATABASE_URL", "POSTGRES_"))
     }
     base.update(env or {})
     base["COMPOSE_PROJECT_NAME"] = "slidedp"
     return subprocess.run(
-        [compose_binary(), "-f", str(COMPOSE_FILE), *args],
+        [compose_binary(), "--env-file", os.devnull, "-f", str(COMPOSE_FILE), *args],
         cwd=ROOT, env=base, capture_output=True, text=True, timeout=60,
     )  # fmt: skip
 
