@@ -1,0 +1,245 @@
+"""Dataset files: where they are, how each file type is read, and what a record of each format must hold.
+
+Imports no torch (the validation module and the web API use it): reading and checking records is plain
+Python, with pyarrow imported only when a .parquet file is read.
+
+File types (by extension):
+    .jsonl     one JSON object per line (blank lines are skipped); records are named "line N"
+    .json      one JSON array of objects; records are named "record N"
+    .parquet   a table, one record per row (needs pyarrow); records are named "row N"
+    .txt       plain text, format `text` only: one document per block of lines separated by blank lines
+
+A `data.path` of the form ``demo:NAME`` names a dataset shipped with the package (see ``demo_paths()``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator
+from typing import Any
+
+from slidedp.config import ConfigError
+
+EXTENSIONS = (".jsonl", ".json", ".parquet", ".txt")
+DEMO_PREFIX = "demo:"
+DEMO_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "assets", "demo")
+
+# The fields each format reads, for messages; the record checks below are the rule.
+FORMAT_FIELDS = {
+    "tokens": "input_ids (list of token ids) and optionally labels (same length, -100 = ignored)",
+    "text": "the text field (data.text_field)",
+    "prompt_completion": "prompt and completion (strings)",
+    "chat": 'messages (a list of {"role", "content"})',
+    "alpaca": "instruction and output (strings), optionally input",
+}
+
+
+class DataError(ConfigError):
+    """The dataset cannot be used. ``errors`` lists {"loc": "data.path", "msg": "..."} as ConfigError does."""
+
+    def __init__(self, msg: str, loc: str = "data.path"):
+        super().__init__([{"loc": loc, "msg": msg}])
+
+
+def demo_paths() -> dict[str, str]:
+    """The datasets shipped in slidedp/assets/demo: {name: absolute path}; use them as data.path "demo:NAME"."""
+    if not os.path.isdir(DEMO_DIR):
+        return {}
+    return {n: os.path.join(DEMO_DIR, n) for n in sorted(os.listdir(DEMO_DIR)) if n.endswith(EXTENSIONS)}
+
+
+def resolve_data_path(path: str) -> str:
+    """The file a data.path names: ``demo:NAME`` becomes the packaged file; other values are returned as given."""
+    if not path.startswith(DEMO_PREFIX):
+        return path
+    name = path[len(DEMO_PREFIX) :]
+    shipped = demo_paths()
+    if name not in shipped:
+        raise DataError(f"no demo dataset named {name!r}; shipped: {', '.join(shipped) or 'none'}")
+    return shipped[name]
+
+
+def file_kind(path: str) -> str:
+    """The extension that selects the reader; a DataError for any other."""
+    ext = os.path.splitext(path)[1].lower()
+    if ext not in EXTENSIONS:
+        raise DataError(
+            f"{path}: unknown extension {ext or '(none)'!r}; use a .jsonl, .json, .parquet or .txt file"
+        )
+    return ext
+
+
+def import_pyarrow_parquet() -> Any:
+    try:
+        import pyarrow.parquet as pq
+    except ImportError as exc:
+        raise DataError(
+            "reading .parquet files needs pyarrow, which is not installed: pip install pyarrow "
+            "(or pip install 'slidedp[data]'), or convert the file to .jsonl"
+        ) from exc
+    return pq
+
+
+def iter_records(path: str, text_field: str = "text", limit: int | None = None) -> Iterator[tuple[str, Any]]:
+    """Yield (where, record) in file order, at most ``limit``; where is "line N", "record N" or "row N".
+
+    Raises DataError for what makes the file unreadable (bad JSON on a line, a .json that is not a list).
+    Records are returned as parsed; check_record says whether one fits a format.
+    """
+    kind = file_kind(path)
+    count = 0
+    if kind == ".jsonl":
+        with open(path, encoding="utf-8") as fh:
+            for n, line in enumerate(fh, 1):
+                if not line.strip():
+                    continue
+                if limit is not None and count >= limit:
+                    return
+                try:
+                    record = json.loads(line)
+                except json.JSONDecodeError as exc:
+                    raise DataError(
+                        f"{path} line {n}: bad JSON ({exc.msg} at column {exc.colno}); "
+                        "each line of a .jsonl file must be one JSON object"
+                    ) from None
+                count += 1
+                yield f"line {n}", record
+    elif kind == ".json":
+        with open(path, encoding="utf-8") as fh:
+            try:
+                data = json.load(fh)
+            except json.JSONDecodeError as exc:
+                raise DataError(
+                    f"{path}: bad JSON at line {exc.lineno} column {exc.colno} ({exc.msg}); "
+                    "a .json dataset must be one JSON array of objects"
+                ) from None
+        if not isinstance(data, list):
+            raise DataError(
+                f"{path}: holds a JSON {type(data).__name__}, not a list of records; "
+                "write a JSON array of objects (or one object per line in a .jsonl file)"
+            )
+        for n, record in enumerate(data[:limit] if limit is not None else data, 1):
+            yield f"record {n}", record
+    elif kind == ".parquet":
+        pq = import_pyarrow_parquet()
+        n = 0
+        for batch in pq.ParquetFile(path).iter_batches(batch_size=1024):
+            for record in batch.to_pylist():
+                if limit is not None and n >= limit:
+                    return
+                n += 1
+                yield f"row {n}", record
+    else:  # .txt: blank-line-separated blocks are documents
+        with open(path, encoding="utf-8") as fh:
+            block: list[str] = []
+            start = 0
+            for n, line in enumerate(fh, 1):
+                if line.strip():
+                    if not block:
+                        start = n
+                    block.append(line)
+                    continue
+                if block:
+                    if limit is not None and count >= limit:
+                        return
+                    count += 1
+                    yield f"line {start}", {text_field: "".join(block).strip("\n")}
+                    block = []
+            if block and (limit is None or count < limit):
+                yield f"line {start}", {text_field: "".join(block).strip("\n")}
+
+
+def count_records(path: str) -> int:
+    """Records in the file, cheaply: non-blank lines (.jsonl), rows (.parquet), list length (.json), blocks (.txt)."""
+    kind = file_kind(path)
+    if kind == ".jsonl":
+        with open(path, "rb") as fh:
+            return sum(1 for line in fh if line.strip())
+    if kind == ".parquet":
+        return import_pyarrow_parquet().ParquetFile(path).metadata.num_rows
+    return sum(1 for _ in iter_records(path))
+
+
+def check_record(fmt: str, record: Any, text_field: str = "text") -> str | None:
+    """What is wrong with one record for the format (a phrase naming the field), or None if it fits."""
+    if not isinstance(record, dict):
+        return f"is a {type(record).__name__}, not an object with {FORMAT_FIELDS[fmt]}"
+    if fmt == "tokens":
+        ids = record.get("input_ids")
+        if ids is None:
+            return "has no field 'input_ids' (format tokens needs input_ids, a list of token ids)"
+        if not _int_list(ids) or not ids or min(ids) < 0:
+            return "field 'input_ids' must be a non-empty list of token ids (integers >= 0)"
+        labels = record.get("labels")
+        if labels is not None:
+            if not _int_list(labels):
+                return "field 'labels' must be a list of integers (-100 = ignored)"
+            if len(labels) != len(ids):
+                return (
+                    f"field 'labels' has {len(labels)} entries but input_ids has {len(ids)}; they must align"
+                )
+        return None
+    if fmt == "text":
+        return _string_field(record, text_field, "format text reads the text from data.text_field")
+    if fmt == "prompt_completion":
+        return _string_field(record, "prompt", "format prompt_completion") or _string_field(
+            record, "completion", "format prompt_completion"
+        )
+    if fmt == "alpaca":
+        msg = _string_field(record, "instruction", "format alpaca") or _string_field(
+            record, "output", "format alpaca"
+        )
+        if msg is None and record.get("input") is not None and not isinstance(record["input"], str):
+            return "field 'input' must be a string when present"
+        return msg
+    if fmt == "chat":
+        messages = record.get("messages")
+        if messages is None:
+            return 'has no field \'messages\' (format chat needs a list of {"role", "content"})'
+        if not isinstance(messages, list) or not messages:
+            return 'field \'messages\' must be a non-empty list of {"role", "content"}'
+        for i, m in enumerate(messages):
+            if (
+                not isinstance(m, dict)
+                or not isinstance(m.get("role"), str)
+                or not isinstance(m.get("content"), str)
+            ):
+                return f"messages[{i}] must be an object with string fields 'role' and 'content'"
+        return None
+    raise ValueError(f"unknown data format {fmt!r}")
+
+
+def read_dataset(path: str, fmt: str, text_field: str = "text") -> list[tuple[str, Any]]:
+    """Every (where, record) of a dataset file, checked for the format; DataError naming the first bad one."""
+    path = resolve_data_path(path)
+    if not os.path.isfile(path):
+        raise DataError(
+            f"dataset file {path} does not exist" if not os.path.exists(path) else f"{path} is not a file"
+        )
+    if file_kind(path) == ".txt" and fmt != "text":
+        raise DataError(
+            f"{path} is plain text, which only format text reads; use format text, or a .jsonl file for {fmt}",
+            loc="data.format",
+        )
+    records = []
+    for where, record in iter_records(path, text_field):
+        problem = check_record(fmt, record, text_field)
+        if problem:
+            raise DataError(f"{path} {where}: {problem}")
+        records.append((where, record))
+    if not records:
+        raise DataError(f"dataset file {path} is empty: it holds no records")
+    return records
+
+
+def _int_list(value: Any) -> bool:
+    return isinstance(value, list) and all(isinstance(v, int) and not isinstance(v, bool) for v in value)
+
+
+def _string_field(record: dict, name: str, who: str) -> str | None:
+    if name not in record or record[name] is None:
+        return f"has no field {name!r} ({who} needs it)"
+    if not isinstance(record[name], str):
+        return f"field {name!r} must be a string, got {type(record[name]).__name__}"
+    return None
