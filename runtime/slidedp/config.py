@@ -35,7 +35,10 @@ def _f(default: Any = dataclasses.MISSING, doc: str = "", *, factory: Any = None
 
 @dataclass
 class DataConfig:
-    path: str = _f(doc="Dataset file (.jsonl, .json, .parquet or .txt) on the host that runs the job.")
+    path: str = _f(
+        doc="Dataset file (.jsonl, .json, .parquet or .txt) on the host that runs the job; `demo:NAME` names a "
+        "dataset shipped with slidedp (slidedp.data.demo_paths())."
+    )
     format: Literal["tokens", "text", "prompt_completion", "chat", "alpaca"] = _f(
         "tokens",
         doc="tokens: jsonl lines {input_ids, labels?} of length seq_len (labels aligned with input_ids, "

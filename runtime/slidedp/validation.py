@@ -1,0 +1,335 @@
+"""Input validation before anything is allocated: the model, the dataset, and whether host RAM holds the state.
+
+Imports no torch and no transformers (the web API validates jobs with it, in a process without either);
+pyarrow is imported only to look into a .parquet dataset. Checks that need the tokenizer (a dataset that
+tokenises to nothing, examples with no answer within seq_len) run first thing in the job and fail it with
+the same structured error (slidedp.data.DataError, a ConfigError).
+
+    errors = validate_job(cfg)        # [{"loc": "data.path", "msg": "..."}], [] when the job can start
+    check_job(cfg)                    # raises slidedp.ConfigError with those errors
+
+Host RAM: the host state takes HOST_STATE_BYTES_PER_PARAM bytes per parameter (fp32 master weights and AdamW
+moments, 12 B, plus the bf16 copy delivered to the GPUs, 2 B) and gradients are staged through a few unit
+buffers per rank. The RAM available is ``cfg.host_ram_gib`` when set, else the cgroup memory limit, else
+MemTotal. The cgroup or configured figure is preferred because MemTotal is not a limit everywhere: on the GPU
+machine it starts small and grows as memory is touched, so it understates what a job may use.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+from slidedp.config import ConfigError, JobConfig, is_model_path
+from slidedp.data.sources import (
+    FORMAT_FIELDS,
+    DataError,
+    check_record,
+    count_records,
+    file_kind,
+    import_pyarrow_parquet,
+    iter_records,
+    resolve_data_path,
+)
+from slidedp.data.tokenizer import TOKENIZER_FILES, tokenizer_source
+from slidedp.presets import PRESETS, SUPPORTED_ARCHITECTURES, param_count, unit_param_counts
+
+SCAN_RECORDS = 1000  # records read in full; the rest of the file is only counted
+MAX_RECORD_ERRORS = 3  # bad records reported per dataset
+HOST_STATE_BYTES_PER_PARAM = 14
+STAGED_UNITS_PER_RANK = 2  # gradient buffers per rank on the host: one filling while the update drains one
+GIB = 2**30
+_NO_LIMIT = 2**60  # cgroup v1 writes ~2**63 for "no limit"
+
+
+def validate_job(cfg: JobConfig, host_ram_bytes: int | None = None) -> list[dict[str, str]]:
+    """Every problem found with the job's model, dataset and host RAM, as [{"loc", "msg"}]."""
+    errors: list[dict[str, str]] = []
+    model_cfg = _check_model(cfg, errors)
+    _check_tokenizer(cfg, errors)
+    vocab = model_cfg.get("vocab_size") if model_cfg else None
+    _check_dataset(cfg, vocab, errors)
+    if model_cfg is not None:
+        _check_host_ram(cfg, model_cfg, host_ram_bytes, errors)
+    return errors
+
+
+def check_job(cfg: JobConfig, host_ram_bytes: int | None = None) -> None:
+    """Raise ConfigError listing every problem validate_job finds."""
+    errors = validate_job(cfg, host_ram_bytes)
+    if errors:
+        raise ConfigError(errors)
+
+
+# ---------------------------------------------------------------------------- host RAM
+def host_ram_limit_bytes(configured_gib: float | None = None) -> int:
+    """Host RAM a job may use: the configured figure, else the cgroup memory limit, else MemTotal."""
+    return host_ram_limit(configured_gib)[0]
+
+
+def host_ram_limit(
+    configured_gib: float | None = None, cgroup_root: str = "/sys/fs/cgroup"
+) -> tuple[int, str]:
+    """(bytes, where the figure comes from) — see host_ram_limit_bytes."""
+    if configured_gib is not None:
+        return int(configured_gib * GIB), "host_ram_gib"
+    limit = cgroup_memory_limit(cgroup_root)
+    if limit is not None:
+        return limit, "cgroup memory limit"
+    with open("/proc/meminfo", encoding="ascii") as fh:
+        for line in fh:
+            if line.startswith("MemTotal:"):
+                return int(line.split()[1]) * 1024, "MemTotal"
+    raise OSError("/proc/meminfo has no MemTotal line")
+
+
+def cgroup_memory_limit(root: str = "/sys/fs/cgroup", proc_cgroup: str = "/proc/self/cgroup") -> int | None:
+    """The tightest real memory limit of this process's cgroup (v2 memory.max or v1 memory.limit_in_bytes)."""
+    v2_paths, v1_paths = [""], [""]
+    try:
+        with open(proc_cgroup, encoding="ascii") as fh:
+            for line in fh:
+                parts = line.strip().split(":", 2)
+                if len(parts) != 3:
+                    continue
+                if parts[0] == "0" and parts[1] == "":
+                    v2_paths.insert(0, parts[2].lstrip("/"))
+                elif "memory" in parts[1].split(","):
+                    v1_paths.insert(0, parts[2].lstrip("/"))
+    except OSError:
+        pass
+    candidates = [os.path.join(root, p, "memory.max") for p in v2_paths]
+    candidates += [os.path.join(root, "unified", p, "memory.max") for p in v2_paths]
+    candidates += [os.path.join(root, "memory", p, "memory.limit_in_bytes") for p in v1_paths]
+    limits = []
+    for path in candidates:
+        try:
+            with open(path, encoding="ascii") as fh:
+                value = fh.read().strip()
+        except OSError:
+            continue
+        if value.isdigit() and 0 < int(value) < _NO_LIMIT:
+            limits.append(int(value))
+    return min(limits) if limits else None
+
+
+def host_state_bytes(cfg: JobConfig, model_cfg: dict[str, Any]) -> tuple[int, int]:
+    """(host state bytes, gradient staging bytes) for the job's model and ranks."""
+    units = unit_param_counts(model_cfg)
+    grad_bytes = 2 if cfg.policy.reduce_dtype == "bf16" else 4
+    staging = cfg.world_size * STAGED_UNITS_PER_RANK * max(units) * grad_bytes
+    return HOST_STATE_BYTES_PER_PARAM * sum(units), staging
+
+
+def _check_host_ram(
+    cfg: JobConfig, model_cfg: dict[str, Any], host_ram_bytes: int | None, errors: list[dict[str, str]]
+) -> None:
+    try:
+        state, staging = host_state_bytes(cfg, model_cfg)
+        params = param_count(model_cfg)
+    except (KeyError, TypeError) as exc:
+        errors.append({"loc": "model", "msg": f"the model config lacks {exc} needed to size the host state"})
+        return
+    if host_ram_bytes is not None:
+        available, source = host_ram_bytes, "as given"
+    else:
+        available, source = host_ram_limit(cfg.host_ram_gib)
+    need = state + staging
+    if need > available:
+        errors.append(
+            {
+                "loc": "host_ram_gib" if cfg.host_ram_gib is not None else "model",
+                "msg": f"host RAM too small: the host state needs {need / GIB:.1f} GiB "
+                f"({params / 1e9:.2f}B params x {HOST_STATE_BYTES_PER_PARAM} B = {state / GIB:.1f} GiB, plus "
+                f"{staging / GIB:.1f} GiB of gradient staging for {cfg.world_size} rank(s)) but "
+                f"{available / GIB:.1f} GiB is available ({source}); use a smaller model, fewer ranks or a "
+                "host with more memory",
+            }
+        )
+
+
+# ---------------------------------------------------------------------------- model
+def _check_model(cfg: JobConfig, errors: list[dict[str, str]]) -> dict[str, Any] | None:
+    """The model's HF config as a dict, or None after recording why it cannot be used."""
+    model = cfg.model
+    if not is_model_path(model):
+        if model not in PRESETS:
+            errors.append(
+                {
+                    "loc": "model",
+                    "msg": f"unknown preset {model!r}; presets: {', '.join(PRESETS)}. A local model directory "
+                    f"must be given as a path (e.g. ./{model})",
+                }
+            )
+            return None
+        model_cfg = dict(PRESETS[model])
+    else:
+        model_cfg = _read_model_dir(model, errors)
+        if model_cfg is None:
+            return None
+    model_type = model_cfg.get("model_type")
+    if model_type not in SUPPORTED_ARCHITECTURES:
+        errors.append(
+            {
+                "loc": "model",
+                "msg": f"unsupported architecture {model_type!r} in {model}; supported model_type values: "
+                f"{', '.join(SUPPORTED_ARCHITECTURES)}",
+            }
+        )
+        return None
+    limit = model_cfg.get("max_position_embeddings")
+    if isinstance(limit, int) and cfg.seq_len > limit:
+        errors.append(
+            {
+                "loc": "seq_len",
+                "msg": f"{cfg.seq_len} is above the model's limit (max_position_embeddings = {limit}); "
+                f"set seq_len to at most {limit}",
+            }
+        )
+    model_cfg.setdefault("num_key_value_heads", model_cfg.get("num_attention_heads"))
+    return model_cfg
+
+
+def _read_model_dir(model: str, errors: list[dict[str, str]]) -> dict[str, Any] | None:
+    def fail(msg: str) -> None:
+        errors.append({"loc": "model", "msg": msg})
+
+    if not os.path.exists(model):
+        fail(
+            f"model directory {model} does not exist; give the path of a local Hugging Face model directory "
+            "(config.json and *.safetensors) or a preset name"
+        )
+        return None
+    if not os.path.isdir(model):
+        fail(f"{model} is a file; give the Hugging Face model directory that holds it")
+        return None
+    config_path = os.path.join(model, "config.json")
+    if not os.path.isfile(config_path):
+        fail(f"model directory {model} has no config.json; point model at a Hugging Face model directory")
+        return None
+    try:
+        with open(config_path, encoding="utf-8") as fh:
+            model_cfg = json.load(fh)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        fail(f"{config_path} is not valid JSON ({exc}); restore the model's config.json")
+        return None
+    if not isinstance(model_cfg, dict):
+        fail(f"{config_path} must hold a JSON object")
+        return None
+    names = os.listdir(model)
+    if not any(n.endswith(".safetensors") or n.endswith(".safetensors.index.json") for n in names):
+        fail(
+            f"model directory {model} has no weights (*.safetensors or model.safetensors.index.json); "
+            "save the model with safetensors (save_pretrained does by default)"
+        )
+    return model_cfg
+
+
+def _check_tokenizer(cfg: JobConfig, errors: list[dict[str, str]]) -> None:
+    if cfg.data.format == "tokens" or tokenizer_source(cfg.model) is not None:
+        return
+    if not is_model_path(cfg.model):
+        if cfg.model not in PRESETS:
+            return  # reported as an unknown preset
+        msg = (
+            f"preset {cfg.model} has no tokenizer (a random-init shape), so format {cfg.data.format} cannot be "
+            "tokenised; use a local model directory with a tokenizer, or pre-tokenised data (format tokens)"
+        )
+    elif not os.path.isdir(cfg.model):
+        return  # reported as a missing directory
+    else:
+        msg = (
+            f"model directory {cfg.model} has no tokenizer ({', '.join(TOKENIZER_FILES)}), so format "
+            f"{cfg.data.format} cannot be tokenised; add the tokenizer files or use pre-tokenised data "
+            "(format tokens)"
+        )
+    errors.append({"loc": "data.format", "msg": msg})
+
+
+# ---------------------------------------------------------------------------- dataset
+def _check_dataset(cfg: JobConfig, vocab: int | None, errors: list[dict[str, str]]) -> None:
+    fmt = cfg.data.format
+    try:
+        path = resolve_data_path(cfg.data.path)
+        if not os.path.exists(path):
+            raise DataError(
+                f"dataset file {path} does not exist; give the path of a .jsonl, .json, .parquet or "
+                ".txt file on the host that runs the job"
+            )
+        if not os.path.isfile(path):
+            raise DataError(f"{path} is a directory; data.path must name one dataset file")
+        kind = file_kind(path)
+        if kind == ".txt" and fmt != "text":
+            raise DataError(
+                f"{path} is plain text, which only format text reads; use format text, or a .jsonl file "
+                f"with {FORMAT_FIELDS[fmt]} for format {fmt}",
+                loc="data.format",
+            )
+        if os.path.getsize(path) == 0 or count_records(path) == 0:
+            raise DataError(f"dataset file {path} is empty: it holds no records")
+        if kind == ".parquet":
+            _check_parquet_columns(path, cfg)
+        _check_records(path, cfg, vocab, errors)
+    except DataError as exc:
+        errors.extend(exc.errors)
+    except OSError as exc:
+        errors.append({"loc": "data.path", "msg": f"cannot read {cfg.data.path}: {exc.strerror or exc}"})
+    except UnicodeDecodeError:
+        errors.append({"loc": "data.path", "msg": f"{cfg.data.path} is not UTF-8 text; save it as UTF-8"})
+
+
+def _check_parquet_columns(path: str, cfg: JobConfig) -> None:
+    needed = {
+        "tokens": ["input_ids"],
+        "text": [cfg.data.text_field],
+        "prompt_completion": ["prompt", "completion"],
+        "chat": ["messages"],
+        "alpaca": ["instruction", "output"],
+    }[cfg.data.format]
+    columns = import_pyarrow_parquet().ParquetFile(path).schema_arrow.names
+    missing = [c for c in needed if c not in columns]
+    if missing:
+        hint = " (set data.text_field to the column holding the text)" if cfg.data.format == "text" else ""
+        raise DataError(
+            f"{path} has no column {missing[0]!r} for format {cfg.data.format}{hint}; columns: {', '.join(columns)}"
+        )
+
+
+def _check_records(path: str, cfg: JobConfig, vocab: int | None, errors: list[dict[str, str]]) -> None:
+    """Check the first SCAN_RECORDS records for the format (bad JSON stops the scan: the file is unreadable)."""
+    fmt = cfg.data.format
+    found = 0
+    any_text = False
+    scanned = 0
+    for where, record in iter_records(path, cfg.data.text_field, limit=SCAN_RECORDS):
+        scanned += 1
+        problem = check_record(fmt, record, cfg.data.text_field)
+        if problem is None and fmt == "tokens":
+            problem = _check_token_row(record, cfg.seq_len, vocab)
+        if problem is None and fmt == "text":
+            any_text = any_text or bool(record[cfg.data.text_field].strip())
+        if problem:
+            if problem.startswith("has no field") and fmt == "text":
+                problem += "; set data.text_field to the field holding the text"
+            errors.append({"loc": "data.path", "msg": f"{path} {where}: {problem}"})
+            found += 1
+            if found >= MAX_RECORD_ERRORS:
+                return
+    if fmt == "text" and not found and not any_text and scanned < SCAN_RECORDS:
+        errors.append({"loc": "data.path", "msg": f"{path} tokenises to nothing: every text is empty"})
+
+
+def _check_token_row(record: dict, seq_len: int, vocab: int | None) -> str | None:
+    ids = record["input_ids"]
+    if len(ids) != seq_len:
+        return (
+            f"input_ids has {len(ids)} tokens but seq_len is {seq_len}; format tokens needs every row to be "
+            "exactly seq_len tokens (re-tokenise the data, or set seq_len)"
+        )
+    if vocab is not None and max(ids) >= vocab:
+        return (
+            f"token id {max(ids)} is outside the model's vocabulary of {vocab} tokens; "
+            "the data was tokenised for another model"
+        )
+    return None
