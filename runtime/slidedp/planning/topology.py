@@ -27,7 +27,6 @@ SCHEMA_VERSION = 1
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 # PCIe transfer rate per lane (GT/s) -> generation, as /sys reports it ("32.0 GT/s PCIe").
 _GTS_TO_GEN = {2.5: 1, 5.0: 2, 8.0: 3, 16.0: 4, 32.0: 5, 64.0: 6, 128.0: 7}
-_UNLIMITED = 1 << 60  # cgroup v1 reports "no limit" as a huge page-rounded number
 
 
 def detect(host_ram_gib: float | None = None) -> dict[str, Any]:
@@ -267,48 +266,19 @@ def sysfs_pcie(bus_id: str | None, root: str = "/sys") -> dict[str, Any] | None:
 
 # ---------------------------------------------------------------------------- host
 def host_ram_limit_bytes(configured_gib: float | None = None, root: str = "/") -> tuple[int, str, int]:
-    """(limit_bytes, source, memtotal_bytes): a configured figure, else a real cgroup limit, else MemTotal."""
+    """(limit_bytes, source, memtotal_bytes): a configured figure, else a real cgroup limit, else MemTotal.
+
+    The cgroup reader is the one job validation uses (slidedp.validation), so both agree on the figure.
+    """
+    from slidedp.validation import cgroup_memory_limit
+
     memtotal = _meminfo(os.path.join(root, "proc/meminfo")).get("MemTotal", 0)
     if configured_gib is not None:
         return int(configured_gib * 2**30), "configured", memtotal
-    cg = cgroup_memory_limit(root)
+    cg = cgroup_memory_limit(os.path.join(root, "sys/fs/cgroup"), os.path.join(root, "proc/self/cgroup"))
     if cg is not None:
         return cg, "cgroup", memtotal
     return memtotal, "meminfo", memtotal
-
-
-def cgroup_memory_limit(root: str = "/") -> int | None:
-    """The tightest real memory limit of this process's cgroup and its ancestors (v2 memory.max, v1
-    memory.limit_in_bytes); None when there is none."""
-    try:
-        with open(os.path.join(root, "proc/self/cgroup"), encoding="ascii") as fh:
-            entries = [ln.strip().split(":", 2) for ln in fh if ln.strip()]
-    except OSError:
-        entries = []
-    base = os.path.join(root, "sys/fs/cgroup")
-    candidates: list[str] = []
-    for _hier, controllers, path in entries:
-        if controllers == "":  # v2 unified hierarchy
-            candidates += _ancestors(base, path, "memory.max")
-        elif "memory" in controllers.split(","):
-            candidates += _ancestors(os.path.join(base, "memory"), path, "memory.limit_in_bytes")
-    # Inside a cgroup namespace the own cgroup is mounted at the root of the hierarchy.
-    candidates += [os.path.join(base, "memory.max"), os.path.join(base, "memory", "memory.limit_in_bytes")]
-    limits = []
-    for f in candidates:
-        try:
-            with open(f, encoding="ascii") as fh:
-                val = fh.read().strip()
-        except OSError:
-            continue
-        if val.isdigit() and 0 < int(val) < _UNLIMITED:
-            limits.append(int(val))
-    return min(limits) if limits else None
-
-
-def _ancestors(base: str, path: str, name: str) -> list[str]:
-    parts = [p for p in path.strip("/").split("/") if p]
-    return [os.path.join(base, *parts[:k], name) for k in range(len(parts), 0, -1)]
 
 
 def _meminfo(path: str = "/proc/meminfo") -> dict[str, int]:
