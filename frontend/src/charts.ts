@@ -1,0 +1,308 @@
+// Live uPlot charts of the job page. Every chart redraws from the whole stored run, downsampled to what its
+// width can show (series.ts); the layout follows the data (new phases, more GPUs, a prediction appearing).
+import uPlot from "uplot";
+import { h, replace } from "./dom";
+import { num, words } from "./fmt";
+import { column, gpuCount, MetricsStore, nonFiniteLossSteps, phaseNames, pickIndices, stack } from "./series";
+import type { MetricsRecord } from "./types";
+
+const PALETTE = ["#4e79a7", "#f28e2b", "#59a14f", "#e15759", "#76b7b2", "#edc948", "#b07aa1", "#ff9da7", "#9c755f", "#bab0ac"];
+const PHASE_COLOURS: Record<string, string> = {
+  data: "#9c9c9c",
+  forward: "#4e79a7",
+  backward: "#f28e2b",
+  update_tail: "#e15759",
+  delivery_wait: "#76b7b2",
+};
+
+function alpha(hex: string, a: number): string {
+  const n = parseInt(hex.slice(1), 16);
+  return `rgba(${(n >> 16) & 255}, ${(n >> 8) & 255}, ${n & 255}, ${a})`;
+}
+
+/** One y column of a chart: how to read it from a record and how to draw it. */
+interface Line {
+  label: string;
+  get: (r: MetricsRecord) => unknown;
+  colour: string;
+  scale?: string;
+  dash?: number[];
+  width?: number;
+  unit?: string;
+}
+
+interface Layout {
+  signature: string;
+  lines: Line[];
+  stacked?: number; // the first `stacked` lines are stacked areas
+  axes: { scale: string; label: string; side: 1 | 3 }[];
+  /** Steps to mark with a red rule (non-finite loss). */
+  marks?: (records: readonly MetricsRecord[]) => number[];
+  note?: (records: readonly MetricsRecord[]) => string | null;
+}
+
+export interface ChartSpec {
+  id: string;
+  title: string;
+  layout(records: readonly MetricsRecord[]): Layout;
+}
+
+declare global {
+  interface Window {
+    __slidedpCharts?: Record<string, uPlot>;
+  }
+}
+
+/** A chart bound to a MetricsStore; call update() after the store changes (redraws are coalesced). */
+export class LiveChart {
+  readonly el: HTMLElement;
+  private readonly plotEl: HTMLElement;
+  private readonly noteEl: HTMLElement;
+  private plot: uPlot | null = null;
+  private signature = "";
+  private raw: (number | null)[][] = [];
+  private markSteps: number[] = [];
+  private pending = false;
+  private lastDraw = 0;
+  private readonly resize: ResizeObserver;
+
+  constructor(
+    private readonly spec: ChartSpec,
+    private readonly store: MetricsStore,
+    private readonly maxPoints = 1500,
+  ) {
+    this.plotEl = h("div", { class: "chart-plot" }, h("p", { class: "muted chart-empty" }, "Waiting for the first step…"));
+    this.noteEl = h("p", { class: "chart-note", role: "status", hidden: true });
+    this.el = h(
+      "figure",
+      { class: "chart", id: `chart-${spec.id}`, dataset: { points: "0", drawn: "0" } },
+      h("figcaption", null, spec.title),
+      this.noteEl,
+      this.plotEl,
+    );
+    this.resize = new ResizeObserver(() => {
+      if (this.plot) this.plot.setSize(this.size());
+    });
+    this.resize.observe(this.plotEl);
+  }
+
+  update(): void {
+    if (this.pending) return;
+    this.pending = true;
+    // At most a few redraws a second however fast steps arrive; the stored records are complete regardless.
+    const wait = Math.max(0, 250 - (performance.now() - this.lastDraw));
+    setTimeout(() => requestAnimationFrame(() => this.draw()), wait);
+  }
+
+  destroy(): void {
+    this.resize.disconnect();
+    this.plot?.destroy();
+    this.plot = null;
+    if (window.__slidedpCharts) delete window.__slidedpCharts[this.spec.id];
+  }
+
+  private size(): { width: number; height: number } {
+    return { width: Math.max(240, this.plotEl.clientWidth), height: 220 };
+  }
+
+  private draw(): void {
+    this.pending = false;
+    this.lastDraw = performance.now();
+    const records = this.store.records;
+    this.el.dataset.points = String(records.length);
+    if (records.length === 0) return;
+    const layout = this.spec.layout(records);
+    const cols = layout.lines.map((l) => column(records, l.get));
+    const idx = pickIndices(records.length, cols, this.maxPoints);
+    const xs = idx.map((i) => records[i].step);
+    this.raw = cols.map((c) => idx.map((i) => c[i]));
+    const drawnStacked = layout.stacked ? stack(this.raw.slice(0, layout.stacked)) : [];
+    const ys = this.raw.map((c, k) =>
+      k < (layout.stacked ?? 0) ? drawnStacked[k] : c.map((v) => (v !== null && Number.isFinite(v) ? v : null)),
+    );
+    this.markSteps = layout.marks ? layout.marks(records) : [];
+    const note = layout.note ? layout.note(records) : null;
+    this.noteEl.hidden = !note;
+    this.noteEl.textContent = note ?? "";
+    const data = [xs, ...ys] as uPlot.AlignedData;
+    if (!this.plot || layout.signature !== this.signature) {
+      this.plot?.destroy();
+      replace(this.plotEl);
+      this.signature = layout.signature;
+      this.plot = new uPlot(this.options(layout), data, this.plotEl);
+      (window.__slidedpCharts ??= {})[this.spec.id] = this.plot;
+    } else {
+      this.plot.setData(data);
+    }
+    this.el.dataset.drawn = String(xs.length);
+  }
+
+  private options(layout: Layout): uPlot.Options {
+    const nStacked = layout.stacked ?? 0;
+    const series: uPlot.Series[] = [{ label: "step", value: (_u, v) => (v === null ? "–" : String(v)) }];
+    layout.lines.forEach((line, k) => {
+      const si = k + 1;
+      series.push({
+        label: line.label,
+        scale: line.scale ?? "y",
+        stroke: line.colour,
+        width: line.width ?? (k < nStacked ? 1 : 2),
+        dash: line.dash,
+        fill: k < nStacked ? alpha(line.colour, 0.55) : undefined,
+        points: { show: false },
+        spanGaps: false,
+        // The legend shows the recorded value, not the stacked sum, and says NaN when it was NaN.
+        value: (_u, _v, _s, i) => {
+          if (i === null || i === undefined) return "–";
+          const raw = this.raw[si - 1]?.[i];
+          return raw === null || raw === undefined ? "–" : num(raw, 4) + (line.unit ? ` ${line.unit}` : "");
+        },
+      });
+    });
+    const bands: uPlot.Band[] = [];
+    for (let k = 1; k < nStacked; k++) {
+      bands.push({ series: [k + 1, k], fill: alpha(layout.lines[k].colour, 0.55) });
+    }
+    const scales: uPlot.Scales = { x: { time: false } };
+    const axes: uPlot.Axis[] = [{ label: "step", size: 36, labelSize: 16 }];
+    for (const ax of layout.axes) {
+      scales[ax.scale] = { auto: true, range: (_u, min, max) => rangeFrom(min, max, ax.scale === "y" && nStacked > 0) };
+      axes.push({
+        scale: ax.scale,
+        side: ax.side,
+        label: ax.label,
+        labelSize: 16,
+        size: 56,
+        grid: { show: ax.side === 3 },
+        values: (_u, splits) => splits.map((v) => num(v, 3)),
+      });
+    }
+    return {
+      ...this.size(),
+      scales,
+      axes,
+      series,
+      bands,
+      legend: { show: true, live: true },
+      cursor: { drag: { x: true, y: false } },
+      hooks: { draw: [(u) => this.drawMarks(u)] },
+    };
+  }
+
+  /** Red rules at steps whose loss is NaN/Inf: a diverged run must look different from a stalled one. */
+  private drawMarks(u: uPlot): void {
+    if (this.markSteps.length === 0) return;
+    const ctx = u.ctx;
+    const { top, height } = u.bbox;
+    ctx.save();
+    ctx.strokeStyle = "#d62728";
+    ctx.fillStyle = "#d62728";
+    ctx.lineWidth = Math.max(1, devicePixelRatio);
+    ctx.setLineDash([4 * devicePixelRatio, 3 * devicePixelRatio]);
+    ctx.font = `${11 * devicePixelRatio}px system-ui, sans-serif`;
+    let lastX = -Infinity;
+    for (const step of this.markSteps) {
+      const x = Math.round(u.valToPos(step, "x", true));
+      if (x - lastX < 2) continue;
+      ctx.beginPath();
+      ctx.moveTo(x, top);
+      ctx.lineTo(x, top + height);
+      ctx.stroke();
+      if (x - lastX > 30 * devicePixelRatio) ctx.fillText("NaN", x + 3, top + 12 * devicePixelRatio);
+      lastX = x;
+    }
+    ctx.restore();
+  }
+}
+
+function rangeFrom(min: number | null, max: number | null, fromZero: boolean): uPlot.Range.MinMax {
+  if (min === null || max === null || !Number.isFinite(min) || !Number.isFinite(max)) return [0, 1];
+  const lo = fromZero || min >= 0 ? Math.min(0, min) : min;
+  let hi = max;
+  if (hi <= lo) hi = lo === 0 ? 1 : lo + Math.abs(lo) * 0.1;
+  return [lo, hi + (hi - lo) * 0.05];
+}
+
+const num0 = (r: MetricsRecord, k: string) => r[k];
+
+/** Step time stacked by measured phase, the measured step time and the cost model's prediction as lines. */
+export const stepTimeChart: ChartSpec = {
+  id: "step-time",
+  title: "Step time by phase (s)",
+  layout(records) {
+    const phases = phaseNames(records);
+    const hasPredicted = records.some((r) => typeof r.predicted?.step_time_s === "number");
+    const lines: Line[] = phases.map((p, i) => ({
+      label: words(p),
+      get: (r: MetricsRecord) => r.phases?.[p],
+      colour: PHASE_COLOURS[p] ?? PALETTE[(i + 5) % PALETTE.length],
+      unit: "s",
+    }));
+    lines.push({ label: "step time", get: (r) => num0(r, "step_time_s"), colour: "#222222", width: 1.5, unit: "s" });
+    if (hasPredicted) {
+      lines.push({ label: "predicted", get: (r) => r.predicted?.step_time_s, colour: "#9467bd", dash: [6, 4], width: 2, unit: "s" });
+    }
+    return {
+      signature: `${phases.join(",")}|${hasPredicted}`,
+      lines,
+      stacked: phases.length,
+      axes: [{ scale: "y", label: "seconds", side: 3 }],
+      note: () => (hasPredicted ? null : "No prediction for this job (no plan was made)."),
+    };
+  },
+};
+
+export const throughputChart: ChartSpec = {
+  id: "throughput",
+  title: "Throughput",
+  layout(records) {
+    const hasTflops = records.some((r) => typeof r.tflops === "number");
+    const lines: Line[] = [{ label: "tokens/s", get: (r) => r.tokens_per_s, colour: PALETTE[0], scale: "y" }];
+    const axes: Layout["axes"] = [{ scale: "y", label: "tokens/s", side: 3 }];
+    if (hasTflops) {
+      lines.push({ label: "TFLOP/s", get: (r) => r.tflops, colour: PALETTE[1], scale: "tf" });
+      axes.push({ scale: "tf", label: "TFLOP/s", side: 1 });
+    }
+    return { signature: String(hasTflops), lines, axes };
+  },
+};
+
+export const memoryChart: ChartSpec = {
+  id: "memory",
+  title: "Memory (GiB)",
+  layout(records) {
+    const gpus = gpuCount(records);
+    const lines: Line[] = [];
+    for (let g = 0; g < gpus; g++) {
+      lines.push({ label: `GPU ${g} HBM peak`, get: (r) => r.hbm_peak_gib?.[g], colour: PALETTE[g % PALETTE.length], unit: "GiB" });
+    }
+    lines.push({ label: "host RSS", get: (r) => r.host_rss_gib, colour: "#555555", dash: [5, 3], unit: "GiB" });
+    return { signature: String(gpus), lines, axes: [{ scale: "y", label: "GiB", side: 3 }] };
+  },
+};
+
+export const lossChart: ChartSpec = {
+  id: "loss",
+  title: "Loss and learning rate",
+  layout() {
+    return {
+      signature: "loss",
+      lines: [
+        { label: "loss", get: (r) => r.loss, colour: PALETTE[3], scale: "y" },
+        { label: "lr", get: (r) => r.lr, colour: PALETTE[0], scale: "lr", width: 1.5 },
+      ],
+      axes: [
+        { scale: "y", label: "loss", side: 3 },
+        { scale: "lr", label: "lr", side: 1 },
+      ],
+      marks: nonFiniteLossSteps,
+      note: (recs) => {
+        const bad = nonFiniteLossSteps(recs);
+        if (bad.length === 0) return null;
+        return `Loss is not a finite number at ${bad.length} step${bad.length > 1 ? "s" : ""} (first: step ${bad[0]}, last: step ${bad[bad.length - 1]}).`;
+      },
+    };
+  },
+};
+
+export const JOB_CHARTS: ChartSpec[] = [stepTimeChart, throughputChart, memoryChart, lossChart];

@@ -1,0 +1,78 @@
+// Hosts: each worker host's detected topology as a diagram, with the measured figures its calibration gives.
+import { api } from "../api";
+import { facts, h, replace } from "../dom";
+import { gbps, gib, when } from "../fmt";
+import { apiAbsent } from "../health";
+import { kvList } from "../plan";
+import type { Cleanup } from "../router";
+import { drawHost, linkLabel, readHost } from "../topology";
+import type { Host } from "../types";
+import { errorBox } from "../ui";
+
+function hostCard(host: Host): HTMLElement {
+  const view = readHost(host.topology ?? {}, host.calibration ?? null);
+  const online = host.online === true ? h("span", { class: "badge ok" }, "online") : host.online === false ? h("span", { class: "badge bad" }, "offline") : null;
+  const gpuTable = view.gpus.length
+    ? h(
+        "table",
+        { class: "data-table" },
+        h("caption", null, "GPUs"),
+        h("thead", null, h("tr", null, ["GPU", "Name", "HBM", "PCIe", "NUMA", "H2D measured", "D2H measured"].map((c) => h("th", { scope: "col" }, c)))),
+        h(
+          "tbody",
+          null,
+          view.gpus.map((g) =>
+            h("tr", null, h("td", null, g.index), h("td", null, g.name ?? "–"), h("td", { class: "num" }, gib(g.hbmGiB)), h("td", null, g.pcie ?? "–"), h("td", null, g.numa ?? "–"), h("td", { class: "num" }, gbps(g.h2dGBs)), h("td", { class: "num" }, gbps(g.d2hGBs))),
+          ),
+        ),
+      )
+    : null;
+  const linkTable = view.links.length
+    ? h(
+        "table",
+        { class: "data-table" },
+        h("caption", null, "GPU links"),
+        h("thead", null, h("tr", null, ["GPUs", "Link", "Measured bandwidth", "P2P"].map((c) => h("th", { scope: "col" }, c)))),
+        h(
+          "tbody",
+          null,
+          view.links.map((l) => h("tr", null, h("td", null, `${l.a} – ${l.b}`), h("td", null, linkLabel({ ...l, bandwidthGBs: null })), h("td", { class: "num" }, gbps(l.bandwidthGBs)), h("td", null, l.p2p === null ? "–" : l.p2p ? "yes" : "no"))),
+        ),
+      )
+    : null;
+  return h(
+    "article",
+    { class: "host card", "aria-label": `Host ${host.name}` },
+    h("h2", null, host.name, " ", online),
+    facts([
+      ["queue", host.queue ?? null],
+      ["last seen", host.last_seen ? when(host.last_seen) : null],
+    ]),
+    host.topology ? drawHost(view, host.name) : h("p", { class: "muted" }, "This host has not reported its topology."),
+    h("div", { class: "two-col" }, gpuTable, linkTable),
+    host.calibration ? h("details", null, h("summary", null, "Calibration"), kvList(host.calibration)) : h("p", { class: "muted" }, "No calibration yet: plans use no measured figures for this host."),
+    h("details", { class: "raw" }, h("summary", null, "Raw topology JSON"), h("pre", null, JSON.stringify(host.topology ?? null, null, 2))),
+  );
+}
+
+export function hostsPage(root: HTMLElement): Cleanup {
+  let stopped = false;
+  const body = h("div", null, h("p", { class: "muted" }, "Loading…"));
+  replace(root, h("div", { class: "page-head" }, h("h1", null, "Hosts")), body);
+  void (async () => {
+    if (await apiAbsent()) {
+      replace(body, h("p", { class: "muted" }, "The hosts appear here once the API answers."));
+      return;
+    }
+    try {
+      const { items } = await api.hosts();
+      if (stopped) return;
+      replace(body, items.length ? items.map(hostCard) : h("p", { class: "muted" }, "No worker host has reported yet. Start a worker (make run starts one) and reload."));
+    } catch (err) {
+      if (!stopped) replace(body, errorBox(err, "the hosts"));
+    }
+  })();
+  return () => {
+    stopped = true;
+  };
+}

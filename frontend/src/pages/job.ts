@@ -1,0 +1,362 @@
+// Job page: live charts over SSE, the chosen policy and why, log tail, checkpoints and export.
+import { allMetrics, api, ApiError } from "../api";
+import { JOB_CHARTS, LiveChart } from "../charts";
+import { facts, h, replace } from "../dom";
+import { bytes, duration, num, rate, when } from "../fmt";
+import { apiAbsent } from "../health";
+import { parseJson } from "../json";
+import { renderPlan } from "../plan";
+import { navigate, type Cleanup } from "../router";
+import { MetricsStore } from "../series";
+import { ResumableStream, type StreamState } from "../sse";
+import { TERMINAL_STATUSES, type Job, type LogLine, type MetricsRecord, type StatusEvent } from "../types";
+import { confirmButton, errorBox, progress, runAction, statusBadge } from "../ui";
+
+const LOG_TAIL = 500;
+const REFRESH_MS = 3000;
+
+declare global {
+  interface Window {
+    __slidedpStream?: ResumableStream | null;
+    __slidedpStore?: MetricsStore;
+  }
+}
+
+/** The last lines of a job's log, unique by sequence number. */
+class LogTail {
+  readonly el = h("pre", { class: "log", tabindex: "0", "aria-label": "Log tail" });
+  private lines: LogLine[] = [];
+  private pending = false;
+  get lastSeq(): number {
+    return this.lines.length ? this.lines[this.lines.length - 1].seq : 0;
+  }
+  add(items: LogLine[]): void {
+    let changed = false;
+    for (const l of items) {
+      if (!l || typeof l.seq !== "number") continue;
+      if (this.lines.length === 0 || l.seq > this.lastSeq) this.lines.push(l);
+      else if (!this.lines.some((x) => x.seq === l.seq)) {
+        this.lines.push(l);
+        this.lines.sort((a, b) => a.seq - b.seq);
+      } else continue;
+      changed = true;
+    }
+    if (this.lines.length > LOG_TAIL) this.lines.splice(0, this.lines.length - LOG_TAIL);
+    if (changed && !this.pending) {
+      this.pending = true;
+      requestAnimationFrame(() => this.render());
+    }
+  }
+  private render(): void {
+    this.pending = false;
+    const atBottom = this.el.scrollTop + this.el.clientHeight >= this.el.scrollHeight - 8;
+    this.el.textContent = this.lines.map((l) => l.line).join("\n");
+    if (atBottom) this.el.scrollTop = this.el.scrollHeight;
+  }
+}
+
+export function jobPage(root: HTMLElement, params: string[]): Cleanup {
+  const id = Number(params[0]);
+  let job: Job | null = null;
+  let stopped = false;
+  let stream: ResumableStream | null = null;
+  let lastEventId: string | null = null;
+  let timer: ReturnType<typeof setTimeout> | null = null;
+  const store = new MetricsStore();
+  window.__slidedpStore = store;
+  const charts = JOB_CHARTS.map((spec) => new LiveChart(spec, store));
+  const logs = new LogTail();
+
+  const title = h("h1", null, `Job #${id}`);
+  const badge = h("span");
+  const liveEl = h("span", { class: "live", id: "stream-state", role: "status" });
+  const actionsEl = h("div", { class: "actions" });
+  const actionOut = h("span", { class: "action-error", role: "status" });
+  const summaryEl = h("div", { class: "summary" });
+  const errorEl = h("div");
+  const policyEl = h("div", { class: "policy" }, h("p", { class: "muted" }, "No policy yet: it is resolved when the job starts."));
+  const ckptEl = h("div", null, h("p", { class: "muted" }, "No checkpoints."));
+  const configEl = h("pre");
+
+  replace(
+    root,
+    h("div", { class: "page-head" }, h("div", { class: "title-row" }, title, badge, liveEl), h("div", { class: "toolbar" }, actionsEl, actionOut)),
+    summaryEl,
+    errorEl,
+    h("section", { class: "charts", "aria-label": "Live charts" }, charts.map((c) => c.el)),
+    h(
+      "div",
+      { class: "two-col" },
+      h("section", { "aria-labelledby": "policy-h" }, h("h2", { id: "policy-h" }, "Policy and why"), policyEl),
+      h("section", { "aria-labelledby": "log-h" }, h("h2", { id: "log-h" }, "Log"), logs.el),
+    ),
+    h("section", { "aria-labelledby": "ckpt-h" }, h("h2", { id: "ckpt-h" }, "Checkpoints and export"), ckptEl),
+    h("details", { class: "raw" }, h("summary", null, "Job config"), configEl),
+  );
+
+  function onMetrics(recs: MetricsRecord[]): void {
+    if (store.addMany(recs) === 0) return;
+    for (const c of charts) c.update();
+    if (job) {
+      job.step = Math.max(job.step ?? 0, store.lastStep);
+      job.last_metrics = store.records[store.length - 1];
+      renderSummary();
+    }
+  }
+
+  function renderHeader(): void {
+    if (!job) return;
+    title.textContent = `Job #${job.id}${job.name ? ` · ${job.name}` : ""}`;
+    replace(badge, statusBadge(job.status));
+    const out = actionOut;
+    replace(actionsEl);
+    if (job.status === "queued" || job.status === "running") {
+      const save = h("input", { type: "checkbox", id: "cancel-save" });
+      actionsEl.append(
+        h("label", { class: "check", for: "cancel-save" }, save, " save a checkpoint"),
+        confirmButton("Cancel", "Confirm cancel", async () => {
+          try {
+            job = await api.cancel(id, save.checked);
+            renderAll();
+          } catch (err) {
+            out.textContent = (err as Error).message;
+          }
+        }, "secondary"),
+      );
+    }
+    if (job.status === "failed" || job.status === "cancelled" || job.status === "interrupted") {
+      const btn = h("button", { type: "button", class: "secondary" }, "Resume");
+      btn.addEventListener("click", async () => {
+        await runAction(btn, out, async () => {
+          job = await api.resume(id);
+          renderAll();
+          startStream();
+        });
+      });
+      actionsEl.append(btn);
+    }
+    if (job.status === "completed" && job.config?.export !== false) {
+      actionsEl.append(h("a", { class: "button", href: api.exportUrl(id), download: `job-${id}-final.tar.gz` }, "Download export"));
+    }
+    if (TERMINAL_STATUSES.has(job.status)) {
+      actionsEl.append(
+        confirmButton("Delete", "Confirm delete", async () => {
+          try {
+            await api.remove(id);
+            navigate("/jobs");
+          } catch (err) {
+            out.textContent = (err as Error).message;
+          }
+        }),
+      );
+    }
+  }
+
+  function renderSummary(): void {
+    if (!job) return;
+    const m = job.last_metrics ?? null;
+    replace(
+      summaryEl,
+      progress(job.step ?? 0, job.steps ?? 0),
+      facts([
+        ["ETA", job.status === "running" ? duration(job.eta_s) : null],
+        ["tokens/s", rate(m?.tokens_per_s ?? job.tokens_per_s, "")],
+        ["step time", m && typeof m.step_time_s === "number" ? `${num(m.step_time_s, 3)} s` : null],
+        ["loss", m && "loss" in m ? num(m.loss ?? NaN, 4) : null],
+        ["host", job.host],
+        ["created", when(job.created_at)],
+        ["started", job.started_at ? when(job.started_at) : null],
+        ["finished", job.finished_at ? when(job.finished_at) : null],
+        ["output", h("code", null, job.output_dir)],
+      ]),
+    );
+  }
+
+  function renderError(): void {
+    if (!job?.error) {
+      replace(errorEl);
+      return;
+    }
+    const e = job.error;
+    replace(
+      errorEl,
+      h(
+        "div",
+        { class: "error-box", role: "alert" },
+        h("strong", null, "Error: "),
+        e.message ?? "",
+        e.errors?.length ? h("ul", null, e.errors.map((x) => h("li", null, `${String(x.loc)}: ${x.msg}`))) : null,
+      ),
+    );
+  }
+
+  function renderAll(): void {
+    if (!job) return;
+    renderHeader();
+    renderSummary();
+    renderError();
+    if (job.policy && Object.keys(job.policy).length) replace(policyEl, renderPlan(job.policy, { title: "Policy" }));
+    configEl.textContent = JSON.stringify(job.config, null, 2);
+  }
+
+  async function loadCheckpoints(): Promise<void> {
+    try {
+      const { items } = await api.checkpoints(id);
+      if (stopped) return;
+      replace(
+        ckptEl,
+        items.length
+          ? h(
+              "table",
+              { class: "data-table" },
+              h("thead", null, h("tr", null, ["Name", "Step", "Size", "Path"].map((c) => h("th", { scope: "col" }, c)))),
+              h("tbody", null, items.map((c) => h("tr", null, h("td", null, c.name), h("td", { class: "num" }, c.step ?? "–"), h("td", { class: "num" }, bytes(c.bytes)), h("td", null, h("code", null, c.path ?? ""))))),
+            )
+          : h("p", { class: "muted" }, "No checkpoints."),
+      );
+    } catch (err) {
+      if (!stopped) replace(ckptEl, errorBox(err, "the checkpoints"));
+    }
+  }
+
+  /** Everything the stream may have missed: metrics after the last contiguous step, and newer log lines. */
+  async function catchUp(): Promise<void> {
+    const [recs, lines] = await Promise.all([allMetrics(id, store.contiguousStep()), allLogs(id, logs.lastSeq)]);
+    if (stopped) return;
+    onMetrics(recs);
+    logs.add(lines);
+  }
+
+  function setLive(state: StreamState | "final"): void {
+    const text: Record<string, string> = {
+      connecting: "connecting…",
+      open: "live",
+      reconnecting: "reconnecting…",
+      ended: "",
+      closed: "",
+      final: "",
+    };
+    liveEl.textContent = text[state];
+    liveEl.dataset.state = state;
+  }
+
+  function onStatus(ev: StatusEvent): void {
+    if (!job) return;
+    job.status = ev.status;
+    if (ev.error) job.error = ev.error;
+    renderHeader();
+    renderError();
+    if (TERMINAL_STATUSES.has(ev.status)) {
+      stream?.end();
+      setLive("final");
+    }
+    void refreshJob(true);
+  }
+
+  function startStream(): void {
+    if (stream && stream.state !== "ended" && stream.state !== "closed") return;
+    lastEventId = stream?.lastEventId ?? lastEventId;
+    stream = new ResumableStream(api.eventsUrl(id), {
+      onEvent(type, data) {
+        let payload: unknown;
+        try {
+          payload = parseJson(data);
+        } catch {
+          return;
+        }
+        if (type === "metrics") onMetrics([payload as MetricsRecord]);
+        else if (type === "log") logs.add([payload as LogLine]);
+        else if (type === "status") onStatus(payload as StatusEvent);
+      },
+      onState: setLive,
+      onReopen: () => void catchUp().catch(() => undefined),
+    });
+    // A stream reopened after a resume continues after the last event this page saw.
+    stream.lastEventId = lastEventId;
+    window.__slidedpStream = stream;
+    stream.start();
+  }
+
+  async function refreshJob(withCatchUp: boolean): Promise<void> {
+    if (timer) clearTimeout(timer);
+    timer = null;
+    try {
+      const fresh = await api.job(id);
+      if (stopped) return;
+      job = { ...fresh, step: Math.max(fresh.step ?? 0, store.lastStep) };
+      if (!job.last_metrics && store.length) job.last_metrics = store.records[store.length - 1];
+      renderAll();
+      const live = stream?.state === "open";
+      if (withCatchUp || !live) await catchUp();
+      if (TERMINAL_STATUSES.has(job.status)) {
+        stream?.end();
+        setLive("final");
+        await loadCheckpoints();
+        return;
+      }
+      if (!stream || stream.state === "ended" || stream.state === "closed") startStream();
+    } catch (err) {
+      if (stopped) return;
+      if (err instanceof ApiError && err.status === 404) {
+        replace(root, h("h1", null, `Job #${id}`), h("p", null, "There is no such job (it may have been deleted). ", h("a", { href: "/jobs" }, "All jobs")));
+        stopped = true;
+        return;
+      }
+      replace(errorEl, errorBox(err, "the job"));
+    }
+    if (!stopped) timer = setTimeout(() => void refreshJob(false), REFRESH_MS);
+  }
+
+  async function load(): Promise<void> {
+    if (await apiAbsent()) {
+      replace(summaryEl, h("p", { class: "muted" }, "This job appears once the API answers."));
+      return;
+    }
+    try {
+      job = await api.job(id);
+    } catch (err) {
+      if (err instanceof ApiError && err.status === 404) {
+        replace(root, h("h1", null, `Job #${id}`), h("p", null, "There is no such job. ", h("a", { href: "/jobs" }, "All jobs")));
+      } else replace(errorEl, errorBox(err, "the job"));
+      return;
+    }
+    if (stopped) return;
+    renderAll();
+    // Open the stream before reading the history so nothing falls between the two; the store merges by step.
+    if (!TERMINAL_STATUSES.has(job.status)) startStream();
+    else setLive("final");
+    try {
+      await catchUp();
+    } catch (err) {
+      if (!stopped) replace(errorEl, errorBox(err, "the metrics"));
+    }
+    await loadCheckpoints();
+    if (!stopped) timer = setTimeout(() => void refreshJob(false), REFRESH_MS);
+  }
+
+  void load();
+  return () => {
+    stopped = true;
+    lastEventId = stream?.lastEventId ?? null;
+    stream?.close();
+    if (window.__slidedpStream === stream) window.__slidedpStream = null;
+    if (timer) clearTimeout(timer);
+    for (const c of charts) c.destroy();
+  };
+}
+
+async function allLogs(id: number, afterSeq: number): Promise<LogLine[]> {
+  const out: LogLine[] = [];
+  let cursor = afterSeq;
+  // The server may page its answer; read until it has nothing newer (bounded, the tail is what is shown).
+  for (let page = 0; page < 200; page++) {
+    const { items } = await api.logs(id, cursor);
+    if (!items || items.length === 0) break;
+    out.push(...items);
+    const last = items[items.length - 1].seq;
+    if (!(last > cursor)) break;
+    cursor = last;
+    if (out.length > 20 * LOG_TAIL) out.splice(0, out.length - LOG_TAIL);
+  }
+  return out;
+}

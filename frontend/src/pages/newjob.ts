@@ -1,0 +1,429 @@
+// New job: presets, every config key grouped as a person thinks of a job, the AutoPolicy plan preview,
+// and the API's field errors shown at the field they name.
+import { api, ApiError } from "../api";
+import { h, replace } from "../dom";
+import { apiAbsent } from "../health";
+import { renderPlan } from "../plan";
+import { navigate, type Cleanup } from "../router";
+import { fieldForLoc, getPath, jobKeys, leafPaths, setPath, type KeyInfo } from "../schema";
+import type { FieldErrorItem, Host, Preset } from "../types";
+import { errorBox } from "../ui";
+
+type Kind = KeyInfo["type"];
+
+interface Slot {
+  path: string;
+  label: string;
+  kind: Kind; // used when the API's schema is not available
+}
+
+interface Group {
+  id: string;
+  title: string;
+  slots: Slot[];
+}
+
+const s = (path: string, label: string, kind: Kind): Slot => ({ path, label, kind });
+
+// Layout only: types, choices, defaults and docs come from the API's schema of JobConfig when it answers.
+const GROUPS: Group[] = [
+  { id: "model", title: "Model and data", slots: [s("model", "Model (preset name or local directory)", "string"), s("data.path", "Dataset path", "string"), s("data.format", "Dataset format", "enum"), s("data.text_field", "Text field", "string"), s("data.pack", "Pack examples", "boolean"), s("data.shuffle", "Shuffle", "boolean"), s("data.seed", "Data seed", "integer")] },
+  { id: "batch", title: "Batch and length", slots: [s("seq_len", "Sequence length", "integer"), s("micro_batch_size", "Micro-batch size", "integer"), s("grad_accum", "Gradient accumulation", "integer"), s("steps", "Steps", "integer")] },
+  { id: "optimizer", title: "Optimizer (AdamW)", slots: [s("optimizer.lr", "Learning rate", "number"), s("optimizer.weight_decay", "Weight decay", "number"), s("optimizer.betas", "Betas", "pair"), s("optimizer.eps", "Epsilon", "number"), s("optimizer.max_grad_norm", "Max grad norm (0: no clipping)", "number")] },
+  { id: "schedule", title: "Learning-rate schedule", slots: [s("schedule.warmup_steps", "Warmup steps", "integer"), s("schedule.decay", "Decay", "enum"), s("schedule.min_lr_ratio", "Min lr ratio", "number")] },
+  { id: "hardware", title: "Hardware", slots: [s("gpus", "GPUs (0: CPU)", "integer"), s("ranks", "CPU ranks (when GPUs = 0)", "integer"), s("precision", "Precision", "enum"), s("cpu_threads", "CPU threads per rank", "integer"), s("host_ram_gib", "Host RAM for the job (GiB)", "number")] },
+  { id: "policy", title: "Policy overrides", slots: [s("policy.delivery", "Parameter delivery", "enum"), s("policy.grad_reduce", "Gradient reduction", "enum"), s("policy.reduce_dtype", "Reduce dtype", "enum"), s("policy.activations", "Activations", "enum"), s("policy.keep_layers", "Keep layers", "integer"), s("policy.offload_layers", "Offload layers", "integer"), s("policy.window", "Window (unit buffers)", "integer"), s("policy.chunk_mb", "Transfer chunk (MiB)", "integer"), s("policy.loss_chunk_tokens", "Loss chunk (tokens)", "integer"), s("policy.resident_units", "Resident units", "integer")] },
+  { id: "output", title: "Checkpoints and output", slots: [s("checkpoint.interval", "Checkpoint every K steps (0: off)", "integer"), s("checkpoint.keep", "Keep checkpoints", "integer"), s("output_dir", "Output directory", "string"), s("resume", "Resume from newest checkpoint", "boolean"), s("export", "Export HF model at the end", "boolean"), s("seed", "Seed", "integer"), s("deterministic", "Deterministic kernels", "boolean")] },
+];
+// Keys the request accepts next to the config: shown at the top, never inside a config section.
+const FILING = new Set(["name", "host"]);
+
+const fid = (path: string) => "f-" + path.replace(/[^a-zA-Z0-9]+/g, "-");
+
+class ParseProblem extends Error {}
+
+/** One config key's control(s), its help and its error line. */
+class Field {
+  readonly wrap: HTMLElement;
+  readonly inputs: (HTMLInputElement | HTMLSelectElement)[] = [];
+  private readonly errEl: HTMLElement;
+
+  constructor(
+    readonly path: string,
+    label: string,
+    readonly info: KeyInfo,
+    onChange: () => void,
+  ) {
+    const id = fid(path);
+    const helpId = `${id}-help`;
+    const errId = `${id}-error`;
+    const def = info.hasDefault ? info.default : undefined;
+    const defText = def === undefined || def === null ? (info.nullable ? "auto" : "") : Array.isArray(def) ? def.join(", ") : String(def);
+    this.errEl = h("p", { class: "field-error", id: errId, "data-field": path, hidden: true });
+    const described = [info.description ? helpId : null, errId].filter(Boolean).join(" ");
+    let control: HTMLElement;
+    if (info.type === "enum" || info.type === "boolean") {
+      const opts = info.type === "boolean" ? ["true", "false"] : (info.options ?? []);
+      const show = (o: string) => (info.type === "boolean" ? (o === "true" ? "yes" : "no") : o);
+      const sel = h(
+        "select",
+        { id, name: path, "aria-describedby": described },
+        info.required ? null : h("option", { value: "" }, defText ? `default (${info.type === "boolean" ? show(defText) : defText})` : "default"),
+        opts.map((o) => h("option", { value: o }, show(o))),
+      );
+      this.inputs.push(sel);
+      control = sel;
+    } else if (info.type === "pair") {
+      const defs = Array.isArray(def) ? def : [];
+      const a = h("input", { id, name: `${path}[0]`, type: "text", inputmode: "decimal", placeholder: defs[0] !== undefined ? String(defs[0]) : "", "aria-describedby": described, "aria-label": `${label}, first` });
+      const b = h("input", { id: `${id}-1`, name: `${path}[1]`, type: "text", inputmode: "decimal", placeholder: defs[1] !== undefined ? String(defs[1]) : "", "aria-describedby": described, "aria-label": `${label}, second` });
+      this.inputs.push(a, b);
+      control = h("div", { class: "pair" }, a, b);
+    } else {
+      const numeric = info.type === "integer" || info.type === "number";
+      const input = h("input", {
+        id,
+        name: path,
+        type: "text",
+        inputmode: info.type === "integer" ? "numeric" : info.type === "number" ? "decimal" : undefined,
+        autocomplete: "off",
+        spellcheck: numeric ? "false" : undefined,
+        placeholder: defText,
+        required: info.required,
+        "aria-describedby": described,
+      });
+      this.inputs.push(input);
+      control = input;
+    }
+    for (const el of this.inputs) {
+      el.addEventListener("input", () => {
+        this.setError(null);
+        onChange();
+      });
+      el.addEventListener("change", onChange);
+    }
+    this.wrap = h(
+      "div",
+      { class: "field", "data-path": path },
+      h("label", { for: id }, label, info.required ? h("span", { class: "req", "aria-hidden": "true" }, " *") : null),
+      control,
+      info.description ? h("p", { class: "help", id: helpId }, info.description) : null,
+      this.errEl,
+    );
+  }
+
+  /** The value to send; undefined leaves the key out (the server's default applies). */
+  value(): unknown {
+    const raw = this.inputs.map((i) => i.value.trim());
+    if (raw.every((r) => r === "")) return undefined;
+    const parseNum = (r: string, int: boolean) => {
+      if (r === "") throw new ParseProblem("give both numbers, or neither for the default");
+      const v = Number(r);
+      if (!Number.isFinite(v)) throw new ParseProblem(`must be ${int ? "an integer" : "a number"}, got "${r}"`);
+      return v;
+    };
+    switch (this.info.type) {
+      case "integer":
+        return parseNum(raw[0], true);
+      case "number":
+        return parseNum(raw[0], false);
+      case "boolean":
+        return raw[0] === "true";
+      case "pair":
+        return raw.map((r) => parseNum(r, false));
+      case "unknown":
+        try {
+          return JSON.parse(raw[0]);
+        } catch {
+          return raw[0];
+        }
+      default:
+        return this.inputs[0].value;
+    }
+  }
+
+  set(v: unknown): void {
+    if (this.info.type === "pair") {
+      const arr = Array.isArray(v) ? v : [];
+      this.inputs.forEach((el, i) => (el.value = arr[i] === undefined || arr[i] === null ? "" : String(arr[i])));
+      return;
+    }
+    const el = this.inputs[0];
+    const text = v === undefined || v === null ? "" : typeof v === "object" ? JSON.stringify(v) : String(v);
+    if (el instanceof HTMLSelectElement && text !== "" && ![...el.options].some((o) => o.value === text)) {
+      el.append(h("option", { value: text }, text));
+    }
+    el.value = text;
+  }
+
+  setError(msg: string | null): void {
+    this.errEl.hidden = !msg;
+    this.errEl.textContent = msg ?? "";
+    for (const el of this.inputs) {
+      if (msg) el.setAttribute("aria-invalid", "true");
+      else el.removeAttribute("aria-invalid");
+    }
+    this.wrap.classList.toggle("has-error", !!msg);
+  }
+
+  focus(): void {
+    this.inputs[0].focus();
+  }
+}
+
+function fallbackInfo(slot: Slot): KeyInfo {
+  return { path: slot.path, type: slot.kind, hasDefault: false, required: slot.path === "model" || slot.path === "data.path", nullable: false };
+}
+
+export function newJobPage(root: HTMLElement): Cleanup {
+  let stopped = false;
+  const body = h("div", null, h("p", { class: "muted" }, "Loading the form…"));
+  replace(root, h("div", { class: "page-head" }, h("h1", null, "New job")), body);
+
+  void (async () => {
+    if (await apiAbsent()) {
+      replace(body, h("p", { class: "muted" }, "The form needs the API for presets, validation and the plan; it appears once the API answers."));
+      return;
+    }
+    const [openapi, presets, hosts] = await Promise.allSettled([api.openapi(), api.presets(), api.hosts()]);
+    if (stopped) return;
+    const keys = openapi.status === "fulfilled" ? jobKeys(openapi.value) : [];
+    const presetList: Preset[] = presets.status === "fulfilled" ? (presets.value.items ?? []) : [];
+    const hostList: Host[] = hosts.status === "fulfilled" ? (hosts.value.items ?? []) : [];
+    build(keys, presetList, hostList, presets.status === "rejected" ? presets.reason : null);
+  })();
+
+  function build(keys: KeyInfo[], presets: Preset[], hosts: Host[], presetError: unknown): void {
+    const byPath = new Map(keys.map((k) => [k.path, k]));
+    const fields = new Map<string, Field>();
+    const summary = h("div", { class: "form-summary", role: "alert", hidden: true });
+    const preview = h("pre", { class: "body-preview" });
+    const planEl = h("div", { class: "plan-panel", id: "plan-preview", "aria-live": "polite" });
+    let presetBase: Record<string, unknown> = {};
+
+    const changed = () => {
+      try {
+        preview.textContent = JSON.stringify(collect(), null, 2);
+      } catch (err) {
+        preview.textContent = `(${(err as Error).message})`;
+      }
+    };
+
+    const mk = (path: string, label: string, fallback: Slot | null) => {
+      const info = byPath.get(path) ?? (fallback ? fallbackInfo(fallback) : null);
+      if (!info) return null;
+      const f = new Field(path, label, info, changed);
+      fields.set(path, f);
+      return f.wrap;
+    };
+
+    // Job-level choices.
+    const presetSel = h("select", { id: "f-preset" }, h("option", { value: "" }, "— none —"), presets.map((p) => h("option", { value: p.id }, p.label)));
+    const presetDesc = h("p", { class: "help", id: "f-preset-help" });
+    presetSel.setAttribute("aria-describedby", "f-preset-help");
+    const hostSlot = byPath.get("host") ?? { path: "host", type: "string", hasDefault: true, default: null, required: false, nullable: true };
+    const hostField = new Field("host", "Host", { ...hostSlot, type: "enum", options: hosts.map((x) => x.name) }, changed);
+    fields.set("host", hostField);
+    const nameWrap = mk("name", "Job name", s("name", "Job name", "string"));
+
+    // Policy: AutoPolicy decides everything, or some choices are overridden.
+    const autoRadio = h("input", { type: "radio", name: "policy-mode", id: "policy-auto", value: "auto", checked: true });
+    const overRadio = h("input", { type: "radio", name: "policy-mode", id: "policy-override", value: "override" });
+    const policyFields = h("div", { class: "field-grid", id: "policy-fields", hidden: true });
+    const syncPolicy = () => {
+      policyFields.hidden = !overRadio.checked;
+      changed();
+    };
+    autoRadio.addEventListener("change", syncPolicy);
+    overRadio.addEventListener("change", syncPolicy);
+
+    const sections: HTMLElement[] = [];
+    const placed = new Set<string>(["name", "host"]);
+    for (const g of GROUPS) {
+      const wraps = g.slots.map((slot) => {
+        placed.add(slot.path);
+        return mk(slot.path, slot.label, keys.length ? null : slot);
+      });
+      if (g.id === "policy") {
+        policyFields.append(...wraps.filter((w): w is HTMLElement => !!w));
+        sections.push(
+          h(
+            "fieldset",
+            { class: "group", id: "group-policy" },
+            h("legend", null, "Execution policy"),
+            h("div", { class: "radios", role: "radiogroup", "aria-label": "Policy mode" }, h("label", { for: "policy-auto", class: "check" }, autoRadio, " AutoPolicy decides (recommended)"), h("label", { for: "policy-override", class: "check" }, overRadio, " Override some choices")),
+            policyFields,
+          ),
+        );
+        continue;
+      }
+      sections.push(h("fieldset", { class: "group", id: `group-${g.id}` }, h("legend", null, g.title), h("div", { class: "field-grid" }, wraps)));
+    }
+    // Keys the schema has and the layout does not know yet still get a field.
+    const others = keys.filter((k) => !placed.has(k.path) && !FILING.has(k.path));
+    if (others.length) {
+      sections.push(h("fieldset", { class: "group", id: "group-other" }, h("legend", null, "Other"), h("div", { class: "field-grid" }, others.map((k) => mk(k.path, k.path, null)))));
+    }
+    const isPolicy = (path: string) => path.startsWith("policy.");
+
+    function collect(): Record<string, unknown> {
+      // Keys a preset sets that no field shows are sent as the preset has them.
+      const out: Record<string, unknown> = {};
+      for (const p of leafPaths(presetBase)) if (!fields.has(p)) setPath(out, p, getPath(presetBase, p));
+      for (const [path, f] of fields) {
+        if (isPolicy(path) && !overRadio.checked) continue;
+        let v: unknown;
+        try {
+          v = f.value();
+        } catch (err) {
+          throw new ParseProblem(`${path}: ${(err as Error).message}`);
+        }
+        if (v !== undefined) setPath(out, path, v);
+      }
+      return out;
+    }
+
+    function applyPreset(id: string): void {
+      const p = presets.find((x) => x.id === id);
+      presetBase = p?.config ?? {};
+      presetDesc.textContent = p?.description ?? "";
+      for (const [path, f] of fields) {
+        if (path === "host" || path === "name") continue;
+        f.set(getPath(presetBase, path));
+        f.setError(null);
+      }
+      const overrides = leafPaths(presetBase).some(isPolicy);
+      overRadio.checked = overrides;
+      autoRadio.checked = !overrides;
+      summary.hidden = true;
+      replace(planEl);
+      syncPolicy();
+    }
+    presetSel.addEventListener("change", () => applyPreset(presetSel.value));
+
+    /** Show the API's (or our own) errors at their fields; the rest in the summary. Focus the first. */
+    function showErrors(errs: FieldErrorItem[], heading: string): void {
+      for (const f of fields.values()) f.setError(null);
+      const shown = new Set(fields.keys());
+      const loose: FieldErrorItem[] = [];
+      let first: Field | null = null;
+      for (const e of errs) {
+        const path = fieldForLoc(e.loc, shown);
+        const f = path ? fields.get(path) : undefined;
+        if (f && !(isPolicy(f.path) && !overRadio.checked)) {
+          f.setError(path === e.loc ? e.msg : `${e.loc}: ${e.msg}`);
+          first ??= f;
+        } else loose.push(e);
+      }
+      summary.hidden = false;
+      replace(
+        summary,
+        h("strong", null, heading),
+        ` ${errs.length} problem${errs.length === 1 ? "" : "s"}${first ? " (marked at the fields)" : ""}.`,
+        loose.length ? h("ul", null, loose.map((e) => h("li", null, e.loc ? `${e.loc}: ${e.msg}` : e.msg))) : null,
+      );
+      if (first) first.focus();
+      else summary.focus();
+    }
+
+    function clearErrors(): void {
+      for (const f of fields.values()) f.setError(null);
+      summary.hidden = true;
+      replace(summary);
+    }
+
+    function bodyOrErrors(): Record<string, unknown> | null {
+      const errs: FieldErrorItem[] = [];
+      for (const [path, f] of fields) {
+        if (isPolicy(path) && !overRadio.checked) continue;
+        try {
+          f.value();
+        } catch (err) {
+          errs.push({ loc: path, msg: (err as Error).message });
+        }
+      }
+      if (errs.length) {
+        showErrors(errs, "Check the form:");
+        return null;
+      }
+      return collect();
+    }
+
+    const planBtn = h("button", { type: "button", id: "plan-button", class: "secondary" }, "Plan");
+    const submitBtn = h("button", { type: "submit", id: "submit-button", class: "primary" }, "Submit job");
+    const busy = h("span", { class: "muted", role: "status" });
+
+    planBtn.addEventListener("click", async () => {
+      const cfg = bodyOrErrors();
+      if (!cfg) return;
+      clearErrors();
+      planBtn.disabled = true;
+      busy.textContent = "Planning…";
+      replace(planEl, h("p", { class: "muted" }, "Planning…"));
+      try {
+        const plan = await api.plan(cfg);
+        replace(planEl, h("h2", null, "Plan preview"), renderPlan(plan, { title: "Plan preview" }));
+      } catch (err) {
+        if (err instanceof ApiError && err.fieldErrors.length) {
+          replace(planEl);
+          showErrors(err.fieldErrors, "The plan cannot be made:");
+        } else replace(planEl, errorBox(err, "the plan"));
+      } finally {
+        planBtn.disabled = false;
+        busy.textContent = "";
+      }
+    });
+
+    const form = h("form", { class: "job-form", novalidate: true, "aria-label": "New job" });
+    form.addEventListener("submit", async (ev) => {
+      ev.preventDefault();
+      const cfg = bodyOrErrors();
+      if (!cfg) return;
+      clearErrors();
+      submitBtn.disabled = true;
+      busy.textContent = "Submitting…";
+      try {
+        const job = await api.createJob(cfg);
+        navigate(`/jobs/${job.id}`);
+      } catch (err) {
+        if (err instanceof ApiError && err.fieldErrors.length) showErrors(err.fieldErrors, "The job was not submitted:");
+        else {
+          summary.hidden = false;
+          replace(summary, errorBox(err, "the job submission"));
+          summary.focus();
+        }
+      } finally {
+        submitBtn.disabled = false;
+        busy.textContent = "";
+      }
+    });
+    summary.tabIndex = -1;
+
+    replace(
+      form,
+      summary,
+      h(
+        "fieldset",
+        { class: "group", id: "group-job" },
+        h("legend", null, "Job"),
+        h("div", { class: "field-grid" }, h("div", { class: "field" }, h("label", { for: "f-preset" }, "Preset"), presetSel, presetDesc), nameWrap, hostField.wrap),
+        presetError ? errorBox(presetError, "the presets") : null,
+      ),
+      sections,
+      h("details", { class: "raw" }, h("summary", null, "Request body"), preview),
+      h("div", { class: "form-actions" }, planBtn, submitBtn, busy),
+    );
+    replace(body, h("div", { class: "new-job" }, form, planEl));
+    if (!keys.length) body.prepend(h("p", { class: "error-box" }, "The API's schema could not be read: the form shows every key as text, without defaults or help."));
+    const wanted = new URLSearchParams(location.search).get("preset");
+    const start = presets.find((p) => p.id === wanted) ?? presets[0];
+    if (start) {
+      presetSel.value = start.id;
+      applyPreset(start.id);
+    } else changed();
+  }
+
+  return () => {
+    stopped = true;
+  };
+}

@@ -1,0 +1,231 @@
+// Reading a host's topology (docs/interfaces.md §4) and its calibration (§5) defensively, and drawing it.
+// A field that is absent is not drawn; nothing is estimated here.
+import { svg } from "./dom";
+import { isNum, num } from "./fmt";
+
+type Obj = Record<string, unknown>;
+
+export interface GpuView {
+  index: number;
+  name: string | null;
+  hbmGiB: number | null;
+  pcie: string | null; // "PCIe Gen5 x16"
+  numa: number | null;
+  h2dGBs: number | null;
+  d2hGBs: number | null;
+}
+
+export interface LinkView {
+  a: number;
+  b: number;
+  kind: string; // "NVLink", "PCIe", or what the topology says
+  detail: string | null; // e.g. "NV18"
+  bandwidthGBs: number | null; // measured when the calibration gives it
+  p2p: boolean | null;
+}
+
+export interface HostView {
+  gpus: GpuView[];
+  links: LinkView[];
+  cpuModel: string | null;
+  cpuCores: number | null;
+  cpuThreads: number | null;
+  numaNodes: number | null;
+  ramGiB: number | null;
+}
+
+const GIB = 1024 ** 3;
+
+function isObj(v: unknown): v is Obj {
+  return typeof v === "object" && v !== null && !Array.isArray(v);
+}
+
+/** The first present value among alternative key paths ("cpu.cores"). */
+export function pick(o: unknown, ...paths: string[]): unknown {
+  for (const p of paths) {
+    let cur: unknown = o;
+    for (const part of p.split(".")) cur = isObj(cur) ? cur[part] : undefined;
+    if (cur !== undefined && cur !== null) return cur;
+  }
+  return undefined;
+}
+
+function numOf(v: unknown): number | null {
+  return isNum(v) ? v : null;
+}
+
+/** A memory size in GiB from whichever unit the key names. */
+function gibOf(o: unknown, prefixes: string[]): number | null {
+  for (const p of prefixes) {
+    const g = numOf(pick(o, `${p}_gib`));
+    if (g !== null) return g;
+    const gb = numOf(pick(o, `${p}_gb`));
+    if (gb !== null) return (gb * 1e9) / GIB;
+    const mib = numOf(pick(o, `${p}_mib`));
+    if (mib !== null) return mib / 1024;
+    const b = numOf(pick(o, `${p}_bytes`, p));
+    if (b !== null && b > 1e6) return b / GIB;
+  }
+  return null;
+}
+
+function linkKind(raw: unknown): { kind: string; detail: string | null } {
+  const s = String(raw ?? "").trim();
+  if (!s) return { kind: "link", detail: null };
+  if (/^nv(link|\d+)/i.test(s)) return { kind: "NVLink", detail: /^nvlink$/i.test(s) ? null : s };
+  if (/pci|^pix$|^pxb$|^phb$|^node$|^sys$/i.test(s)) return { kind: "PCIe", detail: /^pcie?$/i.test(s) ? null : s };
+  return { kind: s, detail: null };
+}
+
+function pairBandwidth(cal: unknown, a: number, b: number): number | null {
+  const m = pick(cal, "p2p_gbps", "p2p_bandwidth_gbps", "links_gbps", "nvlink_gbps");
+  if (Array.isArray(m) && Array.isArray(m[a])) return numOf((m[a] as unknown[])[b]);
+  if (isNum(m)) return m;
+  const list = pick(cal, "links", "p2p");
+  if (Array.isArray(list)) {
+    for (const l of list) {
+      const [x, y] = endpoints(l);
+      if ((x === a && y === b) || (x === b && y === a)) return numOf(pick(l, "bandwidth_gbps", "gbps", "measured_gbps", "bandwidth_gb_s"));
+    }
+  }
+  return null;
+}
+
+function endpoints(l: unknown): [number | null, number | null] {
+  const gpus = pick(l, "gpus", "pair", "between");
+  if (Array.isArray(gpus) && gpus.length === 2) return [numOf(gpus[0]), numOf(gpus[1])];
+  return [numOf(pick(l, "a", "src", "from", "i", "gpu_a")), numOf(pick(l, "b", "dst", "to", "j", "gpu_b"))];
+}
+
+function perGpu(cal: unknown, keys: string[], i: number): number | null {
+  const v = pick(cal, ...keys);
+  if (Array.isArray(v)) return numOf(v[i]);
+  if (isObj(v)) return numOf(v[String(i)]);
+  return null;
+}
+
+/** What the topology and calibration say about a host, with absent fields left null. */
+export function readHost(topology: unknown, calibration: unknown): HostView {
+  const rawGpus = pick(topology, "gpus", "devices");
+  const gpus: GpuView[] = Array.isArray(rawGpus)
+    ? rawGpus.map((g, i) => {
+        const gen = pick(g, "pcie_gen", "pcie.gen", "pcie.generation", "pcie_generation");
+        const width = pick(g, "pcie_width", "pcie.width", "pcie.link_width", "pcie_link_width");
+        const pcie = gen !== undefined || width !== undefined ? `PCIe${gen !== undefined ? ` Gen${gen}` : ""}${width !== undefined ? ` x${width}` : ""}` : null;
+        const index = numOf(pick(g, "index", "id", "ordinal")) ?? i;
+        return {
+          index,
+          name: (pick(g, "name", "model") as string | undefined) ?? null,
+          hbmGiB: gibOf(g, ["hbm", "memory", "total_memory", "mem"]),
+          pcie,
+          numa: numOf(pick(g, "numa_node", "numa")),
+          h2dGBs: numOf(pick(g, "h2d_gbps")) ?? perGpu(calibration, ["h2d_gbps", "h2d.gbps", "h2d_bandwidth_gbps"], index),
+          d2hGBs: numOf(pick(g, "d2h_gbps")) ?? perGpu(calibration, ["d2h_gbps", "d2h.gbps", "d2h_bandwidth_gbps"], index),
+        };
+      })
+    : [];
+  const links: LinkView[] = [];
+  const rawLinks = pick(topology, "links", "p2p", "gpu_links");
+  if (Array.isArray(rawLinks) && rawLinks.length && Array.isArray(rawLinks[0])) {
+    // A matrix: links[i][j] names the connection of GPUs i and j.
+    for (let a = 0; a < rawLinks.length; a++) {
+      for (let b = a + 1; b < (rawLinks[a] as unknown[]).length; b++) {
+        const cell = (rawLinks[a] as unknown[])[b];
+        const { kind, detail } = linkKind(isObj(cell) ? pick(cell, "kind", "type", "link") : cell);
+        const bw = (isObj(cell) ? numOf(pick(cell, "bandwidth_gbps", "gbps", "measured_gbps")) : null) ?? pairBandwidth(calibration, a, b);
+        links.push({ a, b, kind, detail, bandwidthGBs: bw, p2p: isObj(cell) ? ((pick(cell, "p2p") as boolean | undefined) ?? null) : null });
+      }
+    }
+  } else if (Array.isArray(rawLinks)) {
+    for (const l of rawLinks) {
+      const [a, b] = endpoints(l);
+      if (a === null || b === null) continue;
+      const { kind, detail } = linkKind(pick(l, "kind", "type", "link", "via"));
+      const bw = numOf(pick(l, "measured_gbps", "bandwidth_gbps", "gbps", "bandwidth_gb_s")) ?? pairBandwidth(calibration, a, b);
+      const p2p = pick(l, "p2p");
+      links.push({ a, b, kind, detail, bandwidthGBs: bw, p2p: typeof p2p === "boolean" ? p2p : null });
+    }
+  }
+  const numa = pick(topology, "numa_nodes", "numa", "cpu.numa_nodes");
+  return {
+    gpus,
+    links,
+    cpuModel: (pick(topology, "cpu_model", "cpu.model", "cpu.name") as string | undefined) ?? null,
+    cpuCores: numOf(pick(topology, "cpu_cores", "cpu.cores", "cpu.physical_cores", "cores", "physical_cores")),
+    cpuThreads: numOf(pick(topology, "cpu_threads", "cpu.threads", "cpu.logical_cores", "logical_cores")),
+    numaNodes: Array.isArray(numa) ? numa.length : numOf(numa),
+    ramGiB: gibOf(topology, ["host_ram", "ram", "host_memory", "mem_total", "memory"]) ?? numOf(pick(topology, "host.ram_gib")),
+  };
+}
+
+function linkLabel(l: LinkView): string {
+  const parts = [l.kind];
+  if (l.detail) parts.push(`(${l.detail})`);
+  if (l.bandwidthGBs !== null) parts.push(`${num(l.bandwidthGBs, 3)} GB/s`);
+  return parts.join(" ");
+}
+
+/** The host as an SVG diagram: CPU and RAM on top, GPUs below joined to it by PCIe, GPU pairs by their links. */
+export function drawHost(v: HostView, hostName: string): SVGSVGElement {
+  const n = Math.max(1, v.gpus.length);
+  const gpuW = 150;
+  const gap = 40;
+  const width = Math.max(420, n * gpuW + (n - 1) * gap + 40);
+  const arcRows = v.gpus.length > 1 ? Math.min(v.links.length, 6) : 0;
+  const height = 250 + arcRows * 26 + (v.links.length > 6 ? 20 : 0);
+  const root = svg("svg", { viewBox: `0 0 ${width} ${height}`, width: "100%", role: "img", class: "topology" });
+  root.append(svg("title", {}, `Topology of ${hostName}`));
+  const cpuLines = [
+    v.cpuModel,
+    v.cpuCores !== null ? `${v.cpuCores} CPU cores${v.cpuThreads !== null ? ` / ${v.cpuThreads} threads` : ""}` : null,
+    v.numaNodes !== null ? `${v.numaNodes} NUMA node${v.numaNodes === 1 ? "" : "s"}` : null,
+    v.ramGiB !== null ? `${num(v.ramGiB, 3)} GiB host RAM` : null,
+  ].filter((s): s is string => !!s);
+  const hostW = Math.min(width - 40, 360);
+  const hostX = (width - hostW) / 2;
+  root.append(
+    svg("rect", { x: hostX, y: 10, width: hostW, height: 74, rx: 8, class: "topo-host" }),
+    svg("text", { x: width / 2, y: 30, "text-anchor": "middle", class: "topo-title" }, `Host ${hostName}`),
+  );
+  cpuLines.slice(0, 3).forEach((t, i) => root.append(svg("text", { x: width / 2, y: 48 + i * 15, "text-anchor": "middle" }, t)));
+  if (v.gpus.length === 0) {
+    root.append(svg("text", { x: width / 2, y: 130, "text-anchor": "middle", class: "muted" }, "No GPU reported (CPU training only)"));
+    return root;
+  }
+  const x0 = (width - (n * gpuW + (n - 1) * gap)) / 2;
+  const gpuY = 150;
+  const centre = (i: number) => x0 + i * (gpuW + gap) + gpuW / 2;
+  v.gpus.forEach((g, i) => {
+    const cx = centre(i);
+    root.append(svg("line", { x1: cx, y1: 84, x2: cx, y2: gpuY, class: "topo-pcie" }));
+    const bw = [g.h2dGBs !== null ? `↓${num(g.h2dGBs, 3)}` : null, g.d2hGBs !== null ? `↑${num(g.d2hGBs, 3)}` : null].filter(Boolean);
+    const label = [g.pcie ?? "PCIe", bw.length ? `${bw.join(" ")} GB/s` : null].filter(Boolean) as string[];
+    label.forEach((t, k) => root.append(svg("text", { x: cx + 6, y: 106 + k * 14, class: "topo-small" }, t)));
+    root.append(
+      svg("rect", { x: cx - gpuW / 2, y: gpuY, width: gpuW, height: 62, rx: 6, class: "topo-gpu" }),
+      svg("text", { x: cx, y: gpuY + 18, "text-anchor": "middle", class: "topo-title" }, `GPU ${g.index}`),
+    );
+    if (g.name) root.append(svg("text", { x: cx, y: gpuY + 34, "text-anchor": "middle", class: "topo-small" }, g.name.length > 24 ? g.name.slice(0, 23) + "…" : g.name));
+    if (g.hbmGiB !== null) root.append(svg("text", { x: cx, y: gpuY + 50, "text-anchor": "middle" }, `${num(g.hbmGiB, 4)} GiB HBM`));
+  });
+  // GPU-to-GPU links as arcs under the GPUs, one row each (the table below lists all of them).
+  const byIndex = new Map(v.gpus.map((g, i) => [g.index, i]));
+  v.links.slice(0, 6).forEach((l, k) => {
+    const ia = byIndex.get(l.a);
+    const ib = byIndex.get(l.b);
+    if (ia === undefined || ib === undefined) return;
+    const xa = centre(ia);
+    const xb = centre(ib);
+    const y = gpuY + 62;
+    const depth = 18 + k * 26;
+    const cls = l.kind === "NVLink" ? "topo-nvlink" : "topo-link";
+    root.append(
+      svg("path", { d: `M ${xa} ${y} C ${xa} ${y + depth}, ${xb} ${y + depth}, ${xb} ${y}`, class: cls }),
+      svg("text", { x: (xa + xb) / 2, y: y + depth * 0.75 + 12, "text-anchor": "middle", class: "topo-small" }, `${l.a}–${l.b}: ${linkLabel(l)}`),
+    );
+  });
+  if (v.links.length > 6) root.append(svg("text", { x: width / 2, y: height - 6, "text-anchor": "middle", class: "topo-small" }, `${v.links.length - 6} more links in the table`));
+  return root;
+}
+
+export { linkLabel };
