@@ -310,8 +310,6 @@ def _check_records(path: str, cfg: JobConfig, vocab: int | None, errors: list[di
         if problem is None and fmt == "text":
             any_text = any_text or bool(record[cfg.data.text_field].strip())
         if problem:
-            if problem.startswith("has no field") and fmt == "text":
-                problem += "; set data.text_field to the field holding the text"
             errors.append({"loc": "data.path", "msg": f"{path} {where}: {problem}"})
             found += 1
             if found >= MAX_RECORD_ERRORS:

@@ -99,12 +99,14 @@ def assistant_spans(tokenizer: Any, messages: list[dict]) -> tuple[str, list[tup
     A turn's span is what rendering it adds after the generation prompt (its content and end-of-turn marker)
     when the template renders each conversation as a prefix of the next (ChatML, Llama 3, ...). Templates that
     render earlier turns differently (e.g. dropping reasoning) fall back to the turn's content found in the
-    full rendering, plus the EOS text when it follows at once.
+    full rendering, plus an end-of-turn marker that follows at once (EOS, or a special token named like
+    <|im_end|>, <|eot_id|>, <end_of_turn>).
     """
     full = _render(tokenizer, messages)
     spans = []
     cursor = 0
-    eos_text = tokenizer.eos_token or ""
+    markers = [t for t in [tokenizer.eos_token, *getattr(tokenizer, "all_special_tokens", [])] if t]
+    markers = [t for t in markers if t == tokenizer.eos_token or "end" in t.lower() or "eot" in t.lower()]
     for i, m in enumerate(messages):
         if m["role"] != "assistant":
             continue
@@ -118,8 +120,7 @@ def assistant_spans(tokenizer: Any, messages: list[dict]) -> tuple[str, list[tup
         if at < 0:
             continue
         end = at + len(m["content"])
-        if eos_text and full.startswith(eos_text, end):
-            end += len(eos_text)
+        end += next((len(t) for t in markers if full.startswith(t, end)), 0)
         spans.append((at, end))
         cursor = end
     return full, spans

@@ -181,7 +181,10 @@ def check_record(fmt: str, record: Any, text_field: str = "text") -> str | None:
                 )
         return None
     if fmt == "text":
-        return _string_field(record, text_field, "format text reads the text from data.text_field")
+        problem = _string_field(record, text_field, "format text")
+        if problem and problem.startswith("has no field"):
+            problem += "; set data.text_field to the field holding the text"
+        return problem
     if fmt == "prompt_completion":
         return _string_field(record, "prompt", "format prompt_completion") or _string_field(
             record, "completion", "format prompt_completion"

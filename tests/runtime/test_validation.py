@@ -1,0 +1,270 @@
+"""Validation before anything is allocated: each problem gets one error naming the file, line or field."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+from slidedp.config import ConfigError, JobConfig, load_config_file
+from slidedp.data import demo_paths
+from slidedp.data.tokenizer import TINY_TOKENIZER_DIR
+from slidedp.presets import PRESETS, param_count
+from slidedp.validation import (
+    GIB,
+    cgroup_memory_limit,
+    check_job,
+    host_ram_limit,
+    host_ram_limit_bytes,
+    host_state_bytes,
+    validate_job,
+)
+
+PLENTY = 1 << 50  # host RAM for the checks that are not about RAM
+
+
+def cfg_for(model="tiny-qwen3", path="demo:demo_text.jsonl", fmt="text", **kw):
+    data = {"path": str(path), "format": fmt}
+    data.update(kw.pop("data", {}))
+    return JobConfig.from_dict({"model": str(model), "data": data, "seq_len": 16, **kw})
+
+
+def errors_of(cfg, ram=PLENTY):
+    return validate_job(cfg, host_ram_bytes=ram)
+
+
+def only(errors, loc):
+    """The single error at loc (and no error elsewhere)."""
+    assert [e["loc"] for e in errors] == [loc], errors
+    return errors[0]["msg"]
+
+
+def model_dir(tmp_path, config=None, weights=True, tokenizer=True, name="model"):
+    d = tmp_path / name
+    d.mkdir()
+    if config is not False:
+        (d / "config.json").write_text(json.dumps(config or PRESETS["tiny-qwen3"]))
+    if weights:
+        import numpy as np
+        from safetensors.numpy import save_file
+
+        save_file({"w": np.zeros(2, dtype=np.float32)}, str(d / "model.safetensors"))
+    if tokenizer:
+        for f in os.listdir(TINY_TOKENIZER_DIR):
+            shutil.copy(os.path.join(TINY_TOKENIZER_DIR, f), d / f)
+    return d
+
+
+def test_validation_imports_no_torch():
+    code = (
+        "import sys, slidedp.validation, slidedp.config, slidedp.data;"
+        "from slidedp.config import JobConfig;"
+        "cfg = JobConfig.from_dict({'model': 'demo-qwen3', 'data': {'path': 'demo:demo_sft.jsonl',"
+        " 'format': 'prompt_completion'}, 'seq_len': 128});"
+        "assert slidedp.validation.validate_job(cfg, host_ram_bytes=1 << 40) == [];"
+        "bad = [m for m in ('torch', 'transformers', 'tokenizers') if m in sys.modules];"
+        "assert not bad, bad"
+    )
+    env = {**os.environ, "PYTHONPATH": os.path.join(os.path.dirname(__file__), "..", "..", "runtime")}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, env=env)
+    assert done.returncode == 0, done.stderr
+
+
+def test_the_demo_job_validates():
+    path = os.path.join(os.path.dirname(demo_paths()["demo_sft.jsonl"]), "job.yaml")
+    cfg = JobConfig.from_dict(load_config_file(path))
+    assert errors_of(cfg) == []
+    check_job(cfg, host_ram_bytes=PLENTY)
+
+
+# ---------------------------------------------------------------------------- dataset
+def test_missing_dataset_and_directory_and_unknown_extension(tmp_path):
+    msg = only(errors_of(cfg_for(path=tmp_path / "nope.jsonl")), "data.path")
+    assert f"dataset file {tmp_path / 'nope.jsonl'} does not exist" in msg
+    assert "is a directory" in only(errors_of(cfg_for(path=tmp_path)), "data.path")
+    (tmp_path / "d.csv").write_text("a,b\n")
+    assert "unknown extension '.csv'; use a .jsonl, .json, .parquet or .txt" in only(
+        errors_of(cfg_for(path=tmp_path / "d.csv")), "data.path"
+    )
+    assert "no demo dataset named 'x.jsonl'" in only(errors_of(cfg_for(path="demo:x.jsonl")), "data.path")
+
+
+def test_empty_dataset(tmp_path):
+    for name, body in (("e.jsonl", ""), ("blank.jsonl", "\n  \n"), ("e.json", "[]")):
+        (tmp_path / name).write_text(body)
+        assert "is empty" in only(errors_of(cfg_for(path=tmp_path / name)), "data.path")
+
+
+def test_bad_json_names_the_line(tmp_path):
+    p = tmp_path / "d.jsonl"
+    p.write_text('{"text": "ok"}\n\n{"text": "broken"\n{"text": "ok"}\n')
+    msg = only(errors_of(cfg_for(path=p)), "data.path")
+    assert f"{p} line 3: bad JSON" in msg and "one JSON object" in msg
+    j = tmp_path / "d.json"
+    j.write_text('{"text": "a dict, not a list"}')
+    assert "not a list of records" in only(errors_of(cfg_for(path=j)), "data.path")
+
+
+def test_missing_field_names_line_and_field_for_the_format(tmp_path):
+    p = tmp_path / "d.jsonl"
+    p.write_text('{"prompt": "a", "completion": "b"}\n{"prompt": "c"}\n{"prompt": 3, "completion": "d"}\n')
+    errors = errors_of(cfg_for(path=p, fmt="prompt_completion"))
+    assert [e["loc"] for e in errors] == ["data.path", "data.path"]
+    assert errors[0]["msg"] == f"{p} line 2: has no field 'completion' (format prompt_completion needs it)"
+    assert errors[1]["msg"] == f"{p} line 3: field 'prompt' must be a string, got int"
+    text_errors = errors_of(cfg_for(path=p, fmt="text"))
+    assert len(text_errors) == 3 and text_errors[0]["msg"] == (
+        f"{p} line 1: has no field 'text' (format text needs it); set data.text_field to the field holding the text"
+    )
+    chat = tmp_path / "c.jsonl"
+    chat.write_text('{"messages": [{"role": "user", "content": "hi"}, {"role": "assistant"}]}\n')
+    assert "line 1: messages[1] must be an object with string fields 'role' and 'content'" in only(
+        errors_of(cfg_for(path=chat, fmt="chat")), "data.path"
+    )
+    alp = tmp_path / "a.jsonl"
+    alp.write_text('{"instruction": "x"}\n')
+    assert "line 1: has no field 'output' (format alpaca needs it)" in only(
+        errors_of(cfg_for(path=alp, fmt="alpaca")), "data.path"
+    )
+
+
+def test_record_errors_are_capped_and_bounded_to_a_prefix(tmp_path):
+    p = tmp_path / "d.jsonl"
+    p.write_text('{"text": "ok"}\n' * 1000 + '{"other": 1}\n')  # the bad line is past the scanned prefix
+    assert errors_of(cfg_for(path=p)) == []
+    p.write_text('{"other": 1}\n' * 20)
+    assert len(errors_of(cfg_for(path=p))) == 3
+
+
+def test_txt_only_for_the_text_format_and_empty_texts(tmp_path):
+    t = tmp_path / "d.txt"
+    t.write_text("one document\n\nanother\n")
+    assert errors_of(cfg_for(path=t)) == []
+    assert "only format text reads" in only(
+        errors_of(cfg_for(path=t, fmt="prompt_completion")), "data.format"
+    )
+    blank = tmp_path / "blank.jsonl"
+    blank.write_text('{"text": ""}\n{"text": " "}\n')
+    assert "tokenises to nothing" in only(errors_of(cfg_for(path=blank)), "data.path")
+
+
+def test_tokens_rows_must_have_seq_len_ids_inside_the_vocabulary(tmp_path):
+    p = tmp_path / "t.jsonl"
+    p.write_text(json.dumps({"input_ids": [1] * 16}) + "\n" + json.dumps({"input_ids": [1] * 15}) + "\n")
+    msg = only(errors_of(cfg_for(path=p, fmt="tokens")), "data.path")
+    assert f"{p} line 2: input_ids has 15 tokens but seq_len is 16" in msg
+    p.write_text(json.dumps({"input_ids": [600] * 16}) + "\n")
+    assert "token id 600 is outside the model's vocabulary of 512 tokens" in only(
+        errors_of(cfg_for(path=p, fmt="tokens")), "data.path"
+    )
+    p.write_text(json.dumps({"input_ids": [1] * 16, "labels": [1] * 3}) + "\n")
+    assert "'labels' has 3 entries but input_ids has 16" in only(
+        errors_of(cfg_for(path=p, fmt="tokens")), "data.path"
+    )
+
+
+def test_parquet_columns_and_rows_are_checked(tmp_path):
+    pa = pytest.importorskip("pyarrow")
+    import pyarrow.parquet as pq
+
+    p = tmp_path / "d.parquet"
+    pq.write_table(pa.Table.from_pylist([{"body": "hello"}]), str(p))
+    msg = only(errors_of(cfg_for(path=p)), "data.path")
+    assert "no column 'text' for format text (set data.text_field" in msg and "columns: body" in msg
+    assert errors_of(cfg_for(path=p, data={"text_field": "body"})) == []
+    pq.write_table(pa.Table.from_pylist([{"input_ids": [1] * 16}, {"input_ids": [1] * 4}]), str(p))
+    assert f"{p} row 2: input_ids has 4 tokens" in only(errors_of(cfg_for(path=p, fmt="tokens")), "data.path")
+
+
+# ---------------------------------------------------------------------------- model
+def test_unknown_preset_lists_the_presets_and_a_missing_path_says_so(tmp_path):
+    msg = only(errors_of(cfg_for(model="qwen9-1t")), "model")
+    assert msg.startswith("unknown preset 'qwen9-1t'; presets: tiny-qwen3, ") and "qwen3-8b" in msg
+    msg = only(errors_of(cfg_for(model=tmp_path / "no-such-model")), "model")
+    assert f"model directory {tmp_path / 'no-such-model'} does not exist" in msg
+    f = tmp_path / "file"
+    f.write_text("x")
+    assert "is a file" in only(errors_of(cfg_for(model=f)), "model")
+
+
+def test_model_directory_needs_config_and_weights(tmp_path):
+    assert errors_of(cfg_for(model=model_dir(tmp_path, name="good"))) == []
+    msg = only(errors_of(cfg_for(model=model_dir(tmp_path, config=False, name="noconf"))), "model")
+    assert "has no config.json" in msg
+    msg = only(errors_of(cfg_for(model=model_dir(tmp_path, weights=False, name="noweights"))), "model")
+    assert "has no weights (*.safetensors or model.safetensors.index.json)" in msg
+    broken = model_dir(tmp_path, name="broken")
+    (broken / "config.json").write_text("{not json")
+    assert "config.json is not valid JSON" in only(errors_of(cfg_for(model=broken)), "model")
+
+
+def test_unsupported_architecture_and_seq_len_above_the_limit(tmp_path):
+    gpt2 = model_dir(tmp_path, config={**PRESETS["tiny-qwen3"], "model_type": "gpt2"}, name="gpt2")
+    msg = only(errors_of(cfg_for(model=gpt2)), "model")
+    assert "unsupported architecture 'gpt2'" in msg and "qwen3, qwen2, llama, mistral" in msg
+    msg = only(errors_of(cfg_for(seq_len=4096)), "seq_len")
+    assert (
+        msg == "4096 is above the model's limit (max_position_embeddings = 1024); set seq_len to at most 1024"
+    )
+
+
+def test_formats_that_need_a_tokenizer(tmp_path):
+    msg = only(errors_of(cfg_for(model="qwen3-0.6b")), "data.format")
+    assert "preset qwen3-0.6b has no tokenizer" in msg and "pre-tokenised data (format tokens)" in msg
+    bare = model_dir(tmp_path, tokenizer=False)
+    assert "has no tokenizer" in only(
+        errors_of(cfg_for(model=bare, fmt="prompt_completion", path="demo:demo_sft.jsonl")), "data.format"
+    )
+    tokens = tmp_path / "t.jsonl"
+    tokens.write_text(json.dumps({"input_ids": [5] * 16}) + "\n")
+    assert errors_of(cfg_for(model="qwen3-0.6b", path=tokens, fmt="tokens")) == []
+    assert errors_of(cfg_for(model=bare, path=tokens, fmt="tokens")) == []
+
+
+# ---------------------------------------------------------------------------- host RAM
+def test_host_ram_too_small_states_needed_and_available_gib(tmp_path):
+    tokens = tmp_path / "t.jsonl"
+    tokens.write_text(json.dumps({"input_ids": [5] * 16}) + "\n")
+    cfg = cfg_for(model="qwen3-8b", path=tokens, fmt="tokens", ranks=2)
+    state, staging = host_state_bytes(cfg, PRESETS["qwen3-8b"])
+    assert state == 14 * param_count(PRESETS["qwen3-8b"])
+    # 2 ranks x 2 staged units x the largest unit (final norm + lm_head) in fp32
+    assert staging == 2 * 2 * (PRESETS["qwen3-8b"]["vocab_size"] * 4096 + 4096) * 4
+    msg = only(errors_of(cfg, ram=64 * GIB), "model")
+    assert f"needs {(state + staging) / GIB:.1f} GiB" in msg and "but 64.0 GiB is available" in msg
+    assert errors_of(cfg, ram=state + staging) == []
+    configured = cfg_for(model="qwen3-8b", path=tokens, fmt="tokens", host_ram_gib=32)
+    assert "32.0 GiB is available (host_ram_gib)" in only(validate_job(configured), "host_ram_gib")
+    with pytest.raises(ConfigError) as err:
+        check_job(cfg, host_ram_bytes=GIB)
+    assert err.value.errors[0]["loc"] == "model"
+
+
+def test_host_ram_limit_prefers_configured_then_cgroup_then_memtotal(tmp_path):
+    assert host_ram_limit_bytes(12.5) == int(12.5 * GIB)
+    v2 = tmp_path / "v2"
+    (v2 / "job").mkdir(parents=True)
+    (v2 / "memory.max").write_text("max\n")
+    proc = tmp_path / "cgroup"
+    proc.write_text("0::/job\n")
+    assert cgroup_memory_limit(str(v2), str(proc)) is None  # "max" is no limit
+    (v2 / "job" / "memory.max").write_text(f"{64 * GIB}\n")
+    assert cgroup_memory_limit(str(v2), str(proc)) == 64 * GIB
+    v1 = tmp_path / "v1"
+    (v1 / "memory").mkdir(parents=True)
+    (v1 / "memory" / "memory.limit_in_bytes").write_text("9223372036854771712\n")
+    proc.write_text("4:memory:/other\n0::/\n")
+    assert cgroup_memory_limit(str(v1), str(proc)) is None  # v1's "unlimited"
+    (v1 / "memory" / "memory.limit_in_bytes").write_text(f"{200 * GIB}\n")
+    assert cgroup_memory_limit(str(v1), str(proc)) == 200 * GIB
+    limit, source = host_ram_limit(cgroup_root=str(v1))
+    assert (limit, source) == (200 * GIB, "cgroup memory limit")
+    empty = tmp_path / "none"
+    empty.mkdir()
+    limit, source = host_ram_limit(cgroup_root=str(empty))
+    with open("/proc/meminfo") as fh:
+        memtotal = int(next(line for line in fh if line.startswith("MemTotal:")).split()[1]) * 1024
+    assert (limit, source) == (memtotal, "MemTotal")
