@@ -1,0 +1,12 @@
+"""All API routes under /api, behind the bearer-token check."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Depends
+
+from slidedp_web.api.deps import require_token
+from slidedp_web.api.routes import events, health, hosts, jobs, plan, presets
+
+api_router = APIRouter(prefix="/api", dependencies=[Depends(require_token)])
+for module in (jobs, events, hosts, plan, presets, health):
+    api_router.include_router(module.router)

@@ -1,0 +1,123 @@
+"""Service settings, read from the environment (and a .env file) with pydantic-settings.
+
+Every process of the workbench (API, worker, the per-job process) builds the same Settings from the same
+environment, so one set of variables configures a deployment:
+
+    SLIDEDP_DATA_DIR=/srv/slidedp DATABASE_URL=postgresql+psycopg://... REDIS_URL=redis://... slidedp worker
+"""
+
+from __future__ import annotations
+
+import socket
+from functools import lru_cache
+from pathlib import Path
+from typing import Optional
+
+from pydantic import AliasChoices, Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(
+        env_prefix="SLIDEDP_", env_file=".env", extra="ignore", populate_by_name=True
+    )
+
+    data_dir: Path = Field(Path(".slidedp"), description="Where the SQLite file, job outputs and logs live.")
+    database_url: Optional[str] = Field(
+        None,
+        validation_alias=AliasChoices("DATABASE_URL", "SLIDEDP_DATABASE_URL", "database_url"),
+        description="SQLAlchemy URL; default: a SQLite file in the data directory.",
+    )
+    redis_url: str = Field(
+        "redis://127.0.0.1:6379/0",
+        validation_alias=AliasChoices("REDIS_URL", "SLIDEDP_REDIS_URL", "redis_url"),
+        description="Broker of the job queue and carrier of live events (redis:// or unix:///path.sock).",
+    )
+    api_token: Optional[str] = Field(None, description="When set, /api requires 'Authorization: Bearer <token>'.")
+    host: str = Field("127.0.0.1", description="Address the API binds; loopback unless told otherwise.")
+    port: int = Field(8000, description="Port the API binds.")
+    host_name: str = Field(
+        default_factory=socket.gethostname, description="Name this machine reports as a worker host."
+    )
+    worker_queue: Optional[str] = Field(None, description="Queue of this host's worker (default slidedp-<host>).")
+    frontend_dir: Optional[Path] = Field(None, description="Built UI to serve at / (default frontend/dist).")
+    calibration_file: Optional[Path] = Field(
+        None, description="Calibration JSON this host reports (default <data_dir>/calibration.json if present)."
+    )
+    host_ram_gib: Optional[float] = Field(None, description="Host RAM to report instead of the detected figure.")
+
+    # Limits
+    max_queued_jobs: int = Field(100, description="Job creation answers 429 beyond this many queued jobs.")
+    max_page_size: int = Field(500, description="Largest `limit` accepted by list endpoints.")
+    max_log_line_chars: int = Field(4000, description="Longer log lines are cut to this length.")
+
+    # Timing: why each figure is what it is lives in docs/interfaces.md §6.
+    heartbeat_s: float = Field(5.0, description="How often a running job's supervisor writes its heartbeat.")
+    heartbeat_timeout_s: float = Field(
+        60.0, description="A running job whose heartbeat is older than this is marked interrupted."
+    )
+    host_report_s: float = Field(30.0, description="How often a worker reports its host (topology, last_seen).")
+    cancel_grace_s: float = Field(
+        60.0, description="After a cancel, how long a job may take to reach a step boundary before it is killed."
+    )
+    watchdog_s: float = Field(2.0, description="How often the API checks Redis and stale heartbeats.")
+    broker_visibility_timeout_s: float = Field(
+        3600.0,
+        description="Redis visibility timeout. Jobs are acknowledged when they start, so it only governs "
+        "messages a worker received but had not started when it died.",
+    )
+
+    @property
+    def sqlalchemy_url(self) -> str:
+        if self.database_url:
+            url = self.database_url
+            # Plain postgresql:// means psycopg 3 here (the driver the web extra installs).
+            if url.startswith("postgresql://"):
+                url = "postgresql+psycopg://" + url[len("postgresql://") :]
+            elif url.startswith("postgres://"):
+                url = "postgresql+psycopg://" + url[len("postgres://") :]
+            return url
+        return f"sqlite:///{(self.data_dir / 'slidedp.db').resolve()}"
+
+    @property
+    def queue(self) -> str:
+        return self.worker_queue or f"slidedp-{self.host_name}"
+
+    @property
+    def broker_url(self) -> str:
+        """Celery/kombu spell a unix socket redis+socket://; redis-py spells it unix://."""
+        if self.redis_url.startswith("unix://"):
+            return "redis+socket://" + self.redis_url[len("unix://") :]
+        return self.redis_url
+
+    @property
+    def jobs_dir(self) -> Path:
+        return (self.data_dir / "jobs").resolve()
+
+    @property
+    def calibration_path(self) -> Path:
+        return self.calibration_file or (self.data_dir / "calibration.json")
+
+    def env(self) -> dict[str, str]:
+        """These settings as environment variables, for the processes a command starts."""
+        out = {
+            "SLIDEDP_DATA_DIR": str(self.data_dir.resolve()),
+            "DATABASE_URL": self.sqlalchemy_url,
+            "REDIS_URL": self.redis_url,
+            "SLIDEDP_HOST_NAME": self.host_name,
+            "SLIDEDP_WORKER_QUEUE": self.queue,
+        }
+        for name in (
+            "api_token", "frontend_dir", "calibration_file", "host_ram_gib", "heartbeat_s", "heartbeat_timeout_s",
+            "host_report_s", "cancel_grace_s", "watchdog_s", "broker_visibility_timeout_s", "max_queued_jobs",
+            "max_page_size", "max_log_line_chars",
+        ):
+            value = getattr(self, name)
+            if value is not None:
+                out["SLIDEDP_" + name.upper()] = str(value)
+        return out
+
+
+@lru_cache(maxsize=1)
+def get_settings() -> Settings:
+    return Settings()

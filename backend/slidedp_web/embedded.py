@@ -1,0 +1,165 @@
+"""`slidedp serve`: the whole workbench on one machine with nothing to set up.
+
+    slidedp serve [--host 127.0.0.1] [--port 8000]
+
+A data directory (SLIDEDP_DATA_DIR, default ./.slidedp) holds a SQLite file, the job outputs and the logs of
+the processes started here: a private redis-server (on a unix socket in the data directory, or a free
+loopback port when the socket path is too long), one local worker, and the API with the UI. With REDIS_URL or
+DATABASE_URL set, those are used instead. Ctrl-C (or SIGTERM) stops the worker — a running job stops at a step
+boundary with a checkpoint and can be resumed next time — then Redis.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Optional
+
+SOCKET_PATH_MAX = 100  # sun_path holds 108 bytes
+
+
+def parse_args(argv: Optional[list[str]]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="slidedp serve", description=__doc__.splitlines()[0])
+    parser.add_argument("--host", default=None, help="address to bind (default SLIDEDP_HOST or 127.0.0.1)")
+    parser.add_argument("--port", type=int, default=None, help="port (default SLIDEDP_PORT or 8000)")
+    return parser.parse_args(argv)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _stop(proc: subprocess.Popen, timeout: float) -> None:
+    """SIGTERM the process group, wait, then SIGKILL what is left."""
+    if proc.poll() is None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            pass
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+
+
+@contextlib.contextmanager
+def private_redis(data_dir: Path) -> Iterator[str]:
+    """A redis-server only this workbench uses, without persistence: the database is the record, and queued
+    jobs are sent again when the API finds an empty Redis."""
+    binary = shutil.which("redis-server")
+    if binary is None:
+        raise SystemExit("slidedp serve: redis-server is not installed (Debian: apt-get install redis-server; "
+                         "scripts/setup.sh does it), or set REDIS_URL to a running Redis")
+    sock = data_dir / "redis.sock"
+    args = [binary, "--save", "", "--appendonly", "no", "--dir", str(data_dir), "--daemonize", "no",
+            "--pidfile", str(data_dir / "redis.pid"), "--logfile", str(data_dir / "redis.log")]
+    if len(str(sock)) <= SOCKET_PATH_MAX:
+        sock.unlink(missing_ok=True)
+        args += ["--port", "0", "--unixsocket", str(sock), "--unixsocketperm", "700"]
+        url = f"unix://{sock}"
+    else:
+        port = free_port()
+        args += ["--port", str(port), "--bind", "127.0.0.1"]
+        url = f"redis://127.0.0.1:{port}/0"
+    proc = subprocess.Popen(args, start_new_session=True, stdout=subprocess.DEVNULL)
+    try:
+        _wait_for_redis(url, proc, data_dir / "redis.log")
+        yield url
+    finally:
+        _stop(proc, 10)
+        sock.unlink(missing_ok=True)
+
+
+def _wait_for_redis(url: str, proc: subprocess.Popen, logfile: Path, timeout: float = 20.0) -> None:
+    import redis
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            tail = logfile.read_text(errors="replace")[-2000:] if logfile.exists() else ""
+            raise SystemExit(f"slidedp serve: redis-server exited with code {proc.returncode}:\n{tail}")
+        with contextlib.suppress(redis.RedisError, OSError):
+            if redis.Redis.from_url(url, socket_connect_timeout=1).ping():
+                return
+        time.sleep(0.1)
+    raise SystemExit(f"slidedp serve: redis-server did not answer within {timeout:g} s (log: {logfile})")
+
+
+class LocalWorker:
+    """`slidedp worker` as a child process, started again if it dies while the workbench runs."""
+
+    def __init__(self, env: dict[str, str], logfile: Path, stop_timeout: float):
+        self.env, self.logfile, self.stop_timeout = env, logfile, stop_timeout
+        self.proc: Optional[subprocess.Popen] = None
+        self.closing = threading.Event()
+        self.lock = threading.Lock()
+
+    def start(self) -> None:
+        with self.lock:
+            log = open(self.logfile, "ab")  # noqa: SIM115 - owned by the child for its lifetime
+            self.proc = subprocess.Popen([sys.executable, "-m", "slidedp_web.worker"], env=self.env,
+                                         stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+            log.close()
+
+    def watch(self) -> None:
+        restarts = 0
+        while not self.closing.wait(2.0):
+            if self.proc is not None and self.proc.poll() is not None and restarts < 5:
+                print(f"slidedp serve: the worker exited with code {self.proc.returncode} (log: {self.logfile}); "
+                      "starting it again", file=sys.stderr, flush=True)
+                restarts += 1
+                self.start()
+
+    def stop(self) -> None:
+        self.closing.set()
+        with self.lock:
+            if self.proc is not None:
+                _stop(self.proc, self.stop_timeout)
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    data_dir = Path(os.environ.get("SLIDEDP_DATA_DIR") or ".slidedp").resolve()
+    data_dir.mkdir(parents=True, exist_ok=True)
+    os.environ["SLIDEDP_DATA_DIR"] = str(data_dir)
+    with contextlib.ExitStack() as stack:
+        if not os.environ.get("REDIS_URL"):
+            os.environ["REDIS_URL"] = stack.enter_context(private_redis(data_dir))
+        import uvicorn
+
+        from slidedp_web.core.config import get_settings
+        from slidedp_web.core.db import upgrade
+        from slidedp_web.main import create_app
+
+        get_settings.cache_clear()
+        settings = get_settings()
+        host = args.host or settings.host
+        port = args.port or settings.port
+        upgrade(settings)  # once, before the worker and the API both look at the schema
+        worker = LocalWorker({**os.environ, **settings.env()}, data_dir / "worker.log",
+                             stop_timeout=settings.cancel_grace_s + 30)
+        worker.start()
+        stack.callback(worker.stop)
+        threading.Thread(target=worker.watch, name="slidedp-worker-watch", daemon=True).start()
+        print(f"SlideDP Workbench at http://{host}:{port}  (data: {data_dir}; database: "
+              f"{settings.sqlalchemy_url.split('://')[0]}; Redis: {settings.redis_url}; worker log: "
+              f"{data_dir / 'worker.log'})", flush=True)
+        uvicorn.run(create_app(settings), host=host, port=port, log_level="info")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

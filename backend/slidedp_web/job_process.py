@@ -1,0 +1,113 @@
+"""The process one job runs in: spawned fresh by the worker for every attempt, it calls slidedp.train.
+
+A fresh spawn (not fork) because CUDA state does not survive fork and each job must start clean. The process
+leads its own process group so the worker can kill it together with the rank processes slidedp.train starts.
+Per-step metrics and log lines go straight into the database (and onto Redis); the outcome goes back to the
+supervising worker through a pipe.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+import traceback
+from typing import Any
+
+
+def run(env: dict[str, str], job_id: int, attempt: int, stop: Any, conn: Any) -> None:
+    os.setpgrp()
+    os.environ.update(env)
+    from slidedp_web.core.config import Settings
+
+    settings = Settings()
+    try:
+        outcome = _train(settings, job_id, attempt, stop)
+    except BaseException as exc:  # noqa: BLE001 - the outcome must reach the worker whatever happened
+        outcome = {"status": "failed", "error": {"message": f"{type(exc).__name__}: {exc}", "errors": []}}
+        _log(settings, job_id, traceback.format_exc())
+    try:
+        conn.send(outcome)
+    finally:
+        conn.close()
+
+
+def _log(settings: Any, job_id: int, text: str) -> None:
+    from slidedp_web.journal import record_log
+
+    for line in text.rstrip().splitlines() or [""]:
+        print(f"[job {job_id}] {line}", flush=True)
+        try:
+            record_log(settings, job_id, line)
+        except Exception:  # noqa: BLE001 - a log line is not worth failing the job for
+            pass
+
+
+def has_checkpoint(output_dir: str) -> bool:
+    path = os.path.join(output_dir, "checkpoints")
+    return os.path.isdir(path) and any(not name.startswith(".") for name in os.listdir(path))
+
+
+def _train(settings: Any, job_id: int, attempt: int, stop: Any) -> dict[str, Any]:
+    from slidedp_web.core.db import read_session
+    from slidedp_web.journal import record_metrics
+    from slidedp_web.models import Job
+
+    with read_session(settings) as session:
+        job = session.get(Job, job_id)
+        config = dict(job.config)
+        output_dir = job.output_dir
+    config["output_dir"] = output_dir
+    resume = bool(config.get("resume")) or attempt > 1
+    if resume and not has_checkpoint(output_dir):
+        if attempt > 1:
+            _log(settings, job_id, f"no checkpoint in {output_dir}/checkpoints yet: attempt {attempt} starts at step 0")
+        resume = False
+    config["resume"] = resume
+    _log(settings, job_id, f"attempt {attempt} on {settings.host_name}: "
+         + ("resuming from the newest checkpoint" if resume else "starting") + f"; output in {output_dir}")
+    _watch_parent(settings, job_id, stop)
+
+    def should_stop() -> bool | str:
+        return "save" if stop.value == 2 else bool(stop.value)
+
+    import slidedp
+    from slidedp.config import ConfigError
+
+    try:
+        result = slidedp.train(
+            config,
+            on_step=lambda record: record_metrics(settings, job_id, record),
+            on_log=lambda line: _log(settings, job_id, line),
+            should_stop=should_stop,
+        )
+    except ConfigError as exc:
+        return {"status": "failed", "error": {"message": f"invalid job config: {exc}", "errors": exc.errors}}
+    except Exception as exc:  # noqa: BLE001 - TrainError carries the failing rank's traceback
+        text = str(exc)
+        _log(settings, job_id, f"{type(exc).__name__}: {text}")
+        first = text.strip().splitlines()[-1] if text.strip() else type(exc).__name__
+        return {"status": "failed", "error": {"message": f"{type(exc).__name__}: {first}", "errors": []}}
+    return {
+        "status": result.status,
+        "steps_done": result.steps_done,
+        "policy": getattr(result, "policy", None),
+        "final_dir": getattr(result, "final_dir", None),
+        "checkpoint_dir": getattr(result, "checkpoint_dir", None),
+    }
+
+
+def _watch_parent(settings: Any, job_id: int, stop: Any) -> None:
+    """If the worker dies, stop at the next step boundary with a checkpoint; kill the group if that hangs."""
+    parent = os.getppid()
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(1.0)
+        stop.value = 2
+        _log(settings, job_id, "the worker that ran this job is gone: stopping at the next step boundary")
+        time.sleep(settings.cancel_grace_s)
+        os.killpg(0, signal.SIGKILL)
+
+    threading.Thread(target=watch, name="slidedp-parent-watch", daemon=True).start()

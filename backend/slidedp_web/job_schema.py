@@ -1,0 +1,190 @@
+"""The job request schema, derived from the runtime's one job config (slidedp.config.JobConfig).
+
+The runtime's dataclasses are the only definition of the keys, types, defaults, ranges and docs. Here they
+are turned, field by field, into pydantic models so that the OpenAPI schema documents the request body;
+validation itself is JobConfig.from_dict (plus slidedp.validation when present), whose errors are answered
+as FastAPI-style 422s: {"detail": [{"loc": ["body", "optimizer", "lr"], "msg": "...", "type": "..."}]}.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import typing
+from functools import lru_cache
+from typing import Any, Optional
+
+import pydantic
+from fastapi.exceptions import RequestValidationError
+from slidedp.config import ConfigError, JobConfig
+
+# Keys the API accepts next to the config's own: they say how the job is filed, not how it trains.
+EXTRA_KEYS = {
+    "name": (Optional[str], pydantic.Field(None, max_length=200, description="A label for the job list.")),
+    "host": (
+        Optional[str],
+        pydantic.Field(None, description="Worker host to run on (GET /api/hosts); default: the least busy one."),
+    ),
+}
+
+
+def _model_for(cls: Any, prefix: str) -> type[pydantic.BaseModel]:
+    hints = typing.get_type_hints(cls)
+    fields: dict[str, Any] = {}
+    for f in dataclasses.fields(cls):
+        tp = hints[f.name]
+        meta = dict(f.metadata)
+        limits = {k: meta[k] for k in ("gt", "ge", "lt", "le") if k in meta}
+        doc = meta.get("doc") or None
+        if dataclasses.is_dataclass(tp):
+            tp = _model_for(tp, prefix + tp.__name__)
+        if f.default is not dataclasses.MISSING:
+            default = list(f.default) if isinstance(f.default, tuple) else f.default
+            fields[f.name] = (tp, pydantic.Field(default, description=doc, **limits))
+        elif f.default_factory is not dataclasses.MISSING:
+            # A section with all-default keys: the model itself builds the default.
+            factory = tp if dataclasses.is_dataclass(f.default_factory) else f.default_factory
+            fields[f.name] = (tp, pydantic.Field(default_factory=factory, description=doc, **limits))
+        else:
+            fields[f.name] = (tp, pydantic.Field(..., description=doc, **limits))
+    name = prefix if prefix.endswith("Config") else prefix + "Config"
+    return pydantic.create_model(name, __config__=pydantic.ConfigDict(extra="forbid"), **fields)
+
+
+@lru_cache(maxsize=1)
+def job_create_model() -> type[pydantic.BaseModel]:
+    """JobCreate: every JobConfig key (nested sections as their own schemas) plus `name` and `host`."""
+    base = _model_for(JobConfig, "Job")
+    return pydantic.create_model("JobCreate", __base__=base, **EXTRA_KEYS)
+
+
+def openapi_components() -> dict[str, Any]:
+    """JSON schemas of JobCreate and its sections, for the OpenAPI document's components."""
+    schema = job_create_model().model_json_schema(ref_template="#/components/schemas/{model}")
+    defs = schema.pop("$defs", {})
+    return {"JobCreate": schema, **defs}
+
+
+def request_body_openapi(description: str) -> dict[str, Any]:
+    return {
+        "requestBody": {
+            "required": True,
+            "description": description,
+            "content": {"application/json": {"schema": {"$ref": "#/components/schemas/JobCreate"}}},
+        }
+    }
+
+
+# --------------------------------------------------------------------------------------------- validation
+def loc_path(loc: str) -> list[str | int]:
+    """'optimizer.betas[1]' -> ['body', 'optimizer', 'betas', 1] (FastAPI's loc, after 'body')."""
+    out: list[str | int] = ["body"]
+    if loc in ("", "config"):
+        return out
+    for part in loc.split("."):
+        m = re.fullmatch(r"(.*?)((?:\[\d+\])*)", part)
+        head, idx = (m.group(1), m.group(2)) if m else (part, "")
+        if head:
+            out.append(head)
+        out.extend(int(i) for i in re.findall(r"\[(\d+)\]", idx))
+    return out
+
+
+def _error_type(msg: str) -> str:
+    if msg.startswith("unknown key"):
+        return "extra_forbidden"
+    if msg == "is required":
+        return "missing"
+    return "value_error"
+
+
+def unprocessable(errors: list[dict[str, Any]]) -> RequestValidationError:
+    """A 422 naming each bad field by its config key path."""
+    return RequestValidationError(
+        [{"loc": loc_path(str(e.get("loc", ""))), "msg": str(e["msg"]), "type": _error_type(str(e["msg"]))}
+         for e in errors]
+    )
+
+
+def split_body(body: Any) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(config keys, filing keys) of a request body; a body that is not a JSON object is a 422."""
+    if not isinstance(body, dict):
+        raise RequestValidationError([{
+            "loc": ["body"], "type": "dict_type",
+            "msg": f"must be a JSON object of job config keys, got {type(body).__name__}",
+        }])
+    extra = {k: body[k] for k in EXTRA_KEYS if k in body}
+    errors = []
+    for key, value in extra.items():
+        if value is not None and not isinstance(value, str):
+            errors.append({"loc": key, "msg": f"must be a string or null, got {value!r}"})
+    if isinstance(extra.get("name"), str) and len(extra["name"]) > 200:
+        errors.append({"loc": "name", "msg": "must be at most 200 characters"})
+    if errors:
+        raise unprocessable(errors)
+    return {k: v for k, v in body.items() if k not in EXTRA_KEYS}, extra
+
+
+def parse_config(raw: dict[str, Any], host_ram_bytes: Optional[int] = None) -> JobConfig:
+    """JobConfig.from_dict, then the runtime's deeper checks (model exists, dataset readable, memory fits)."""
+    try:
+        cfg = JobConfig.from_dict(raw)
+    except ConfigError as exc:
+        raise unprocessable(exc.errors) from exc
+    errors = run_job_checks(cfg, host_ram_bytes)
+    if errors:
+        raise unprocessable(errors)
+    return cfg
+
+
+def run_job_checks(cfg: JobConfig, host_ram_bytes: Optional[int]) -> list[dict[str, Any]]:
+    """slidedp.validation's findings as [{"loc", "msg"}] ([] when the module is not there yet).
+
+    Without it, the two checks a user trips over first are made here: an unknown preset and a missing file.
+    """
+    try:
+        from slidedp import validation
+    except ImportError:
+        return _basic_checks(cfg)
+    check = getattr(validation, "validate_job", None) or getattr(validation, "check_job", None)
+    if check is None:
+        return _basic_checks(cfg)
+    try:
+        found = check(cfg, host_ram_bytes=host_ram_bytes)
+    except ConfigError as exc:
+        return list(exc.errors)
+    return _as_error_list(found)
+
+
+def _as_error_list(found: Any) -> list[dict[str, Any]]:
+    if not found:
+        return []
+    out = []
+    for item in found:
+        if isinstance(item, dict):
+            if item.get("level", item.get("severity", "error")) in ("warning", "info"):
+                continue
+            out.append({"loc": item.get("loc", "config"), "msg": item.get("msg") or item.get("message", "")})
+        else:
+            level = getattr(item, "level", getattr(item, "severity", "error"))
+            if level in ("warning", "info"):
+                continue
+            out.append({"loc": getattr(item, "loc", "config"), "msg": getattr(item, "msg", str(item))})
+    return out
+
+
+def _basic_checks(cfg: JobConfig) -> list[dict[str, Any]]:
+    import os
+
+    from slidedp.config import is_model_path
+    from slidedp.presets import PRESETS
+
+    errors = []
+    if is_model_path(cfg.model):
+        if not os.path.isfile(os.path.join(cfg.model, "config.json")):
+            errors.append({"loc": "model", "msg": f"no Hugging Face model directory (config.json) at {cfg.model!r}"})
+    elif cfg.model not in PRESETS:
+        errors.append({"loc": "model", "msg": f"unknown preset {cfg.model!r}; presets: {', '.join(PRESETS)}"})
+    if not os.path.isfile(cfg.data.path):
+        errors.append({"loc": "data.path", "msg": f"no dataset file at {cfg.data.path!r}"})
+    return errors

@@ -1,0 +1,222 @@
+"""Tables and public shapes of the workbench (the database is the source of truth; Redis only carries).
+
+Family pattern: ``X(table=True)`` is the row, ``XPublic`` what the API answers. Per-job rows (status history,
+metrics, log lines, events) are keyed by (job_id, sequence) so readers page through them with a cursor.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+from typing import Any, Literal, Optional
+
+import sqlalchemy as sa
+from sqlmodel import Field, SQLModel
+
+JobStatus = Literal["queued", "running", "completed", "failed", "cancelled", "interrupted"]
+TERMINAL_STATUSES = ("completed", "failed", "cancelled", "interrupted")
+RESUMABLE_STATUSES = ("failed", "cancelled", "interrupted")
+
+
+def utcnow() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+def as_utc(ts: Optional[datetime]) -> Optional[datetime]:
+    """SQLite hands back naive datetimes; every timestamp stored here is UTC."""
+    if ts is None:
+        return None
+    return ts if ts.tzinfo else ts.replace(tzinfo=timezone.utc)
+
+
+def iso(ts: Optional[datetime]) -> Optional[str]:
+    ts = as_utc(ts)
+    return ts.isoformat().replace("+00:00", "Z") if ts else None
+
+
+def _ts(nullable: bool = True, index: bool = False) -> Any:
+    return Field(default=None, sa_column=sa.Column(sa.DateTime(timezone=True), nullable=nullable, index=index))
+
+
+def _json(nullable: bool = True) -> Any:
+    return Field(default=None, sa_column=sa.Column(sa.JSON, nullable=nullable))
+
+
+class Job(SQLModel, table=True):
+    __tablename__ = "jobs"
+
+    id: Optional[int] = Field(default=None, primary_key=True)
+    name: Optional[str] = Field(default=None, max_length=200)
+    status: str = Field(default="queued", max_length=16, index=True)
+    config: dict = Field(sa_column=sa.Column(sa.JSON, nullable=False))
+    queue: str = Field(max_length=200)
+    host: Optional[str] = Field(default=None, max_length=200)
+    policy: Optional[dict] = _json()
+    created_at: Optional[datetime] = _ts(nullable=False)
+    started_at: Optional[datetime] = _ts()
+    finished_at: Optional[datetime] = _ts()
+    heartbeat_at: Optional[datetime] = _ts()
+    step: int = 0
+    steps: int = 0
+    last_metrics: Optional[dict] = _json()
+    error: Optional[dict] = _json()
+    output_dir: str = Field(max_length=4096)
+    # Each (re)submission is one attempt; a queue message names its attempt, so a stale or duplicated
+    # message can never claim a later attempt (see tasks.claim).
+    attempt: int = 1
+    cancel_request: Optional[str] = Field(default=None, max_length=8)  # "stop" | "save"
+    cancel_requested_at: Optional[datetime] = _ts()
+    event_seq: int = 0  # last SSE id handed out for this job
+    log_seq: int = 0  # last log line number
+
+
+class StatusChange(SQLModel, table=True):
+    __tablename__ = "job_status_history"
+    __table_args__ = (sa.Index("ix_job_status_history_job", "job_id", "id"),)
+
+    id: Optional[int] = Field(default=None, primary_key=True)
+    job_id: int
+    status: str = Field(max_length=16)
+    attempt: int = 1
+    ts: Optional[datetime] = _ts(nullable=False)
+    message: Optional[str] = None
+
+
+class Metric(SQLModel, table=True):
+    __tablename__ = "job_metrics"
+    __table_args__ = (sa.UniqueConstraint("job_id", "step", name="uq_job_metrics_job_step"),)
+
+    id: Optional[int] = Field(default=None, primary_key=True)
+    job_id: int
+    step: int
+    ts: Optional[datetime] = _ts(nullable=False)
+    data: dict = Field(sa_column=sa.Column(sa.JSON, nullable=False))
+
+
+class LogLine(SQLModel, table=True):
+    __tablename__ = "job_logs"
+    __table_args__ = (sa.UniqueConstraint("job_id", "seq", name="uq_job_logs_job_seq"),)
+
+    id: Optional[int] = Field(default=None, primary_key=True)
+    job_id: int
+    seq: int
+    ts: Optional[datetime] = _ts(nullable=False)
+    line: str
+
+
+class Event(SQLModel, table=True):
+    """One SSE event; (job_id, seq) is the event id a client resumes from (Last-Event-ID)."""
+
+    __tablename__ = "job_events"
+    __table_args__ = (sa.UniqueConstraint("job_id", "seq", name="uq_job_events_job_seq"),)
+
+    id: Optional[int] = Field(default=None, primary_key=True)
+    job_id: int
+    seq: int
+    kind: str = Field(max_length=16)  # metrics | status | log
+    ts: Optional[datetime] = _ts(nullable=False)
+    data: dict = Field(sa_column=sa.Column(sa.JSON, nullable=False))
+
+
+class Host(SQLModel, table=True):
+    """A worker host: what it reported about itself and when it last did."""
+
+    __tablename__ = "hosts"
+
+    name: str = Field(primary_key=True, max_length=200)
+    queue: str = Field(max_length=200)
+    topology: Optional[dict] = _json()
+    calibration: Optional[dict] = _json()
+    started_at: Optional[datetime] = _ts()
+    last_seen: Optional[datetime] = _ts()
+    current_job_id: Optional[int] = None
+
+
+# ------------------------------------------------------------------------------------------ public shapes
+class JobError(SQLModel):
+    message: str
+    errors: list[dict[str, Any]] = []
+
+
+class JobPublic(SQLModel):
+    id: int
+    name: Optional[str]
+    status: JobStatus
+    config: dict[str, Any]
+    host: Optional[str]
+    policy: Optional[dict[str, Any]]
+    created_at: Optional[str]
+    started_at: Optional[str]
+    finished_at: Optional[str]
+    step: int
+    steps: int
+    last_metrics: Optional[dict[str, Any]]
+    error: Optional[JobError]
+    eta_s: Optional[float]
+    tokens_per_s: Optional[float]
+    output_dir: str
+    checkpoints: list[str]
+
+
+class JobList(SQLModel):
+    items: list[JobPublic]
+    total: int
+
+
+class MetricsList(SQLModel):
+    items: list[dict[str, Any]]
+
+
+class LogItem(SQLModel):
+    seq: int
+    ts: str
+    line: str
+
+
+class LogList(SQLModel):
+    items: list[LogItem]
+
+
+class CheckpointPublic(SQLModel):
+    name: str
+    step: Optional[int]
+    bytes: int
+    path: str
+
+
+class CheckpointList(SQLModel):
+    items: list[CheckpointPublic]
+
+
+class HostPublic(SQLModel):
+    name: str
+    queue: str
+    topology: dict[str, Any]
+    calibration: Optional[dict[str, Any]]
+    last_seen: Optional[str]
+    online: bool
+
+
+class HostList(SQLModel):
+    items: list[HostPublic]
+
+
+class CancelRequest(SQLModel):
+    save: bool = False
+
+
+class Health(SQLModel):
+    status: Literal["ok", "degraded"]
+    database: bool
+    redis: bool
+    workers: int
+
+
+class PresetPublic(SQLModel):
+    id: str
+    label: str
+    description: str
+    config: dict[str, Any]
+
+
+class PresetList(SQLModel):
+    items: list[PresetPublic]

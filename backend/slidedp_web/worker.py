@@ -1,0 +1,96 @@
+"""`slidedp worker`: the worker of one GPU host — a Celery worker on the host's own queue, one job at a time.
+
+    SLIDEDP_DATA_DIR=/srv/slidedp DATABASE_URL=... REDIS_URL=redis://broker:6379/0 slidedp worker [--name gpu1]
+
+At start it applies migrations, marks interrupted the jobs its previous life left running, and reports the
+host's topology and calibration (again every SLIDEDP_HOST_REPORT_S). Each job runs in a freshly spawned
+process (tasks.py). SIGTERM stops the running job at a step boundary with a checkpoint (resumable) and exits.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import subprocess
+import sys
+import threading
+from typing import Optional
+
+log = logging.getLogger("slidedp_web.worker")
+
+
+def parse_args(argv: Optional[list[str]]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="slidedp worker", description=__doc__.splitlines()[0])
+    parser.add_argument("--name", help="host name to report (default: SLIDEDP_HOST_NAME or the machine's name)")
+    parser.add_argument("--queue", help="queue to consume (default: SLIDEDP_WORKER_QUEUE or slidedp-<name>)")
+    parser.add_argument("--loglevel", default="INFO", help="Celery log level (default INFO)")
+    return parser.parse_args(argv)
+
+
+def prepare(settings) -> None:
+    """What a worker does before it takes jobs."""
+    from slidedp_web import hosts, jobs
+    from slidedp_web.core.db import upgrade
+
+    settings.data_dir.mkdir(parents=True, exist_ok=True)
+    upgrade(settings)
+    for job_id in jobs.interrupt_stale(settings, host_name=settings.host_name):
+        log.warning("job %s was running when this worker last stopped: marked interrupted", job_id)
+    _clean_orphaned_host_state()
+    hosts.report(settings, topology=hosts.local_topology(settings), started=True)
+
+
+def _clean_orphaned_host_state() -> None:
+    """Shared-memory host state outlives a killed job; the runtime removes segments whose owner is gone.
+
+    It runs in a child process (the runtime's host-state module imports torch, which this worker process never
+    does) and in the background (it only touches dead owners' segments, so a job may start meanwhile).
+    """
+    code = ("from slidedp.step.host_state import cleanup_orphans\n"
+            "removed = cleanup_orphans()\n"
+            "print('removed orphaned host state:', removed) if removed else None")
+
+    def clean() -> None:
+        try:
+            subprocess.run([sys.executable, "-c", code], timeout=300, check=False)
+        except (OSError, subprocess.SubprocessError) as exc:
+            log.warning("orphaned host state cleanup failed: %s", exc)
+
+    threading.Thread(target=clean, name="slidedp-shm-cleanup", daemon=True).start()
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    if args.name:
+        os.environ["SLIDEDP_HOST_NAME"] = args.name
+    if args.queue:
+        os.environ["SLIDEDP_WORKER_QUEUE"] = args.queue
+    logging.basicConfig(level=args.loglevel.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from slidedp_web.core.config import get_settings
+
+    get_settings.cache_clear()
+    settings = get_settings()
+    from slidedp_web import hosts
+    from slidedp_web.celery_app import get_celery
+
+    prepare(settings)
+    reporter = hosts.Reporter(settings)
+    reporter.start()
+    app = get_celery(settings)
+    import slidedp_web.tasks  # noqa: F401 - registers the task on the app
+
+    log.info("worker %s consuming queue %s (broker %s)", settings.host_name, settings.queue, settings.redis_url)
+    try:
+        app.worker_main([
+            "worker", "--pool=solo", "--concurrency=1", "--queues", settings.queue,
+            "--hostname", f"slidedp@{settings.host_name}", "--loglevel", args.loglevel,
+            "--without-gossip", "--without-mingle", "--without-heartbeat",
+        ])
+    finally:
+        reporter.stopped.set()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
