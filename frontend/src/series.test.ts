@@ -1,4 +1,5 @@
 import { describe, expect, it } from "vitest";
+import type { MetricsRecord } from "./types";
 import { column, gpuCount, MetricsStore, nonFiniteLossSteps, phaseNames, pickIndices, stack } from "./series";
 
 describe("MetricsStore", () => {
@@ -66,7 +67,7 @@ describe("pickIndices", () => {
 });
 
 describe("record helpers", () => {
-  const recs = [
+  const recs: MetricsRecord[] = [
     { step: 1, loss: 2.5, phases: { forward: 0.1, backward: 0.2, custom: 0.01 }, hbm_peak_gib: [1, 2] },
     { step: 2, loss: NaN, phases: { data: 0.01, forward: 0.1 }, hbm_peak_gib: [] },
     { step: 3, loss: null, phases: {} },

@@ -32,6 +32,8 @@ export interface HostView {
   cpuThreads: number | null;
   numaNodes: number | null;
   ramGiB: number | null;
+  ramSource: string | null;
+  notes: string[];
 }
 
 const GIB = 1024 ** 3;
@@ -71,7 +73,9 @@ function gibOf(o: unknown, prefixes: string[]): number | null {
 
 function linkKind(raw: unknown): { kind: string; detail: string | null } {
   const s = String(raw ?? "").trim();
-  if (!s) return { kind: "link", detail: null };
+  if (!s || s === "none") return { kind: "link not reported", detail: null };
+  // NCCL_P2P_DISABLE: the pair exchanges data through host memory whatever it is wired with.
+  if (s === "pcie-host") return { kind: "PCIe via host memory", detail: null };
   if (/^nv(link|\d+)/i.test(s)) return { kind: "NVLink", detail: /^nvlink$/i.test(s) ? null : s };
   if (/pci|^pix$|^pxb$|^phb$|^node$|^sys$/i.test(s)) return { kind: "PCIe", detail: /^pcie?$/i.test(s) ? null : s };
   return { kind: s, detail: null };
@@ -111,7 +115,13 @@ export function readHost(topology: unknown, calibration: unknown): HostView {
     ? rawGpus.map((g, i) => {
         const gen = pick(g, "pcie_gen", "pcie.gen", "pcie.generation", "pcie_generation");
         const width = pick(g, "pcie_width", "pcie.width", "pcie.link_width", "pcie_link_width");
-        const pcie = gen !== undefined || width !== undefined ? `PCIe${gen !== undefined ? ` Gen${gen}` : ""}${width !== undefined ? ` x${width}` : ""}` : null;
+        const maxGen = pick(g, "pcie.max_gen", "pcie_max_gen");
+        const maxWidth = pick(g, "pcie.max_width", "pcie_max_width");
+        let pcie = gen !== undefined || width !== undefined ? `PCIe${gen !== undefined ? ` Gen${gen}` : ""}${width !== undefined ? ` x${width}` : ""}` : null;
+        // A link trained below its maximum (power saving at idle, a riser) is worth seeing.
+        if (pcie && ((maxGen !== undefined && maxGen !== gen) || (maxWidth !== undefined && maxWidth !== width))) {
+          pcie += ` (max${maxGen !== undefined ? ` Gen${maxGen}` : ""}${maxWidth !== undefined ? ` x${maxWidth}` : ""})`;
+        }
         const index = numOf(pick(g, "index", "id", "ordinal")) ?? i;
         return {
           index,
@@ -140,7 +150,10 @@ export function readHost(topology: unknown, calibration: unknown): HostView {
     for (const l of rawLinks) {
       const [a, b] = endpoints(l);
       if (a === null || b === null) continue;
-      const { kind, detail } = linkKind(pick(l, "kind", "type", "link", "via"));
+      const named = linkKind(pick(l, "kind", "type", "link", "via"));
+      const kind = named.kind;
+      const detailRaw = pick(l, "detail");
+      const detail = typeof detailRaw === "string" && detailRaw ? detailRaw : named.detail;
       const bw = numOf(pick(l, "measured_gbps", "bandwidth_gbps", "gbps", "bandwidth_gb_s")) ?? pairBandwidth(calibration, a, b);
       const p2p = pick(l, "p2p");
       links.push({ a, b, kind, detail, bandwidthGBs: bw, p2p: typeof p2p === "boolean" ? p2p : null });
@@ -152,9 +165,14 @@ export function readHost(topology: unknown, calibration: unknown): HostView {
     links,
     cpuModel: (pick(topology, "cpu_model", "cpu.model", "cpu.name") as string | undefined) ?? null,
     cpuCores: numOf(pick(topology, "cpu_cores", "cpu.cores", "cpu.physical_cores", "cores", "physical_cores")),
-    cpuThreads: numOf(pick(topology, "cpu_threads", "cpu.threads", "cpu.logical_cores", "logical_cores")),
+    cpuThreads: numOf(pick(topology, "cpu_threads", "cpu.threads", "cpu.logical_cpus", "cpu.logical_cores", "logical_cores")),
     numaNodes: Array.isArray(numa) ? numa.length : numOf(numa),
-    ramGiB: gibOf(topology, ["host_ram", "ram", "host_memory", "mem_total", "memory"]) ?? numOf(pick(topology, "host.ram_gib")),
+    ramGiB: gibOf(pick(topology, "host_ram"), ["limit"]) ?? gibOf(topology, ["host_ram", "ram", "host_memory", "mem_total", "memory"]),
+    ramSource: (pick(topology, "host_ram.source") as string | undefined) ?? null,
+    notes: (() => {
+      const n = pick(topology, "notes");
+      return Array.isArray(n) ? n.map(String) : [];
+    })(),
   };
 }
 
@@ -172,35 +190,35 @@ export function drawHost(v: HostView, hostName: string): SVGSVGElement {
   const gap = 40;
   const width = Math.max(420, n * gpuW + (n - 1) * gap + 40);
   const arcRows = v.gpus.length > 1 ? Math.min(v.links.length, 6) : 0;
-  const height = 250 + arcRows * 26 + (v.links.length > 6 ? 20 : 0);
+  const height = 270 + arcRows * 26 + (v.links.length > 6 ? 20 : 0);
   const root = svg("svg", { viewBox: `0 0 ${width} ${height}`, width: "100%", role: "img", class: "topology" });
   root.append(svg("title", {}, `Topology of ${hostName}`));
   const cpuLines = [
     v.cpuModel,
     v.cpuCores !== null ? `${v.cpuCores} CPU cores${v.cpuThreads !== null ? ` / ${v.cpuThreads} threads` : ""}` : null,
     v.numaNodes !== null ? `${v.numaNodes} NUMA node${v.numaNodes === 1 ? "" : "s"}` : null,
-    v.ramGiB !== null ? `${num(v.ramGiB, 3)} GiB host RAM` : null,
+    v.ramGiB !== null ? `${num(v.ramGiB, 3)} GiB host RAM${v.ramSource ? ` (${v.ramSource})` : ""}` : null,
   ].filter((s): s is string => !!s);
   const hostW = Math.min(width - 40, 360);
   const hostX = (width - hostW) / 2;
   root.append(
-    svg("rect", { x: hostX, y: 10, width: hostW, height: 74, rx: 8, class: "topo-host" }),
+    svg("rect", { x: hostX, y: 10, width: hostW, height: 92, rx: 8, class: "topo-host" }),
     svg("text", { x: width / 2, y: 30, "text-anchor": "middle", class: "topo-title" }, `Host ${hostName}`),
   );
-  cpuLines.slice(0, 3).forEach((t, i) => root.append(svg("text", { x: width / 2, y: 48 + i * 15, "text-anchor": "middle" }, t)));
+  cpuLines.slice(0, 4).forEach((t, i) => root.append(svg("text", { x: width / 2, y: 48 + i * 15, "text-anchor": "middle" }, t)));
   if (v.gpus.length === 0) {
-    root.append(svg("text", { x: width / 2, y: 130, "text-anchor": "middle", class: "muted" }, "No GPU reported (CPU training only)"));
+    root.append(svg("text", { x: width / 2, y: 140, "text-anchor": "middle", class: "topo-small" }, "No GPU reported (CPU training only)"));
     return root;
   }
   const x0 = (width - (n * gpuW + (n - 1) * gap)) / 2;
-  const gpuY = 150;
+  const gpuY = 170;
   const centre = (i: number) => x0 + i * (gpuW + gap) + gpuW / 2;
   v.gpus.forEach((g, i) => {
     const cx = centre(i);
-    root.append(svg("line", { x1: cx, y1: 84, x2: cx, y2: gpuY, class: "topo-pcie" }));
+    root.append(svg("line", { x1: cx, y1: 102, x2: cx, y2: gpuY, class: "topo-pcie" }));
     const bw = [g.h2dGBs !== null ? `↓${num(g.h2dGBs, 3)}` : null, g.d2hGBs !== null ? `↑${num(g.d2hGBs, 3)}` : null].filter(Boolean);
     const label = [g.pcie ?? "PCIe", bw.length ? `${bw.join(" ")} GB/s` : null].filter(Boolean) as string[];
-    label.forEach((t, k) => root.append(svg("text", { x: cx + 6, y: 106 + k * 14, class: "topo-small" }, t)));
+    label.forEach((t, k) => root.append(svg("text", { x: cx + 6, y: 126 + k * 14, class: "topo-small" }, t)));
     root.append(
       svg("rect", { x: cx - gpuW / 2, y: gpuY, width: gpuW, height: 62, rx: 6, class: "topo-gpu" }),
       svg("text", { x: cx, y: gpuY + 18, "text-anchor": "middle", class: "topo-title" }, `GPU ${g.index}`),

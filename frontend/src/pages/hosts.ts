@@ -49,6 +49,7 @@ function hostCard(host: Host): HTMLElement {
       ["last seen", host.last_seen ? when(host.last_seen) : null],
     ]),
     host.topology ? drawHost(view, host.name) : h("p", { class: "muted" }, "This host has not reported its topology."),
+    view.notes.length ? h("ul", { class: "notes" }, view.notes.map((n) => h("li", null, n))) : null,
     h("div", { class: "two-col" }, gpuTable, linkTable),
     host.calibration ? h("details", null, h("summary", null, "Calibration"), kvList(host.calibration)) : h("p", { class: "muted" }, "No calibration yet: plans use no measured figures for this host."),
     h("details", { class: "raw" }, h("summary", null, "Raw topology JSON"), h("pre", null, JSON.stringify(host.topology ?? null, null, 2))),
