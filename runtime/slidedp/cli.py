@@ -1,0 +1,151 @@
+"""The `slidedp` command.
+
+    slidedp train --config job.yaml [--set steps=20 ...]   train; one log line per step
+    slidedp plan --config job.yaml                         AutoPolicy's plan for this host, without training
+    slidedp topology                                       this host's GPUs, links, CPU and RAM as JSON
+    slidedp presets                                        model presets (random init) and their sizes
+    slidedp validate --config job.yaml                     the checks a job passes before anything is allocated
+    slidedp bench ...                                      benchmarks (see docs/benchmarks.md)
+    slidedp serve [--host H] [--port P]                    the workbench on embedded defaults
+    slidedp worker                                         a workbench worker for this GPU host
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from slidedp.config import ConfigError, JobConfig, load_config_file
+
+
+def _load(args) -> JobConfig:
+    raw = load_config_file(args.config)
+    for item in args.set or []:
+        key, _, value = item.partition("=")
+        node = raw
+        parts = key.split(".")
+        for p in parts[:-1]:
+            node = node.setdefault(p, {})
+        try:
+            node[parts[-1]] = json.loads(value)
+        except json.JSONDecodeError:
+            node[parts[-1]] = value
+    return JobConfig.from_dict(raw)
+
+
+def _print_errors(exc: ConfigError) -> int:
+    print("the job config has problems:", file=sys.stderr)
+    for e in exc.errors:
+        print(f"  {e['loc']}: {e['msg']}", file=sys.stderr)
+    return 2
+
+
+def cmd_train(args) -> int:
+    from slidedp.launch import train
+
+    cfg = _load(args)
+    result = train(cfg, on_log=lambda line: print(line, flush=True))
+    print(json.dumps({"status": result.status, "steps_done": result.steps_done, "output_dir": result.output_dir,
+                      "final_dir": result.final_dir}))
+    return 0
+
+
+def cmd_plan(args) -> int:
+    from slidedp.planning import topology
+
+    cfg = _load(args)
+    topo = topology.detect(cfg.host_ram_gib)
+    calibration = None
+    if cfg.gpus > 0 and not args.no_calibration:
+        from slidedp.planning import calibration as calib
+
+        calibration = calib.load_or_calibrate(cfg, topo)
+    from slidedp.planning import autopolicy
+
+    plan = autopolicy.plan_job(cfg, topo, calibration)
+    if args.json:
+        print(json.dumps(plan, indent=2))
+    else:
+        print(autopolicy.format_plan(plan))
+    return 0 if plan.get("feasible", True) else 3
+
+
+def cmd_topology(args) -> int:
+    from slidedp.planning import topology
+
+    print(json.dumps(topology.detect(args.host_ram_gib), indent=2))
+    return 0
+
+
+def cmd_presets(args) -> int:
+    from slidedp.presets import PRESETS, param_count
+
+    for name, cfg in PRESETS.items():
+        n = param_count(cfg)
+        print(f"{name:18s} {cfg['model_type']:8s} {n / 1e6:10.1f} M params  host state {n * 14 / 2**30:8.2f} GiB")
+    return 0
+
+
+def cmd_validate(args) -> int:
+    from slidedp.validation import validate_job
+
+    errors = validate_job(_load(args))
+    if errors:
+        return _print_errors(ConfigError(errors))
+    print("ok")
+    return 0
+
+
+def cmd_bench(args) -> int:
+    from slidedp import bench
+
+    return bench.main(args.rest)
+
+
+def cmd_serve(args) -> int:
+    from slidedp_web.embedded import main
+
+    return main(args.rest) or 0
+
+
+def cmd_worker(args) -> int:
+    from slidedp_web.worker import main
+
+    return main(args.rest) or 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="slidedp", description="SlideDP: fine-tune LLMs larger than GPU memory.")
+    sub = p.add_subparsers(dest="command", required=True)
+    for name, fn, helptext in (("train", cmd_train, "train a job"), ("plan", cmd_plan, "plan a job without training"),
+                               ("validate", cmd_validate, "validate a job config and its inputs")):
+        sp = sub.add_parser(name, help=helptext)
+        sp.add_argument("--config", required=True, help="job config, YAML or JSON")
+        sp.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a key, e.g. steps=20")
+        if name == "plan":
+            sp.add_argument("--json", action="store_true", help="print the plan as JSON")
+            sp.add_argument("--no-calibration", action="store_true", help="memory fit only, no microbenchmarks")
+        sp.set_defaults(fn=fn)
+    sp = sub.add_parser("topology", help="print this host's topology as JSON")
+    sp.add_argument("--host-ram-gib", type=float, default=None)
+    sp.set_defaults(fn=cmd_topology)
+    sub.add_parser("presets", help="list model presets").set_defaults(fn=cmd_presets)
+    for name, fn, helptext in (("bench", cmd_bench, "run benchmarks"), ("serve", cmd_serve, "run the workbench"),
+                               ("worker", cmd_worker, "run a workbench worker")):
+        sp = sub.add_parser(name, help=helptext, add_help=False)
+        sp.add_argument("rest", nargs=argparse.REMAINDER)
+        sp.set_defaults(fn=fn)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.fn(args)
+    except ConfigError as exc:
+        return _print_errors(exc)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,344 @@
+"""`slidedp.train`: validate, build the host state, launch one process per rank, collect metrics, export.
+
+The calling process never touches CUDA (it can be a web worker's job process or a notebook); it owns the host
+state's shared memory (creates it, initialises weights, writes checkpoints, removes it at exit) and spawns the
+rank processes, which join a process group through a file:// rendezvous in a private temporary directory.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import queue as queue_mod
+import secrets
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from slidedp.config import ConfigError, JobConfig, is_model_path
+from slidedp.step.host_state import HostLayout, shm_dir
+
+
+class TrainError(RuntimeError):
+    """A rank failed; the message carries its traceback."""
+
+
+@dataclass
+class TrainResult:
+    status: str  # "completed" | "stopped"
+    steps_done: int
+    metrics: list[dict] = field(default_factory=list)
+    output_dir: str = ""
+    final_dir: str | None = None
+    checkpoint_dir: str | None = None
+    policy: dict = field(default_factory=dict)
+
+
+def _log(on_log: Callable[[str], None] | None, line: str) -> None:
+    if on_log is not None:
+        on_log(line)
+
+
+def _format_step(r: dict, steps: int) -> str:
+    hbm = max(r["hbm_peak_gib"]) if r["hbm_peak_gib"] else 0.0
+    rss = r.get("host_rss_gib") or 0.0
+    return (f"step {r['step']:>5}/{steps} | loss {r['loss']:.4f} | lr {r['lr']:.2e} | gnorm {r['grad_norm']:.3f}"
+            f"{' (clipped)' if r['clipped'] else ''} | {r['step_time_s']:.3f} s | {r['tokens_per_s']:,.0f} tok/s | "
+            f"{r['tflops']:.1f} TFLOP/s | hbm {hbm:.1f} GiB | rss {rss:.1f} GiB")
+
+
+def _rss_gib(pids: list[int], shared_bytes: int) -> float:
+    """Private resident memory of the rank processes plus the shared host state they map."""
+    total = 0
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/status", encoding="ascii") as fh:
+                for line in fh:
+                    if line.startswith("RssAnon:"):
+                        total += int(line.split()[1]) * 1024
+        except OSError:
+            pass
+    return (total + shared_bytes) / 2**30
+
+
+class _Channel:
+    """Messages from the rank processes: a unix socket in the run's private directory, with an auth key."""
+
+    def __init__(self, directory: str):
+        from multiprocessing.connection import Listener
+
+        self.address = os.path.join(directory, "ranks.sock")
+        self.authkey = secrets.token_bytes(16)
+        self._listener = Listener(self.address, family="AF_UNIX", authkey=self.authkey)
+        self._conns: list = []
+        self._lock = threading.Lock()
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                conn = self._listener.accept()
+            except OSError:
+                return
+            with self._lock:
+                self._conns.append(conn)
+
+    def get(self, timeout: float):
+        from multiprocessing.connection import wait
+
+        with self._lock:
+            conns = list(self._conns)
+        if not conns:
+            time.sleep(timeout)
+            raise queue_mod.Empty
+        for conn in wait(conns, timeout=timeout):
+            try:
+                return conn.recv()
+            except EOFError:
+                with self._lock:
+                    self._conns.remove(conn)
+        raise queue_mod.Empty
+
+    def close(self) -> None:
+        self._listener.close()
+        for c in self._conns:
+            c.close()
+
+
+def _rank_env() -> dict:
+    env = dict(os.environ)
+    # the rank must import this very slidedp, installed or not
+    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env["PYTHONPATH"] = here + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    env.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    return env
+
+
+def _cpu_threads(cfg: JobConfig) -> int:
+    if cfg.cpu_threads:
+        return cfg.cpu_threads
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(1, cores // cfg.world_size)
+
+
+def resolve_policy(cfg: JobConfig, num_layers: int, on_log=None) -> tuple[dict, dict]:
+    """The execution policy: AutoPolicy's plan where settings are `auto`, the user's settings where not."""
+    world = cfg.world_size
+    p = cfg.policy
+    plan: dict = {}
+    explicit = p.delivery != "auto" and p.grad_reduce != "auto" and p.activations != "auto" \
+        and p.resident_units is not None
+    try:
+        from slidedp.planning import autopolicy, topology
+    except ImportError:
+        autopolicy = None
+    if explicit and not os.environ.get("SLIDEDP_PLAN_EXPLICIT"):
+        autopolicy = None  # nothing to choose; SLIDEDP_PLAN_EXPLICIT=1 still predicts (benchmarks)
+    if autopolicy is not None:
+        try:
+            calibration = None
+            if cfg.gpus > 0:
+                from slidedp.planning import calibration as calib
+
+                topo = topology.detect(cfg.host_ram_gib)
+                calibration = calib.load_or_calibrate(cfg, topo)
+            else:
+                topo = topology.detect(cfg.host_ram_gib)
+            plan = autopolicy.plan_job(cfg, topo, calibration)
+        except Exception as exc:  # the plan is advice; a broken planner must not stop a valid job
+            _log(on_log, f"planner unavailable ({type(exc).__name__}: {exc}); using the configured policy")
+            plan = {}
+        if plan and not plan.get("feasible", True):
+            raise ConfigError(plan.get("errors") or [{"loc": "policy", "msg": "the job does not fit this host"}])
+    chosen = dict(plan.get("policy") or {})
+    delivery = p.delivery if p.delivery != "auto" else chosen.get("delivery", "sharded" if world > 1 else "replicated")
+    grad = p.grad_reduce if p.grad_reduce != "auto" else chosen.get("grad_reduce", "gpu" if world > 1 else "host")
+    if p.activations != "auto":
+        acts = [p.activations] * num_layers
+    else:
+        acts = list(chosen.get("activations") or ["checkpoint"] * num_layers)
+        if p.keep_layers is not None:
+            acts = ["keep"] * min(p.keep_layers, num_layers) + ["checkpoint"] * max(0, num_layers - p.keep_layers)
+    if p.resident_units is not None:
+        resident = [i < p.resident_units for i in range(num_layers)]
+    else:
+        resident = list(chosen.get("resident") or [False] * num_layers)
+    policy = {
+        "delivery": delivery,
+        "grad_reduce": grad,
+        "reduce_dtype": p.reduce_dtype,
+        "activations": acts,
+        "resident": resident,
+        "window": p.window,
+        "chunk_mb": p.chunk_mb,
+        "loss_chunk_tokens": p.loss_chunk_tokens,
+        "staging_slots": max(4, p.window + 1),
+    }
+    return policy, plan
+
+
+def host_layout(cfg: JobConfig, unit_numels: list[int], policy: dict) -> HostLayout:
+    """Shared-memory layout of a job: the state, plus gradient staging sized by the gradient route."""
+    world = cfg.world_size
+    shard = max(-(-n // world) for n in unit_numels)
+    staging = shard if (policy["grad_reduce"] == "gpu" and world > 1) else max(unit_numels)
+    return HostLayout(run=f"slidedp-{os.getpid()}-{uuid.uuid4().hex[:8]}", directory=shm_dir(),
+                      unit_numels=unit_numels, world=world,
+                      delivery_dtype="bfloat16" if cfg.precision == "bf16" else "float32",
+                      staging_slots=policy["staging_slots"], hold_gradient=cfg.optimizer.max_grad_norm > 0,
+                      staging_numel=staging)
+
+
+def _init_host_state(cfg: JobConfig, adapter, state) -> None:
+    from slidedp.step.model_adapter import checkpoint_index
+
+    index = checkpoint_index(cfg.model) if is_model_path(cfg.model) else None
+    for spec in adapter.units:
+        flat = state.master_unit(spec.index)
+        if index is not None:
+            adapter.load_unit(spec, flat, cfg.model, index)
+        else:
+            adapter.init_unit(spec, flat, cfg.seed)
+        if state.delivery is not state.master:
+            state.delivery_unit(spec.index).copy_(flat)
+
+
+def train(config: dict | JobConfig, on_step: Callable[[dict], None] | None = None,
+          on_log: Callable[[str], None] | None = None,
+          should_stop: Callable[[], Any] | None = None) -> TrainResult:
+    """Train a job to the end (or until should_stop() is truthy); see docs/interfaces.md §2."""
+    import torch
+
+    from slidedp.persist import checkpoint as ckpt
+    from slidedp.step.host_state import HostState, cleanup_orphans, unlink
+    from slidedp.step.model_adapter import ModelAdapter, load_hf_config
+    from slidedp.step.rank import CKPT_DONE, RankArgs
+    from slidedp.validation import check_job
+
+    cfg = config if isinstance(config, JobConfig) else JobConfig.from_dict(config)
+    check_job(cfg)
+    world = cfg.world_size
+    if cfg.gpus > 0 and torch.cuda.device_count() < cfg.gpus:
+        raise ConfigError([{"loc": "gpus", "msg": f"asks for {cfg.gpus} GPUs, this host has "
+                                                  f"{torch.cuda.device_count()}; lower gpus or use 0 for CPU"}])
+    if cfg.policy.reduce_dtype != "fp32":
+        raise ConfigError([{"loc": "policy.reduce_dtype", "msg": "only fp32 reduction is implemented; use fp32"}])
+    os.makedirs(cfg.output_dir, exist_ok=True)
+    adapter = ModelAdapter(load_hf_config(cfg.model))
+    policy, plan = resolve_policy(cfg, adapter.num_layers, on_log)
+    removed = cleanup_orphans()
+    if removed:
+        _log(on_log, f"removed {len(removed)} shared-memory segments left by a killed run")
+    layout = host_layout(cfg, [u.numel for u in adapter.units], policy)
+    ckpt_root = os.path.join(cfg.output_dir, "checkpoints")
+    metrics_path = os.path.join(cfg.output_dir, "metrics.jsonl")
+    state = HostState.create(layout)
+    procs: list = []
+    try:
+        start_step, data_state = 0, None
+        t0 = time.perf_counter()
+        if cfg.resume and ckpt.latest(ckpt_root):
+            start_step, data_state = ckpt.load(ckpt.latest(ckpt_root), cfg, state)
+            _log(on_log, f"resumed from step {start_step} ({ckpt.latest(ckpt_root)})")
+        else:
+            _init_host_state(cfg, adapter, state)
+            if os.path.exists(metrics_path):
+                os.unlink(metrics_path)
+        for u in range(len(adapter.units)):
+            for r in range(world):
+                state.board.set_updated(u, r, start_step)
+        n_params = layout.total
+        _log(on_log, f"host state: {n_params / 1e6:.1f} M params, {state.state_bytes() / 2**30:.2f} GiB shared "
+                     f"({time.perf_counter() - t0:.1f} s); policy: delivery={policy['delivery']} "
+                     f"grad_reduce={policy['grad_reduce']} window={policy['window']} ranks={world}")
+        interval = cfg.checkpoint.interval
+        ckpt_steps = [s for s in range(start_step + 1, cfg.steps + 1) if interval and s % interval == 0]
+        if interval and cfg.steps not in ckpt_steps:
+            ckpt_steps.append(cfg.steps)
+        init_dir = tempfile.mkdtemp(prefix="slidedp-pg-")
+        args = RankArgs(config=cfg.to_dict(), layout=layout, policy=policy,
+                        predicted=(plan.get("predicted") or {}).get("phases", {}) | (
+                            {"step_time_s": plan["predicted"]["step_time_s"]} if plan.get("predicted") else {}),
+                        init_file=os.path.join(init_dir, "rendezvous"), start_step=start_step,
+                        data_state=data_state, checkpoint_steps=ckpt_steps, cpu_threads=_cpu_threads(cfg))
+        # Ranks are fresh interpreters (`python -m slidedp.step.rank`), not multiprocessing children: CUDA does
+        # not survive fork, and spawn would re-import the caller's main module (a script without a main guard).
+        channel = _Channel(init_dir)
+        args_path = os.path.join(init_dir, "rank-args.pkl")
+        with open(args_path, "wb") as fh:
+            pickle.dump({"args": args, "address": channel.address, "authkey": channel.authkey}, fh)
+        for r in range(world):
+            procs.append(subprocess.Popen([sys.executable, "-m", "slidedp.step.rank", args_path, str(r), str(world)],
+                                          env=_rank_env()))
+        q = channel
+        records: list[dict] = []
+        done: dict[int, dict] = {}
+        stop_sent = False
+        while len(done) < world:
+            if should_stop is not None and not stop_sent:
+                want = should_stop()
+                if want:
+                    if want == "save":
+                        state.board.set(state.board.SAVE_REQUEST, max(state.board.get(state.board.BOUNDARY), 1))
+                    state.board.set(state.board.STOP_REQUEST, 1)
+                    stop_sent = True
+            try:
+                kind, rank, payload = q.get(timeout=0.1)
+            except queue_mod.Empty:
+                dead = [(r, p.returncode) for r, p in enumerate(procs) if p.poll() not in (None, 0)]
+                if dead:
+                    state.board.set(state.board.STOP_REQUEST, 2)
+                    raise TrainError(f"rank {dead[0][0]} exited with code {dead[0][1]} before reporting") from None
+                continue
+            if kind == "record":
+                payload["host_rss_gib"] = _rss_gib([p.pid for p in procs], state.shared_bytes())
+                records.append(payload)
+                with open(metrics_path, "a", encoding="utf-8") as fh:
+                    fh.write(json.dumps(payload) + "\n")
+                _log(on_log, _format_step(payload, cfg.steps))
+                if on_step is not None:
+                    on_step(payload)
+            elif kind == "checkpoint":
+                path = ckpt.save(ckpt_root, payload["step"], cfg, state, payload["data_state"],
+                                 keep=cfg.checkpoint.keep)
+                _log(on_log, f"checkpoint of step {payload['step']} written to {path}")
+                state.board.set(CKPT_DONE, payload["step"])
+            elif kind == "error":
+                state.board.set(state.board.STOP_REQUEST, 2)
+                raise TrainError(f"rank {rank} failed:\n{payload}")
+            elif kind == "done":
+                done[rank] = payload
+        for p in procs:
+            p.wait(timeout=60)
+        last = done[0]["last_step"]
+        status = "completed" if last >= cfg.steps else "stopped"
+        if status == "stopped" and state.board.get(state.board.SAVE_REQUEST) and last > start_step:
+            latest = ckpt.latest(ckpt_root)
+            if latest is None or ckpt.step_of(latest) != last:
+                ckpt.save(ckpt_root, last, cfg, state, done[0]["data_state"], keep=cfg.checkpoint.keep)
+        final_dir = None
+        if status == "completed" and cfg.export:
+            from slidedp.persist.export import export_hf
+
+            final_dir = export_hf(os.path.join(cfg.output_dir, "final"), cfg, adapter, state)
+            _log(on_log, f"exported a Hugging Face model to {final_dir}")
+        return TrainResult(status, last, records, cfg.output_dir, final_dir,
+                           ckpt_root if os.path.isdir(ckpt_root) else None, {**policy, "plan": plan})
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.terminate()
+                try:
+                    p.wait(timeout=10)
+                except subprocess.TimeoutExpired:
+                    p.kill()
+        if "channel" in locals():
+            channel.close()
+        unlink(layout)

@@ -1,0 +1,1 @@
+"""What outlives a run: host-state checkpoints for resume and the Hugging Face export."""

@@ -1,0 +1,75 @@
+"""Elastic activation placement per decoder layer: checkpoint, keep, or offload.
+
+checkpoint  the forward runs without a graph and saves only the unit's input; backward recomputes the unit.
+keep        the forward keeps its autograd graph on the GPU: no recompute, more HBM.
+offload     like keep, but the saved activations go to host memory during forward and come back before the
+            unit's backward (no recompute and no HBM, paid in PCIe traffic).
+
+A kept graph would pin the window buffer its weights came from. Saved-tensor hooks therefore store weights by
+reference (unit, offset, shape, stride) instead of by value, and hand back a view of whichever window buffer holds
+the unit when its backward runs: the buffer is free for other units in between.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+ACTIVATION_POLICIES = ("checkpoint", "keep", "offload")
+
+
+class SavedActivations:
+    """Saved-tensor hooks for one kept or offloaded layer of one micro-batch."""
+
+    def __init__(self, unit: int, weight_buf: torch.Tensor, lookup: Callable[[int], torch.Tensor],
+                 offload: bool, d2h_stream=None, streams=None):
+        self.unit = unit
+        self.lookup = lookup
+        self.offload = offload
+        self.streams = streams
+        self._storage = weight_buf.untyped_storage().data_ptr()
+        self._device = weight_buf.device
+        self.host: list[tuple[torch.Tensor, torch.Tensor]] = []  # (host copy, device copy after prefetch)
+        self._fetched = False
+
+    def pack(self, t: torch.Tensor) -> Any:
+        if t.device == self._device and t.untyped_storage().data_ptr() == self._storage:
+            return ("weight", t.storage_offset(), tuple(t.shape), tuple(t.stride()))
+        if self.offload and t.device.type == "cuda" and t.numel() >= 4096:
+            s = self.streams
+            host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+            s.d2h.wait_stream(s.compute)
+            with torch.cuda.stream(s.d2h):
+                host.copy_(t, non_blocking=True)
+                t.record_stream(s.d2h)
+            self.host.append((host, None))
+            return ("host", len(self.host) - 1)
+        return t
+
+    def prefetch(self) -> None:
+        """Bring offloaded activations back on the h2d stream ahead of this unit's backward."""
+        if not self.host or self._fetched:
+            return
+        s = self.streams
+        with torch.cuda.stream(s.h2d):
+            s.h2d.wait_stream(s.d2h)
+            self.host = [(h, h.to(self._device, non_blocking=True)) for h, _ in self.host]
+        self._ready = s.record(s.h2d)
+        self._fetched = True
+
+    def unpack(self, packed: Any) -> torch.Tensor:
+        if isinstance(packed, torch.Tensor):
+            return packed
+        if packed[0] == "weight":
+            _, offset, shape, stride = packed
+            return self.lookup(self.unit).as_strided(shape, stride, offset)
+        self.prefetch()
+        self.streams.compute.wait_event(self._ready)
+        dev = self.host[packed[1]][1]
+        dev.record_stream(self.streams.compute)
+        return dev
+
+    def hooks(self):
+        return torch.autograd.graph.saved_tensors_hooks(self.pack, self.unpack)

@@ -1,0 +1,317 @@
+"""The training step of one rank: stream units through the window, return gradients, let the host update.
+
+Per micro-batch: embedding, decoder layers 1..L (each by its activation policy), then the loss head runs forward
+and backward together in token chunks (full fp32 logits never exist), then layers L..1 backward, then the
+embedding's backward. Each unit's gradient leaves the GPU as soon as it exists (on the last micro-batch; earlier
+ones accumulate on the GPU in fp32) and the rank's updater thread applies AdamW to this rank's shard on the host.
+
+Semantics are exactly synchronous data-parallel AdamW: the loss is the sum of token cross-entropies divided by
+the number of non-ignored targets of the whole global batch (all ranks, all micro-batches), gradients are summed
+over ranks, and step t+1 reads weights only after step t's update of that unit has finished on every shard it
+reads.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from slidedp.config import JobConfig
+from slidedp.step.activations import SavedActivations
+from slidedp.step.devices import Streams
+from slidedp.step.host_state import HostState
+from slidedp.step.model_adapter import ModelAdapter
+from slidedp.step.optimizer import GradItem, Updater
+from slidedp.step.routes import Routes, ShardMap
+from slidedp.step.window import Window
+
+
+@dataclass
+class StepTiming:
+    step: int
+    t_start: float
+    data_s: float
+    update_tail_s: float
+    staging_wait_s: float
+    tokens: int
+    events: dict[str, Any] = field(default_factory=dict)
+    loss_sum: Any = None
+    target_tokens: Any = None
+    stats: Any = None  # device tensor gathered from every rank: bytes and peak HBM
+
+
+class RankEngine:
+    def __init__(self, cfg: JobConfig, adapter: ModelAdapter, state: HostState, policy: dict, rank: int,
+                 world: int, device: torch.device, groups: tuple, abort=None):
+        self.cfg, self.adapter, self.state, self.policy = cfg, adapter, state, policy
+        self.rank, self.world, self.device = rank, world, device
+        self.abort = abort
+        self.dtype = torch.bfloat16 if cfg.precision == "bf16" else torch.float32
+        self.streams = Streams(device)
+        numels = [u.numel for u in adapter.units]
+        self.shards = ShardMap(numels, world, rank)
+        self.routes = Routes(policy["delivery"], policy["grad_reduce"], self.shards, self.streams,
+                             groups[0], groups[1], int(policy.get("chunk_mb", 64)) << 20)
+        self.L = adapter.num_layers
+        self.head_unit = self.L + 1
+        self.activations: list[str] = list(policy["activations"])
+        resident = [i + 1 for i, r in enumerate(policy.get("resident", [False] * self.L)) if r]
+        self.window = Window(padded=self.shards.padded, dedicated={0, self.head_unit, *resident},
+                             slots=int(policy.get("window", 3)), dtype=self.dtype, device=device,
+                             routes=self.routes, state=state, rank=rank, abort=abort)
+        self.updater = Updater(state=state, shards=self.shards, grad_reduce=self.routes.grad_reduce,
+                               opt=cfg.optimizer, sched=cfg.schedule, total_steps=cfg.steps,
+                               num_units=len(numels), delivery_dtype=self.dtype)
+        self.rotary = adapter.rotary(device)
+        max_layer = max(self.shards.padded[1 : self.head_unit], default=0)
+        # Layer gradients land in a flat buffer per parity (bf16 in bf16 precision), then go out in fp32.
+        self.gbuf = [torch.empty(max_layer, dtype=self.dtype, device=device) for _ in range(2)]
+        max_unit = max(self.shards.padded)
+        self.g32 = [torch.empty(max_unit, dtype=torch.float32, device=device) for _ in range(2)]
+        self.shard32 = [torch.empty(max(self.shards.shard_len(u) for u in range(len(numels))),
+                                    dtype=torch.float32, device=device) for _ in range(2)]
+        self._gdone = [self.streams.event(), self.streams.event()]
+        self._parity = 0
+        # The embedding and head accumulate in fp32 across loss chunks, tied contributions and micro-batches.
+        self.gE = torch.zeros(self.shards.padded[0], dtype=torch.float32, device=device)
+        self.gH = torch.zeros(self.shards.padded[self.head_unit], dtype=torch.float32, device=device)
+        self.acc = None
+        if cfg.grad_accum > 1:
+            self.acc = {u: torch.zeros(self.shards.padded[u], dtype=torch.float32, device=device)
+                        for u in range(1, self.head_unit)}
+        self.seq = 0
+        self.loss_chunk = int(policy.get("loss_chunk_tokens", cfg.policy.loss_chunk_tokens))
+        self.staging_wait_s = 0.0
+        self.saved_total_bytes = 0
+
+    # ------------------------------------------------------------------ schedule
+    def schedule(self, micro_batches: int) -> list[int]:
+        sched: list[int] = []
+        layers = list(range(1, self.head_unit))
+        for m in range(micro_batches):
+            if m == 0:
+                sched.append(0)
+            sched.extend(layers)
+            if m == 0:
+                sched.append(self.head_unit)
+            sched.extend(reversed(layers))
+        return sched
+
+    # ------------------------------------------------------------------ gradient exit
+    def _next_parity(self) -> int:
+        self._parity ^= 1
+        # buffers of this parity are reused only after their last transfer has completed
+        self.streams.compute.wait_event(self._gdone[self._parity])
+        return self._parity
+
+    def _send(self, u: int, src32: torch.Tensor, parity: int, step: int) -> None:
+        self.seq += 1
+        self.staging_wait_s += self.updater.wait_slot_free(self.seq, abort=self._abort_check)
+        slot = self.seq % self.state.layout.staging_slots
+        done = self.streams.event()
+        self.routes.return_gradient(u, src32, self.shard32[parity], self.state.staging_slot(self.rank, slot), done)
+        if not self.streams.cuda:
+            done = self.streams.event()
+        self._gdone[parity] = done
+        self.updater.submit(GradItem(self.seq, step, u, slot, done))
+
+    def _abort_check(self) -> None:
+        self.updater.check()
+        if self.abort is not None:
+            self.abort()
+
+    def _layer_gradient_out(self, u: int, gflat: torch.Tensor, parity: int, last: bool, step: int) -> None:
+        n = self.shards.padded[u]
+        if self.acc is not None:
+            self.acc[u].add_(gflat[:n])
+            if not last:
+                return
+            src = self.acc[u]
+        elif gflat.dtype == torch.float32:
+            src = gflat
+        else:
+            src = self.g32[parity][:n]
+            src.copy_(gflat[:n])
+        self._send(u, src, parity, step)
+
+    # ------------------------------------------------------------------ units
+    def _leaves(self, u: int, buf: torch.Tensor, grad_flat: torch.Tensor | None) -> dict[str, torch.Tensor]:
+        out = {}
+        for p in self.adapter.units[u].params:
+            leaf = buf[p.offset : p.offset + p.numel].view(p.shape).detach().requires_grad_(True)
+            if grad_flat is not None:
+                leaf.grad = grad_flat[p.offset : p.offset + p.numel].view(p.shape)
+            out[p.name] = leaf
+        return out
+
+    def _layer_forward(self, u: int, k: int, buf: torch.Tensor, h: torch.Tensor, ctx: dict) -> tuple:
+        policy = self.activations[u - 1]
+        if policy == "checkpoint":
+            with torch.no_grad():
+                params = self.adapter.param_views(self.adapter.units[u], buf)
+                out = self.adapter.layer_forward(params, h, ctx)
+            return out, ("checkpoint", h)
+        saved = SavedActivations(u, buf, self._lookup, offload=(policy == "offload"), streams=self.streams)
+        h_in = h.detach().requires_grad_(True)
+        leaves = self._leaves(u, buf, None)
+        with torch.enable_grad(), saved.hooks():
+            out = self.adapter.layer_forward(leaves, h_in, ctx)
+        return out.detach(), ("graph", out, h_in, leaves, saved)
+
+    def _lookup(self, u: int) -> torch.Tensor:
+        return self.window.buffer(self._current_item)
+
+    def _layer_backward(self, u: int, buf: torch.Tensor, saved: tuple, grad_out: torch.Tensor, ctx: dict,
+                        gflat: torch.Tensor) -> torch.Tensor:
+        gflat.zero_()
+        if saved[0] == "checkpoint":
+            h_in = saved[1].detach().requires_grad_(True)
+            leaves = self._leaves(u, buf, gflat)
+            with torch.enable_grad():
+                out = self.adapter.layer_forward(leaves, h_in, ctx)
+            torch.autograd.backward(out, grad_out)
+        else:
+            _, out, h_in, leaves, acts = saved
+            for p in self.adapter.units[u].params:
+                leaves[p.name].grad = gflat[p.offset : p.offset + p.numel].view(p.shape)
+            if acts.offload:
+                acts.prefetch()
+            torch.autograd.backward(out, grad_out)
+        return h_in.grad
+
+    def _head(self, h: torch.Tensor, targets: torch.Tensor, chunk_valid: list[bool], n_targets: torch.Tensor,
+              hbuf: torch.Tensor, ebuf: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Final norm + lm_head + cross-entropy, forward and backward, chunk by chunk."""
+        H, V = self.adapter.hidden, self.adapter.vocab
+        norm_w = hbuf[:H].detach().requires_grad_(True)
+        if self.adapter.tied:
+            w = ebuf[: V * H].view(V, H).detach().requires_grad_(True)
+        else:
+            w = hbuf[H : H + V * H].view(V, H).detach().requires_grad_(True)
+        flat = h.reshape(-1, H)
+        grad_h = torch.zeros_like(flat)
+        loss_sum = torch.zeros((), dtype=torch.float32, device=h.device)
+        C = self.loss_chunk
+        for ci, c0 in enumerate(range(0, flat.shape[0], C)):
+            if not chunk_valid[ci]:
+                continue
+            x = flat[c0 : c0 + C].detach().requires_grad_(True)
+            with torch.enable_grad():
+                logits = F.linear(self.adapter.norm_forward(norm_w, x), w).float()
+                loss = F.cross_entropy(logits, targets[c0 : c0 + C], ignore_index=-100, reduction="sum")
+                (loss / n_targets).backward()
+            grad_h[c0 : c0 + C] = x.grad
+            loss_sum += loss.detach()
+            # fp32 accumulation across chunks (bf16 weight gradients would lose low bits chunk after chunk)
+            self.gH[:H].add_(norm_w.grad)
+            norm_w.grad = None
+            if self.adapter.tied:
+                self.gE[: V * H].add_(w.grad.reshape(-1))
+            else:
+                self.gH[H : H + V * H].add_(w.grad.reshape(-1))
+            w.grad = None
+        return grad_h.view_as(h), loss_sum
+
+    # ------------------------------------------------------------------ one step
+    def run_step(self, step: int, micro_batches: list, data_s: float) -> StepTiming:
+        t_start = time.perf_counter()
+        s = self.streams
+        ev = {"start": s.record(s.compute, timing=True)}
+        self.window.update_wait_s = 0.0
+        self.staging_wait_s = 0.0
+        self.routes.bytes.take()
+        if s.cuda:
+            torch.cuda.reset_peak_memory_stats(self.device)
+        M = len(micro_batches)
+        sched = self.schedule(M)
+        self.window.begin_step(step, sched)
+        # The loss divides by the non-ignored targets of the whole global batch, known before any backward.
+        local_targets = sum(int((mb.labels[:, 1:] != -100).sum()) for mb in micro_batches)
+        n_targets = torch.tensor([float(local_targets)], device=self.device)
+        dist.all_reduce(n_targets, group=self.routes.grad_group)
+        n_targets = n_targets[0].clamp_min(1.0)
+        loss_sum = torch.zeros((), dtype=torch.float32, device=self.device)
+        # gE and gH are reused only after last step's transfers out of them (one d2h stream: the latest
+        # event of each parity covers every earlier copy)
+        s.compute.wait_event(self._gdone[0])
+        s.compute.wait_event(self._gdone[1])
+        self.gE.zero_()
+        self.gH.zero_()
+        if self.acc is not None:
+            for a in self.acc.values():
+                a.zero_()
+        k = 0
+        tokens = 0
+        for m, mb in enumerate(micro_batches):
+            last = m == M - 1
+            ids = mb.input_ids.to(self.device, non_blocking=True)
+            tokens += ids.numel()
+            pos = mb.position_ids.to(self.device, non_blocking=True)
+            targets = torch.full_like(mb.labels, -100)
+            targets[:, :-1] = mb.labels[:, 1:]
+            C = self.loss_chunk
+            tflat = targets.reshape(-1)
+            chunk_valid = [bool((tflat[c0 : c0 + C] != -100).any()) for c0 in range(0, tflat.numel(), C)]
+            targets_dev = tflat.to(self.device, non_blocking=True)
+            ctx = {"position_ids": pos, "attention_mask": None}
+            if mb.segment_ids is not None:
+                from slidedp.data.packing import attention_mask_from_segments
+
+                ctx["attention_mask"] = attention_mask_from_segments(mb.segment_ids).to(self.device)
+            # forward
+            if m == 0:
+                ebuf = self.window.get(k)
+                k_embed = k
+                k += 1
+            h = self.adapter.embed_forward(ebuf[: self.shards.numels[0]].view(self.adapter.vocab, -1), ids)
+            ctx["position_embeddings"] = self.rotary(h, pos)
+            saved: dict[int, tuple] = {}
+            for u in range(1, self.head_unit):
+                self._current_item = k
+                buf = self.window.get(k)
+                h, saved[u] = self._layer_forward(u, k, buf, h, ctx)
+                self.window.release(k)
+                k += 1
+            if m == 0:
+                ev["forward_end"] = s.record(s.compute, timing=True)
+                hbuf = self.window.get(k)
+                k_head = k
+                k += 1
+            grad_h, mb_loss = self._head(h, targets_dev, chunk_valid, n_targets, hbuf, ebuf)
+            loss_sum += mb_loss
+            del h
+            if last:
+                self.window.release(k_head)
+                parity = self._next_parity()
+                self._send(self.head_unit, self.gH, parity, step)
+            # backward
+            for u in range(self.head_unit - 1, 0, -1):
+                self._current_item = k
+                buf = self.window.get(k)
+                parity = self._next_parity()
+                gflat = self.gbuf[parity]
+                grad_h = self._layer_backward(u, buf, saved.pop(u), grad_h, ctx, gflat)
+                self.window.release(k)
+                self._layer_gradient_out(u, gflat, parity, last, step)
+                k += 1
+            self.adapter.embed_backward(self.gE[: self.shards.numels[0]].view(self.adapter.vocab, -1), ids, grad_h)
+            del grad_h
+            if last:
+                self.window.release(k_embed)
+                parity = self._next_parity()
+                self._send(0, self.gE, parity, step)
+        ev["backward_end"] = s.record(s.compute, timing=True)
+        self.updater.end_backward(step)
+        dist.all_reduce(loss_sum, group=self.routes.grad_group)
+        b = self.routes.bytes.take()
+        peak = torch.cuda.max_memory_reserved(self.device) if s.cuda else 0
+        stats = torch.tensor([b["h2d"], b["d2h"], b["collective"], peak], dtype=torch.int64, device=self.device)
+        gathered = torch.zeros(4 * self.world, dtype=torch.int64, device=self.device)
+        dist.all_gather_into_tensor(gathered, stats, group=self.routes.grad_group)
+        ev["stats"] = s.record(s.compute)
+        return StepTiming(step, t_start, data_s, self.window.update_wait_s, self.staging_wait_s, tokens, ev,
+                          loss_sum, n_targets, gathered)

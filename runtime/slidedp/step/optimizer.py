@@ -1,0 +1,236 @@
+"""Layer-wise CPU AdamW, overlapped with backward, on the host state.
+
+Each rank process runs one updater thread that owns that rank's shard of every unit. A unit's update starts as
+soon as its reduced gradient is on the host, while the GPU carries on with the rest of the backward. Ordering is
+what hides the update: gradients arrive L+1 -> 0, but the next forward needs unit 0 first, so once the backward
+of a step has ended the updater finishes what is left in forward order and marks each unit ready at once; the
+next forward then overlaps the remaining updates instead of waiting for all of them.
+
+Exact global-norm clipping (optimizer.max_grad_norm > 0) needs the norm of the whole gradient before any update is
+final: reduced gradients are held on the host, the ranks exchange their partial sums of squares, and then every
+unit is updated in forward order with the clip factor of torch.nn.utils.clip_grad_norm_. Without clipping the norm
+is still computed and reported.
+
+The update is torch's fused CPU AdamW (4.5x faster than foreach on our host; it is bound by host memory traffic,
+not arithmetic), with the thread count set explicitly per rank.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from slidedp.config import OptimizerConfig, ScheduleConfig
+from slidedp.step.host_state import HostState, wait_until
+from slidedp.step.routes import ShardMap
+
+
+def lr_at(step: int, total: int, opt: OptimizerConfig, sched: ScheduleConfig) -> float:
+    """Learning rate of optimizer step `step` (1-based): linear warmup, then constant / linear / cosine decay."""
+    if sched.warmup_steps > 0 and step <= sched.warmup_steps:
+        return opt.lr * step / sched.warmup_steps
+    if sched.decay == "constant":
+        return opt.lr
+    span = max(1, total - sched.warmup_steps)
+    progress = min(1.0, (step - sched.warmup_steps) / span)
+    floor = sched.min_lr_ratio
+    if sched.decay == "linear":
+        factor = 1.0 - (1.0 - floor) * progress
+    else:
+        factor = floor + (1.0 - floor) * 0.5 * (1.0 + math.cos(math.pi * progress))
+    return opt.lr * factor
+
+
+def adamw_(param: torch.Tensor, grad: torch.Tensor, exp_avg: torch.Tensor, exp_avg_sq: torch.Tensor,
+           step: int, lr: float, opt: OptimizerConfig) -> None:
+    """One AdamW step on flat fp32 host tensors (decoupled weight decay, bias correction)."""
+    step_t = torch.tensor(float(step))
+    torch._fused_adamw_([param], [grad], [exp_avg], [exp_avg_sq], [], [step_t], lr=lr, beta1=opt.betas[0],
+                        beta2=opt.betas[1], weight_decay=opt.weight_decay, eps=opt.eps, amsgrad=False,
+                        maximize=False)
+
+
+@dataclass
+class GradItem:
+    seq: int  # per-rank handoff number, identical on every rank for the same (step, unit)
+    step: int
+    unit: int
+    slot: int  # staging slot = seq % slots
+    event: Any  # device event: the gradient is in staging once it has completed
+    published: bool = False
+
+
+@dataclass
+class StepResult:
+    step: int
+    grad_norm: float
+    clipped: bool
+    update_busy_s: float
+    finished_at: float  # perf_counter when the last unit of the step was updated
+
+
+class Updater(threading.Thread):
+    def __init__(self, *, state: HostState, shards: ShardMap, grad_reduce: str, opt: OptimizerConfig,
+                 sched: ScheduleConfig, total_steps: int, num_units: int, delivery_dtype: torch.dtype):
+        super().__init__(name=f"slidedp-updater-{shards.rank}", daemon=True)
+        self.state = state
+        self.board = state.board
+        self.shards = shards
+        self.rank, self.world = shards.rank, shards.world
+        self.host_route = grad_reduce == "host" and self.world > 1
+        self.opt, self.sched, self.total_steps = opt, sched, total_steps
+        self.num_units = num_units
+        self.slots = state.layout.staging_slots
+        self.deliver_bf16 = delivery_dtype == torch.bfloat16
+        self.clip = opt.max_grad_norm > 0
+        self._cond = threading.Condition()
+        self._pending: deque[GradItem] = deque()
+        self._backward_ended: set[int] = set()
+        self._stopping = False
+        self.error: BaseException | None = None
+        self.results: deque[StepResult] = deque()
+        self._scratch = torch.empty(max(shards.shard_len(u) for u in range(num_units)) if self.host_route else 0)
+        self._sumsq = 0.0
+        self._done_units = 0
+        self._busy = 0.0
+        self.last_step = 0  # last step whose every unit is updated on this rank's shards
+
+    # ------------------------------------------------------------------ main-thread side
+    def submit(self, item: GradItem) -> None:
+        with self._cond:
+            self._pending.append(item)
+            self._cond.notify()
+
+    def end_backward(self, step: int) -> None:
+        with self._cond:
+            self._backward_ended.add(step)
+            self._cond.notify()
+
+    def stop(self) -> None:
+        with self._cond:
+            self._stopping = True
+            self._cond.notify()
+
+    def check(self) -> None:
+        if self.error is not None:
+            raise RuntimeError(f"host update failed on rank {self.rank}") from self.error
+
+    def wait_slot_free(self, seq: int, abort=None) -> float:
+        """Before the device writes handoff `seq` into its staging slot: every reader is done with the old one."""
+        slot, prev = seq % self.slots, seq - self.slots
+        readers = range(self.world) if self.host_route else (self.rank,)
+        return wait_until(lambda: all(self.board.read_done(r, self.rank, slot) >= prev for r in readers),
+                          f"staging slot {slot} of rank {self.rank}", abort=abort)
+
+    # ------------------------------------------------------------------ updater thread
+    def run(self) -> None:
+        try:
+            while True:
+                item = self._next_item()
+                if item is None:
+                    return
+                t0 = time.perf_counter()
+                self._process(item)
+                self._busy += time.perf_counter() - t0
+        except BaseException as exc:  # surfaced to the main thread through check()
+            self.error = exc
+
+    def _publish_ready(self) -> None:
+        # A gradient is announced as soon as its copy has landed, whatever this thread is busy with, so that
+        # ranks reading each other's staging (host route) never wait on one another's processing order.
+        with self._cond:
+            items = list(self._pending)
+        for it in items:
+            if not it.published and it.event.query():
+                it.published = True
+                self.board.set_grad_seq(self.rank, it.slot, it.seq)
+
+    def _next_item(self) -> GradItem | None:
+        with self._cond:
+            while not self._pending and not self._stopping:
+                self._cond.wait(timeout=0.05)
+            if not self._pending:
+                return None
+            if self._pending[0].step in self._backward_ended:
+                # Backward is over: finish in forward order so the next forward's first units are ready first.
+                item = min(self._pending, key=lambda it: it.unit)
+            else:
+                item = self._pending[0]
+        return item
+
+    def _remove(self, item: GradItem) -> None:
+        with self._cond:
+            self._pending.remove(item)
+
+    def _reduced_gradient(self, item: GradItem) -> torch.Tensor:
+        lo, hi = self.shards.own_range(item.unit)
+        item.event.synchronize()
+        if not item.published:
+            item.published = True
+            self.board.set_grad_seq(self.rank, item.slot, item.seq)
+        if not self.host_route:
+            # gpu route: this rank's shard, already summed, at the start of its slot
+            return self.state.staging_slot(self.rank, item.slot)[: hi - lo]
+        wait_until(lambda: (self._publish_ready() or True)
+                   and all(self.board.grad_seq(o, item.slot) >= item.seq for o in range(self.world)),
+                   f"gradients of unit {item.unit} from every rank")
+        g = self._scratch[: hi - lo]
+        g.copy_(self.state.staging_slot(0, item.slot)[lo:hi])
+        for o in range(1, self.world):
+            g.add_(self.state.staging_slot(o, item.slot)[lo:hi])
+        return g
+
+    def _release(self, item: GradItem) -> None:
+        owners = range(self.world) if self.host_route else (self.rank,)
+        for o in owners:
+            self.board.set_read_done(self.rank, o, item.slot, item.seq)
+
+    def _update_unit(self, unit: int, grad: torch.Tensor, step: int) -> None:
+        lo, hi = self.shards.own_range(unit)
+        if hi > lo:
+            lr = lr_at(step, self.total_steps, self.opt, self.sched)
+            master = self.state.master_unit(unit)[lo:hi]
+            adamw_(master, grad, self.state.exp_avg_unit(unit)[lo:hi], self.state.exp_avg_sq_unit(unit)[lo:hi],
+                   step, lr, self.opt)
+            if self.deliver_bf16:
+                self.state.delivery_unit(unit)[lo:hi].copy_(master)
+        self.board.set_updated(unit, self.rank, step)
+
+    def _process(self, item: GradItem) -> None:
+        g = self._reduced_gradient(item)
+        self._sumsq += float(torch.linalg.vector_norm(g, dtype=torch.float64)) ** 2 if g.numel() else 0.0
+        if self.clip:
+            lo, hi = self.shards.own_range(item.unit)
+            self.state.held_unit(item.unit)[lo:hi].copy_(g)
+            self._release(item)
+        else:
+            self._update_unit(item.unit, g, item.step)
+            self._release(item)
+        self._remove(item)
+        self._done_units += 1
+        if self._done_units == self.num_units:
+            self._finish_step(item.step)
+
+    def _finish_step(self, step: int) -> None:
+        board = self.board
+        board.publish_norm(self.rank, step, self._sumsq)
+        wait_until(lambda: all(board.norm_seq(r) >= step for r in range(self.world)), "the gradient norm")
+        norm = math.sqrt(sum(board.norms(step)))
+        clipped = False
+        if self.clip:
+            coef = min(1.0, self.opt.max_grad_norm / (norm + 1e-6))
+            clipped = coef < 1.0
+            for u in range(self.num_units):  # forward order: unit 0 is the next forward's first need
+                lo, hi = self.shards.own_range(u)
+                g = self.state.held_unit(u)[lo:hi]
+                if coef < 1.0:
+                    g.mul_(coef)
+                self._update_unit(u, g, step)
+        self.results.append(StepResult(step, norm, clipped, self._busy, time.perf_counter()))
+        self.last_step = step
+        self._sumsq, self._done_units, self._busy = 0.0, 0, 0.0

@@ -1,0 +1,251 @@
+"""One rank process: join the group, map the host state, run steps, report metrics to the launcher.
+
+Step boundaries are agreed through the shared board, not through collectives, so deciding whether to stop or to
+checkpoint never drains the GPU queue: rank 0 reads the launcher's request and publishes its decision for boundary
+t; the other ranks read it once rank 0 has passed that boundary.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import traceback
+from collections import deque
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from slidedp.config import JobConfig
+from slidedp.presets import flops_per_token
+from slidedp.step.host_state import Board, HostLayout, HostState, wait_until
+from slidedp.step.model_adapter import ModelAdapter, load_hf_config
+from slidedp.step.optimizer import lr_at
+
+# Dense bf16 peak per GPU for MFU (vendor figures); SLIDEDP_PEAK_TFLOPS overrides.
+PEAK_TFLOPS = {"H200": 989.4, "H100": 989.4, "A100": 312.0, "L40S": 362.0, "RTX 4090": 165.2}
+
+# Board decisions (slots above Board.FIXED are counters)
+STOP_BEFORE = Board.STOP_STEP
+CKPT_STEP, CKPT_DONE = 4, 5
+
+
+@dataclass
+class RankArgs:
+    config: dict
+    layout: HostLayout
+    policy: dict
+    predicted: dict
+    init_file: str
+    start_step: int
+    data_state: dict | None
+    checkpoint_steps: list[int]
+    cpu_threads: int
+
+
+def _setup(rank: int, world: int, args: RankArgs) -> torch.device:
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    torch.set_num_threads(args.cpu_threads)
+    cfg = JobConfig.from_dict(args.config)
+    if cfg.gpus > 0:
+        device = torch.device("cuda", rank)
+        torch.cuda.set_device(device)
+        backend = "nccl"
+    else:
+        device = torch.device("cpu")
+        backend = "gloo"
+    if cfg.deterministic:
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+        torch.use_deterministic_algorithms(True, warn_only=True)
+    if device.type == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = False
+        torch.backends.cudnn.allow_tf32 = False
+    kwargs: dict[str, Any] = {}
+    if device.type == "cuda":
+        kwargs["device_id"] = device
+    dist.init_process_group(backend, init_method=f"file://{args.init_file}", rank=rank, world_size=world, **kwargs)
+    return device
+
+
+def _peak_tflops(device: torch.device) -> float | None:
+    if os.environ.get("SLIDEDP_PEAK_TFLOPS"):
+        return float(os.environ["SLIDEDP_PEAK_TFLOPS"])
+    if device.type != "cuda":
+        return None
+    name = torch.cuda.get_device_name(device)
+    for key, value in PEAK_TFLOPS.items():
+        if key in name:
+            return value
+    return None
+
+
+def rank_main(rank: int, world: int, args: RankArgs, queue) -> None:
+    from slidedp.step.engine import RankEngine
+
+    state = None
+    try:
+        device = _setup(rank, world, args)
+        cfg = JobConfig.from_dict(args.config)
+        groups = (dist.new_group(list(range(world))), dist.new_group(list(range(world))))
+        state = HostState.attach(args.layout)
+        state.pin()
+        board = state.board
+        adapter = ModelAdapter(load_hf_config(cfg.model))
+        from slidedp.data import DataPipeline, load_tokenizer
+
+        pipeline = DataPipeline(cfg, load_tokenizer(cfg), rank, world)
+        if args.data_state:
+            pipeline.load_state_dict(args.data_state)
+
+        def abort() -> None:
+            if board.get(Board.STOP_REQUEST) == 2:  # the launcher saw a rank die
+                raise RuntimeError("another rank failed")
+
+        engine = RankEngine(cfg, adapter, state, args.policy, rank, world, device, groups, abort=abort)
+        engine.updater.last_step = args.start_step
+        engine.updater.start()
+        model_cfg = adapter.config.to_dict()
+        flops_tok = flops_per_token({**model_cfg, "model_type": adapter.config.model_type}, cfg.seq_len)
+        peak = _peak_tflops(device)
+        pending: deque = deque()
+        reporter = _Reporter(cfg, engine, queue, rank, world, flops_tok, peak, args.predicted)
+        last_done = args.start_step
+        for step in range(args.start_step + 1, cfg.steps + 1):
+            if _decide_stop(board, rank, step):
+                break
+            t0 = time.perf_counter()
+            micro = pipeline.next_step()
+            data_s = time.perf_counter() - t0
+            pending.append(engine.run_step(step, micro, data_s))
+            last_done = step
+            reporter.emit_ready(pending, final=False)
+            if step in args.checkpoint_steps or board.get(Board.SAVE_REQUEST) == step:
+                _wait_step_updated(engine, step)
+                reporter.emit_ready(pending, final=True)
+                _checkpoint_barrier(board, rank, step, queue, pipeline.state_dict(), groups[1])
+        _wait_step_updated(engine, last_done)
+        reporter.emit_ready(pending, final=True)
+        engine.updater.stop()
+        engine.updater.join(timeout=60)
+        dist.barrier(group=groups[1])
+        queue.put(("done", rank, {"last_step": last_done, "data_state": pipeline.state_dict()}))
+        pipeline.close()
+        dist.destroy_process_group()
+    except BaseException:
+        queue.put(("error", rank, traceback.format_exc()))
+    finally:
+        if state is not None:
+            state.unpin()
+
+
+def _decide_stop(board: Board, rank: int, step: int) -> bool:
+    if rank == 0:
+        if board.get(Board.STOP_REQUEST):
+            board.set(STOP_BEFORE, step)
+        board.set(Board.BOUNDARY, step)
+    else:
+        wait_until(lambda: board.get(Board.BOUNDARY) >= step, f"rank 0 to reach step {step}")
+    return board.get(STOP_BEFORE) == step
+
+
+def _wait_step_updated(engine, step: int) -> None:
+    def done() -> bool:
+        engine.updater.check()
+        return engine.updater.last_step >= step
+
+    wait_until(done, f"the host update of step {step}", timeout_s=3600)
+
+
+def _checkpoint_barrier(board: Board, rank: int, step: int, queue, data_state: dict, group) -> None:
+    """Every rank has finished step `step`'s updates; the launcher writes the host state while ranks wait."""
+    dist.barrier(group=group)
+    if rank == 0:
+        queue.put(("checkpoint", rank, {"step": step, "data_state": data_state}))
+    wait_until(lambda: board.get(CKPT_DONE) >= step, f"checkpoint of step {step}", timeout_s=24 * 3600)
+
+
+class _Reporter:
+    """Rank 0 turns finished steps into metrics records (a step is reported once its update has finished)."""
+
+    def __init__(self, cfg: JobConfig, engine, queue, rank: int, world: int, flops_tok: float,
+                 peak: float | None, predicted: dict):
+        self.cfg, self.engine, self.queue, self.rank, self.world = cfg, engine, queue, rank, world
+        self.flops_tok, self.peak, self.predicted = flops_tok, peak, predicted
+        self.results: dict[int, Any] = {}
+
+    def emit_ready(self, pending: deque, final: bool) -> None:
+        upd = self.engine.updater
+        upd.check()
+        while upd.results:
+            r = upd.results.popleft()
+            self.results[r.step] = r
+        while pending:
+            t = pending[0]
+            res = self.results.get(t.step)
+            if res is None or (len(pending) < 2 and not final):
+                return
+            pending.popleft()
+            end = pending[0].t_start if pending else res.finished_at
+            if self.rank == 0:
+                self.queue.put(("record", 0, self._record(t, res, end)))
+            del self.results[t.step]
+
+    def _record(self, t, res, end: float) -> dict:
+        ev = t.events
+        ev["stats"].synchronize()
+        step_time = max(end - t.t_start, 1e-9)
+        n_targets = float(t.target_tokens.item())
+        loss = float(t.loss_sum.item()) / max(n_targets, 1.0)
+        stats = t.stats.view(self.world, 4).tolist()
+        tokens = t.tokens * self.world
+        tflops = self.flops_tok * tokens / step_time / 1e12
+        fwd = ev["start"].elapsed_time(ev["forward_end"]) / 1e3
+        bwd = ev["forward_end"].elapsed_time(ev["backward_end"]) / 1e3
+        return {
+            "step": t.step,
+            "loss": loss,
+            "lr": lr_at(t.step, self.cfg.steps, self.cfg.optimizer, self.cfg.schedule),
+            "grad_norm": res.grad_norm,
+            "clipped": res.clipped,
+            "step_time_s": step_time,
+            "tokens_per_s": tokens / step_time,
+            "tflops": tflops,
+            "mfu": (tflops / (self.peak * self.world)) if self.peak else None,
+            "hbm_peak_gib": [row[3] / 2**30 for row in stats] if self.engine.streams.cuda else [],
+            "host_rss_gib": None,  # filled by the launcher, which sees every rank process
+            "data_time_s": t.data_s,
+            "phases": {"data": t.data_s, "forward": fwd, "backward": bwd, "update_tail": t.update_tail_s,
+                       "staging_wait": t.staging_wait_s, "update_busy": res.update_busy_s},
+            "predicted": self.predicted,
+            "bytes": {"h2d": [row[0] for row in stats], "d2h": [row[1] for row in stats],
+                      "collective": [row[2] for row in stats]},
+            "tokens": tokens,
+            "target_tokens": int(n_targets),
+        }
+
+
+class _Sender:
+    def __init__(self, conn):
+        self.conn = conn
+
+    def put(self, message) -> None:
+        self.conn.send(message)
+
+
+def main(argv: list[str]) -> None:
+    import pickle
+    from multiprocessing.connection import Client
+
+    with open(argv[1], "rb") as fh:
+        spec = pickle.load(fh)
+    conn = Client(spec["address"], family="AF_UNIX", authkey=spec["authkey"])
+    try:
+        rank_main(int(argv[2]), int(argv[3]), spec["args"], _Sender(conn))
+    finally:
+        conn.close()
+
+
+if __name__ == "__main__":
+    import sys
+
+    main(sys.argv)

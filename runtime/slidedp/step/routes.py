@@ -1,0 +1,132 @@
+"""Delivery and gradient routes between the host state and the GPUs, with per-rank byte counters.
+
+Parameters (host -> GPU):
+  replicated  every rank copies the whole unit over its own PCIe link (host traffic grows with the rank count);
+  sharded     each rank copies its 1/N and the ranks all-gather over NVLink (host traffic stays 1x).
+Gradients (GPU -> host):
+  gpu         reduce-scatter between GPUs, each rank returns only its 1/N (already summed);
+  host        each rank returns the whole unit and the host sums the ranks' copies (no GPU collective).
+Units are padded to a multiple of the world size so every shard has the same length; rank r owns elements
+[r*s, min((r+1)*s, n)) of every unit and updates exactly those on the host. Delivery collectives and gradient
+collectives use two process groups, so an all-gather of the next unit never queues behind the reduce-scatter
+of the last one.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+from slidedp.step.devices import Streams
+
+
+@dataclass
+class ByteCounters:
+    h2d: int = 0
+    d2h: int = 0
+    collective: int = 0  # bytes this rank receives through GPU collectives
+
+    def take(self) -> dict[str, int]:
+        out = {"h2d": self.h2d, "d2h": self.d2h, "collective": self.collective}
+        self.h2d = self.d2h = self.collective = 0
+        return out
+
+
+@dataclass
+class ShardMap:
+    numels: list[int]
+    world: int
+    rank: int
+    padded: list[int] = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.padded = [-(-n // self.world) * self.world for n in self.numels]
+
+    def shard_len(self, u: int) -> int:
+        return self.padded[u] // self.world
+
+    def own_range(self, u: int, rank: int | None = None) -> tuple[int, int]:
+        r = self.rank if rank is None else rank
+        s = self.shard_len(u)
+        lo = min(r * s, self.numels[u])
+        return lo, min(lo + s, self.numels[u])
+
+
+class Routes:
+    """Issues the copies and collectives of one rank; every call is asynchronous on CUDA."""
+
+    def __init__(self, delivery: str, grad_reduce: str, shards: ShardMap, streams: Streams,
+                 delivery_group, grad_group, chunk_bytes: int):
+        self.delivery = delivery if shards.world > 1 else "replicated"
+        self.grad_reduce = grad_reduce if shards.world > 1 else "host"
+        self.shards = shards
+        self.streams = streams
+        self.delivery_group = delivery_group
+        self.grad_group = grad_group
+        self.chunk_bytes = chunk_bytes
+        self.bytes = ByteCounters()
+
+    def _copy_chunked(self, dst: torch.Tensor, src: torch.Tensor) -> None:
+        step = max(1, self.chunk_bytes // max(1, src.element_size()))
+        for a in range(0, src.numel(), step):
+            dst[a : a + step].copy_(src[a : a + step], non_blocking=True)
+
+    # ------------------------------------------------------------------ parameters
+    def deliver(self, u: int, host_unit: torch.Tensor, buf: torch.Tensor, buf_free, ready_event) -> None:
+        """Fill buf[:padded] with unit u's delivery copy on the h2d stream; ready_event marks completion.
+
+        buf_free: event after which the compute stream no longer reads buf.
+        """
+        s = self.streams
+        n, esize = self.shards.numels[u], host_unit.element_size()
+        with s.on(s.h2d):
+            s.h2d.wait_event(buf_free)
+            if self.delivery == "replicated":
+                self._copy_chunked(buf[:n], host_unit)
+                self.bytes.h2d += n * esize
+            else:
+                lo, hi = self.shards.own_range(u)
+                sl = self.shards.shard_len(u)
+                r0 = self.shards.rank * sl
+                if hi > lo:
+                    self._copy_chunked(buf[lo:hi], host_unit[lo:hi])
+                self.bytes.h2d += (hi - lo) * esize
+                work = dist.all_gather_into_tensor(buf[: self.shards.padded[u]], buf[r0 : r0 + sl],
+                                                   group=self.delivery_group, async_op=True)
+                work.wait()  # on CUDA: the h2d stream waits for the all-gather, the host does not
+                self.bytes.collective += (self.shards.padded[u] - sl) * esize
+            if s.cuda:
+                ready_event.record(s.h2d)
+
+    # ------------------------------------------------------------------ gradients
+    def return_gradient(self, u: int, grad: torch.Tensor, shard_buf: torch.Tensor, staging: torch.Tensor,
+                        done_event) -> None:
+        """Send unit u's gradient (grad[:padded], reduce dtype, ready on the compute stream) to the host.
+
+        gpu route: reduce-scatter into shard_buf, then copy this rank's shard to staging[:shard].
+        host route: copy the whole unit to staging[:n]; the host sums the ranks.
+        done_event marks that grad, shard_buf and staging are no longer touched by the device.
+        """
+        s = self.streams
+        n, esize = self.shards.numels[u], grad.element_size()
+        if self.grad_reduce == "gpu":
+            sl = self.shards.shard_len(u)
+            work = dist.reduce_scatter_tensor(shard_buf[:sl], grad[: self.shards.padded[u]], op=dist.ReduceOp.SUM,
+                                              group=self.grad_group, async_op=True)
+            self.bytes.collective += (self.shards.padded[u] - sl) * esize
+            lo, hi = self.shards.own_range(u)
+            with s.on(s.d2h):
+                work.wait()
+                if hi > lo:
+                    self._copy_chunked(staging[: hi - lo], shard_buf[: hi - lo])
+                self.bytes.d2h += (hi - lo) * esize
+                if s.cuda:
+                    done_event.record(s.d2h)
+        else:
+            with s.on(s.d2h):
+                s.d2h.wait_stream(s.compute)
+                self._copy_chunked(staging[:n], grad[:n])
+                self.bytes.d2h += n * esize
+                if s.cuda:
+                    done_event.record(s.d2h)

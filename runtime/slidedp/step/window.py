@@ -1,0 +1,137 @@
+"""The working window: a fixed pool of GPU unit buffers fed ahead of the compute stream.
+
+A step's units are used in a known order (the schedule: embedding, layers 1..L, head, layers L..1 per
+micro-batch). The window walks that schedule `slots - 1` items ahead of the compute stream and issues each
+delivery on the h2d stream as soon as a buffer is free, so the next unit arrives while the current one computes.
+Order is kept with events only: a delivery waits for the event recorded after the last compute that read the
+buffer, and compute waits for the delivery's ready event. Eviction is decided from the schedule (the buffer whose
+unit is needed again furthest in the future goes first), never from timing, so every rank issues the same
+collectives in the same order. The embedding, the head and any resident layers have buffers of their own and are
+delivered once per step: a resident layer's weights stay between forward and backward, saving a transfer.
+
+Before the first delivery of a unit in step t the window waits until the host update of step t-1 has finished
+for that unit: for every shard with replicated delivery, for its own shard with sharded delivery. That wait is
+the exposed update time (`update_tail`).
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+from slidedp.step.host_state import HostState, wait_until
+from slidedp.step.routes import Routes
+
+
+class Window:
+    def __init__(self, *, padded: list[int], dedicated: set[int], slots: int, dtype: torch.dtype,
+                 device: torch.device, routes: Routes, state: HostState, rank: int, abort=None):
+        self.padded = padded
+        self.routes = routes
+        self.streams = routes.streams
+        self.state = state
+        self.rank = rank
+        self.abort = abort
+        self.dedicated_units = set(dedicated)
+        layer_sizes = [padded[u] for u in range(len(padded)) if u not in self.dedicated_units]
+        slot_numel = max(layer_sizes) if layer_sizes else 0
+        self.num_slots = slots if slot_numel else 0
+        self.slot_bufs = [torch.empty(slot_numel, dtype=dtype, device=device) for _ in range(self.num_slots)]
+        self.dedicated = {u: torch.empty(padded[u], dtype=dtype, device=device) for u in sorted(self.dedicated_units)}
+        self.update_wait_s = 0.0
+        self._free_ev: dict[object, object] = {}
+        self._slot_unit: list[int | None] = [None] * self.num_slots
+        self._slot_last_item: list[int] = [-1] * self.num_slots
+        self._slot_ready: dict[int, object] = {}
+        self.schedule: list[int] = []
+
+    # ------------------------------------------------------------------ per step
+    def begin_step(self, step: int, schedule: list[int]) -> None:
+        self.step = step
+        self.schedule = schedule
+        self.assign: list[object] = [None] * len(schedule)
+        self.ready: list[object] = [None] * len(schedule)
+        self.issued = -1
+        self.released = -1
+        self._dedicated_ready: dict[int, object] = {}
+        # Window buffers keep their contents across steps only in name: the weights change every step.
+        self._slot_unit = [None] * self.num_slots
+        self._slot_last_item = [-1] * self.num_slots
+
+    def _next_use(self, unit: int, after: int) -> int:
+        for j in range(after + 1, len(self.schedule)):
+            if self.schedule[j] == unit:
+                return j
+        return 1 << 30
+
+    def _wait_for_update(self, u: int) -> None:
+        need = self.step - 1
+        board = self.state.board
+        if self.routes.delivery == "sharded":
+            pred = lambda: board.updated(u, self.rank) >= need  # noqa: E731
+        else:
+            pred = lambda: board.min_updated(u) >= need  # noqa: E731
+        t0 = time.perf_counter()
+        wait_until(pred, f"the host update of unit {u} for step {self.step}", abort=self.abort)
+        self.update_wait_s += time.perf_counter() - t0
+
+    def _deliver(self, u: int, buf: torch.Tensor, key: object) -> object:
+        self._wait_for_update(u)
+        ready = self.streams.event()
+        free = self._free_ev.get(key, self.streams.event())
+        self.routes.deliver(u, self.state.delivery_unit(u), buf, free, ready)
+        return ready
+
+    def _issue(self, k: int) -> bool:
+        """Assign a buffer to schedule item k and start its delivery; False when no buffer is free yet."""
+        u = self.schedule[k]
+        if u in self.dedicated_units:
+            if u not in self._dedicated_ready:
+                self._dedicated_ready[u] = self._deliver(u, self.dedicated[u], ("d", u))
+            self.assign[k] = ("d", u)
+            self.ready[k] = self._dedicated_ready[u]
+            return True
+        for i, held in enumerate(self._slot_unit):
+            if held == u:  # still in the window from its last use this step: no transfer
+                self.assign[k] = ("s", i)
+                self.ready[k] = self._slot_ready[i]
+                self._slot_last_item[i] = k
+                return True
+        free = [i for i in range(self.num_slots) if self._slot_last_item[i] <= self.released]
+        if not free:
+            return False
+        victim = max(free, key=lambda i: (self._next_use(self._slot_unit[i], k) if self._slot_unit[i] is not None
+                                          else 1 << 31))
+        self._slot_unit[victim] = u
+        self._slot_last_item[victim] = k
+        self.assign[k] = ("s", victim)
+        ready = self._deliver(u, self.slot_bufs[victim], ("s", victim))
+        self._slot_ready[victim] = ready
+        self.ready[k] = ready
+        return True
+
+    def get(self, k: int) -> torch.Tensor:
+        """The buffer holding schedule item k's unit, with the compute stream ordered after its delivery."""
+        horizon = min(len(self.schedule) - 1, k + max(1, self.num_slots - 1))
+        while self.issued < horizon:
+            if not self._issue(self.issued + 1):
+                break
+            self.issued += 1
+        if self.issued < k:
+            raise RuntimeError(f"window of {self.num_slots} buffers cannot hold schedule item {k}")
+        self.streams.compute.wait_event(self.ready[k])
+        return self.buffer(k)
+
+    def buffer(self, k: int) -> torch.Tensor:
+        kind, idx = self.assign[k]
+        return self.dedicated[idx] if kind == "d" else self.slot_bufs[idx]
+
+    def release(self, k: int) -> None:
+        """The compute stream has been given every op that reads item k's buffer."""
+        ev = self.streams.record(self.streams.compute)
+        self._free_ev[self.assign[k]] = ev
+        self.released = k
+
+    def hbm_bytes(self) -> int:
+        return sum(b.numel() * b.element_size() for b in self.slot_bufs) + sum(
+            b.numel() * b.element_size() for b in self.dedicated.values())

@@ -1,0 +1,115 @@
+"""Shared pieces of the exactness tests: a tiny model directory, data with ragged ignored labels, the reference.
+
+The reference is what SlideDP must equal: one process, the whole model, torch.optim.AdamW and
+torch.nn.utils.clip_grad_norm_, over the same global batches, with the loss averaged over all non-ignored target
+tokens of the global batch.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import random
+
+import torch
+from slidedp.presets import PRESETS
+
+
+def make_model_dir(path: str, preset: str = "tiny-qwen3", seed: int = 0) -> str:
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    d = dict(PRESETS[preset])
+    cfg = AutoConfig.for_model(d.pop("model_type"), **d)
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(cfg)
+    model.save_pretrained(path, safe_serialization=True)
+    return path
+
+
+def make_token_data(path: str, rows: int, seq_len: int, seed: int = 0, vocab: int = 512) -> str:
+    """Sequences whose labels ignore a different number of positions each (prompt-like prefixes, gaps)."""
+    rng = random.Random(seed)
+    with open(path, "w", encoding="utf-8") as fh:
+        for _ in range(rows):
+            ids = [rng.randrange(3, vocab) for _ in range(seq_len)]
+            labels = list(ids)
+            for i in range(rng.randrange(0, seq_len // 2)):  # ignored prefix of varying length
+                labels[i] = -100
+            for _ in range(rng.randrange(0, 4)):  # and a few scattered ignored positions
+                labels[rng.randrange(seq_len)] = -100
+            fh.write(json.dumps({"input_ids": ids, "labels": labels}) + "\n")
+    return path
+
+
+def read_rows(path: str) -> tuple[torch.Tensor, torch.Tensor]:
+    ids, labels = [], []
+    with open(path, encoding="utf-8") as fh:
+        for line in fh:
+            rec = json.loads(line)
+            ids.append(rec["input_ids"])
+            labels.append(rec.get("labels", rec["input_ids"]))
+    return torch.tensor(ids), torch.tensor(labels)
+
+
+def reference_run(model_dir: str, data_path: str, steps: int, global_batch: int, lr: float, betas, eps: float,
+                  weight_decay: float, max_grad_norm: float) -> dict:
+    """Single-process AdamW (+ exact clipping) over file-order global batches; fp32 throughout."""
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, attn_implementation="sdpa")
+    model.train()
+    w0 = {n: p.detach().clone() for n, p in model.named_parameters()}
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, betas=betas, eps=eps, weight_decay=weight_decay,
+                            foreach=False)
+    ids, labels = read_rows(data_path)
+    losses, norms, clipped = [], [], []
+    for step in range(steps):
+        sl = slice(step * global_batch, (step + 1) * global_batch)
+        x, y = ids[sl], labels[sl]
+        logits = model(input_ids=x).logits.float()
+        targets = y[:, 1:].reshape(-1)
+        loss = torch.nn.functional.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]), targets,
+                                                 ignore_index=-100, reduction="sum") / (targets != -100).sum()
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm if max_grad_norm > 0 else math.inf)
+        opt.step()
+        losses.append(float(loss))
+        norms.append(float(norm))
+        clipped.append(bool(max_grad_norm > 0 and float(norm) > max_grad_norm))
+    names = dict(model.named_parameters())
+    return {
+        "losses": losses,
+        "norms": norms,
+        "clipped": clipped,
+        "delta": {n: (p.detach() - w0[n]) for n, p in names.items()},
+        "exp_avg": {n: opt.state[p]["exp_avg"] for n, p in names.items()},
+        "exp_avg_sq": {n: opt.state[p]["exp_avg_sq"] for n, p in names.items()},
+    }
+
+
+def slidedp_tensors(checkpoint_dir: str, model_dir: str) -> dict[str, dict[str, torch.Tensor]]:
+    """master / exp_avg / exp_avg_sq per HF tensor name, read from a SlideDP checkpoint."""
+    from slidedp.step.model_adapter import ModelAdapter, load_hf_config
+
+    adapter = ModelAdapter(load_hf_config(model_dir))
+    out: dict[str, dict[str, torch.Tensor]] = {}
+    for kind in ("master", "exp_avg", "exp_avg_sq"):
+        flat = torch.from_file(os.path.join(checkpoint_dir, f"{kind}.f32"), shared=False,
+                               size=sum(u.numel for u in adapter.units), dtype=torch.float32)
+        base = 0
+        tensors = {}
+        for unit in adapter.units:
+            for p in unit.params:
+                tensors[p.hf_name] = flat[base + p.offset : base + p.offset + p.numel].view(p.shape).clone()
+            base += unit.numel
+        out[kind] = tensors
+    return out
+
+
+def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
+    den = float(torch.linalg.vector_norm(b.double()))
+    num = float(torch.linalg.vector_norm(a.double() - b.double()))
+    return num / den if den > 0 else num
