@@ -1,0 +1,512 @@
+"""The cost model: what a job costs under a policy — peak HBM, host RAM and (with calibration) step time.
+
+Imports no torch: the web API prices jobs with a worker's reported topology and calibration.
+
+    job = Job.from_config(cfg, topology)
+    pol = Policy.default(job)
+    mem = memory(job, pol, ActivationSizes.of(job, calibration))     # bytes per part, GPU and host
+    pred = predict(job, pol, Rates(calibration, job))                 # step time, phases, exposure
+
+Memory follows how the engine allocates (slidedp/step: engine, window, host_state), part by part, so a plan
+that fits does not run out of memory. Time comes from the overlap model (planning/overlap.py) fed with
+microbenchmarks of this host (planning/calibration.py); nothing here is fitted to training runs.
+docs/planning.md explains the model.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from slidedp.planning import overlap
+from slidedp.presets import model_config_dict, unit_param_counts
+
+GIB = 2**30
+HBM_BUDGET_FRACTION = 0.92  # of each GPU's memory: the CUDA context, NCCL and fragmentation live in the rest
+ALLOCATOR_SLACK = 0.10  # the caching allocator's rounding and fragmentation over what tensors need
+ACTIVATION_POLICIES = ("keep", "checkpoint", "offload")
+PHASES = ("data", "forward", "backward", "update_tail", "delivery_wait")
+# Host DRAM bytes per parameter of one host update (slidedp.step.optimizer): the norm reads the gradient (4),
+# fused AdamW reads param, grad, m, v and writes param, m, v (28), the bf16 delivery copy reads 4 and writes 2.
+UPDATE_DRAM_BYTES = {"bf16": 38, "fp32": 32}
+STAGING_BYTES = 4  # the host staging of gradients is fp32 whatever reduce_dtype (slidedp.step.host_state)
+
+
+class Uncalibrated(ValueError):
+    """The calibration lacks a figure this prediction needs (named in the message)."""
+
+
+# ---------------------------------------------------------------------------- the job
+@dataclass
+class Job:
+    """The workload, as the cost model sees it (derived from a JobConfig and a topology)."""
+
+    units: list[int]  # parameters per unit: embedding, decoder layers 1..L, final norm + lm_head
+    hidden: int
+    vocab: int
+    tied: bool
+    arch: str
+    micro_batch: int
+    seq: int
+    grad_accum: int
+    world: int
+    on_gpu: bool
+    precision: str
+    clip: bool
+    cpu_threads: int
+    cores: int
+    hbm_bytes: int | None
+    host_limit_bytes: int
+    host_limit_source: str
+    interconnect: str  # nvlink | pcie-p2p | pcie-host | none
+    model_cfg: dict[str, Any] = field(repr=False, default_factory=dict)
+
+    @classmethod
+    def from_config(cls, cfg: Any, topology: dict[str, Any], model_cfg: dict[str, Any] | None = None) -> Job:
+        from slidedp.planning.topology import job_gpus, job_interconnect
+
+        mc = model_cfg if model_cfg is not None else model_config_dict(cfg.model)
+        world = cfg.world_size
+        cores = int(topology.get("cpu", {}).get("cores") or 1)
+        gpus = job_gpus(topology, cfg.gpus)
+        hbm = min(g["hbm_bytes"] for g in gpus) if cfg.gpus and len(gpus) >= cfg.gpus else None
+        ram = topology.get("host_ram", {})
+        if cfg.host_ram_gib is not None:
+            limit, source = int(cfg.host_ram_gib * GIB), "configured (host_ram_gib)"
+        else:
+            limit, source = int(ram.get("limit_bytes") or 0), str(ram.get("source", "unknown"))
+        return cls(
+            units=unit_param_counts(mc),
+            hidden=int(mc["hidden_size"]),
+            vocab=int(mc["vocab_size"]),
+            tied=bool(mc.get("tie_word_embeddings", False)),
+            arch=str(mc.get("model_type", "")),
+            micro_batch=cfg.micro_batch_size,
+            seq=cfg.seq_len,
+            grad_accum=cfg.grad_accum,
+            world=world,
+            on_gpu=cfg.gpus > 0,
+            precision=cfg.precision,
+            clip=cfg.optimizer.max_grad_norm > 0,
+            cpu_threads=cfg.cpu_threads or max(1, cores // world),  # as slidedp.launch splits the cores
+            cores=cores,
+            hbm_bytes=hbm,
+            host_limit_bytes=limit,
+            host_limit_source=source,
+            interconnect=job_interconnect(topology, cfg.gpus) if cfg.gpus else "none",
+            model_cfg=mc,
+        )
+
+    @property
+    def layers(self) -> int:
+        return len(self.units) - 2
+
+    @property
+    def params(self) -> int:
+        return sum(self.units)
+
+    @property
+    def pbytes(self) -> int:
+        return 2 if self.precision == "bf16" else 4
+
+    @property
+    def tokens_per_micro_batch(self) -> int:
+        return self.micro_batch * self.seq
+
+    @property
+    def tokens_per_step(self) -> int:
+        return self.micro_batch * self.seq * self.world * self.grad_accum
+
+    @property
+    def hbm_budget(self) -> int | None:
+        return int(self.hbm_bytes * HBM_BUDGET_FRACTION) if self.hbm_bytes else None
+
+    def padded(self, u: int) -> int:
+        return -(-self.units[u] // self.world) * self.world  # units are padded to a multiple of the world
+
+
+# ---------------------------------------------------------------------------- the policy
+@dataclass(frozen=True)
+class Policy:
+    delivery: str  # replicated | sharded
+    grad_reduce: str  # gpu | host
+    reduce_dtype: str  # fp32 | bf16
+    activations: tuple[str, ...]  # per decoder layer: keep | checkpoint | offload
+    resident: tuple[bool, ...]  # per decoder layer: weights stay on the GPU between forward and backward
+    window: int
+    chunk_mb: int
+    loss_chunk_tokens: int
+
+    @classmethod
+    def default(cls, job: Job, **kw: Any) -> Policy:
+        L = job.layers
+        base = dict(
+            delivery="replicated",
+            grad_reduce="host",
+            reduce_dtype="fp32",
+            activations=("checkpoint",) * L,
+            resident=(False,) * L,
+            window=3,
+            chunk_mb=64,
+            loss_chunk_tokens=4096,
+        )
+        base.update(kw)
+        return cls(**base)
+
+    @classmethod
+    def mix(cls, job: Job, keep: int, offload: int, resident: int, **kw: Any) -> Policy:
+        """Leading layers keep their activations, the next ones offload, the rest checkpoint; the leading
+        `resident` layers stay resident (keep_layers in the config means leading layers too)."""
+        L = job.layers
+        acts = ("keep",) * keep + ("offload",) * offload + ("checkpoint",) * (L - keep - offload)
+        return cls.default(
+            job, activations=acts, resident=(True,) * resident + (False,) * (L - resident), **kw
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["activations"], d["resident"] = list(self.activations), list(self.resident)
+        return d
+
+    def counts(self) -> dict[str, int]:
+        return {p: self.activations.count(p) for p in ACTIVATION_POLICIES}
+
+
+def staging_slots(window: int) -> int:
+    """Gradient staging slots per rank, as slidedp.launch.resolve_policy sizes them."""
+    return max(4, window + 1)
+
+
+# ---------------------------------------------------------------------------- activations
+@dataclass
+class ActivationSizes:
+    """Bytes one decoder layer saves for backward at the job's (micro-batch, seq), and the loss head's transient
+    bytes per token of a chunk; measured by calibration or, without it, estimated (and flagged)."""
+
+    keep: float
+    checkpoint: float
+    head_per_token: (
+        float  # loss head peak grows with the chunk's tokens (logits, their fp32 forms, gradients)
+    )
+    head_fixed: float  # and has a part that does not (the lm_head weight gradient of a chunk)
+    measured: bool
+
+    @classmethod
+    def of(cls, job: Job, calibration: dict[str, Any] | None) -> ActivationSizes:
+        unit = (calibration or {}).get("unit") if shape_matches(job, calibration) else None
+        head = (calibration or {}).get("loss_head") if unit else None
+        # per token of a chunk: logits, their fp32 copy, the saved log-softmax, the fp32 gradient and its cast
+        est_tok = job.vocab * (2 * job.pbytes + 12)
+        est_fixed = job.vocab * job.hidden * job.pbytes
+        if unit:
+            head = head or {}
+            return cls(
+                float(unit["saved_keep_bytes"]),
+                float(unit["saved_checkpoint_bytes"]),
+                float(head.get("peak_bytes_per_token") or est_tok),
+                float(head.get("peak_fixed_bytes", est_fixed)),
+                True,
+            )
+        return cls(
+            float(estimate_saved_bytes(job)),
+            float(job.tokens_per_micro_batch * job.hidden * job.pbytes),
+            float(est_tok),
+            float(est_fixed),
+            False,
+        )
+
+
+def estimate_saved_bytes(job: Job) -> int:
+    """Saved-activation bytes of one decoder layer without calibration, by counting what a HF decoder layer
+    (RMSNorm in fp32, SDPA attention, SwiGLU MLP) keeps for backward per token: two norms (fp32 input + their
+    output, 6h bytes each in bf16 precision), the attention and MLP inputs (2h each), q/k norms (Qwen3), q, k, v
+    and the attention output, and gate, up, act(gate) and the down-projection input (8f). Within 1% of the
+    Qwen3-8B layer measured on our GPU machine; calibration replaces it."""
+    mc, p = job.model_cfg, job.pbytes
+    h, f = job.hidden, int(mc["intermediate_size"])
+    hd = int(mc.get("head_dim") or h // mc["num_attention_heads"])
+    qd, kvd = int(mc["num_attention_heads"]) * hd, int(mc["num_key_value_heads"]) * hd
+    per_tok = 2 * (4 + p) * h + 2 * p * h + p * (qd + 2 * kvd) + p * qd + 4 * p * f
+    if job.arch == "qwen3":
+        per_tok += (4 + p) * (qd + kvd)
+    return int(per_tok * job.tokens_per_micro_batch)
+
+
+def shape_matches(job: Job, calibration: dict[str, Any] | None) -> bool:
+    if not calibration or not calibration.get("shape"):
+        return False
+    s = calibration["shape"]
+    return (
+        s.get("micro_batch"),
+        s.get("seq"),
+        s.get("hidden"),
+        s.get("intermediate"),
+        s.get("precision"),
+    ) == (
+        job.micro_batch,
+        job.seq,
+        job.hidden,
+        int(job.model_cfg.get("intermediate_size", -1)),
+        job.precision,
+    )
+
+
+# ---------------------------------------------------------------------------- memory model
+def gpu_parts(
+    job: Job, pol: Policy, acts: ActivationSizes, offload_backlog: int | None = None
+) -> dict[str, float]:
+    """Bytes one rank's device holds at its peak, by part (before allocator slack)."""
+    L, p, N = job.layers, job.pbytes, job.world
+    head = L + 1
+    resident = [i + 1 for i in range(L) if pol.resident[i]]
+    streamed = [u for u in range(1, L + 1) if u not in resident]
+    max_layer = max((job.padded(u) for u in range(1, L + 1)), default=0)
+    max_unit = max(job.padded(u) for u in range(L + 2))
+    boundary = job.tokens_per_micro_batch * job.hidden * p
+    counts = pol.counts()
+    n_off = counts["offload"]
+    backlog = n_off if offload_backlog is None else min(n_off, offload_backlog)
+    parts = {
+        "window": pol.window * max((job.padded(u) for u in streamed), default=0) * p if streamed else 0,
+        "embedding_and_head": (job.padded(0) + job.padded(head)) * p,
+        "resident_layers": sum(job.padded(u) for u in resident) * p,
+        # per parity: layer gradient in the compute dtype, its fp32 copy, the reduce-scatter shard; plus the
+        # fp32 accumulators of the embedding and head (slidedp.step.engine)
+        "gradients": 2 * (max_layer * p + max_unit * 4 + -(-max_unit // N) * 4)
+        + (job.padded(0) + job.padded(head)) * 4,
+        "accumulation": sum(job.padded(u) for u in range(1, L + 1)) * 4 if job.grad_accum > 1 else 0,
+        "activations": counts["keep"] * acts.keep + counts["checkpoint"] * acts.checkpoint,
+        # offloaded activations leave through the d2h stream; those not yet copied still occupy the GPU
+        "offload_in_flight": backlog * acts.keep,
+        "hidden_states": 4 * boundary,  # the layer input/output, the head's gradient and its flat view
+    }
+    head_peak = acts.head_fixed + min(pol.loss_chunk_tokens, job.tokens_per_micro_batch) * acts.head_per_token
+    # recompute of a checkpointed layer, or an offloaded layer fetched back, during backward
+    backward_peak = acts.keep if (counts["checkpoint"] or n_off) else 0.0
+    parts["transient"] = max(head_peak, backward_peak)
+    return parts
+
+
+def host_parts(job: Job, pol: Policy, acts: ActivationSizes) -> dict[str, float]:
+    """Bytes of host RAM the whole job holds (all ranks), by part."""
+    P, N = job.params, job.world
+    max_unit = max(job.padded(u) for u in range(len(job.units)))
+    parts = {
+        "master_and_moments": 12.0 * P,
+        "delivery_copy": 2.0 * P if job.precision == "bf16" else 0.0,
+        "gradient_staging": float(N * staging_slots(pol.window) * max_unit * STAGING_BYTES),
+        "held_gradient": 4.0 * P if job.clip else 0.0,
+        "host_reduce_scratch": float(N * -(-max_unit // N) * 4)
+        if pol.grad_reduce == "host" and N > 1
+        else 0.0,
+        "offloaded_activations": float(N * pol.counts()["offload"] * acts.keep),
+    }
+    if not job.on_gpu:  # CPU training: each rank's working set is host memory too
+        parts["rank_working_sets"] = N * sum(gpu_parts(job, pol, acts).values()) * (1 + ALLOCATOR_SLACK)
+    return parts
+
+
+def memory(
+    job: Job, pol: Policy, acts: ActivationSizes, offload_backlog: int | None = None
+) -> dict[str, Any]:
+    g = gpu_parts(job, pol, acts, offload_backlog)
+    h = host_parts(job, pol, acts)
+    peak = sum(g.values()) * (1 + ALLOCATOR_SLACK) if job.on_gpu else 0.0
+    return {"hbm_peak_bytes": peak, "hbm_parts": g, "host_bytes": sum(h.values()), "host_parts": h}
+
+
+# ---------------------------------------------------------------------------- rates from calibration
+def _interp(xs: list[float], ys: list[float], x: float) -> float:
+    """Piecewise-linear in x, clamped at the ends (figures are never extrapolated beyond what was measured)."""
+    pts = sorted(zip(xs, ys))
+    if x <= pts[0][0]:
+        return pts[0][1]
+    for (x0, y0), (x1, y1) in zip(pts, pts[1:]):
+        if x <= x1:
+            return y0 + (y1 - y0) * (x - x0) / (x1 - x0)
+    return pts[-1][1]
+
+
+class Rates:
+    """Calibration figures turned into seconds for this job (raises Uncalibrated for a missing figure)."""
+
+    def __init__(self, calibration: dict[str, Any], job: Job):
+        if not calibration:
+            raise Uncalibrated("no calibration")
+        if not shape_matches(job, calibration):
+            s = calibration.get("shape", {})
+            raise Uncalibrated(
+                f"the calibration is for micro_batch {s.get('micro_batch')} x seq {s.get('seq')} "
+                f"of hidden {s.get('hidden')} in {s.get('precision')}, not this job's shape"
+            )
+        self.c, self.job = calibration, job
+        cpu = calibration["cpu"]
+        self.threads = [float(t) for t in cpu["threads"]]
+        self.update_per_param = [v / 1e9 for v in cpu["update_s_per_1e9"]]
+        self.copy_bps = [v * 1e9 for v in cpu["copy_GBps"]]
+
+    # host work ---------------------------------------------------------------
+    def _cpu(self, table: list[float], threads: float) -> float:
+        return _interp(self.threads, table, threads)
+
+    def update_s(self, numel: int) -> float:
+        """Every rank's shard of one unit: ranks run in parallel, each with cpu_threads threads, but they share
+        host memory, so the whole unit takes at least what all their threads together need."""
+        j = self.job
+        one_rank = numel / j.world * self._cpu(self.update_per_param, j.cpu_threads)
+        together = numel * self._cpu(self.update_per_param, min(j.world * j.cpu_threads, j.cores))
+        return max(one_rank, together)
+
+    def copy_s(self, nbytes: float) -> float:
+        j = self.job
+        return nbytes / self._cpu(self.copy_bps, min(j.world * j.cpu_threads, j.cores))
+
+    # transfers ---------------------------------------------------------------
+    def transfer_s(self, direction: str, nbytes: float, chunk_mb: int) -> float:
+        j = self.job
+        if not j.on_gpu:
+            return self.copy_s(nbytes)  # CPU mode: a memcpy in the rank's thread
+        t = self.c.get("transfers") or {}
+        key = (
+            f"{direction}_all_GBps" if j.world > 1 and t.get(f"{direction}_all_GBps") else f"{direction}_GBps"
+        )
+        if not t.get(key):
+            raise Uncalibrated(f"{direction.upper()} bandwidth")
+        chunks = [math.log(c) for c in t["chunk_mib"]]
+        bw = _interp(chunks, t[key], math.log(min(chunk_mb, nbytes / 2**20) if nbytes > 2**20 else 1.0))
+        return nbytes / (bw * 1e9) + t.get("latency_s", 0.0)
+
+    def collective_s(self, op: str, nbytes: float) -> float:
+        coll = self.c.get("collectives") or {}
+        rows = coll.get(op)
+        if not rows or coll.get("world") != self.job.world:
+            raise Uncalibrated(
+                f"{op.replace('_', '-')} over {self.job.world} ranks (collectives not measured)"
+            )
+        xs = [r["bytes"] for r in rows]
+        big = max(rows, key=lambda r: r["bytes"])
+        if nbytes > big["bytes"]:  # beyond the largest size, the largest size's bandwidth
+            return big["s"] * nbytes / big["bytes"]
+        return _interp(xs, [r["s"] for r in rows], nbytes)
+
+    def pools(self) -> tuple[float | None, float | None]:
+        """(host DRAM capacity, one GPU link's both-direction capacity) in bytes/s; None when not measured."""
+        if not self.job.on_gpu:
+            return None, None
+        dram = (self.c.get("host_dram") or {}).get("capacity_GBps")
+        pcie = (self.c.get("transfers") or {}).get("bidir_GBps")
+        return (dram * 1e9 if dram else None), (pcie * 1e9 if pcie else None)
+
+    # compute -----------------------------------------------------------------
+    def layer_s(self) -> tuple[dict[str, float], dict[str, float]]:
+        u = self.c["unit"]
+        fwd = {"keep": u["fwd_keep_s"], "offload": u["fwd_keep_s"], "checkpoint": u["fwd_checkpoint_s"]}
+        bwd = {"keep": u["bwd_keep_s"], "offload": u["bwd_keep_s"], "checkpoint": u["bwd_checkpoint_s"]}
+        return fwd, bwd
+
+    def head_s(self, chunk_tokens: int) -> float:
+        h = self.c["loss_head"]
+        tokens = self.job.tokens_per_micro_batch
+        chunks = math.ceil(tokens / max(1, chunk_tokens))
+        return tokens * h["s_per_token"] + chunks * h.get("s_per_chunk", 0.0)
+
+
+# ---------------------------------------------------------------------------- time
+def durations(job: Job, pol: Policy, rates: Rates, zero: frozenset = frozenset()) -> overlap.Durations:
+    """Seconds of every piece of the step under this policy."""
+    N, p = job.world, job.pbytes
+    sharded = pol.delivery == "sharded" and N > 1
+    gpu_reduce = pol.grad_reduce == "gpu" and N > 1
+    gbytes = 4 if pol.reduce_dtype == "fp32" else 2
+    n_units = len(job.units)
+    fwd, bwd = rates.layer_s()
+    if "recompute" in zero:
+        bwd = dict(bwd, checkpoint=bwd["keep"])
+    deliver_bytes = [job.padded(u) * p / (N if sharded else 1) for u in range(n_units)]
+    grad_bytes = [job.padded(u) * gbytes / (N if gpu_reduce else 1) for u in range(n_units)]
+    coll_bytes = [float(job.padded(u) * p) for u in range(n_units)]
+    update = [rates.update_s(job.units[u]) for u in range(n_units)]
+    upd_bytes = [float(job.units[u] * UPDATE_DRAM_BYTES[job.precision]) for u in range(n_units)]
+    if pol.grad_reduce == "host" and N > 1:  # the host sums N copies of each shard before updating it
+        update = [t + rates.copy_s(job.units[u] * 4 * N) for u, t in enumerate(update)]
+        upd_bytes = [b + job.units[u] * 4 * (N + 1) for u, b in enumerate(upd_bytes)]
+    hold = [rates.copy_s(job.units[u] * 4) * 1.5 for u in range(n_units)]  # norm (read) + copy into held
+    if job.clip:  # the clip factor scales the held gradient before the update
+        update = [t + rates.copy_s(job.units[u] * 4) for u, t in enumerate(update)]
+    dram, pcie = rates.pools()
+    # Without P2P a collective crosses host memory: every rank writes its part there and reads the others'.
+    through_host = job.on_gpu and job.interconnect == "pcie-host"
+    coll_loads = {"dram": 2.0 * (N - 1) / N * N, "pcie": 2.0 * (N - 1) / N} if through_host else {}
+    act_bytes = ActivationSizes.of(job, rates.c).keep
+    return overlap.Durations(
+        world=N,
+        units=list(job.units),
+        activations=list(pol.activations),
+        resident=list(pol.resident),
+        window=pol.window,
+        staging_slots=staging_slots(pol.window),
+        micro_batches=job.grad_accum,
+        clip=job.clip,
+        sharded=sharded,
+        gpu_reduce=gpu_reduce,
+        embed_fwd=rates.c["embedding"]["fwd_s"],
+        embed_bwd=rates.c["embedding"]["bwd_s"],
+        head=rates.head_s(pol.loss_chunk_tokens),
+        layer_fwd=fwd,
+        layer_bwd=bwd,
+        deliver=[rates.transfer_s("h2d", b, pol.chunk_mb) for b in deliver_bytes],
+        deliver_bytes=deliver_bytes,
+        all_gather=[rates.collective_s("all_gather", b) if sharded else 0.0 for b in coll_bytes],
+        grad_d2h=[rates.transfer_s("d2h", b, pol.chunk_mb) for b in grad_bytes],
+        grad_bytes=grad_bytes,
+        reduce_scatter=[
+            rates.collective_s("reduce_scatter", b * gbytes / p) if gpu_reduce else 0.0 for b in coll_bytes
+        ],
+        act_d2h=rates.transfer_s("d2h", act_bytes, pol.chunk_mb) if "offload" in pol.activations else 0.0,
+        act_h2d=rates.transfer_s("h2d", act_bytes, pol.chunk_mb) if "offload" in pol.activations else 0.0,
+        act_bytes=act_bytes,
+        update=update,
+        update_bytes=upd_bytes,
+        hold=hold,
+        hold_bytes=[job.units[u] * 12.0 for u in range(n_units)],
+        collective_loads=coll_loads,
+        coll_bytes=coll_bytes,
+        dram_capacity=dram,
+        pcie_capacity=pcie,
+        cpu_mode=not job.on_gpu,
+        zero=zero,
+    )
+
+
+def predict(job: Job, pol: Policy, rates: Rates, exposure: bool = False) -> dict[str, Any]:
+    """Step time, phases and (with exposure=True) the exposed seconds of each resource: how much shorter the
+    step would be if that resource's work took no time, everything else unchanged."""
+    base = overlap.simulate(durations(job, pol, rates))
+    out: dict[str, Any] = {
+        "step_time_s": base.step_time_s,
+        "phases": base.phases,
+        "busy": base.busy,
+        "tokens_per_s": job.tokens_per_step / base.step_time_s if base.step_time_s > 0 else None,
+    }
+    if exposure:
+        exposed = {}
+        for name, kinds in overlap.EXPOSURE_KINDS.items():
+            exposed[name] = base.step_time_s - overlap.simulate(durations(job, pol, rates, kinds)).step_time_s
+        if "checkpoint" in pol.activations:
+            free = overlap.simulate(durations(job, pol, rates, frozenset({"recompute"})))
+            exposed["recompute"] = base.step_time_s - free.step_time_s
+        if job.on_gpu:
+            free = overlap.simulate(durations(job, pol, rates, frozenset({"host_dram"})))
+            exposed["host_dram"] = base.step_time_s - free.step_time_s
+        out["exposed"] = {k: max(0.0, v) for k, v in exposed.items()}
+    return out
+
+
+def offload_backlog(job: Job, pol: Policy, rates: Rates | None) -> int | None:
+    """How many offloaded layers' activations wait on the GPU for the d2h stream at once (None: all of them)."""
+    if rates is None or "offload" not in pol.activations:
+        return None
+    fwd, _ = rates.layer_s()
+    out = rates.transfer_s("d2h", ActivationSizes.of(job, rates.c).keep, pol.chunk_mb)
+    return max(1, math.ceil(out / max(fwd["keep"], 1e-9)))

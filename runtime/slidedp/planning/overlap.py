@@ -1,0 +1,609 @@
+"""The overlap model of the pipeline: a discrete-event replay of two training steps of one rank.
+
+Imports no torch. The engine's program (slidedp/step: engine, window, routes, optimizer) is replayed with
+durations from calibration instead of real work, on the resources that run concurrently:
+
+  host     the rank's Python thread: issues everything in program order and blocks where the engine blocks
+           (before a unit's first delivery of a step until its previous update is done; before a gradient
+           handoff until its staging slot is free)
+  compute  the compute stream (forward, loss head, backward, recompute)
+  h2d      the host->GPU copy stream: parameter deliveries, the sharded route's all-gather (the stream waits
+           for it), offloaded activations coming back
+  d2h      the GPU->host copy stream: gradients, offloaded activations going out
+  coll     the gradient collectives (reduce-scatter)
+  cpu      the host update of every rank's shard (ranks are symmetric, so one resource stands for all of them):
+           arrival order during backward, forward order once the backward has been issued, as the updater does
+
+Ranks are symmetric, so one rank is replayed; its transfers stand for N identical ones when they share host
+memory. Shared bandwidth is modelled as pools with a capacity: host DRAM (CPU update, host reduction and every
+rank's PCIe copies) and each GPU's PCIe link (both directions at once). A task that overlaps others in a pool
+whose total demand exceeds the capacity is slowed by demand / capacity (proportional sharing, which reproduces
+the measured AdamW-vs-DMA contention); the replay is repeated with the slowed durations until it settles.
+
+Step time is the period between the ends of two consecutive backward passes (the second step, which starts
+with the first step's leftover updates: the steady state). That period is split into phases on the compute
+stream: busy forward / backward (the loss head counts as backward, as the engine measures it), and idle time
+traced back along what the compute stream waited for: a host update -> `update_tail`, a transfer ->
+`delivery_wait`.
+"""
+
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass, field
+from typing import Any
+
+IN_ORDER = ("host", "compute", "h2d", "d2h", "coll")
+UPDATE_KINDS = frozenset({"update", "hold", "final"})  # host-update work: waits on it are `update_tail`
+# Groups of task kinds that can be made free to measure a resource's exposure.
+EXPOSURE_KINDS = {
+    "h2d": frozenset({"deliver", "fetch"}),
+    "d2h": frozenset({"grad_out", "act_out"}),
+    "collective": frozenset({"all_gather", "reduce_scatter"}),
+    "cpu_update": UPDATE_KINDS,
+}
+
+
+class _Task:
+    __slots__ = (
+        "kind",
+        "res",
+        "base",
+        "dur",
+        "deps",
+        "start",
+        "end",
+        "binding",
+        "loads",
+        "unit",
+        "step",
+        "phase",
+        "order",
+    )
+
+    def __init__(
+        self,
+        kind: str,
+        res: str,
+        dur: float,
+        deps: list,
+        *,
+        unit: int = -1,
+        step: int = 0,
+        phase: str = "",
+        loads: dict[str, float] | None = None,
+    ):
+        self.kind, self.res, self.base, self.dur = kind, res, dur, dur
+        self.deps = [d for d in deps if d is not None]
+        self.start: float | None = None
+        self.end: float | None = None
+        self.binding: _Task | None = None
+        self.loads = loads or {}
+        self.unit, self.step, self.phase = unit, step, phase
+        self.order = 0
+
+
+@dataclass
+class Durations:
+    """Seconds (and shared-pool bytes) of every piece of work; built by cost_model.Rates for one job+policy."""
+
+    world: int
+    units: list[int]  # params per unit: embedding, layers 1..L, head
+    activations: list[str]  # per decoder layer
+    resident: list[bool]
+    window: int
+    staging_slots: int
+    micro_batches: int
+    clip: bool
+    sharded: bool
+    gpu_reduce: bool
+    embed_fwd: float
+    embed_bwd: float
+    head: float  # loss head forward+backward of one micro-batch
+    layer_fwd: dict[str, float]  # by activation policy
+    layer_bwd: dict[str, float]
+    deliver: list[float]  # per unit: this rank's H2D seconds
+    deliver_bytes: list[float]
+    all_gather: list[float]  # per unit (sharded)
+    grad_d2h: list[float]
+    grad_bytes: list[float]
+    reduce_scatter: list[float]
+    act_d2h: float  # offloaded activations of one layer, out and back
+    act_h2d: float
+    act_bytes: float
+    update: list[float]  # per unit: the host update of every shard (aggregate over ranks)
+    update_bytes: list[float]
+    hold: list[float]  # clip: per unit work while gradients arrive (norm + keep)
+    hold_bytes: list[float]
+    collective_loads: dict[str, float] = field(
+        default_factory=dict
+    )  # pool bytes per collective byte (no P2P)
+    coll_bytes: list[float] = field(default_factory=list)
+    dram_capacity: float | None = None  # bytes/s
+    pcie_capacity: float | None = None  # bytes/s, both directions of one GPU's link
+    cpu_mode: bool = False  # CPU training: one thread does compute, copies and collectives in order
+    zero: frozenset = frozenset()  # kinds made free (to measure exposure)
+
+
+@dataclass
+class Outcome:
+    step_time_s: float
+    phases: dict[str, float]
+    busy: dict[str, float]  # seconds each resource worked during the measured step
+    tasks: int
+
+
+# ---------------------------------------------------------------------------- the engine's window
+def window_plan(schedule: list[int], dedicated: set[int], slots: int) -> tuple[list[tuple], list[int]]:
+    """Mirror of slidedp.step.window.Window for one step: per schedule item, where its unit is and whether it
+    is delivered, and the index of the item whose get() issues it.
+
+    Returns (plan, issued_at): plan[k] = ("d", first_use) | ("s", slot, deliver, prev_item_in_slot, source_k).
+    """
+    n = len(schedule)
+    plan: list[tuple] = [()] * n
+    issued_at = [0] * n
+    seen_dedicated: set[int] = set()
+    slot_unit: list[int | None] = [None] * slots
+    slot_last: list[int] = [-1] * slots
+    slot_src: list[int] = [-1] * slots
+    issued, released = -1, -1
+
+    def next_use(unit: int | None, after: int) -> int:
+        if unit is None:
+            return 1 << 31
+        for j in range(after + 1, n):
+            if schedule[j] == unit:
+                return j
+        return 1 << 30
+
+    def issue(j: int) -> bool:
+        u = schedule[j]
+        if u in dedicated:
+            plan[j] = ("d", u not in seen_dedicated)
+            seen_dedicated.add(u)
+            return True
+        for i in range(slots):
+            if slot_unit[i] == u:
+                plan[j] = ("s", i, False, slot_last[i], slot_src[i])
+                slot_last[i] = j
+                return True
+        free = [i for i in range(slots) if slot_last[i] <= released]
+        if not free:
+            return False
+        victim = max(free, key=lambda i: next_use(slot_unit[i], j))
+        plan[j] = ("s", victim, True, slot_last[victim], j)
+        slot_unit[victim], slot_last[victim], slot_src[victim] = u, j, j
+        return True
+
+    for k in range(n):
+        horizon = min(n - 1, k + max(1, slots - 1))
+        while issued < horizon and issue(issued + 1):
+            issued += 1
+            issued_at[issued] = k
+        if issued < k:
+            raise ValueError(f"a window of {slots} buffers cannot hold schedule item {k}")
+        released = k
+    return plan, issued_at
+
+
+def step_schedule(layers: int, micro_batches: int) -> list[int]:
+    """Units in the order the engine uses them: embedding, 1..L, head, L..1 (then 1..L, L..1 per micro-batch)."""
+    sched: list[int] = []
+    for m in range(micro_batches):
+        if m == 0:
+            sched.append(0)
+        sched.extend(range(1, layers + 1))
+        if m == 0:
+            sched.append(layers + 1)
+        sched.extend(range(layers, 0, -1))
+    return sched
+
+
+# ---------------------------------------------------------------------------- building the replay
+class _Replay:
+    STEPS = 2
+
+    def __init__(self, d: Durations):
+        self.d = d
+        self.tasks: list[_Task] = []
+        self.queues: dict[str, list[_Task]] = {r: [] for r in IN_ORDER}
+        self.cpu_tasks: list[_Task] = []
+        self.submit: dict[int, _Task] = {}  # cpu task order -> host task that handed it to the updater
+        self.updated: dict[tuple[int, int], _Task] = {}  # (step, unit) -> task after which it is updated
+        self.final: dict[int, list[_Task]] = {}  # clip: the forward-order updates after the norm
+        self.holds_per_step: dict[int, int] = {}
+        self.end_backward: dict[int, _Task] = {}
+        self.backward_last: dict[int, _Task] = {}
+        self.cursor: _Task | None = None
+        self._build()
+
+    # ------------------------------------------------------------------ task creation
+    def _new(self, kind: str, res: str, dur: float, deps: list, **kw: Any) -> _Task:
+        if self.d.cpu_mode and res in ("h2d", "d2h", "coll"):
+            res = "compute"  # CPU training: no streams, the rank's thread does everything in order
+        if kind in self.d.zero:
+            dur = 0.0
+        t = _Task(kind, res, dur, deps, **kw)
+        t.order = len(self.tasks)
+        self.tasks.append(t)
+        (self.cpu_tasks if res == "cpu" else self.queues[res]).append(t)
+        return t
+
+    def _gpu(self, kind: str, res: str, dur: float, deps: list, **kw: Any) -> _Task:
+        """Work the host enqueues at its current point in the program (it cannot start before that)."""
+        return self._new(kind, res, dur, [self.cursor, *deps], **kw)
+
+    def _host_wait(self, deps: list) -> None:
+        """The host blocks here until deps are done; everything it issues later comes after."""
+        deps = [x for x in deps if x is not None]
+        if deps:
+            self.cursor = self._new("host", "host", 0.0, [self.cursor, *deps])
+
+    def _dma(self, nbytes: float, ranks: int | None = None) -> dict[str, float]:
+        # Every rank moves the same bytes at the same time: host DRAM sees all of them, a PCIe link one rank's.
+        return {"dram": nbytes * (ranks or self.d.world), "pcie": nbytes}
+
+    # ------------------------------------------------------------------ the engine's program
+    def _deliver(self, u: int, s: int, free: _Task | None) -> _Task:
+        d = self.d
+        if s > 0:
+            self._host_wait([self.updated[(s - 1, u)]])
+        t = self._gpu(
+            "deliver", "h2d", d.deliver[u], [free], unit=u, step=s, loads=self._dma(d.deliver_bytes[u])
+        )
+        if d.sharded:
+            loads = {k: v * d.coll_bytes[u] for k, v in d.collective_loads.items()}
+            t = self._gpu("all_gather", "h2d", d.all_gather[u], [t], unit=u, step=s, loads=loads)
+        return t
+
+    def _send(self, u: int, s: int, src: _Task, state: dict) -> None:
+        """Gradient handoff of unit u: staging slot, reduce-scatter / copy out, then the host update."""
+        d = self.d
+        state["seq"] += 1
+        seq = state["seq"]
+        self._host_wait([state["released"].get(seq - d.staging_slots)])
+        submit = self._new("host", "host", 0.0, [self.cursor])
+        self.cursor = submit
+        deps: list = [src]
+        if d.gpu_reduce:
+            loads = {k: v * d.coll_bytes[u] * 2 for k, v in d.collective_loads.items()}
+            deps = [
+                self._gpu("reduce_scatter", "coll", d.reduce_scatter[u], [src], unit=u, step=s, loads=loads)
+            ]
+        out = self._gpu(
+            "grad_out", "d2h", d.grad_d2h[u], deps, unit=u, step=s, loads=self._dma(d.grad_bytes[u])
+        )
+        state["gdone"][state["parity"]] = out
+        state["last_d2h"] = out
+        if d.clip:
+            work = self._new("hold", "cpu", d.hold[u], [out], unit=u, step=s, loads={"dram": d.hold_bytes[u]})
+            self.holds_per_step[s] = self.holds_per_step.get(s, 0) + 1
+        else:
+            work = self._new(
+                "update", "cpu", d.update[u], [out], unit=u, step=s, loads={"dram": d.update_bytes[u]}
+            )
+            self.updated[(s, u)] = work
+        self.submit[work.order] = submit
+        state["released"][seq] = work
+
+    def _next_parity(self, state: dict) -> None:
+        # the compute stream reuses a parity's gradient buffers only after their last transfer out
+        state["parity"] ^= 1
+        state["wait"].append(state["gdone"][state["parity"]])
+
+    def _compute(self, kind_phase: str, dur: float, deps: list, u: int, s: int, state: dict) -> _Task:
+        waits, state["wait"] = state["wait"], []
+        return self._gpu("compute", "compute", dur, [*deps, *waits], unit=u, step=s, phase=kind_phase)
+
+    def _get(
+        self,
+        k: int,
+        schedule: list[int],
+        plan: list[tuple],
+        by_get: dict[int, list[int]],
+        ready: list,
+        done: list,
+        dedicated_ready: dict[int, _Task],
+        s: int,
+    ) -> _Task | None:
+        """Window.get(k): issue the deliveries up to the horizon, each after its unit's previous update."""
+        for j in by_get.get(k, []):
+            uj, p = schedule[j], plan[j]
+            if p[0] == "d":
+                if p[1]:
+                    dedicated_ready[uj] = self._deliver(uj, s, None)
+                ready[j] = dedicated_ready[uj]
+            elif p[2]:
+                ready[j] = self._deliver(uj, s, done[p[3]] if p[3] >= 0 else None)
+            else:
+                ready[j] = ready[p[4]]
+        return ready[k]
+
+    def _build(self) -> None:
+        d = self.d
+        L = len(d.units) - 2
+        head = L + 1
+        M = d.micro_batches
+        schedule = step_schedule(L, M)
+        dedicated = {0, head} | {i + 1 for i, r in enumerate(d.resident) if r}
+        plan, issued_at = window_plan(schedule, dedicated, d.window)
+        by_get: dict[int, list[int]] = {}
+        for j, k in enumerate(issued_at):
+            by_get.setdefault(k, []).append(j)
+        state: dict[str, Any] = {
+            "seq": 0,
+            "released": {},
+            "gdone": [None, None],
+            "parity": 0,
+            "wait": [],
+            "last_d2h": None,
+        }
+        for s in range(self.STEPS):
+            ready: list[_Task | None] = [None] * len(schedule)
+            done: list[_Task | None] = [None] * len(schedule)
+            dedicated_ready: dict[int, _Task] = {}
+            state["wait"] += list(state["gdone"])  # gE / gH reuse at the start of a step
+            k = 0
+            win = (schedule, plan, by_get, ready, done, dedicated_ready, s)
+
+            def get(k: int, win: tuple = win) -> _Task | None:
+                return self._get(k, *win)
+
+            for m in range(M):
+                last = m == M - 1
+                if m == 0:
+                    done[k] = self._compute("forward", d.embed_fwd, [get(k)], 0, s, state)
+                    k += 1
+                    embed = done[k - 1]
+                else:
+                    embed = self._compute("forward", d.embed_fwd, [], 0, s, state)
+                for u in range(1, L + 1):
+                    pol = d.activations[u - 1]
+                    done[k] = self._compute("forward", d.layer_fwd[pol], [get(k)], u, s, state)
+                    if pol == "offload":
+                        state["last_d2h"] = self._gpu(
+                            "act_out",
+                            "d2h",
+                            d.act_d2h,
+                            [done[k]],
+                            unit=u,
+                            step=s,
+                            loads=self._dma(d.act_bytes),
+                        )
+                    k += 1
+                if m == 0:
+                    k_head = k
+                    head_ready = get(k)
+                    k += 1
+                h = self._compute("backward", d.head, [head_ready], head, s, state)
+                done[k_head] = h
+                if last:
+                    self._next_parity(state)
+                    self._send(head, s, h, state)
+                for u in range(L, 0, -1):
+                    r = get(k)
+                    self._next_parity(state)
+                    pol = d.activations[u - 1]
+                    deps = [r]
+                    if pol == "offload":  # fetched back on the h2d stream, after everything sent out so far
+                        deps.append(
+                            self._gpu(
+                                "fetch",
+                                "h2d",
+                                d.act_h2d,
+                                [state["last_d2h"]],
+                                unit=u,
+                                step=s,
+                                loads=self._dma(d.act_bytes),
+                            )
+                        )
+                    done[k] = self._compute("backward", d.layer_bwd[pol], deps, u, s, state)
+                    if last:
+                        self._send(u, s, done[k], state)
+                    k += 1
+                e = self._compute("backward", d.embed_bwd, [embed], 0, s, state)
+                if last:
+                    self.backward_last[s] = e
+                    self._next_parity(state)
+                    self._send(0, s, e, state)
+            self.end_backward[s] = self._new("host", "host", 0.0, [self.cursor])
+            self.cursor = self.end_backward[s]
+            self.final[s] = []
+            if d.clip:
+                for u in range(len(d.units)):
+                    f = _Task("final", "cpu", 0.0 if "final" in d.zero else d.update[u], [], unit=u, step=s)
+                    f.base = f.dur
+                    f.loads = {"dram": d.update_bytes[u]}
+                    f.order = len(self.tasks)
+                    self.tasks.append(f)
+                    self.final[s].append(f)
+                    self.updated[(s, u)] = f
+
+    # ------------------------------------------------------------------ scheduling
+    def run(self) -> None:
+        """Place every task: in-order resources as soon as their head's dependencies are placed; the updater
+        by its own rule at the time it becomes free."""
+        for t in self.tasks:
+            t.start = t.end = t.binding = None
+        self._heads = {r: 0 for r in IN_ORDER}
+        self._last: dict[str, _Task | None] = {r: None for r in IN_ORDER}
+        self._cpu_last: _Task | None = None
+        self._committed: tuple[_Task, float] | None = None
+        self._forced: list[_Task] = []
+        self._holds_done: dict[int, int] = {}
+        self._unstarted = list(self.cpu_tasks)  # in hand-over order
+        self._left = len(self.tasks)
+        while self._left:
+            progress = self._drain()
+            progress = self._updater(force=False) or progress
+            if not progress and not self._updater(force=True):
+                raise RuntimeError(
+                    "the overlap model found no schedule: a dependency cycle in the replayed program"
+                )
+
+    def _drain(self) -> bool:
+        progress = False
+        for r in IN_ORDER:
+            q = self.queues[r]
+            while self._heads[r] < len(q):
+                t = q[self._heads[r]]
+                if any(x.end is None for x in t.deps):
+                    break
+                _place(t, self._last[r], t.deps)
+                self._last[r] = t
+                self._heads[r] += 1
+                self._left -= 1
+                progress = True
+        return progress
+
+    def _updater(self, force: bool) -> bool:
+        """One decision or placement of the updater thread (slidedp.step.optimizer.Updater)."""
+        cpu_free = self._cpu_last.end if self._cpu_last is not None else 0.0
+        if self._committed is None:
+            if self._forced:
+                self._committed = (self._forced.pop(0), cpu_free, self._cpu_last)
+            else:
+                known = [t for t in self._unstarted if self.submit[t.order].end is not None]
+                if not known:
+                    return False
+                first_in = min(known, key=lambda t: self.submit[t.order].end)
+                t0, why = cpu_free, self._cpu_last
+                if self.submit[first_in.order].end > t0:  # idle until the next hand-over
+                    t0, why = self.submit[first_in.order].end, self.submit[first_in.order]
+                host = self._last["host"]
+                host_done = self._heads["host"] == len(self.queues["host"])
+                # Decide only once every hand-over up to t0 is known (the host runs in time order), unless
+                # the host itself waits on this thread.
+                if not (force or host_done or (host is not None and host.end >= t0)):
+                    return False
+                avail = [t for t in known if self.submit[t.order].end <= t0]
+                pick = min(avail, key=lambda t: t.order)
+                eb = self.end_backward.get(pick.step)
+                if eb is not None and eb.end is not None and eb.end <= t0:
+                    # backward is over: finish in forward order so the next forward's first units come first
+                    pick = min((t for t in avail if t.step == pick.step), key=lambda t: t.unit)
+                self._unstarted.remove(pick)
+                self._committed = (pick, t0, why)
+        t, t0, why = self._committed
+        if any(x.end is None for x in t.deps):
+            return False
+        _place(t, why, t.deps)
+        self._cpu_last = t
+        self._committed = None
+        self._left -= 1
+        if t.kind == "hold":
+            self._holds_done[t.step] = self._holds_done.get(t.step, 0) + 1
+            if self._holds_done[t.step] == self.holds_per_step[t.step]:
+                self._forced.extend(self.final[t.step])  # the norm is known: update in forward order
+        return True
+
+
+def _blocked(t: _Task) -> bool:
+    return any(x.end is None for x in t.deps)
+
+
+def _place(t: _Task, prev: _Task | None, deps: list[_Task], floor: float = 0.0) -> None:
+    start, binding = floor, None
+    if prev is not None and prev.end > start:
+        start, binding = prev.end, prev
+    for x in deps:
+        if x.end > start:
+            start, binding = x.end, x
+    t.start, t.end, t.binding = start, start + t.dur, binding
+
+
+# ---------------------------------------------------------------------------- shared bandwidth
+def _slowdowns(tasks: list[_Task], capacity: dict[str, float]) -> dict[int, float]:
+    """Per task, how much slower it runs than alone: total demand on its pools while it runs / capacity.
+
+    Demands are each task's rate when alone (bytes / base seconds); sharing is proportional to them.
+    """
+    factors: dict[int, float] = {}
+    for pool, cap in capacity.items():
+        users = [t for t in tasks if t.loads.get(pool) and t.base > 0 and t.end > t.start]
+        if not users:
+            continue
+        # piecewise-constant total demand, integrated with a sweep
+        edges: dict[float, float] = {}
+        for t in users:
+            rate = t.loads[pool] / t.base
+            edges[t.start] = edges.get(t.start, 0.0) + rate
+            edges[t.end] = edges.get(t.end, 0.0) - rate
+        times = sorted(edges)
+        level, acc, cum = 0.0, 0.0, [0.0]
+        for i in range(1, len(times)):
+            level += edges[times[i - 1]]
+            acc += level * (times[i] - times[i - 1])
+            cum.append(acc)
+        for t in users:
+            span = t.end - t.start
+            demand = (_cumulative(times, cum, t.end) - _cumulative(times, cum, t.start)) / span
+            f = max(1.0, demand / cap)
+            factors[t.order] = max(factors.get(t.order, 1.0), f)
+    return factors
+
+
+def _cumulative(times: list[float], cum: list[float], x: float) -> float:
+    """Integral of the piecewise-constant demand from the first edge to x."""
+    i = bisect.bisect_right(times, x) - 1
+    if i < 0:
+        return 0.0
+    if i >= len(times) - 1:
+        return cum[-1]
+    return cum[i] + (cum[i + 1] - cum[i]) * (x - times[i]) / (times[i + 1] - times[i])
+
+
+# ---------------------------------------------------------------------------- the replay's outcome
+def simulate(d: Durations, iterations: int = 4) -> Outcome:
+    """Replay two steps, slowing shared-bandwidth work until the schedule settles; measure the second."""
+    rep = _Replay(d)
+    capacity = {k: v for k, v in (("dram", d.dram_capacity), ("pcie", d.pcie_capacity)) if v}
+    if "host_dram" in d.zero:
+        capacity = {}
+    rep.run()
+    for _ in range(iterations if capacity else 0):
+        factors = _slowdowns(rep.tasks, capacity)
+        changed = 0.0
+        for t in rep.tasks:
+            f = factors.get(t.order, 1.0)
+            new = t.base * (0.5 * f + 0.5 * (t.dur / t.base if t.base else 1.0))
+            changed = max(changed, abs(new - t.dur))
+            t.dur = new
+        rep.run()
+        if changed < 1e-5:
+            break
+    return _measure(rep)
+
+
+def _measure(rep: _Replay) -> Outcome:
+    b0, b1 = rep.backward_last[0].end, rep.backward_last[1].end
+    period = b1 - b0
+    phases = {"data": 0.0, "forward": 0.0, "backward": 0.0, "update_tail": 0.0, "delivery_wait": 0.0}
+    prev_end = b0
+    for t in rep.queues["compute"]:
+        if t.step != 1 or t.kind != "compute":
+            continue
+        if t.start > prev_end:
+            _attribute(prev_end, t.start, t.binding, phases)
+        phases[t.phase] += t.dur
+        prev_end = t.end
+    busy: dict[str, float] = {}
+    for t in rep.tasks:
+        lo, hi = max(t.start, b0), min(t.end, b1)
+        if hi > lo and t.res != "host":
+            busy[t.res] = busy.get(t.res, 0.0) + (hi - lo)
+    return Outcome(step_time_s=period, phases=phases, busy=busy, tasks=len(rep.tasks))
+
+
+def _attribute(gap_start: float, gap_end: float, t: _Task | None, phases: dict[str, float]) -> None:
+    """Split an idle gap of the compute stream by what it waited for, walking back the binding chain."""
+    end = gap_end
+    while t is not None and end > gap_start:
+        seg = end - max(t.start, gap_start)
+        if seg > 0:
+            phases["update_tail" if t.kind in UPDATE_KINDS else "delivery_wait"] += seg
+        end = min(end, t.start)
+        t = t.binding
+    if end > gap_start:
+        phases["delivery_wait"] += end - gap_start
