@@ -139,7 +139,13 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+_PASSTHROUGH = {"bench": cmd_bench, "serve": cmd_serve, "worker": cmd_worker}
+
+
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv and argv[0] in _PASSTHROUGH:  # these parse their own options
+        return _PASSTHROUGH[argv[0]](argparse.Namespace(rest=argv[1:]))
     args = build_parser().parse_args(argv)
     try:
         return args.fn(args)

@@ -22,6 +22,12 @@ presets.PRESETS.setdefault("gpu-check-qwen3", presets._tiny("qwen3", hidden_size
                                                             num_key_value_heads=4))
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _no_tf32():
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+
+
 @pytest.fixture(scope="module")
 def workdir(tmp_path_factory):
     root = tmp_path_factory.mktemp("gpu-exact")

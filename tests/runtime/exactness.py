@@ -53,13 +53,13 @@ def read_rows(path: str) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def reference_run(model_dir: str, data_path: str, steps: int, global_batch: int, lr: float, betas, eps: float,
-                  weight_decay: float, max_grad_norm: float) -> dict:
+                  weight_decay: float, max_grad_norm: float, device: str = "cpu") -> dict:
     """Single-process AdamW (+ exact clipping) over file-order global batches; fp32 throughout."""
     from transformers import AutoModelForCausalLM
 
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, attn_implementation="sdpa")
-    model.train()
+    model.to(device).train()
     w0 = {n: p.detach().clone() for n, p in model.named_parameters()}
     opt = torch.optim.AdamW(model.parameters(), lr=lr, betas=betas, eps=eps, weight_decay=weight_decay,
                             foreach=False)
@@ -67,7 +67,7 @@ def reference_run(model_dir: str, data_path: str, steps: int, global_batch: int,
     losses, norms, clipped = [], [], []
     for step in range(steps):
         sl = slice(step * global_batch, (step + 1) * global_batch)
-        x, y = ids[sl], labels[sl]
+        x, y = ids[sl].to(device), labels[sl].to(device)
         logits = model(input_ids=x).logits.float()
         targets = y[:, 1:].reshape(-1)
         loss = torch.nn.functional.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]), targets,
@@ -76,7 +76,7 @@ def reference_run(model_dir: str, data_path: str, steps: int, global_batch: int,
         loss.backward()
         norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm if max_grad_norm > 0 else math.inf)
         opt.step()
-        losses.append(float(loss))
+        losses.append(float(loss.detach()))
         norms.append(float(norm))
         clipped.append(bool(max_grad_norm > 0 and float(norm) > max_grad_norm))
     names = dict(model.named_parameters())
@@ -84,9 +84,9 @@ def reference_run(model_dir: str, data_path: str, steps: int, global_batch: int,
         "losses": losses,
         "norms": norms,
         "clipped": clipped,
-        "delta": {n: (p.detach() - w0[n]) for n, p in names.items()},
-        "exp_avg": {n: opt.state[p]["exp_avg"] for n, p in names.items()},
-        "exp_avg_sq": {n: opt.state[p]["exp_avg_sq"] for n, p in names.items()},
+        "delta": {n: (p.detach() - w0[n]).cpu() for n, p in names.items()},
+        "exp_avg": {n: opt.state[p]["exp_avg"].cpu() for n, p in names.items()},
+        "exp_avg_sq": {n: opt.state[p]["exp_avg_sq"].cpu() for n, p in names.items()},
     }
 
 

@@ -39,11 +39,11 @@ def workdir(tmp_path_factory):
 _REFERENCES: dict[tuple, dict] = {}
 
 
-def _reference(workdir, model: str, global_batch: int, clip: float) -> dict:
-    key = (model, global_batch, clip)
+def _reference(workdir, model: str, global_batch: int, clip: float, device: str = "cpu") -> dict:
+    key = (workdir[model], global_batch, clip, device)
     if key not in _REFERENCES:
         _REFERENCES[key] = reference_run(workdir[model], workdir["data"], STEPS, global_batch, LR, BETAS, EPS, WD,
-                                         clip)
+                                         clip, device)
     return _REFERENCES[key]
 
 
@@ -68,7 +68,8 @@ def _run(workdir, model: str, ranks: int, delivery: str, grad: str, accum: int, 
 def _check(workdir, model: str, ranks: int, delivery: str, grad: str, accum: int, clip: float,
            gpus: int = 0) -> None:
     ours = _run(workdir, model, ranks if not gpus else 1, delivery, grad, accum, clip, gpus)
-    ref = _reference(workdir, model, MBS * (gpus or ranks) * accum, clip)
+    # on GPUs the reference runs on a GPU too: the same fp32 kernels, TF32 off
+    ref = _reference(workdir, model, MBS * (gpus or ranks) * accum, clip, "cuda" if gpus else "cpu")
     metrics = ours["result"].metrics
     assert [m["step"] for m in metrics] == list(range(1, STEPS + 1))
     for m, loss, norm, fired in zip(metrics, ref["losses"], ref["norms"], ref["clipped"]):
