@@ -2,8 +2,8 @@
 // width can show (series.ts); the layout follows the data (new phases, more GPUs, a prediction appearing).
 import uPlot from "uplot";
 import { h, replace } from "./dom";
-import { num, words } from "./fmt";
-import { column, gpuCount, MetricsStore, nonFiniteLossSteps, phaseNames, pickIndices, stack } from "./series";
+import { axisNum, num, words } from "./fmt";
+import { column, gpuCount, isNonFinite, isOverlapped, MetricsStore, nonFiniteLossSteps, phaseNames, pickIndices, stack } from "./series";
 import type { MetricsRecord } from "./types";
 
 const PALETTE = ["#4e79a7", "#f28e2b", "#59a14f", "#e15759", "#76b7b2", "#edc948", "#b07aa1", "#ff9da7", "#9c755f", "#bab0ac"];
@@ -13,6 +13,7 @@ const PHASE_COLOURS: Record<string, string> = {
   backward: "#f28e2b",
   update_tail: "#e15759",
   delivery_wait: "#76b7b2",
+  staging_wait: "#b07aa1",
 };
 
 function alpha(hex: string, a: number): string {
@@ -29,6 +30,8 @@ interface Line {
   dash?: number[];
   width?: number;
   unit?: string;
+  /** What the legend says for a step that has the key with no finite value (a NaN loss arrives as null). */
+  missingAs?: string;
 }
 
 interface Layout {
@@ -139,7 +142,7 @@ export class LiveChart {
 
   private options(layout: Layout): uPlot.Options {
     const nStacked = layout.stacked ?? 0;
-    const series: uPlot.Series[] = [{ label: "step", value: (_u, v) => (v === null ? "–" : String(v)) }];
+    const series: uPlot.Series[] = [{ label: "step", value: (u, v) => String(v ?? u.data[0][u.data[0].length - 1] ?? "–") }];
     layout.lines.forEach((line, k) => {
       const si = k + 1;
       series.push({
@@ -152,10 +155,16 @@ export class LiveChart {
         points: { show: false },
         spanGaps: false,
         // The legend shows the recorded value, not the stacked sum, and says NaN when it was NaN.
-        value: (_u, _v, _s, i) => {
-          if (i === null || i === undefined) return "–";
-          const raw = this.raw[si - 1]?.[i];
-          return raw === null || raw === undefined ? "–" : num(raw, 4) + (line.unit ? ` ${line.unit}` : "");
+        value: (_u, _v, _s, idx) => {
+          // Off the chart the legend shows the newest step, so the numbers are readable at a glance.
+          const col = this.raw[si - 1];
+          const i = idx === null || idx === undefined ? (col ? col.length - 1 : -1) : idx;
+          const raw = col?.[i];
+          if (raw === null || raw === undefined) {
+            const rec = line.missingAs ? this.recordAt(i) : undefined;
+            return rec && line.missingAs && isNonFinite(rec, "loss") ? line.missingAs : "–";
+          }
+          return num(raw, 4) + (line.unit ? ` ${line.unit}` : "");
         },
       });
     });
@@ -172,9 +181,10 @@ export class LiveChart {
         side: ax.side,
         label: ax.label,
         labelSize: 16,
-        size: 56,
+        // Wide enough for the longest tick label, so "1M" or "0.00012" is never clipped.
+        size: (_u, values) => Math.max(40, 22 + 7 * Math.max(0, ...(values ?? []).map((v) => String(v).length))),
         grid: { show: ax.side === 3 },
-        values: (_u, splits) => splits.map((v) => num(v, 3)),
+        values: (_u, splits) => splits.map(axisNum),
       });
     }
     return {
@@ -187,6 +197,22 @@ export class LiveChart {
       cursor: { drag: { x: true, y: false } },
       hooks: { draw: [(u) => this.drawMarks(u)] },
     };
+  }
+
+  /** The record drawn at index i of the current data. */
+  private recordAt(i: number): MetricsRecord | undefined {
+    const step = this.plot?.data[0][i];
+    if (step === undefined || step === null) return undefined;
+    const recs = this.store.records;
+    let lo = 0;
+    let hi = recs.length - 1;
+    while (lo <= hi) {
+      const mid = (lo + hi) >> 1;
+      if (recs[mid].step === step) return recs[mid];
+      if (recs[mid].step < step) lo = mid + 1;
+      else hi = mid - 1;
+    }
+    return undefined;
   }
 
   /** Red rules at steps whose loss is NaN/Inf: a diverged run must look different from a stalled one. */
@@ -230,7 +256,9 @@ export const stepTimeChart: ChartSpec = {
   id: "step-time",
   title: "Step time by phase (s)",
   layout(records) {
-    const phases = phaseNames(records);
+    const all = phaseNames(records);
+    const phases = all.filter((p) => !isOverlapped(p));
+    const overlapped = all.filter(isOverlapped);
     const hasPredicted = records.some((r) => typeof r.predicted?.step_time_s === "number");
     const lines: Line[] = phases.map((p, i) => ({
       label: words(p),
@@ -239,11 +267,14 @@ export const stepTimeChart: ChartSpec = {
       unit: "s",
     }));
     lines.push({ label: "step time", get: (r) => num0(r, "step_time_s"), colour: "#222222", width: 1.5, unit: "s" });
+    overlapped.forEach((p, i) => {
+      lines.push({ label: `${words(p)} (overlapped)`, get: (r) => r.phases?.[p], colour: PALETTE[(i + 6) % PALETTE.length], dash: [2, 3], width: 1.5, unit: "s" });
+    });
     if (hasPredicted) {
       lines.push({ label: "predicted", get: (r) => r.predicted?.step_time_s, colour: "#9467bd", dash: [6, 4], width: 2, unit: "s" });
     }
     return {
-      signature: `${phases.join(",")}|${hasPredicted}`,
+      signature: `${all.join(",")}|${hasPredicted}`,
       lines,
       stacked: phases.length,
       axes: [{ scale: "y", label: "seconds", side: 3 }],
@@ -288,7 +319,7 @@ export const lossChart: ChartSpec = {
     return {
       signature: "loss",
       lines: [
-        { label: "loss", get: (r) => r.loss, colour: PALETTE[3], scale: "y" },
+        { label: "loss", get: (r) => r.loss, colour: PALETTE[3], scale: "y", missingAs: "NaN" },
         { label: "lr", get: (r) => r.lr, colour: PALETTE[0], scale: "lr", width: 1.5 },
       ],
       axes: [

@@ -1,5 +1,5 @@
 import { describe, expect, it } from "vitest";
-import { bytes, duration, num, seconds } from "./fmt";
+import { axisNum, bytes, duration, num, seconds } from "./fmt";
 
 describe("formatting", () => {
   it("says NaN and infinities instead of hiding them", () => {
@@ -16,5 +16,9 @@ describe("formatting", () => {
     expect(duration(3725)).toBe("1 h 02 min");
     expect(duration(42)).toBe("42 s");
     expect(bytes(3 * 1024 ** 3)).toBe("3 GiB");
+  });
+
+  it("keeps axis tick labels short", () => {
+    expect([0, 0.5, 12000, 2_500_000, 0.00012, 3e10].map(axisNum)).toEqual(["0", "0.5", "12k", "2.5M", "1.2e-4", "3.0e+10"]);
   });
 });

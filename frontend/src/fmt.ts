@@ -77,3 +77,14 @@ export function when(iso: unknown): string {
 export function words(key: string): string {
   return key.replace(/_/g, " ");
 }
+
+/** Short tick labels: 12k, 3.5M, 0.0012, 1e-5. */
+export function axisNum(v: number): string {
+  const a = Math.abs(v);
+  if (a === 0) return "0";
+  if (a >= 1e9) return v.toExponential(1);
+  if (a >= 1e6) return `${Number((v / 1e6).toPrecision(3))}M`;
+  if (a >= 1e4) return `${Number((v / 1e3).toPrecision(3))}k`;
+  if (a < 1e-3) return v.toExponential(1);
+  return String(Number(v.toPrecision(3)));
+}

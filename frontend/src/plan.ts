@@ -10,6 +10,8 @@ function isObj(v: unknown): v is Obj {
   return typeof v === "object" && v !== null && !Array.isArray(v);
 }
 
+const UNIT = /_(s|gib|bytes|gbps|gb_s)$/;
+
 /** A value formatted by what its key says it is: *_s seconds, *_gib GiB, *_bytes bytes, *_gbps GB/s. */
 export function fmtByKey(key: string, v: unknown): string {
   if (v === null || v === undefined) return "–";
@@ -26,15 +28,30 @@ export function fmtByKey(key: string, v: unknown): string {
     return num(v, 4);
   }
   if (typeof v === "string") return v;
+  if (Array.isArray(v) && v.length === 0) return "none";
   if (Array.isArray(v) && v.every((x) => !isObj(x) && !Array.isArray(x))) {
-    return v.map((x) => fmtByKey(key, x)).join(", ");
+    return runs(v.map((x) => fmtByKey(key, x)));
   }
   if (isObj(v) && Object.values(v).every((x) => !isObj(x) && !Array.isArray(x))) {
+    // {"h2d_s": 0.1} and "exposure_s": {"h2d": 0.1} both read "h2d 100 ms".
     return Object.entries(v)
-      .map(([k, x]) => `${words(k)} ${fmtByKey(k.length > 2 ? k : key, x)}`)
+      .map(([k, x]) => `${words(k.replace(UNIT, ""))} ${fmtByKey(UNIT.test(k) ? k : key, x)}`)
       .join(", ");
   }
   return JSON.stringify(v);
+}
+
+/** Per-unit lists read better as runs: ["checkpoint", "checkpoint", "keep"] -> "checkpoint ×2, keep". */
+export function runs(items: string[]): string {
+  if (items.length <= 3) return items.join(", ");
+  const out: string[] = [];
+  for (let i = 0; i < items.length; ) {
+    let j = i;
+    while (j < items.length && items[j] === items[i]) j++;
+    out.push(j - i > 1 ? `${items[i]} ×${j - i}` : items[i]);
+    i = j;
+  }
+  return out.join(", ");
 }
 
 /** A two-column list of an object's entries; nested objects become nested lists. */
@@ -91,8 +108,21 @@ function memoryOf(o: Obj): Obj | null {
 }
 
 function chosenOf(o: Obj): Obj | null {
-  for (const k of ["chosen", "policy", "choice", "selected"]) if (isObj(o[k])) return o[k] as Obj;
+  for (const k of ["chosen", "choice", "selected"]) if (isObj(o[k])) return o[k] as Obj;
   return null;
+}
+
+// Keys of a policy the runtime resolved (a job's policy carries them at the top level, next to the plan).
+const RESOLVED = ["stage", "delivery", "grad_reduce", "reduce_dtype", "activations", "resident", "keep_layers", "offload_layers", "resident_units", "window", "chunk_mb", "loss_chunk_tokens", "staging_slots"];
+
+function resolvedOf(o: Obj): Obj | null {
+  const out: Obj = {};
+  for (const k of RESOLVED) if (k in o) out[k] = o[k];
+  return "delivery" in out || "activations" in out ? out : null;
+}
+
+function isEmpty(v: unknown): boolean {
+  return v === null || v === undefined || (isObj(v) && Object.keys(v).length === 0) || (Array.isArray(v) && v.length === 0);
 }
 
 function sameCandidate(a: Obj, chosen: Obj | null, chosenName: unknown): boolean {
@@ -102,9 +132,9 @@ function sameCandidate(a: Obj, chosen: Obj | null, chosenName: unknown): boolean
   return chosen !== null && a === chosen;
 }
 
-const SHOWN = new Set(["chosen", "policy", "choice", "selected", "candidates", "memory", "memory_fit", "fit", "why", "reason", "reasons", "explanation"]);
+const SHOWN = new Set(["chosen", "choice", "selected", "policy", "candidates", "memory", "memory_fit", "fit", "why", "reason", "reasons", "explanation", "predicted"]);
 
-/** The plan preview / a job's policy: chosen policy, candidate table, memory fit and the why. */
+/** The plan preview / a job's policy: why, chosen (or resolved) policy, memory fit, candidate table. */
 export function renderPlan(plan: unknown, opts: { title?: string } = {}): HTMLElement {
   const box = h("section", { class: "plan", "aria-label": opts.title ?? "Plan" });
   if (!isObj(plan)) {
@@ -112,15 +142,21 @@ export function renderPlan(plan: unknown, opts: { title?: string } = {}): HTMLEl
     return box;
   }
   const chosen = chosenOf(plan);
+  const resolved = chosen ? null : resolvedOf(plan);
+  const configured = isObj(plan.policy) ? (plan.policy as Obj) : null;
   const why = whyOf(plan).concat(chosen ? whyOf(chosen) : []);
   const memory = memoryOf(plan) ?? (chosen ? memoryOf(chosen) : null);
   const candidates = Array.isArray(plan.candidates) ? plan.candidates.filter(isObj) : [];
   const chosenName = chosen ? (chosen.name ?? chosen.label ?? chosen.id) : (plan.name ?? undefined);
+  const skipInChosen = new Set(["why", "reason", "reasons", "memory", "memory_fit", "fit"]);
 
   if (why.length) {
     box.append(h("h3", null, "Why"), why.length === 1 ? h("p", { class: "why" }, why[0]) : h("ul", { class: "why" }, why.map((w) => h("li", null, w))));
   }
-  if (chosen) box.append(h("h3", null, "Chosen policy"), kvList(chosen, new Set(["why", "reason", "reasons", "memory", "memory_fit", "fit"])));
+  if (chosen) box.append(h("h3", null, "Chosen policy"), kvList(chosen, skipInChosen));
+  if (resolved) box.append(h("h3", null, "Resolved policy"), kvList(resolved));
+  if (configured) box.append(h("h3", null, chosen || resolved ? "Configured policy" : "Policy"), kvList(configured));
+  if (isObj(plan.predicted) && !isEmpty(plan.predicted)) box.append(h("h3", null, "Predicted"), kvList(plan.predicted as Obj));
   if (memory) {
     const fits = memory.fits ?? memory.fit ?? memory.ok;
     box.append(
@@ -130,10 +166,12 @@ export function renderPlan(plan: unknown, opts: { title?: string } = {}): HTMLEl
   }
   if (candidates.length) {
     box.append(h("h3", null, "Candidates"), objectTable(candidates, (c) => sameCandidate(c, chosen, chosenName), `${candidates.length} candidate policies`));
+  } else if (Array.isArray(plan.candidates)) {
+    box.append(h("h3", null, "Candidates"), h("p", { class: "muted" }, "No candidates were compared."));
   }
   const rest: Obj = {};
-  for (const [k, v] of Object.entries(plan)) if (!SHOWN.has(k)) rest[k] = v;
-  if (Object.keys(rest).length) box.append(h("h3", null, chosen ? "Details" : "Policy"), kvList(rest));
+  for (const [k, v] of Object.entries(plan)) if (!SHOWN.has(k) && !(resolved && k in resolved) && !isEmpty(v)) rest[k] = v;
+  if (Object.keys(rest).length) box.append(h("h3", null, "Details"), kvList(rest));
   box.append(h("details", { class: "raw" }, h("summary", null, "Raw JSON"), h("pre", null, JSON.stringify(plan, null, 2))));
   return box;
 }

@@ -116,7 +116,13 @@ export function column(records: readonly MetricsRecord[], get: (r: MetricsRecord
 }
 
 /** Phase names in the order the step runs them, then any other phase the runtime reports, alphabetically. */
-export const PHASE_ORDER = ["data", "forward", "backward", "update_tail", "delivery_wait"];
+export const PHASE_ORDER = ["data", "forward", "backward", "update_tail", "delivery_wait", "staging_wait"];
+
+/** A "_busy" phase is work that overlaps the others (the CPU update running under backward): it is not a
+ *  slice of the step's wall time, so it is drawn as a line, never stacked. */
+export function isOverlapped(phase: string): boolean {
+  return phase.endsWith("_busy");
+}
 
 export function phaseNames(records: readonly MetricsRecord[]): string[] {
   const seen = new Set<string>();

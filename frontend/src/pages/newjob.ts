@@ -58,7 +58,9 @@ class Field {
     const helpId = `${id}-help`;
     const errId = `${id}-error`;
     const def = info.hasDefault ? info.default : undefined;
-    const defText = def === undefined || def === null ? (info.nullable ? "auto" : "") : Array.isArray(def) ? def.join(", ") : String(def);
+    // A config key whose default is null is decided at run time (planner, host): say "auto".
+    const decided = info.nullable && !FILING.has(path) ? "auto" : "";
+    const defText = def === undefined || def === null ? decided : Array.isArray(def) ? def.join(", ") : String(def);
     this.errEl = h("p", { class: "field-error", id: errId, "data-field": path, hidden: true });
     const described = [info.description ? helpId : null, errId].filter(Boolean).join(" ");
     let control: HTMLElement;
@@ -68,7 +70,7 @@ class Field {
       const sel = h(
         "select",
         { id, name: path, "aria-describedby": described },
-        info.required ? null : h("option", { value: "" }, defText ? `default (${info.type === "boolean" ? show(defText) : defText})` : "default"),
+        info.required ? null : h("option", { value: "" }, path === "host" ? "any host" : defText ? `default (${info.type === "boolean" ? show(defText) : defText})` : "default"),
         opts.map((o) => h("option", { value: o }, show(o))),
       );
       this.inputs.push(sel);
@@ -105,7 +107,8 @@ class Field {
     this.wrap = h(
       "div",
       { class: "field", "data-path": path },
-      h("label", { for: id }, label, info.required ? h("span", { class: "req", "aria-hidden": "true" }, " *") : null),
+      // The asterisk sits outside the label so the field's accessible name is the label alone.
+      h("div", { class: "label-row" }, h("label", { for: id }, label), info.required ? h("span", { class: "req", title: "required" }, "*") : null),
       control,
       info.description ? h("p", { class: "help", id: helpId }, info.description) : null,
       this.errEl,
@@ -292,7 +295,12 @@ export function newJobPage(root: HTMLElement): Cleanup {
         f.set(getPath(presetBase, path));
         f.setError(null);
       }
-      const overrides = leafPaths(presetBase).some(isPolicy);
+      // A preset that spells out policy keys at their defaults ("auto") still leaves AutoPolicy in charge.
+      const overrides = leafPaths(presetBase).some((p) => {
+        if (!isPolicy(p)) return false;
+        const info = byPath.get(p);
+        return !info || !info.hasDefault || JSON.stringify(info.default) !== JSON.stringify(getPath(presetBase, p));
+      });
       overRadio.checked = overrides;
       autoRadio.checked = !overrides;
       summary.hidden = true;

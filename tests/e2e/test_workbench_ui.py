@@ -1,0 +1,241 @@
+"""The workbench in a real browser against the real app: the embedded workbench (SQLite, a private Redis, one
+local worker) started by the test, the UI built from frontend/, Debian's Chromium driven by Playwright."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+
+import pytest
+from e2e_support import free_port, screenshot
+
+pytestmark = [pytest.mark.e2e]
+
+DEMO_STEPS = 30
+
+
+def _get(url: str):
+    with urllib.request.urlopen(url, timeout=5) as r:
+        return json.loads(r.read())
+
+
+@pytest.fixture(scope="module")
+def workbench(frontend_dist, tmp_path_factory):
+    """`python -m slidedp_web.embedded` on a free loopback port with its own data directory."""
+    data = tmp_path_factory.mktemp("workbench")
+    port = free_port()
+    env = {**os.environ, "SLIDEDP_DATA_DIR": str(data), "HF_HUB_OFFLINE": "1", "GLOO_SOCKET_IFNAME": "lo"}
+    for key in ("REDIS_URL", "DATABASE_URL", "SLIDEDP_API_TOKEN"):
+        env.pop(key, None)
+    log = open(data / "serve.log", "wb")  # noqa: SIM115 - closed in teardown
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "slidedp_web.embedded", "--host", "127.0.0.1", "--port", str(port)],
+        env=env, stdout=log, stderr=subprocess.STDOUT, cwd=str(data),
+    )
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 90
+    health = None
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            break
+        try:
+            health = _get(url + "/api/health")
+            if health.get("status") == "ok" and health.get("workers", 0) >= 1:
+                break
+        except OSError:
+            pass
+        time.sleep(0.5)
+    if proc.poll() is not None or not health or health.get("workers", 0) < 1:
+        proc.kill()
+        log.close()
+        pytest.fail(f"the embedded workbench did not come up (health {health}):\n"
+                    + (data / "serve.log").read_text(errors="replace")[-4000:])
+    try:
+        yield url
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        log.close()
+
+
+def _chart_points(page, chart_id: str) -> int:
+    return int(page.get_attribute(f"#chart-{chart_id}", "data-points") or 0)
+
+
+def _uplot_len(page, chart_id: str) -> int:
+    """Points in the drawn uPlot series of a chart (x and every y series have the same length)."""
+    return page.evaluate(
+        """id => { const u = (window.__slidedpCharts || {})[id];
+                   if (!u) return 0;
+                   const lens = u.data.map(s => s.length);
+                   return lens.every(l => l === lens[0]) ? lens[0] : -1; }""",
+        chart_id,
+    )
+
+
+@pytest.mark.timeout(120)
+def test_plan_preview_and_field_error_at_the_field(page, workbench):
+    page.goto(workbench + "/jobs/new")
+    preset = page.get_by_label("Preset", exact=True)
+    preset.locator("option", has_text="CPU demo").wait_for(state="attached")
+    assert preset.input_value() == "cpu-demo"
+    # The preset filled the form; its labels are real labels.
+    assert page.get_by_label("Model (preset name or local directory)", exact=True).input_value() == "demo-qwen3"
+    assert float(page.get_by_label("Learning rate", exact=True).input_value()) == pytest.approx(3e-3)
+
+    page.get_by_role("button", name="Plan").click()
+    plan = page.locator("#plan-preview")
+    plan.get_by_role("heading", name="Plan preview").wait_for()
+    api_plan = _get_plan(workbench, page)
+    # What the API planned is what the panel shows: its why, the host, the memory figures.
+    assert api_plan["why"] in plan.inner_text()
+    plan.get_by_role("heading", name="Memory fit").wait_for()
+
+    # A negative learning rate: the API's 422 names optimizer.lr, and the error sits at that field.
+    lr = page.get_by_label("Learning rate", exact=True)
+    lr.fill("-1e-4")
+    page.get_by_role("button", name="Submit job").click()
+    err = page.locator('.field-error[data-field="optimizer.lr"]')
+    err.wait_for(state="visible")
+    assert "greater than 0" in err.inner_text()
+    assert lr.get_attribute("aria-invalid") == "true"
+    assert page.evaluate("document.activeElement && document.activeElement.id") == "f-optimizer-lr"
+    assert page.url.endswith("/jobs/new"), "an invalid job must not be submitted"
+    # Typing again clears the error; the plan button reports the same error for the same field.
+    lr.fill("-2")
+    assert not err.is_visible()
+    page.get_by_role("button", name="Plan").click()
+    err.wait_for(state="visible")
+    # Chromium notes every 4xx answer in the console; the two deliberate 422s are the only entries allowed.
+    notes = [e for e in page.console.errors if "Failed to load resource" in e]
+    assert len(notes) == 2 and all("422" in e for e in notes), notes
+    assert {e.rsplit("/", 1)[-1] for e in notes} == {"jobs", "plan"}
+    assert page.console.unexpected(allowed=("status of 422",)) == []
+
+
+def _get_plan(url: str, page) -> dict:
+    body = page.evaluate("document.querySelector('.body-preview').textContent")
+    req = urllib.request.Request(url + "/api/plan", data=body.encode(), headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=30) as r:
+        return json.loads(r.read())
+
+
+@pytest.mark.timeout(300)
+def test_demo_job_from_the_form_runs_live_to_completion(page, workbench):
+    reopened = []
+    page.on("request", lambda r: reopened.append(r.url) if "last_event_id=" in r.url else None)
+    page.goto(workbench + "/jobs/new")
+    page.get_by_label("Preset", exact=True).locator("option", has_text="CPU demo").wait_for(state="attached")
+    page.get_by_label("Job name", exact=True).fill("browser demo")
+    page.get_by_label("Steps", exact=True).fill(str(DEMO_STEPS))
+    page.get_by_role("button", name="Submit job").click()
+    page.wait_for_url(re.compile(r".*/jobs/\d+$"))
+    job_id = int(page.url.rstrip("/").split("/")[-1])
+    page.get_by_role("heading", name=f"Job #{job_id} · browser demo").wait_for()
+
+    # The charts grow while the job runs.
+    page.wait_for_function("() => (window.__slidedpCharts || {}).loss && window.__slidedpCharts.loss.data[0].length >= 2", timeout=150_000)
+    first = _uplot_len(page, "loss")
+    page.wait_for_function(f"() => window.__slidedpCharts.loss.data[0].length > {first}", timeout=60_000)
+    grown = _uplot_len(page, "loss")
+    assert grown > first >= 2
+
+    # Break the live stream mid-run: it reopens after the last event it saw and no step goes missing.
+    status = page.locator("[data-status]").first.get_attribute("data-status")
+    if status == "running":
+        page.evaluate("window.__slidedpStream && window.__slidedpStream.drop()")
+
+    page.locator('.title-row [data-status="completed"]').wait_for(timeout=240_000)
+    page.wait_for_function(f"() => document.querySelector('#chart-loss').dataset.points === '{DEMO_STEPS}'", timeout=20_000)
+    for chart in ("step-time", "throughput", "memory", "loss"):
+        assert _chart_points(page, chart) == DEMO_STEPS
+        assert _uplot_len(page, chart) == DEMO_STEPS, chart
+    if status == "running":
+        assert any(f"/api/jobs/{job_id}/events?last_event_id=" in u for u in reopened), reopened
+
+    # What the charts hold is what the API stored.
+    stored = _get(f"{workbench}/api/jobs/{job_id}/metrics?after_step=0&limit=1000")["items"]
+    assert [r["step"] for r in stored] == list(range(1, DEMO_STEPS + 1))
+    drawn_steps = page.evaluate("window.__slidedpCharts.loss.data[0]")
+    assert drawn_steps == list(range(1, DEMO_STEPS + 1))
+    drawn_loss = page.evaluate("window.__slidedpCharts.loss.data[1]")
+    assert drawn_loss == pytest.approx([r["loss"] for r in stored])
+    # The step-time chart stacks the measured phases.
+    phases = [s for s in page.evaluate("window.__slidedpCharts['step-time'].series.map(s => s.label)")][1:]
+    assert "forward" in phases and "backward" in phases and "step time" in phases
+
+    # The log tail, the policy and the export link are on the page.
+    assert page.locator("pre.log").inner_text().strip() != ""
+    page.get_by_role("link", name="Download export").wait_for()
+    screenshot(page, "job-page")
+
+    # The jobs list shows it complete at its last step.
+    page.get_by_role("navigation", name="Main").get_by_role("link", name="Jobs").click()
+    row = page.locator(f'tr[data-job-id="{job_id}"]')
+    row.locator('[data-status="completed"]').wait_for()
+    assert f"{DEMO_STEPS} / {DEMO_STEPS}" in row.inner_text()
+    assert page.console.unexpected() == []
+
+
+@pytest.mark.timeout(240)
+def test_diverged_loss_is_shown_as_nan_and_the_charts_keep_growing(page, workbench):
+    """A learning rate of 1e6 makes the demo model's loss NaN after a step or two; the page must say so."""
+    steps = 8
+    page.goto(workbench + "/jobs/new")
+    page.get_by_label("Preset", exact=True).locator("option", has_text="CPU demo").wait_for(state="attached")
+    page.get_by_label("Job name", exact=True).fill("diverges")
+    page.get_by_label("Steps", exact=True).fill(str(steps))
+    page.get_by_label("Warmup steps", exact=True).fill("0")
+    page.get_by_label("Learning rate", exact=True).fill("1e6")
+    page.get_by_role("button", name="Submit job").click()
+    page.wait_for_url(re.compile(r".*/jobs/\d+$"))
+    job_id = int(page.url.rstrip("/").split("/")[-1])
+    page.locator('.title-row [data-status="completed"]').wait_for(timeout=200_000)
+    page.wait_for_function(f"() => document.querySelector('#chart-loss').dataset.points === '{steps}'", timeout=20_000)
+
+    stored = _get(f"{workbench}/api/jobs/{job_id}/metrics?after_step=0&limit=100")["items"]
+    bad = [r["step"] for r in stored if r.get("loss") is None or r["loss"] != r["loss"]]
+    assert bad, "the run was expected to diverge"
+    note = page.locator("#chart-loss .chart-note")
+    assert note.is_visible()
+    assert f"Loss is not a finite number at {len(bad)} step" in note.inner_text()
+    assert f"first: step {bad[0]}" in note.inner_text()
+    # Every step is drawn, the diverged ones as gaps with a NaN rule, and the summary says NaN.
+    assert _uplot_len(page, "loss") == steps
+    drawn = page.evaluate("window.__slidedpCharts.loss.data[1]")
+    assert [i + 1 for i, v in enumerate(drawn) if v is None] == bad
+    assert page.locator(".summary").get_by_text("NaN", exact=True).is_visible()
+    assert page.console.unexpected() == []
+
+
+@pytest.mark.timeout(60)
+def test_hosts_page_draws_the_worker_topology(page, workbench):
+    hosts = _get(workbench + "/api/hosts")["items"]
+    assert hosts, "the embedded worker reports its host"
+    topo = hosts[0]["topology"]
+    page.goto(workbench + "/hosts")
+    card = page.get_by_role("article", name=f"Host {hosts[0]['name']}")
+    card.wait_for()
+    diagram = card.locator("svg.topology")
+    assert diagram.is_visible()
+    text = diagram.text_content()
+    # The figures drawn are the host's own: its CPU cores and RAM limit, its GPUs (none on a CPU machine).
+    assert f"{topo['cpu']['cores']} CPU cores" in text
+    shown = re.search(r"([\d,.]+) GiB host RAM", text)
+    assert shown, text
+    assert float(shown.group(1).replace(",", "")) == pytest.approx(topo["host_ram"]["limit_bytes"] / 2**30, rel=0.01)
+    if not topo["gpus"]:
+        assert "No GPU reported" in text
+    else:
+        assert f"GPU {len(topo['gpus']) - 1}" in text
+    assert page.console.unexpected() == []
