@@ -190,8 +190,9 @@ export function drawHost(v: HostView, hostName: string): SVGSVGElement {
   const gap = 40;
   const width = Math.max(420, n * gpuW + (n - 1) * gap + 40);
   const arcRows = v.gpus.length > 1 ? Math.min(v.links.length, 6) : 0;
-  const height = 270 + arcRows * 26 + (v.links.length > 6 ? 20 : 0);
-  const root = svg("svg", { viewBox: `0 0 ${width} ${height}`, width: "100%", role: "img", class: "topology" });
+  const height = v.gpus.length === 0 ? 160 : 270 + arcRows * 26 + (v.links.length > 6 ? 20 : 0);
+  // Drawn at its natural size (text stays text-sized), shrunk only when the page is narrower.
+  const root = svg("svg", { viewBox: `0 0 ${width} ${height}`, width, height, role: "img", class: "topology" });
   root.append(svg("title", {}, `Topology of ${hostName}`));
   const cpuLines = [
     v.cpuModel,
