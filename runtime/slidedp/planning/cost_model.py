@@ -358,15 +358,17 @@ class Rates:
         together = numel * self._cpu(self.update_per_param, min(j.world * j.cpu_threads, j.cores))
         return max(one_rank, together)
 
-    def copy_s(self, nbytes: float) -> float:
+    def copy_s(self, traffic: float) -> float:
+        """Host memory work of `traffic` bytes read plus written, at the measured copy rate (which counts
+        both the bytes read and the bytes written, as a STREAM copy does)."""
         j = self.job
-        return nbytes / self._cpu(self.copy_bps, min(j.world * j.cpu_threads, j.cores))
+        return traffic / self._cpu(self.copy_bps, min(j.world * j.cpu_threads, j.cores))
 
     # transfers ---------------------------------------------------------------
     def transfer_s(self, direction: str, nbytes: float, chunk_mb: int) -> float:
         j = self.job
         if not j.on_gpu:
-            return self.copy_s(nbytes)  # CPU mode: a memcpy in the rank's thread
+            return self.copy_s(2 * nbytes)  # CPU mode: a memcpy in the rank's thread
         t = self.c.get("transfers") or {}
         key = (
             f"{direction}_all_GBps" if j.world > 1 and t.get(f"{direction}_all_GBps") else f"{direction}_GBps"
@@ -428,12 +430,16 @@ def durations(job: Job, pol: Policy, rates: Rates, zero: frozenset = frozenset()
     coll_bytes = [float(job.padded(u) * p) for u in range(n_units)]
     update = [rates.update_s(job.units[u]) for u in range(n_units)]
     upd_bytes = [float(job.units[u] * UPDATE_DRAM_BYTES[job.precision]) for u in range(n_units)]
-    if pol.grad_reduce == "host" and N > 1:  # the host sums N copies of each shard before updating it
-        update = [t + rates.copy_s(job.units[u] * 4 * N) for u, t in enumerate(update)]
-        upd_bytes = [b + job.units[u] * 4 * (N + 1) for u, b in enumerate(upd_bytes)]
-    hold = [rates.copy_s(job.units[u] * 4) * 1.5 for u in range(n_units)]  # norm (read) + copy into held
+    if pol.grad_reduce == "host" and N > 1:
+        # the host sums N copies of each shard before updating it: one copy and N-1 adds of fp32
+        sum_traffic = [job.units[u] * 4.0 * (3 * N - 1) for u in range(n_units)]
+        update = [t + rates.copy_s(b) for t, b in zip(update, sum_traffic)]
+        upd_bytes = [a + b for a, b in zip(upd_bytes, sum_traffic)]
+    hold_traffic = [job.units[u] * 12.0 for u in range(n_units)]  # clip: the norm reads, the copy into held
+    hold = [rates.copy_s(b) for b in hold_traffic]
     if job.clip:  # the clip factor scales the held gradient before the update
-        update = [t + rates.copy_s(job.units[u] * 4) for u, t in enumerate(update)]
+        update = [t + rates.copy_s(job.units[u] * 8.0) for u, t in enumerate(update)]
+        upd_bytes = [b + job.units[u] * 8.0 for u, b in enumerate(upd_bytes)]
     dram, pcie = rates.pools()
     # Without P2P a collective crosses host memory: every rank writes its part there and reads the others'.
     through_host = job.on_gpu and job.interconnect == "pcie-host"
@@ -469,7 +475,7 @@ def durations(job: Job, pol: Policy, rates: Rates, zero: frozenset = frozenset()
         update=update,
         update_bytes=upd_bytes,
         hold=hold,
-        hold_bytes=[job.units[u] * 12.0 for u in range(n_units)],
+        hold_bytes=hold_traffic,
         collective_loads=coll_loads,
         coll_bytes=coll_bytes,
         dram_capacity=dram,

@@ -555,7 +555,7 @@ def _cumulative(times: list[float], cum: list[float], x: float) -> float:
 
 
 # ---------------------------------------------------------------------------- the replay's outcome
-def simulate(d: Durations, iterations: int = 4) -> Outcome:
+def simulate(d: Durations, iterations: int = 3) -> Outcome:
     """Replay two steps, slowing shared-bandwidth work until the schedule settles; measure the second."""
     rep = _Replay(d)
     capacity = {k: v for k, v in (("dram", d.dram_capacity), ("pcie", d.pcie_capacity)) if v}
@@ -571,7 +571,7 @@ def simulate(d: Durations, iterations: int = 4) -> Outcome:
             changed = max(changed, abs(new - t.dur))
             t.dur = new
         rep.run()
-        if changed < 1e-5:
+        if changed < 2e-4:
             break
     return _measure(rep)
 

@@ -1,0 +1,777 @@
+"""AutoPolicy: choose the execution policy of a job — routes, window, transfer chunk, loss chunk, per-layer
+activation placement and weight residency — from the cost model, and say why.
+
+Imports no torch (the web API previews plans). `slidedp plan --config job.yaml` prints format_plan(plan_job(...)).
+
+    plan = plan_job(cfg, topology, calibration)      # calibration None -> memory fit only, no times
+    print(format_plan(plan))
+
+The activation mix follows the paper's marginal pipeline cost. Our reading of tau_j = tau_0 + T_j*k_j - T_0*k_j:
+tau_0 is a layer's marginal step-time cost under the base policy (checkpoint); k_j is the amount of work policy j
+moves or recomputes for that layer — its saved-activation bytes, which checkpoint recomputes and offload sends to
+the host and back (keep does neither); T_j and T_0 are effective seconds per byte of that work under policy j and
+under the base *in the running pipeline*: we take them from the overlap model by switching one layer and
+re-simulating, so overlap and contention are in the figures (when the step waits on the host update, recompute
+is nearly free and T_0 ~ 0). Counts n_j (sum n_j = L) then minimise sum n_j*tau_j under the HBM budget and host
+RAM; as the figures depend on the operating point we re-derive them at the chosen mix until it settles, and
+keep the best mix the full model simulated. Residency (a layer's weights kept between forward and backward) is
+priced the same way. docs/planning.md has the details.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from slidedp.config import PolicyConfig
+from slidedp.planning.cost_model import (
+    ALLOCATOR_SLACK,
+    GIB,
+    HBM_BUDGET_FRACTION,
+    PHASES,
+    ActivationSizes,
+    Job,
+    Policy,
+    Rates,
+    Uncalibrated,
+    memory,
+    offload_backlog,
+    predict,
+)
+
+WINDOWS = (2, 3, 4, 6)
+CHUNKS_MB = (16, 64, 256)
+LOSS_CHUNKS = (1024, 2048, 4096, 8192)
+MIN_GAIN_S = 2e-4  # a policy switch must save at least this much per layer to be worth its memory
+_DEFAULTS = {f.name: f.default for f in dataclasses.fields(PolicyConfig)}
+
+
+class _Infeasible(Exception):
+    def __init__(self, errors: list[dict[str, str]]):
+        self.errors = errors
+
+
+def plan_job(cfg: Any, topology: dict[str, Any], calibration: dict[str, Any] | None) -> dict[str, Any]:
+    """The plan for a job on a host (docs/interfaces.md §5): chosen policy, prediction, candidates, why."""
+    try:
+        job = Job.from_config(cfg, topology)
+    except (KeyError, OSError, ValueError, TypeError) as exc:
+        return _refusal([{"loc": "model", "msg": f"cannot size the model: {exc}"}], "missing")
+    if cfg.gpus > len(topology.get("gpus", [])):
+        n = len(topology.get("gpus", []))
+        return _refusal(
+            [
+                {
+                    "loc": "gpus",
+                    "msg": f"asks for {cfg.gpus} GPUs but this host has {n}; "
+                    f"set gpus to at most {n} (0 trains on the CPU)",
+                }
+            ],
+            "missing",
+        )
+    rates, note = None, "no calibration given: memory fit only, no step times"
+    if calibration:
+        try:
+            rates, note = Rates(calibration, job), "measured on this host"
+        except (Uncalibrated, KeyError, TypeError) as exc:
+            note = f"calibration unusable ({exc}): memory fit only, no step times"
+    planner = _Planner(cfg, job, rates, ActivationSizes.of(job, calibration))
+    try:
+        plan = planner.run()
+    except _Infeasible as exc:
+        out = _refusal(exc.errors, "measured" if rates else "missing")
+        out["calibration_note"] = note
+        out["job"] = planner.job_summary()
+        return out
+    plan["calibration"] = "measured" if rates else "missing"
+    plan["calibration_note"] = note
+    return plan
+
+
+def metrics_prediction(plan: dict[str, Any]) -> dict[str, float]:
+    """The `predicted` entry of every metrics record: {phase: s, "step_time_s": s}, {} without times."""
+    pred = (plan or {}).get("predicted") or {}
+    if pred.get("step_time_s") is None:
+        return {}
+    return {
+        **{p: float(pred["phases"].get(p, 0.0)) for p in PHASES},
+        "step_time_s": float(pred["step_time_s"]),
+    }
+
+
+def _refusal(errors: list[dict[str, str]], calibration: str) -> dict[str, Any]:
+    return {
+        "feasible": False,
+        "policy": None,
+        "predicted": None,
+        "candidates": [],
+        "marginal": None,
+        "why": "not feasible: " + "; ".join(f"{e['loc']}: {e['msg']}" for e in errors),
+        "errors": errors,
+        "calibration": calibration,
+    }
+
+
+class _Planner:
+    def __init__(self, cfg: Any, job: Job, rates: Rates | None, acts: ActivationSizes):
+        self.cfg, self.job, self.rates, self.acts = cfg, job, rates, acts
+        p = cfg.policy
+        self.user = {
+            k: getattr(p, k)
+            for k in _DEFAULTS
+            if getattr(p, k) not in ("auto", None)
+            and (
+                k
+                in (
+                    "delivery",
+                    "grad_reduce",
+                    "activations",
+                    "keep_layers",
+                    "offload_layers",
+                    "resident_units",
+                )
+                or getattr(p, k) != _DEFAULTS[k]
+            )
+        }
+        self.sims: dict[Policy, dict[str, Any]] = {}
+
+    # ------------------------------------------------------------------ summaries
+    def job_summary(self) -> dict[str, Any]:
+        j = self.job
+        return {
+            "world": j.world,
+            "params": j.params,
+            "layers": j.layers,
+            "tokens_per_step": j.tokens_per_step,
+            "interconnect": j.interconnect,
+            "on_gpu": j.on_gpu,
+            "cpu_threads_per_rank": j.cpu_threads,
+            "hbm_budget_gib": j.hbm_budget / GIB if j.hbm_budget else None,
+            "host_limit_gib": j.host_limit_bytes / GIB,
+            "host_limit_source": j.host_limit_source,
+            "activation_sizes": "measured" if self.acts.measured else "estimated (no calibration)",
+        }
+
+    # ------------------------------------------------------------------ memory
+    def mem(self, pol: Policy) -> dict[str, Any]:
+        return memory(self.job, pol, self.acts, offload_backlog(self.job, pol, self.rates))
+
+    def fits(self, pol: Policy) -> str | None:
+        """None when the policy fits; else what does not, by how much."""
+        m, j = self.mem(pol), self.job
+        if j.on_gpu and m["hbm_peak_bytes"] > j.hbm_budget:
+            return (
+                f"needs {m['hbm_peak_bytes'] / GIB:.1f} GiB of HBM per GPU, "
+                f"{(m['hbm_peak_bytes'] - j.hbm_budget) / GIB:.1f} GiB over the budget of {j.hbm_budget / GIB:.1f} GiB"
+            )
+        if m["host_bytes"] > j.host_limit_bytes:
+            return (
+                f"needs {m['host_bytes'] / GIB:.1f} GiB of host RAM, "
+                f"{(m['host_bytes'] - j.host_limit_bytes) / GIB:.1f} GiB more than the {j.host_limit_bytes / GIB:.1f} GiB available"
+            )
+        return None
+
+    # ------------------------------------------------------------------ time
+    def time(self, pol: Policy) -> float:
+        if pol not in self.sims:
+            self.sims[pol] = predict(self.job, pol, self.rates)
+        return self.sims[pol]["step_time_s"]
+
+    # ------------------------------------------------------------------ choices
+    def routes(self) -> list[tuple[str, str]]:
+        if self.job.world == 1:
+            return [("replicated", "host")]
+        dl = [self.user["delivery"]] if "delivery" in self.user else ["sharded", "replicated"]
+        gr = [self.user["grad_reduce"]] if "grad_reduce" in self.user else ["gpu", "host"]
+        return [(a, b) for a in dl for b in gr]
+
+    def knob(self, name: str, options: tuple[int, ...]) -> list[int]:
+        if name in self.user:
+            return [self.user[name]]
+        return list(options) if self.rates else [_DEFAULTS[name]]
+
+    def fixed_mix(self) -> dict[str, int]:
+        """Counts the user fixed: activations for every layer, keep/offload layer counts, resident layers."""
+        L, u, out = self.job.layers, self.user, {}
+        if "activations" in u:
+            out.update(
+                keep=L if u["activations"] == "keep" else 0, offload=L if u["activations"] == "offload" else 0
+            )
+        else:
+            if "keep_layers" in u:
+                out["keep"] = min(u["keep_layers"], L)
+            if "offload_layers" in u:
+                out["offload"] = min(u["offload_layers"], L - out.get("keep", 0))
+        if "resident_units" in u:
+            out["resident"] = min(u["resident_units"], L)
+        return out
+
+    def base(
+        self, delivery: str, grad: str, window: int, chunk: int, loss_chunk: int, mix: dict[str, int]
+    ) -> Policy:
+        fixed = self.fixed_mix()
+        n = {k: fixed.get(k, mix.get(k, 0)) for k in ("keep", "offload", "resident")}
+        return Policy.mix(
+            self.job,
+            n["keep"],
+            n["offload"],
+            n["resident"],
+            delivery=delivery,
+            grad_reduce=grad,
+            reduce_dtype=self.cfg.policy.reduce_dtype,
+            window=window,
+            chunk_mb=chunk,
+            loss_chunk_tokens=loss_chunk,
+        )
+
+    # ------------------------------------------------------------------ the search
+    def run(self) -> dict[str, Any]:
+        j = self.job
+        loss_chunks = [
+            c for c in self.knob("loss_chunk_tokens", LOSS_CHUNKS) if c <= max(j.tokens_per_micro_batch, 1)
+        ]
+        loss_chunks = loss_chunks or [min(LOSS_CHUNKS)]
+        default_loss = min(loss_chunks, key=lambda c: abs(c - _DEFAULTS["loss_chunk_tokens"]))
+        default_window = self.user.get("window", _DEFAULTS["window"])
+        default_chunk = self.user.get("chunk_mb", _DEFAULTS["chunk_mb"])
+        self.check_minimum(default_window, default_chunk, loss_chunks)
+        if not self.rates:
+            return self.memory_only(default_window, default_chunk, default_loss)
+        candidates: list[dict[str, Any]] = []
+        best: tuple[float, Policy, dict] | None = None
+        for delivery, grad in self.routes():
+            pol, marginal = self.solve_mix(
+                self.base(delivery, grad, default_window, default_chunk, default_loss, {})
+            )
+            candidates.append(self.candidate(pol))
+            if best is None or self.time(pol) < best[0]:
+                best = (self.time(pol), pol, marginal)
+        _, pol, marginal = best
+        # knobs around the best route and mix, defaults first (a change must beat them by 0.1%): window depth,
+        # transfer chunk, and the loss chunk (a smaller one frees HBM that kept activations can use)
+        for w in self._defaults_first("window", self.knob("window", WINDOWS)):
+            for c in self._defaults_first("chunk_mb", self.knob("chunk_mb", CHUNKS_MB)):
+                for lc in self._defaults_first("loss_chunk_tokens", loss_chunks):
+                    alt = dataclasses.replace(pol, window=w, chunk_mb=c, loss_chunk_tokens=lc)
+                    alt = self.refill(self.shrink_to_fit(alt), marginal)
+                    if alt is None or alt == pol:
+                        continue
+                    candidates.append(self.candidate(alt))
+                    if self.time(alt) < self.time(pol) * 0.999:
+                        pol = alt
+        if "activations" not in self.user and "keep_layers" not in self.user:
+            every = dataclasses.replace(pol, activations=("keep",) * j.layers)
+            if self.fits(every) is not None:
+                candidates.append(self.candidate(every))  # shows why not every layer keeps its activations
+        return self.result(pol, candidates, marginal)
+
+    def check_minimum(self, window: int, chunk: int, loss_chunks: list[int]) -> None:
+        """Refuse a job whose leanest policy (or the user's fixed choices) cannot fit."""
+        j, errors = self.job, []
+        lean = self.base(
+            "replicated" if j.world == 1 else self.routes()[0][0],
+            self.routes()[0][1],
+            self.user.get("window", 2),
+            chunk,
+            min(loss_chunks),
+            {},
+        )
+        why = self.fits(lean)
+        if why is None:
+            return
+        m = self.mem(lean)
+        if m["host_bytes"] > j.host_limit_bytes:
+            parts = ", ".join(f"{k} {v / GIB:.1f}" for k, v in m["host_parts"].items() if v)
+            short = (m["host_bytes"] - j.host_limit_bytes) / GIB
+            loc = "host_ram_gib" if self.cfg.host_ram_gib is not None else "model"
+            fix = "use a smaller model, fewer ranks, or a host with more RAM"
+            for key in ("offload_layers", "activations", "window"):
+                if key in self.user:
+                    loc, fix = f"policy.{key}", f"lower policy.{key} (it holds host memory) or " + fix
+                    break
+            errors.append(
+                {
+                    "loc": loc,
+                    "msg": f"host RAM too small: the job needs {m['host_bytes'] / GIB:.1f} GiB "
+                    f"({parts} GiB), {short:.1f} GiB more than the {j.host_limit_bytes / GIB:.1f} GiB "
+                    f"available ({j.host_limit_source}); {fix}",
+                }
+            )
+        elif j.on_gpu:
+            errors.append(self.hbm_error(lean, m))
+        raise _Infeasible(errors)
+
+    def hbm_error(self, pol: Policy, m: dict[str, Any]) -> dict[str, str]:
+        j = self.job
+        over = (m["hbm_peak_bytes"] - j.hbm_budget) / GIB
+        big = sorted(((v, k) for k, v in m["hbm_parts"].items()), reverse=True)[:3]
+        parts = ", ".join(f"{k} {v * (1 + ALLOCATOR_SLACK) / GIB:.1f}" for v, k in big)
+        head = (
+            f"needs {m['hbm_peak_bytes'] / GIB:.1f} GiB of HBM per GPU ({parts} GiB, with allocator slack), "
+            f"{over:.1f} GiB over the budget of {j.hbm_budget / GIB:.1f} GiB "
+            f"({HBM_BUDGET_FRACTION:.0%} of {j.hbm_bytes / GIB:.1f} GiB)"
+        )
+        fixed = self.fixed_mix()
+        if "activations" in self.user and self.user["activations"] == "keep":
+            n = self.max_count(pol, "keep")
+            return {
+                "loc": "policy.activations",
+                "msg": f"keeping every layer's activations {head}; set activations "
+                f"to auto, or to auto with keep_layers at most {n}",
+            }
+        for key, field in (
+            ("keep_layers", "keep"),
+            ("resident_units", "resident"),
+            ("offload_layers", "offload"),
+        ):
+            if key in self.user and fixed.get(field):
+                n = self.max_count(pol, field)
+                return {
+                    "loc": f"policy.{key}",
+                    "msg": f"{head}; set {key} to at most {n} (or leave it unset)",
+                }
+        for key in ("window", "loss_chunk_tokens"):
+            if key in self.user:
+                return {"loc": f"policy.{key}", "msg": f"{head}; lower policy.{key}"}
+        return {
+            "loc": "micro_batch_size",
+            "msg": f"even with every layer checkpointed the job {head}; lower "
+            f"micro_batch_size or seq_len, or use more GPUs",
+        }
+
+    def max_count(self, pol: Policy, field: str) -> int:
+        n = {"keep": pol.counts()["keep"], "offload": pol.counts()["offload"], "resident": sum(pol.resident)}
+        while n[field] > 0:
+            n[field] -= 1
+            trial = Policy.mix(
+                self.job,
+                n["keep"],
+                n["offload"],
+                n["resident"],
+                delivery=pol.delivery,
+                grad_reduce=pol.grad_reduce,
+                reduce_dtype=pol.reduce_dtype,
+                window=pol.window,
+                chunk_mb=pol.chunk_mb,
+                loss_chunk_tokens=pol.loss_chunk_tokens,
+            )
+            if self.fits(trial) is None:
+                break
+        return n[field]
+
+    def _defaults_first(self, name: str, options: list[int]) -> list[int]:
+        d = _DEFAULTS[name]
+        return sorted(options, key=lambda v: (v != d, v))
+
+    def refill(self, pol: Policy | None, marginal: dict[str, Any]) -> Policy | None:
+        """Spend HBM freed by a knob on what the marginal costs say pays most (more kept or resident layers)."""
+        if pol is None or not marginal:
+            return pol
+        fixed, d, L = self.fixed_mix(), marginal.get("delta_s", {}), self.job.layers
+        for f in sorted(
+            (f for f in ("keep", "resident") if d.get(f, 0.0) < -MIN_GAIN_S and f not in fixed),
+            key=lambda f: d[f],
+        ):
+            n = self.counts(pol)
+            limit = L - n["offload"] if f == "keep" else L
+            while n[f] < limit:
+                trial = self.with_counts(pol, {**n, f: n[f] + 1})
+                if self.fits(trial) is not None:
+                    break
+                pol, n = trial, self.counts(trial)
+        return pol
+
+    def shrink_to_fit(self, pol: Policy) -> Policy | None:
+        """The policy, or the nearest one with fewer kept/resident layers that fits; None if none does."""
+        fixed = self.fixed_mix()
+        n = {"keep": pol.counts()["keep"], "offload": pol.counts()["offload"], "resident": sum(pol.resident)}
+        while True:
+            trial = Policy.mix(
+                self.job,
+                n["keep"],
+                n["offload"],
+                n["resident"],
+                delivery=pol.delivery,
+                grad_reduce=pol.grad_reduce,
+                reduce_dtype=pol.reduce_dtype,
+                window=pol.window,
+                chunk_mb=pol.chunk_mb,
+                loss_chunk_tokens=pol.loss_chunk_tokens,
+            )
+            if self.fits(trial) is None:
+                return trial
+            for f in ("resident", "keep", "offload"):
+                if n[f] > 0 and f not in fixed:
+                    n[f] -= 1
+                    break
+            else:
+                return None
+
+    # ------------------------------------------------------------------ the marginal-cost solve
+    def solve_mix(self, pol: Policy) -> tuple[Policy, dict[str, Any]]:
+        """Counts of keep / offload / checkpoint layers and resident layers by the marginal pipeline cost."""
+        j, fixed = self.job, self.fixed_mix()
+        free = [f for f in ("keep", "offload", "resident") if f not in fixed]
+        if not j.on_gpu:
+            free = [f for f in free if f != "resident"]  # nothing to keep resident on the CPU
+        pol = self.shrink_to_fit(pol) or pol
+        marginal: dict[str, Any] = {}
+        visited = [pol]
+        for _ in range(3):
+            if not free:
+                break
+            marginal = self.marginal(pol, free)
+            nxt = self.best_counts(pol, marginal, free)
+            if nxt is None or nxt == pol or nxt in visited:
+                break
+            visited.append(nxt)
+            pol = nxt
+        best = min((p for p in visited if self.fits(p) is None), key=self.time, default=pol)
+        return best, marginal
+
+    def counts(self, pol: Policy) -> dict[str, int]:
+        c = pol.counts()
+        return {"keep": c["keep"], "offload": c["offload"], "resident": sum(pol.resident)}
+
+    def with_counts(self, pol: Policy, n: dict[str, int]) -> Policy:
+        return Policy.mix(
+            self.job,
+            n["keep"],
+            n["offload"],
+            n["resident"],
+            delivery=pol.delivery,
+            grad_reduce=pol.grad_reduce,
+            reduce_dtype=pol.reduce_dtype,
+            window=pol.window,
+            chunk_mb=pol.chunk_mb,
+            loss_chunk_tokens=pol.loss_chunk_tokens,
+        )
+
+    def marginal(self, pol: Policy, free: list[str]) -> dict[str, Any]:
+        """tau_j at this operating point: the step-time change of switching one checkpointed layer to policy j
+        (and of making one more layer resident), from the overlap model."""
+        j, n = self.job, self.counts(pol)
+        t = self.time(pol)
+        ckpt = j.layers - n["keep"] - n["offload"]
+        delta: dict[str, float] = {}
+        for f in ("keep", "offload"):
+            if f not in free:
+                continue
+            if ckpt > 0:
+                delta[f] = self.time(self.with_counts(pol, {**n, f: n[f] + 1})) - t
+            elif n[f] > 0:
+                delta[f] = t - self.time(self.with_counts(pol, {**n, f: n[f] - 1}))
+        if "resident" in free:
+            if n["resident"] < j.layers:
+                delta["resident"] = self.time(self.with_counts(pol, {**n, "resident": n["resident"] + 1})) - t
+            else:
+                delta["resident"] = t - self.time(self.with_counts(pol, {**n, "resident": n["resident"] - 1}))
+        k = self.acts.keep
+        tau0 = t / j.layers
+        T0 = -delta["keep"] / k if "keep" in delta else None
+        out = {
+            "k_bytes": k,
+            "tau_0_s": tau0,
+            "delta_s": delta,
+            "tau_s": {"checkpoint": tau0},
+            "T_s_per_GB": {"checkpoint": None if T0 is None else T0 * 1e9, "keep": 0.0},
+        }
+        for f in ("keep", "offload"):
+            if f in delta:
+                out["tau_s"][f] = tau0 + delta[f]
+        if "offload" in delta and T0 is not None:
+            out["T_s_per_GB"]["offload"] = (delta["offload"] / k + T0) * 1e9
+        return out
+
+    def best_counts(self, pol: Policy, marginal: dict[str, Any], free: list[str]) -> Policy | None:
+        """Minimise sum n_j*tau_j under HBM and host RAM (memory is linear in the counts; the pick is then
+        checked with the full memory model and trimmed if needed)."""
+        j, n0 = self.job, self.counts(pol)
+        d = marginal["delta_s"]
+        gain = {f: d.get(f, 0.0) for f in ("keep", "offload", "resident")}
+        use = {f: f in free and gain[f] < -MIN_GAIN_S for f in gain}
+        if not any(use.values()):
+            return self.with_counts(pol, {f: (n0[f] if f not in free else 0) for f in n0})
+        base = self.with_counts(pol, {f: (n0[f] if f not in free else 0) for f in n0})
+        m0 = self.mem(base)
+        step = {}
+        for f in ("keep", "offload", "resident"):
+            one = self.with_counts(base, {**self.counts(base), f: self.counts(base)[f] + 1})
+            m1 = self.mem(one)
+            step[f] = (m1["hbm_peak_bytes"] - m0["hbm_peak_bytes"], m1["host_bytes"] - m0["host_bytes"])
+        hbm_room = (j.hbm_budget - m0["hbm_peak_bytes"]) if j.on_gpu else float("inf")
+        host_room = j.host_limit_bytes - m0["host_bytes"]
+        fixed = self.fixed_mix()
+        best, best_val = None, 0.0
+        L = j.layers
+        keep_range = range(L + 1) if use["keep"] else [fixed.get("keep", 0)]
+        res_range = range(L + 1) if use["resident"] else [fixed.get("resident", 0)]
+        for nk in keep_range:
+            for nr in res_range:
+                hbm = step["keep"][0] * nk + step["resident"][0] * nr
+                host = step["keep"][1] * nk + step["resident"][1] * nr
+                if hbm > hbm_room or host > host_room:
+                    continue
+                no = fixed.get("offload", 0)
+                if use["offload"]:  # linear objective: as many as memory and layers allow
+                    room = L - nk
+                    for bound, per in (
+                        (hbm_room - hbm, step["offload"][0]),
+                        (host_room - host, step["offload"][1]),
+                    ):
+                        if per > 0:
+                            room = min(room, int(bound // per))
+                    no = max(0, room)
+                if nk + no > L:
+                    continue
+                val = (
+                    gain["keep"] * nk * use["keep"]
+                    + gain["offload"] * no * use["offload"]
+                    + gain["resident"] * nr * use["resident"]
+                )
+                if best is None or val < best_val - 1e-12:
+                    best, best_val = {"keep": nk, "offload": no, "resident": nr}, val
+        if best is None:
+            return None
+        return self.shrink_to_fit(self.with_counts(pol, best))
+
+    # ------------------------------------------------------------------ output
+    def predicted(self, pol: Policy, exposure: bool = False) -> dict[str, Any]:
+        m, j = self.mem(pol), self.job
+        out: dict[str, Any] = {
+            "step_time_s": None,
+            "phases": {},
+            "exposed": {},
+            "tokens_per_s": None,
+            "hbm_peak_gib": m["hbm_peak_bytes"] / GIB if j.on_gpu else None,
+            "host_ram_gib": m["host_bytes"] / GIB,
+            "hbm_parts_gib": {k: v * (1 + ALLOCATOR_SLACK) / GIB for k, v in m["hbm_parts"].items()}
+            if j.on_gpu
+            else {},
+            "host_parts_gib": {k: v / GIB for k, v in m["host_parts"].items()},
+        }
+        if self.rates:
+            p = predict(j, pol, self.rates, exposure=exposure)
+            out.update(
+                step_time_s=p["step_time_s"],
+                phases=p["phases"],
+                tokens_per_s=p["tokens_per_s"],
+                exposed=p.get("exposed", {}),
+                busy=p["busy"],
+            )
+        return out
+
+    def candidate(self, pol: Policy) -> dict[str, Any]:
+        why_not = self.fits(pol)
+        return {
+            "policy": _policy_out(pol),
+            "predicted": self.predicted(pol),
+            "fits": why_not is None,
+            "why_not": why_not,
+        }
+
+    def memory_only(self, window: int, chunk: int, loss_chunk: int) -> dict[str, Any]:
+        j = self.job
+        grad = (
+            "host"
+            if j.world == 1
+            else self.user.get("grad_reduce", "gpu" if j.interconnect in ("nvlink", "pcie-p2p") else "host")
+        )
+        delivery = (
+            "replicated"
+            if j.world == 1
+            else self.user.get(
+                "delivery", "sharded" if j.interconnect in ("nvlink", "pcie-p2p") else "replicated"
+            )
+        )
+        pol = self.base(delivery, grad, window, chunk, loss_chunk, {})
+        why_not = self.fits(pol)
+        if why_not is not None:
+            raise _Infeasible([self.hbm_error(pol, self.mem(pol))])
+        why = [
+            "No calibration: this plan checks memory only and predicts no times (run `slidedp bench` or a job "
+            "on the host to calibrate)."
+        ]
+        why.append(self.route_why(pol, None))
+        why.append(
+            "Activations: "
+            + (
+                "as configured."
+                if self.fixed_mix()
+                else "every layer checkpointed (without times the planner does not trade HBM for speed)."
+            )
+        )
+        return self.result(pol, [self.candidate(pol)], None, why=why)
+
+    def route_why(self, pol: Policy, table: dict | None) -> str:
+        j = self.job
+        if j.world == 1:
+            return (
+                "1 rank: nothing to share or reduce — each unit goes to the GPU whole and its gradient comes "
+                "back whole (routes are trivially replicated / host)."
+            )
+        src = (
+            "as configured"
+            if ("delivery" in self.user and "grad_reduce" in self.user)
+            else ("by predicted step time" if table else f"by topology rule ({j.interconnect} between GPUs)")
+        )
+        link = {
+            "nvlink": "NVLink with P2P",
+            "pcie-p2p": "PCIe P2P",
+            "pcie-host": "no P2P: collectives cross host memory",
+        }.get(j.interconnect, j.interconnect)
+        return f"Routes ({link}): {pol.delivery} delivery, {pol.grad_reduce} gradient reduction, {src}."
+
+    def result(
+        self, pol: Policy, candidates: list[dict], marginal: dict | None, why: list[str] | None = None
+    ) -> dict:
+        pred = self.predicted(pol, exposure=bool(self.rates))
+        seen, unique = set(), []
+        for c in sorted(candidates, key=lambda c: (not c["fits"], c["predicted"]["step_time_s"] or 0.0)):
+            p, t = c["policy"], c["predicted"]["step_time_s"]
+            # candidates the model cannot tell apart (e.g. transfer chunks on a link without chunk overhead)
+            key = (
+                p["delivery"],
+                p["grad_reduce"],
+                p["window"],
+                p["loss_chunk_tokens"],
+                tuple(p["activations"]),
+                tuple(p["resident"]),
+                None if t is None else round(t, 4),
+            )
+            if key not in seen:
+                seen.add(key)
+                unique.append(c)
+        if why is None:
+            why = self.explain(pol, pred, unique, marginal)
+        return {
+            "feasible": True,
+            "policy": _policy_out(pol),
+            "predicted": pred,
+            "candidates": unique[:24],
+            "why": " ".join(why),
+            "errors": [],
+            "marginal": marginal,
+            "job": self.job_summary(),
+        }
+
+    def explain(self, pol: Policy, pred: dict, cands: list[dict], marginal: dict | None) -> list[str]:
+        j, why = self.job, []
+        routes = {}
+        for c in cands:
+            p = c["policy"]
+            key = (p["delivery"], p["grad_reduce"])
+            if c["fits"] and (key not in routes or c["predicted"]["step_time_s"] < routes[key]):
+                routes[key] = c["predicted"]["step_time_s"]
+        why.append(self.route_why(pol, routes))
+        if len(routes) > 1:
+            why.append(
+                "Best step time per route: "
+                + ", ".join(
+                    f"{d}/{g} {t:.3f} s" for (d, g), t in sorted(routes.items(), key=lambda kv: kv[1])
+                )
+                + "."
+            )
+        c = pol.counts()
+        mix = f"{c['keep']} keep, {c['offload']} offload, {c['checkpoint']} checkpoint; {sum(pol.resident)} resident"
+        if marginal and marginal.get("delta_s"):
+            d = marginal["delta_s"]
+            terms = ", ".join(f"{k} {v * 1e3:+.1f} ms" for k, v in d.items())
+            why.append(
+                f"Activations: {mix} (per layer, switching from checkpoint changes the step by {terms}; "
+                f"a layer saves {marginal['k_bytes'] / GIB:.2f} GiB of activations)."
+            )
+        else:
+            why.append(f"Activations: {mix}" + (" (as configured)." if self.fixed_mix() else "."))
+        exp = pred.get("exposed") or {}
+        if exp:
+            top = max(exp.items(), key=lambda kv: kv[1])
+            if top[1] > 0.01 * pred["step_time_s"]:
+                why.append(
+                    f"Most exposed: {top[0]} ({top[1]:.3f} s of the {pred['step_time_s']:.3f} s step)."
+                )
+        if j.clip:
+            why.append(
+                "Exact clipping: updates wait for the global norm (step ~ backward + max(forward, update))."
+            )
+        knobs = [k for k in ("window", "chunk_mb", "loss_chunk_tokens") if k not in self.user]
+        if knobs:
+            why.append("Planner-chosen " + ", ".join(f"{k}={getattr(pol, k)}" for k in knobs) + ".")
+        return why
+
+
+def _policy_out(pol: Policy) -> dict[str, Any]:
+    d = pol.to_dict()
+    return {
+        k: d[k]
+        for k in (
+            "delivery",
+            "grad_reduce",
+            "reduce_dtype",
+            "activations",
+            "resident",
+            "window",
+            "chunk_mb",
+            "loss_chunk_tokens",
+        )
+    }
+
+
+# ---------------------------------------------------------------------------- printing
+def format_plan(plan: dict[str, Any]) -> str:
+    """A readable summary: the chosen policy, its prediction, the candidates, why (or what does not fit)."""
+    lines = []
+    if not plan.get("feasible"):
+        lines.append("NOT FEASIBLE")
+        for e in plan.get("errors", []):
+            lines.append(f"  {e['loc']}: {e['msg']}")
+        return "\n".join(lines)
+    pol, pred = plan["policy"], plan["predicted"]
+    c = {p: pol["activations"].count(p) for p in ("keep", "offload", "checkpoint")}
+    lines.append(
+        f"policy: delivery={pol['delivery']} grad_reduce={pol['grad_reduce']} reduce_dtype={pol['reduce_dtype']} "
+        f"window={pol['window']} chunk_mb={pol['chunk_mb']} loss_chunk_tokens={pol['loss_chunk_tokens']}"
+    )
+    lines.append(
+        f"activations: keep {c['keep']}, offload {c['offload']}, checkpoint {c['checkpoint']}; "
+        f"resident layers {sum(pol['resident'])}  ({_runs(pol['activations'])})"
+    )
+    mem = f"HBM peak {pred['hbm_peak_gib']:.1f} GiB/GPU, " if pred.get("hbm_peak_gib") is not None else ""
+    lines.append(f"memory: {mem}host {pred['host_ram_gib']:.1f} GiB")
+    if pred.get("step_time_s") is not None:
+        lines.append(f"predicted: {pred['step_time_s']:.3f} s/step, {pred['tokens_per_s']:,.0f} tokens/s")
+        lines.append("  phases: " + "  ".join(f"{k} {v:.3f}" for k, v in pred["phases"].items()))
+        if pred.get("exposed"):
+            lines.append("  exposed: " + "  ".join(f"{k} {v:.3f}" for k, v in pred["exposed"].items()))
+    else:
+        lines.append(f"predicted: no step time ({plan.get('calibration_note', 'no calibration')})")
+    if plan.get("candidates"):
+        lines.append("")
+        lines.append(
+            f"{'delivery':<11}{'grad':<6}{'win':>4}{'chunk':>6}{'loss':>6}{'keep':>5}{'off':>4}{'res':>4}"
+            f"{'step s':>9}{'tok/s':>9}{'HBM GiB':>9}{'host GiB':>9}  fits"
+        )
+        for cand in plan["candidates"]:
+            p, q = cand["policy"], cand["predicted"]
+            t = f"{q['step_time_s']:.3f}" if q.get("step_time_s") is not None else "-"
+            tps = f"{q['tokens_per_s']:,.0f}" if q.get("tokens_per_s") else "-"
+            hbm = f"{q['hbm_peak_gib']:.1f}" if q.get("hbm_peak_gib") is not None else "-"
+            lines.append(
+                f"{p['delivery']:<11}{p['grad_reduce']:<6}{p['window']:>4}{p['chunk_mb']:>6}"
+                f"{p['loss_chunk_tokens']:>6}{p['activations'].count('keep'):>5}"
+                f"{p['activations'].count('offload'):>4}{sum(p['resident']):>4}{t:>9}{tps:>9}{hbm:>9}"
+                f"{q['host_ram_gib']:>9.1f}  {'yes' if cand['fits'] else 'no: ' + cand['why_not']}"
+            )
+    lines.append("")
+    lines.append("why: " + plan.get("why", ""))
+    return "\n".join(lines)
+
+
+def _runs(acts: list[str]) -> str:
+    """Layer ranges per policy, e.g. "1-27 keep, 28-36 checkpoint"."""
+    out, start = [], 0
+    for i in range(1, len(acts) + 1):
+        if i == len(acts) or acts[i] != acts[start]:
+            out.append(f"{start + 1}-{i} {acts[start]}" if i - start > 1 else f"{i} {acts[start]}")
+            start = i
+    return ", ".join(out)
