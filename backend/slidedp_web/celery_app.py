@@ -8,8 +8,10 @@ any timeout one would pick, so
 * jobs are acknowledged when they start (``task_acks_late = False``): a running job has no unacknowledged
   message left that could come back. What a worker crash loses is recorded in the database instead: the job's
   heartbeat stops, the API marks it *interrupted*, and the user resumes it from its last checkpoint;
-* a worker holds no message it has not started (``worker_disable_prefetch``, prefetch multiplier 1, the solo
-  pool: one job at a time, run by the worker's own process, which spawns the job's process);
+* a worker holds no message it has not started (``worker_disable_prefetch``, prefetch multiplier 1) and runs one
+  job at a time on one pool thread, which spawns the job's process. Not the solo pool: it runs the task on the
+  worker's event loop, and the acknowledgement is scheduled on that same loop, so it would only go out when
+  the job ends — acknowledgement at the end in all but name (tests/backend/test_queue_faults.py pins this);
 * the visibility timeout (SLIDEDP_BROKER_VISIBILITY_TIMEOUT_S, one hour by default) therefore only governs a
   message a worker had received but not started when it died; it comes back after that time;
 * every message names its job and attempt, and a worker starts a job only by claiming it in the database
@@ -44,7 +46,7 @@ def make_celery(settings: Settings) -> Celery:
         worker_prefetch_multiplier=1,
         worker_disable_prefetch=True,
         worker_concurrency=1,
-        worker_pool="solo",
+        worker_pool="threads",
         worker_hijack_root_logger=False,
         worker_send_task_events=False,
         broker_connection_retry_on_startup=True,

@@ -10,7 +10,10 @@ import json
 import logging
 import os
 import socket
+import subprocess
+import sys
 import threading
+import time
 from datetime import timedelta
 from typing import Any, Optional
 
@@ -23,46 +26,56 @@ from slidedp_web.journal import clean_json
 from slidedp_web.models import Host, as_utc, utcnow
 
 log = logging.getLogger(__name__)
+TOPOLOGY_EVERY_S = 600.0  # GPUs and links rarely change; last_seen and calibration go out every report
 
 
 def local_topology(settings: Settings) -> dict[str, Any]:
-    """This machine's topology from slidedp's detector (torch-free), or the basics when it is not there."""
+    """This machine's topology from slidedp's detector, or the basics when it is not there.
+
+    The detector asks torch for its CUDA and NCCL versions, so it runs in a child process: neither the API
+    nor the worker's own process imports torch (the worker spawns each job's process fresh).
+    """
+    code = (
+        "import json, sys\n"
+        "from slidedp.planning.topology import detect\n"
+        "ram = float(sys.argv[1]) if len(sys.argv) > 1 else None\n"
+        "print(json.dumps(detect(host_ram_gib=ram)))\n"
+    )
+    argv = [sys.executable, "-c", code] + ([str(settings.host_ram_gib)] if settings.host_ram_gib else [])
     try:
-        from slidedp.planning.topology import detect
-    except ImportError:
-        detect = None
-    if detect is not None:
-        try:
-            return clean_json(detect(host_ram_gib=settings.host_ram_gib))
-        except Exception as exc:  # noqa: BLE001 - a broken probe must not keep the worker from serving
-            log.warning("topology detection failed (%s); reporting the basics", exc)
+        out = subprocess.run(argv, capture_output=True, text=True, timeout=120, check=False)
+        if out.returncode == 0:
+            return clean_json(json.loads(out.stdout.strip().splitlines()[-1]))
+        log.warning("topology detection failed (%s); reporting the basics", out.stderr.strip()[-500:])
+    except (OSError, subprocess.SubprocessError, ValueError, IndexError) as exc:
+        log.warning("topology detection failed (%s); reporting the basics", exc)
     return basic_topology(settings)
 
 
+def host_ram_bytes(topology: Optional[dict[str, Any]]) -> Optional[int]:
+    """The host RAM a job may use, from a topology report (§4: host_ram.limit_bytes)."""
+    if not topology:
+        return None
+    value = topology.get("host_ram_bytes")
+    if value is None and isinstance(topology.get("host_ram"), dict):
+        value = topology["host_ram"].get("limit_bytes")
+    return int(value) if isinstance(value, (int, float)) and value > 0 else None
+
+
 def basic_topology(settings: Settings) -> dict[str, Any]:
-    import psutil
+    """What the API knows of its own machine without the detector (no GPUs listed): CPU count and host RAM."""
+    from slidedp.validation import host_ram_limit
 
-    ram = int(settings.host_ram_gib * 2**30) if settings.host_ram_gib else _cgroup_or_total_ram(psutil)
+    limit, source = host_ram_limit(settings.host_ram_gib)
     return {
-        "source": "slidedp_web basic probe (slidedp.planning.topology unavailable)",
+        "schema": 1,
+        "source": "slidedp_web basic probe (no worker has reported this host's topology)",
         "hostname": socket.gethostname(),
-        "cpu_count": os.cpu_count(),
-        "host_ram_bytes": ram,
         "gpus": [],
+        "links": [],
+        "cpu": {"logical_cores": os.cpu_count()},
+        "host_ram": {"limit_bytes": limit, "source": source},
     }
-
-
-def _cgroup_or_total_ram(psutil: Any) -> int:
-    total = int(psutil.virtual_memory().total)
-    for path in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
-        try:
-            with open(path) as fh:
-                text = fh.read().strip()
-        except OSError:
-            continue
-        if text.isdigit() and 0 < int(text) < total:
-            return int(text)
-    return total
 
 
 def local_calibration(settings: Settings) -> Optional[dict[str, Any]]:
@@ -114,7 +127,8 @@ def online_hosts(session: Session, settings: Settings) -> list[Host]:
 
 
 class Reporter(threading.Thread):
-    """Reports this host every SLIDEDP_HOST_REPORT_S until stopped (a daemon thread of the worker)."""
+    """Reports this host every SLIDEDP_HOST_REPORT_S until stopped (a daemon thread of the worker); the
+    topology is detected again every TOPOLOGY_EVERY_S."""
 
     def __init__(self, settings: Settings):
         super().__init__(name="slidedp-host-report", daemon=True)
@@ -122,8 +136,12 @@ class Reporter(threading.Thread):
         self.stopped = threading.Event()
 
     def run(self) -> None:
+        last_topology = time.monotonic()
         while not self.stopped.wait(self.settings.host_report_s):
             try:
-                report(self.settings, topology=local_topology(self.settings))
+                topology = None
+                if time.monotonic() - last_topology > TOPOLOGY_EVERY_S:
+                    topology, last_topology = local_topology(self.settings), time.monotonic()
+                report(self.settings, topology=topology)
             except Exception as exc:  # noqa: BLE001 - keep reporting through a database hiccup
                 log.warning("host report failed: %s", exc)

@@ -29,6 +29,8 @@ def run(env: dict[str, str], job_id: int, attempt: int, stop: Any, conn: Any) ->
         _log(settings, job_id, traceback.format_exc())
     try:
         conn.send(outcome)
+    except OSError:
+        pass  # the worker is gone; the database already has the job's steps and logs
     finally:
         conn.close()
 

@@ -15,8 +15,9 @@ from fastapi.exceptions import RequestValidationError
 from slidedp.config import JobConfig
 from sqlmodel import Session, func, select
 
+from slidedp_web import hosts
 from slidedp_web.core.config import Settings
-from slidedp_web.hosts import is_online, local_calibration, local_topology
+from slidedp_web.hosts import basic_topology, is_online, local_calibration
 from slidedp_web.journal import clean_json
 from slidedp_web.models import Host, Job
 
@@ -48,14 +49,11 @@ def choose_host(session: Session, settings: Settings, requested: Optional[str]) 
 
 def host_ram_bytes(host: Optional[Host]) -> Optional[int]:
     """The target host's RAM as its worker reported it (None: this machine's own limit applies)."""
-    if host is None or not host.topology:
-        return None
-    value = host.topology.get("host_ram_bytes")
-    return int(value) if isinstance(value, (int, float)) and value > 0 else None
+    return hosts.host_ram_bytes(host.topology) if host is not None else None
 
 
 def plan_preview(cfg: JobConfig, host: Optional[Host], settings: Settings) -> dict[str, Any]:
-    topology = host.topology if host and host.topology else local_topology(settings)
+    topology = host.topology if host and host.topology else basic_topology(settings)
     calibration = host.calibration if host else local_calibration(settings)
     try:
         from slidedp.planning.autopolicy import plan_job
@@ -76,7 +74,7 @@ def configured_plan(cfg: JobConfig, topology: dict[str, Any], host_name: str) ->
     fit: dict[str, Any] = {"note": "host state = parameters x 14 B (fp32 master + AdamW m, v + bf16 copy)"}
     try:
         params = param_count(model_config_dict(cfg.model))
-        ram = topology.get("host_ram_bytes")
+        ram = hosts.host_ram_bytes(topology)
         need = params * 14
         fit.update(params=params, host_state_bytes=need, host_ram_bytes=ram,
                    fits=None if not ram else need <= ram)

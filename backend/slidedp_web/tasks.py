@@ -11,11 +11,13 @@ import logging
 import multiprocessing as mp
 import os
 import signal
+import threading
 import time
 from typing import Any, Optional
 
 import sqlalchemy as sa
 from celery import shared_task
+from celery.signals import worker_shutting_down
 
 from slidedp_web import job_process, live
 from slidedp_web.celery_app import TASK_NAME
@@ -119,10 +121,20 @@ def _heartbeat(settings: Settings, job_id: int, attempt: int, write: bool) -> Op
     return row[0] if row else "stop"  # a deleted job stops
 
 
+_shutting_down = threading.Event()
+
+
+@worker_shutting_down.connect
+def _on_worker_shutting_down(**_: Any) -> None:
+    _shutting_down.set()
+
+
 def _worker_shutting_down() -> bool:
     from celery.worker import state
 
-    return bool(state.should_stop or state.should_terminate)
+    # The flags hold the exit code once set, and a clean exit is 0: compare with None/False, not truthiness.
+    return _shutting_down.is_set() or any(flag not in (None, False) for flag in (state.should_stop,
+                                                                                  state.should_terminate))
 
 
 def _kill_group(pgid: Optional[int]) -> None:

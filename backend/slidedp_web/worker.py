@@ -83,7 +83,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     log.info("worker %s consuming queue %s (broker %s)", settings.host_name, settings.queue, settings.redis_url)
     try:
         app.worker_main([
-            "worker", "--pool=solo", "--concurrency=1", "--queues", settings.queue,
+            "worker", "--pool=threads", "--concurrency=1", "--queues", settings.queue,
             "--hostname", f"slidedp@{settings.host_name}", "--loglevel", args.loglevel,
             "--without-gossip", "--without-mingle", "--without-heartbeat",
         ])

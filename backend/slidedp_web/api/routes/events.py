@@ -17,6 +17,7 @@ from typing import Any, Optional
 import anyio
 import redis
 from fastapi import APIRouter, Header, Query, Request
+from sqlmodel import select
 from sse_starlette import EventSourceResponse, ServerSentEvent
 
 from slidedp_web import live
@@ -35,9 +36,9 @@ POLL_S = 3.0  # re-read the database this often even without a wake-up
 def _fetch(settings: Settings, job_id: int, after: int) -> tuple[list[Event], Optional[Job]]:
     with read_session(settings) as session:
         job = session.get(Job, job_id)
-        rows = session.query(Event).filter(Event.job_id == job_id, Event.seq > after).order_by(
-            Event.seq).limit(BATCH).all()
-        return rows, job
+        rows = session.exec(select(Event).where(Event.job_id == job_id, Event.seq > after)
+                            .order_by(Event.seq).limit(BATCH)).all()
+        return list(rows), job
 
 
 @router.get(

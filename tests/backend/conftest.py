@@ -1,0 +1,65 @@
+"""Fixtures of the backend tests: real Redis, the real API over HTTP, a real Celery worker process running the
+real runtime on a tiny model on the CPU. Settings are built per test module with a private data directory."""
+
+from __future__ import annotations
+
+import os
+import uuid
+from pathlib import Path
+
+import httpx
+import pytest
+from backend_support import TIMINGS, ApiServer, RedisServer, WorkerProcess, tokens_dataset
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+
+@pytest.fixture(scope="session")
+def redis_server(tmp_path_factory) -> RedisServer:
+    server = RedisServer(tmp_path_factory.mktemp("redis"))
+    server.start()
+    yield server
+    server.stop()
+
+
+def make_settings(data_dir: Path, redis_url: str, **overrides):
+    from slidedp_web.core.config import Settings
+
+    name = f"test-{uuid.uuid4().hex[:8]}"
+    values = {"data_dir": data_dir, "redis_url": redis_url, "host_name": name, "database_url": None, **TIMINGS}
+    values.update(overrides)
+    return Settings(_env_file=None, **values)
+
+
+@pytest.fixture(scope="module")
+def module_dir(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("backend")
+
+
+@pytest.fixture(scope="module")
+def settings(module_dir, redis_server):
+    return make_settings(module_dir / "data", redis_server.url)
+
+
+@pytest.fixture(scope="module")
+def api(settings):
+    with ApiServer(settings) as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def client(api):
+    with httpx.Client(base_url=api.url, timeout=30) as c:
+        yield c
+
+
+@pytest.fixture(scope="module")
+def worker(settings, module_dir, api):
+    proc = WorkerProcess(settings, module_dir / "worker.log").start()
+    yield proc
+    proc.stop()
+
+
+@pytest.fixture(scope="module")
+def dataset(module_dir) -> Path:
+    return tokens_dataset(module_dir / "tokens.jsonl")

@@ -1,0 +1,152 @@
+"""Jobs submitted over REST run on a real Celery worker with the real runtime (tiny model, CPU): metrics arrive
+over SSE, cancel stops at a step boundary, resume continues from the checkpoint, duplicates are dropped."""
+
+from __future__ import annotations
+
+import io
+import tarfile
+import time
+from pathlib import Path
+
+import pytest
+from backend_support import read_sse, tiny_job, wait_for, wait_status
+
+METRIC_KEYS = {"step", "loss", "lr", "grad_norm", "clipped", "step_time_s", "tokens_per_s", "tflops", "mfu",
+               "hbm_peak_gib", "host_rss_gib", "data_time_s", "phases", "predicted"}
+
+
+def statuses(events: list[dict]) -> list[str]:
+    return [e["data"]["status"] for e in events if e["event"] == "status"]
+
+
+def metric_steps(events: list[dict]) -> list[int]:
+    return [e["data"]["step"] for e in events if e["event"] == "metrics"]
+
+
+def test_submitted_job_runs_and_streams_metrics_until_completed(client, worker, dataset, settings):
+    resp = client.post("/api/jobs", json={**tiny_job(dataset, checkpoint={"interval": 2}), "name": "tiny"})
+    assert resp.status_code == 201, resp.text
+    job = resp.json()
+    assert (job["status"], job["name"], job["steps"], job["step"]) == ("queued", "tiny", 4, 0)
+    assert job["output_dir"] == str(settings.jobs_dir / str(job["id"]))
+    assert job["config"]["optimizer"]["lr"] == 1e-5  # stored with defaults filled in
+
+    events = read_sse(client, f"/api/jobs/{job['id']}/events", timeout=120)
+    assert statuses(events) == ["queued", "running", "completed"]
+    assert metric_steps(events) == [1, 2, 3, 4]
+    assert [e["id"] for e in events] == list(range(1, len(events) + 1))  # gap-free, increasing
+    assert all(METRIC_KEYS <= set(e["data"]) for e in events if e["event"] == "metrics")
+    logs = [e["data"] for e in events if e["event"] == "log"]
+    assert [entry["seq"] for entry in logs] == list(range(1, len(logs) + 1))
+    assert any("step     4/4" in entry["line"] for entry in logs)
+
+    done = client.get(f"/api/jobs/{job['id']}").json()
+    assert (done["status"], done["step"], done["host"]) == ("completed", 4, settings.host_name)
+    assert done["last_metrics"]["step"] == 4 and done["tokens_per_s"] > 0 and done["eta_s"] is None
+    assert done["started_at"] <= done["finished_at"]
+    assert done["checkpoints"] == ["step-00000002", "step-00000004"]
+
+    metrics = client.get(f"/api/jobs/{job['id']}/metrics").json()["items"]
+    assert [m["step"] for m in metrics] == [1, 2, 3, 4]
+    assert metrics == [e["data"] for e in events if e["event"] == "metrics"]
+    assert [m["step"] for m in client.get(f"/api/jobs/{job['id']}/metrics?after_step=2").json()["items"]] == [3, 4]
+    assert client.get(f"/api/jobs/{job['id']}/logs").json()["items"] == logs
+    assert client.get(f"/api/jobs/{job['id']}/logs?after_seq=2").json()["items"] == logs[2:]
+
+    ckpts = client.get(f"/api/jobs/{job['id']}/checkpoints").json()["items"]
+    assert [(c["name"], c["step"]) for c in ckpts] == [("step-00000002", 2), ("step-00000004", 4)]
+    assert all(c["bytes"] > 0 and Path(c["path"]).is_dir() for c in ckpts)
+
+    # A reconnecting client (Last-Event-ID header or query) gets exactly the events after the one it saw.
+    k = events[len(events) // 2]["id"]
+    assert read_sse(client, f"/api/jobs/{job['id']}/events", headers={"Last-Event-ID": str(k)}) == events[k:]
+    assert read_sse(client, f"/api/jobs/{job['id']}/events?last_event_id={k}") == events[k:]
+
+    export = client.get(f"/api/jobs/{job['id']}/export")
+    assert export.status_code == 200 and export.headers["content-type"] == "application/gzip"
+    with tarfile.open(fileobj=io.BytesIO(export.content), mode="r:gz") as tar:
+        names = set(tar.getnames())
+    prefix = f"slidedp-job-{job['id']}"
+    assert {f"{prefix}/config.json", f"{prefix}/model.safetensors"} <= names
+
+    listed = client.get("/api/jobs?status=completed").json()
+    assert listed["total"] >= 1 and job["id"] in [j["id"] for j in listed["items"]]
+    assert client.delete(f"/api/jobs/{job['id']}").status_code == 204
+    assert client.get(f"/api/jobs/{job['id']}").status_code == 404
+    assert not Path(done["output_dir"]).exists()
+
+
+def test_duplicate_queue_message_never_runs_a_job_twice(client, worker, dataset, settings, redis_server):
+    from slidedp_web.celery_app import enqueue
+
+    job = client.post("/api/jobs", json=tiny_job(dataset, steps=2)).json()
+    wait_status(client, job["id"], ("completed",))
+    before = read_sse(client, f"/api/jobs/{job['id']}/events")
+    enqueue(settings, job["id"], 1, settings.queue)  # a redelivered copy of the same attempt
+    wait_for(lambda: "duplicate or stale delivery ignored" in worker.log(), 30, "the worker to drop the copy")
+    assert redis_server.client().llen(settings.queue) == 0
+    assert read_sse(client, f"/api/jobs/{job['id']}/events") == before
+    assert statuses(before) == ["queued", "running", "completed"]
+
+
+def test_cancel_stops_a_running_job_at_a_step_boundary_and_a_queued_one_at_once(client, worker, dataset):
+    long_job = client.post("/api/jobs", json=tiny_job(dataset, steps=100_000)).json()
+    waiting = client.post("/api/jobs", json=tiny_job(dataset, steps=2)).json()
+    first = read_sse(client, f"/api/jobs/{long_job['id']}/events", stop=lambda ev: bool(metric_steps(ev)))
+    assert metric_steps(first) == [1]
+
+    cancelled = client.post(f"/api/jobs/{waiting['id']}/cancel")
+    assert cancelled.status_code == 200 and cancelled.json()["status"] == "cancelled"
+    resp = client.post(f"/api/jobs/{long_job['id']}/cancel", json={"save": False})
+    assert resp.status_code == 200 and resp.json()["status"] == "running"
+
+    rest = read_sse(client, f"/api/jobs/{long_job['id']}/events", headers={"Last-Event-ID": str(first[-1]["id"])},
+                    timeout=60)
+    assert statuses(first + rest) == ["queued", "running", "cancelled"]
+    done = client.get(f"/api/jobs/{long_job['id']}").json()
+    assert 1 <= done["step"] < 100_000 and done["step"] == metric_steps(first + rest)[-1]
+    assert done["checkpoints"] == [] and done["error"] is None
+    assert client.post(f"/api/jobs/{long_job['id']}/cancel").status_code == 409
+
+    # The queued job's message reaches the worker later and is dropped: it never ran.
+    time.sleep(2)
+    assert statuses(read_sse(client, f"/api/jobs/{waiting['id']}/events")) == ["queued", "cancelled"]
+    assert client.get(f"/api/jobs/{waiting['id']}/metrics").json()["items"] == []
+
+
+@pytest.mark.slow
+def test_cancel_with_save_then_resume_continues_from_the_checkpoint(client, worker, dataset):
+    steps = 300
+    job = client.post("/api/jobs", json=tiny_job(dataset, steps=steps)).json()
+    first = read_sse(client, f"/api/jobs/{job['id']}/events", stop=lambda ev: bool(metric_steps(ev)))
+    assert client.post(f"/api/jobs/{job['id']}/cancel", json={"save": True}).status_code == 200
+    rest = read_sse(client, f"/api/jobs/{job['id']}/events", headers={"Last-Event-ID": str(first[-1]["id"])})
+    stopped = client.get(f"/api/jobs/{job['id']}").json()
+    assert stopped["status"] == "cancelled", stopped
+    saved = stopped["step"]
+    assert 1 <= saved < steps
+    assert stopped["checkpoints"] == [f"step-{saved:08d}"]
+
+    resumed = client.post(f"/api/jobs/{job['id']}/resume")
+    assert resumed.status_code == 200 and resumed.json()["status"] == "queued"
+    seen = first[-1]["id"] if not rest else rest[-1]["id"]
+    after = read_sse(client, f"/api/jobs/{job['id']}/events", headers={"Last-Event-ID": str(seen)}, timeout=240)
+    assert statuses(after) == ["queued", "running", "completed"]
+    assert metric_steps(after) == list(range(saved + 1, steps + 1))  # continues, does not start over
+    done = client.get(f"/api/jobs/{job['id']}").json()
+    assert (done["status"], done["step"]) == ("completed", steps)
+    all_steps = [m["step"] for m in client.get(f"/api/jobs/{job['id']}/metrics").json()["items"]]
+    assert all_steps == list(range(1, steps + 1))
+    assert any("resuming from the newest checkpoint" in line["line"]
+               for line in client.get(f"/api/jobs/{job['id']}/logs").json()["items"])
+    assert client.post(f"/api/jobs/{job['id']}/resume").status_code == 409  # completed jobs are final
+
+
+def test_worker_reports_its_host_topology(client, worker, settings):
+    hosts = {h["name"]: h for h in client.get("/api/hosts").json()["items"]}
+    host = hosts[settings.host_name]
+    assert host["online"] is True and host["queue"] == settings.queue
+    assert host["topology"]["schema"] == 1 and isinstance(host["topology"]["gpus"], list)
+    assert host["topology"]["host_ram"]["limit_bytes"] > 0
+    health = client.get("/api/health").json()
+    assert health["status"] == "ok" and health["workers"] >= 1
