@@ -130,11 +130,39 @@ class LocalWorker:
                 _stop(self.proc, self.stop_timeout)
 
 
+class _Stop(Exception):
+    """SIGINT/SIGTERM: leave the `with` blocks so that the worker and Redis are stopped in order."""
+
+
+def _install_stop_handlers() -> None:
+    # uvicorn restores the handlers it found and re-raises the signal after its own graceful shutdown; these
+    # turn that signal into an exception once, so the cleanup below runs, and ignore repeats while it runs.
+    def stop(signum: int, _frame: object) -> None:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, repeat)
+        raise _Stop(signum)
+
+    def repeat(_signum: int, _frame: object) -> None:
+        print("slidedp serve: still stopping (a running job is saving a checkpoint)", file=sys.stderr, flush=True)
+
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, stop)
+
+
 def main(argv: Optional[list[str]] = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
     data_dir = Path(os.environ.get("SLIDEDP_DATA_DIR") or ".slidedp").resolve()
     data_dir.mkdir(parents=True, exist_ok=True)
     os.environ["SLIDEDP_DATA_DIR"] = str(data_dir)
+    _install_stop_handlers()
+    try:
+        _serve(args, data_dir)
+    except _Stop:
+        pass
+    return 0
+
+
+def _serve(args: argparse.Namespace, data_dir: Path) -> None:
     with contextlib.ExitStack() as stack:
         if not os.environ.get("REDIS_URL"):
             os.environ["REDIS_URL"] = stack.enter_context(private_redis(data_dir))
@@ -158,7 +186,6 @@ def main(argv: Optional[list[str]] = None) -> int:
               f"{settings.sqlalchemy_url.split('://')[0]}; Redis: {settings.redis_url}; worker log: "
               f"{data_dir / 'worker.log'})", flush=True)
         uvicorn.run(create_app(settings), host=host, port=port, log_level="info")
-    return 0
 
 
 if __name__ == "__main__":

@@ -175,3 +175,37 @@ print("torch" in sys.modules, "transformers" in sys.modules)
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-3000:]
     assert out.stdout.split() == ["False", "False"]
+
+
+def _write_logs(env: dict, job_id: int, writer: int, lines: int) -> None:
+    import os
+
+    os.environ.update(env)
+    from slidedp_web.core.config import Settings
+    from slidedp_web.journal import record_log
+
+    settings = Settings(_env_file=None)
+    for i in range(lines):
+        record_log(settings, job_id, f"writer {writer} line {i}")
+
+
+def test_processes_writing_one_sqlite_journal_get_gap_free_event_ids(client, settings, dataset):
+    """API, worker and job process all write a job's events: each id is taken once, none is skipped."""
+    import multiprocessing as mp
+
+    from backend_support import read_sse
+
+    job = client.post("/api/jobs", json=tiny_job(dataset)).json()
+    assert client.post(f"/api/jobs/{job['id']}/cancel").json()["status"] == "cancelled"
+    ctx = mp.get_context("spawn")
+    procs = [ctx.Process(target=_write_logs, args=(settings.env(), job["id"], w, 30)) for w in range(3)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(120)
+        assert p.exitcode == 0
+    events = read_sse(client, f"/api/jobs/{job['id']}/events")
+    assert [e["id"] for e in events] == list(range(1, len(events) + 1))
+    seqs = sorted(e["data"]["seq"] for e in events if e["event"] == "log")
+    assert seqs == list(range(1, 91))
+    assert client.delete(f"/api/jobs/{job['id']}").status_code == 204

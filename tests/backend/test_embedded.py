@@ -1,0 +1,98 @@
+"""`slidedp serve` (slidedp_web.embedded.main) as a real subprocess: private Redis on a unix socket, SQLite in
+the data directory, one local worker, the API on the requested port; SIGTERM stops all of it."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+
+import httpx
+from backend_support import free_port, wait_for
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def test_serve_starts_the_workbench_and_stops_everything(tmp_path):
+    data = tmp_path / "data"
+    port = free_port()
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("REDIS_URL", "DATABASE_URL", "SLIDEDP_API_TOKEN") and not k.startswith("SLIDEDP_")}
+    env.update(SLIDEDP_DATA_DIR=str(data), SLIDEDP_HOST_REPORT_S="1", HF_HUB_OFFLINE="1")
+    log = open(tmp_path / "serve.log", "wb")
+    proc = subprocess.Popen(
+        [sys.executable, "-c", f"import sys; from slidedp_web.embedded import main; sys.exit(main(['--port', '{port}']))"],
+        env=env, cwd=str(tmp_path), stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+
+    def health():
+        try:
+            body = httpx.get(f"{url}/api/health", timeout=2).json()
+        except httpx.HTTPError:
+            return None
+        return body if body["workers"] == 1 else None
+
+    try:
+        body = wait_for(health, 90, "slidedp serve to answer with its worker online")
+        assert body == {"status": "ok", "database": True, "redis": True, "workers": 1}
+        assert (data / "slidedp.db").is_file() and (data / "redis.sock").exists()
+        redis_pid = int((data / "redis.pid").read_text())
+        assert _alive(redis_pid)
+        hosts = httpx.get(f"{url}/api/hosts").json()["items"]
+        assert len(hosts) == 1 and hosts[0]["online"]
+        assert "SlideDP Workbench at http://127.0.0.1:" in (tmp_path / "serve.log").read_text()
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            code = proc.wait(60)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            raise
+        log.close()
+    assert code == 0, (tmp_path / "serve.log").read_text()[-3000:]
+    wait_for(lambda: not _alive(redis_pid), 10, "the private redis-server to stop")
+    assert not (data / "redis.sock").exists()
+    worker_log = (data / "worker.log").read_text()
+    assert "ready." in worker_log
+
+
+def test_serve_uses_redis_url_and_database_url_when_set(tmp_path):
+    """The machine's own Redis (127.0.0.1:6379) and a database file elsewhere: no private Redis is started."""
+    import redis
+
+    external = "redis://127.0.0.1:6379/11"
+    try:
+        redis.Redis.from_url(external, socket_connect_timeout=1).ping()
+    except redis.RedisError as exc:
+        raise AssertionError(f"the external-Redis test needs a Redis at {external}: {exc}") from exc
+    data, db_file = tmp_path / "data", tmp_path / "elsewhere" / "wb.db"
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SLIDEDP_")}
+    env.update(SLIDEDP_DATA_DIR=str(data), REDIS_URL=external, DATABASE_URL=f"sqlite:///{db_file}",
+               SLIDEDP_HOST_NAME=f"serve-ext-{port}", HF_HUB_OFFLINE="1")
+    log = open(tmp_path / "serve.log", "wb")
+    proc = subprocess.Popen(
+        [sys.executable, "-c", f"import sys; from slidedp_web.embedded import main; sys.exit(main(['--port', '{port}']))"],
+        env=env, cwd=str(tmp_path), stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        def health():
+            try:
+                return httpx.get(f"http://127.0.0.1:{port}/api/health", timeout=2).json()
+            except httpx.HTTPError:
+                return None
+
+        assert wait_for(health, 90, "slidedp serve to answer")["redis"] is True
+        assert db_file.is_file() and not (data / "slidedp.db").exists()
+        assert not (data / "redis.sock").exists() and not (data / "redis.pid").exists()
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        code = proc.wait(60)
+        log.close()
+    assert code == 0, (tmp_path / "serve.log").read_text()[-3000:]
