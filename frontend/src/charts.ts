@@ -173,7 +173,9 @@ export class LiveChart {
       bands.push({ series: [k + 1, k], fill: alpha(layout.lines[k].colour, 0.55) });
     }
     const scales: uPlot.Scales = { x: { time: false } };
-    const axes: uPlot.Axis[] = [{ label: "step", size: 36, labelSize: 16 }];
+    // Steps are whole numbers: never a tick at step 2.5.
+    const stepIncrs = [1, 2, 5, 10, 20, 25, 50, 100, 200, 250, 500, 1000, 2000, 2500, 5000, 10000, 20000, 50000, 100000, 200000, 500000, 1000000];
+    const axes: uPlot.Axis[] = [{ label: "step", size: 36, labelSize: 16, incrs: stepIncrs }];
     for (const ax of layout.axes) {
       scales[ax.scale] = { auto: true, range: (_u, min, max) => rangeFrom(min, max, ax.scale === "y" && nStacked > 0) };
       axes.push({

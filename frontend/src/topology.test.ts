@@ -60,4 +60,13 @@ describe("readHost", () => {
     const gpu = { ...h200x2.gpus[0], pcie: { gen: 1, width: 16, max_gen: 5, max_width: 16 } };
     expect(readHost({ gpus: [gpu] }, null).gpus[0].pcie).toBe("PCIe Gen1 x16 (max Gen5 x16)");
   });
+
+  it("reads the copy rates of a calibration record, or of a map of records keyed by shape", () => {
+    const record = { transfers: { chunk_mib: [64, 512], h2d_GBps: [50.1, 54.7], d2h_GBps: [55.25, 55.0] }, unit: { params: 1 } };
+    for (const cal of [record, { "qwen3-8b_bs8_nvlink": record }]) {
+      const v = readHost(h200x2, cal);
+      expect(v.gpus.map((g) => [g.h2dGBs, g.d2hGBs])).toEqual([[54.7, 55.25], [54.7, 55.25]]);
+      expect(v.links[0].bandwidthGBs).toBeNull();
+    }
+  });
 });

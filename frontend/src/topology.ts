@@ -108,6 +108,24 @@ function perGpu(cal: unknown, keys: string[], i: number): number | null {
   return null;
 }
 
+/** Calibration records: one record, or a map of them keyed by shape ("qwen3-8b_bs8_nvlink"). */
+export function calibrationRecords(cal: unknown): Obj[] {
+  if (!isObj(cal)) return [];
+  if (isObj(cal.transfers) || isObj(cal.unit) || isObj(cal.cpu)) return [cal];
+  return Object.values(cal).filter((r): r is Obj => isObj(r) && (isObj(r.transfers) || isObj(r.unit) || isObj(r.cpu)));
+}
+
+/** The host<->GPU copy rate a calibration measured (one GPU alone, best chunk size), in GB/s. */
+function measuredCopy(cal: unknown, dir: "h2d" | "d2h"): number | null {
+  let best: number | null = null;
+  for (const r of calibrationRecords(cal)) {
+    const v = pick(r, `transfers.${dir}_GBps`, `transfers.${dir}_gbps`);
+    const vals = Array.isArray(v) ? v : [v];
+    for (const x of vals) if (isNum(x) && (best === null || x > best)) best = x;
+  }
+  return best;
+}
+
 /** What the topology and calibration say about a host, with absent fields left null. */
 export function readHost(topology: unknown, calibration: unknown): HostView {
   const rawGpus = pick(topology, "gpus", "devices");
@@ -129,8 +147,8 @@ export function readHost(topology: unknown, calibration: unknown): HostView {
           hbmGiB: gibOf(g, ["hbm", "memory", "total_memory", "mem"]),
           pcie,
           numa: numOf(pick(g, "numa_node", "numa")),
-          h2dGBs: numOf(pick(g, "h2d_gbps")) ?? perGpu(calibration, ["h2d_gbps", "h2d.gbps", "h2d_bandwidth_gbps"], index),
-          d2hGBs: numOf(pick(g, "d2h_gbps")) ?? perGpu(calibration, ["d2h_gbps", "d2h.gbps", "d2h_bandwidth_gbps"], index),
+          h2dGBs: numOf(pick(g, "h2d_gbps")) ?? perGpu(calibration, ["h2d_gbps", "h2d.gbps", "h2d_bandwidth_gbps"], index) ?? measuredCopy(calibration, "h2d"),
+          d2hGBs: numOf(pick(g, "d2h_gbps")) ?? perGpu(calibration, ["d2h_gbps", "d2h.gbps", "d2h_bandwidth_gbps"], index) ?? measuredCopy(calibration, "d2h"),
         };
       })
     : [];

@@ -93,6 +93,19 @@ def test_plan_preview_and_field_error_at_the_field(page, workbench):
     assert page.get_by_label("Model (preset name or local directory)", exact=True).input_value() == "demo-qwen3"
     assert float(page.get_by_label("Learning rate", exact=True).input_value()) == pytest.approx(3e-3)
 
+    # Every control of the form has a label, and Tab walks the form in reading order.
+    unlabelled = page.evaluate(
+        """() => [...document.querySelectorAll('form.job-form input, form.job-form select')]
+                 .filter(el => !el.labels.length && !el.getAttribute('aria-label')).map(el => el.id || el.name)"""
+    )
+    assert unlabelled == []
+    preset.focus()
+    order = []
+    for _ in range(5):
+        page.keyboard.press("Tab")
+        order.append(page.evaluate("document.activeElement.id"))
+    assert order == ["f-name", "f-host", "f-model", "f-data-path", "f-data-format"]
+
     page.get_by_role("button", name="Plan").click()
     plan = page.locator("#plan-preview")
     plan.get_by_role("heading", name="Plan preview").wait_for()

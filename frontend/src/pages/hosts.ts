@@ -5,9 +5,22 @@ import { gbps, gib, when } from "../fmt";
 import { apiAbsent } from "../health";
 import { kvList } from "../plan";
 import type { Cleanup } from "../router";
-import { drawHost, linkLabel, readHost } from "../topology";
+import { calibrationRecords, drawHost, linkLabel, readHost } from "../topology";
 import type { Host } from "../types";
 import { errorBox } from "../ui";
+
+/** The calibration's records (one per measured job shape), each with what it measured. */
+function calibration(host: Host): HTMLElement {
+  const records = calibrationRecords(host.calibration);
+  if (!host.calibration) return h("p", { class: "muted" }, "No calibration yet: plans for this host check memory only and predict no times (run `slidedp bench` on it).");
+  if (!records.length) return h("details", null, h("summary", null, "Calibration"), kvList(host.calibration, new Set(), true));
+  return h(
+    "details",
+    null,
+    h("summary", null, `Calibration: ${records.length} measured shape${records.length === 1 ? "" : "s"}`),
+    records.map((r) => h("details", { class: "calibration" }, h("summary", null, String(r.key ?? r.created_at ?? "record")), kvList(r, new Set(["key"]), true))),
+  );
+}
 
 function hostCard(host: Host): HTMLElement {
   const view = readHost(host.topology ?? {}, host.calibration ?? null);
@@ -51,7 +64,7 @@ function hostCard(host: Host): HTMLElement {
     host.topology ? drawHost(view, host.name) : h("p", { class: "muted" }, "This host has not reported its topology."),
     view.notes.length ? h("ul", { class: "notes" }, view.notes.map((n) => h("li", null, n))) : null,
     h("div", { class: "two-col" }, gpuTable, linkTable),
-    host.calibration ? h("details", null, h("summary", null, "Calibration"), kvList(host.calibration)) : h("p", { class: "muted" }, "No calibration yet: plans use no measured figures for this host."),
+    calibration(host),
     h("details", { class: "raw" }, h("summary", null, "Raw topology JSON"), h("pre", null, JSON.stringify(host.topology ?? null, null, 2))),
   );
 }
