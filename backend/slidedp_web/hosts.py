@@ -78,22 +78,31 @@ def basic_topology(settings: Settings) -> dict[str, Any]:
     }
 
 
-def local_calibration(settings: Settings) -> Optional[dict[str, Any]]:
-    path = settings.calibration_path
-    if not path.is_file():
+def local_calibration(settings: Settings, hostname: Optional[str] = None) -> Optional[dict[str, Any]]:
+    """This host's cached calibrations ({"dir", "entries": [calibration JSON, ...]}, §5), None without any.
+
+    The runtime caches one calibration per host and job shape (`slidedp plan`, or a job's own planning); the
+    API picks the entry that matches a job's shape when it previews the job's plan.
+    """
+    directory = settings.calibration_path
+    if not directory.is_dir():
         return None
-    try:
-        return clean_json(json.loads(path.read_text()))
-    except (OSError, ValueError) as exc:
-        log.warning("calibration file %s unreadable: %s", path, exc)
-        return None
+    prefix = f"{hostname or socket.gethostname()}-"
+    entries = []
+    for path in sorted(directory.glob(f"{prefix}*.json")):
+        try:
+            entries.append(clean_json(json.loads(path.read_text())))
+        except (OSError, ValueError) as exc:
+            log.warning("calibration file %s unreadable: %s", path, exc)
+    return {"dir": str(directory), "entries": entries} if entries else None
 
 
 def report(settings: Settings, *, topology: Optional[dict] = None, started: bool = False) -> None:
     """Upsert this host's row: queue, topology, calibration, last_seen."""
     now = utcnow()
+    hostname = (topology or {}).get("hostname")
     values: dict[str, Any] = {"queue": settings.queue, "last_seen": now,
-                              "calibration": local_calibration(settings)}
+                              "calibration": local_calibration(settings, hostname)}
     if topology is not None:
         values["topology"] = topology
     if started:

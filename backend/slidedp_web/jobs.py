@@ -19,7 +19,7 @@ from sqlmodel import Session, func, select
 from slidedp_web import celery_app, live, planning
 from slidedp_web.core.config import Settings
 from slidedp_web.core.db import read_session, write_session
-from slidedp_web.job_schema import parse_config, split_body
+from slidedp_web.job_schema import parse_config, split_body, unprocessable
 from slidedp_web.journal import status_event
 from slidedp_web.models import (
     RESUMABLE_STATUSES,
@@ -101,6 +101,9 @@ def create(settings: Settings, session: Session, body: Any) -> Job:
     except Exception as exc:  # noqa: BLE001 - a planner bug must not stop a valid job; the worker plans again
         log.warning("plan preview failed: %s", exc)
         plan = None
+    if host is not None and plan and plan.get("feasible") is False and plan.get("errors"):
+        # The target host reported what it has, and the job cannot run there (too many GPUs, too little memory).
+        raise unprocessable(plan["errors"])
     config = cfg.to_dict()
     config["data"]["path"] = _absolute_if_local(config["data"]["path"])
     config["model"] = _absolute_if_local(config["model"])

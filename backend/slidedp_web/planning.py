@@ -52,9 +52,41 @@ def host_ram_bytes(host: Optional[Host]) -> Optional[int]:
     return hosts.host_ram_bytes(host.topology) if host is not None else None
 
 
+def job_shape(cfg: JobConfig) -> dict[str, Any]:
+    """The shape a calibration was measured at (slidedp.planning.calibration's header "shape")."""
+    from slidedp.presets import model_config_dict
+
+    mc = model_config_dict(cfg.model)
+    return {
+        "model": cfg.model, "arch": mc.get("model_type"), "micro_batch": cfg.micro_batch_size, "seq": cfg.seq_len,
+        "hidden": int(mc["hidden_size"]), "intermediate": int(mc["intermediate_size"]),
+        "heads": int(mc["num_attention_heads"]),
+        "kv_heads": int(mc.get("num_key_value_heads") or mc["num_attention_heads"]),
+        "layers": int(mc["num_hidden_layers"]), "vocab": int(mc["vocab_size"]), "precision": cfg.precision,
+    }
+
+
+def pick_calibration(cfg: JobConfig, report: Optional[dict[str, Any]]) -> Optional[dict[str, Any]]:
+    """The host's calibration measured at this job's shape, world size and device (full before quick, then the
+    newest); None when the host has none, and the plan is a memory fit only."""
+    if not report:
+        return None
+    entries = report.get("entries") if "entries" in report else [report]
+    try:
+        shape = job_shape(cfg)
+    except (OSError, KeyError, ValueError):
+        return None
+    device = "cuda" if cfg.gpus > 0 else "cpu"
+    matches = [e for e in entries or [] if isinstance(e, dict) and e.get("shape") == shape
+               and e.get("world") == cfg.world_size and e.get("device") == device]
+    if not matches:
+        return None
+    return max(matches, key=lambda e: (not e.get("quick"), str(e.get("created_at", ""))))
+
+
 def plan_preview(cfg: JobConfig, host: Optional[Host], settings: Settings) -> dict[str, Any]:
     topology = host.topology if host and host.topology else basic_topology(settings)
-    calibration = host.calibration if host else local_calibration(settings)
+    calibration = pick_calibration(cfg, host.calibration if host else local_calibration(settings))
     try:
         from slidedp.planning.autopolicy import plan_job
     except ImportError:

@@ -4,15 +4,25 @@ over SSE, cancel stops at a step boundary, resume continues from the checkpoint,
 from __future__ import annotations
 
 import io
+import json
+import os
+import subprocess
+import sys
 import tarfile
 import time
 from pathlib import Path
 
 import pytest
 from backend_support import read_sse, tiny_job, wait_for, wait_status
+from conftest import make_settings
 
 METRIC_KEYS = {"step", "loss", "lr", "grad_norm", "clipped", "step_time_s", "tokens_per_s", "tflops", "mfu",
                "hbm_peak_gib", "host_rss_gib", "data_time_s", "phases", "predicted"}
+
+
+@pytest.fixture(scope="module")
+def settings(module_dir, redis_server):
+    return make_settings(module_dir / "data", redis_server.url, calibration_dir=module_dir / "calibration")
 
 
 def statuses(events: list[dict]) -> list[str]:
@@ -150,3 +160,37 @@ def test_worker_reports_its_host_topology(client, worker, settings):
     assert host["topology"]["host_ram"]["limit_bytes"] > 0
     health = client.get("/api/health").json()
     assert health["status"] == "ok" and health["workers"] >= 1
+
+
+def test_plan_preview_uses_the_calibration_the_host_reported(client, worker, settings, dataset, module_dir):
+    job = tiny_job(dataset, host=settings.host_name)
+    before = client.post("/api/plan", json=job).json()
+    assert before["feasible"] is True and before["calibration"] == "missing"
+    assert before["predicted"]["step_time_s"] is None and before["validation"] == []
+
+    # Calibrate this host at the job's shape with the runtime's own tool, as `slidedp plan` would.
+    spec = module_dir / "calib-job.json"
+    spec.write_text(json.dumps({k: v for k, v in job.items() if k != "host"}))
+    env = {**os.environ, "SLIDEDP_CACHE_DIR": str(settings.calibration_path)}
+    done = subprocess.run([sys.executable, "-m", "slidedp.planning.calibration", str(spec), "--quick"], env=env,
+                          capture_output=True, text=True, timeout=180)
+    assert done.returncode == 0, done.stderr[-2000:]
+
+    def reported():
+        host = next(h for h in client.get("/api/hosts").json()["items"] if h["name"] == settings.host_name)
+        return host["calibration"]
+
+    calibration = wait_for(reported, 30, "the worker to report the calibration")
+    assert calibration["entries"][0]["shape"]["micro_batch"] == 2
+    after = client.post("/api/plan", json=job).json()
+    assert after["calibration"] == "measured" and after["predicted"]["step_time_s"] > 0
+    assert after["host"] == settings.host_name
+    other_shape = client.post("/api/plan", json={**job, "micro_batch_size": 4}).json()
+    assert other_shape["calibration"] == "missing"  # measured at another shape: not used
+
+
+def test_job_that_cannot_fit_the_reported_host_is_422(client, worker, settings, dataset):
+    resp = client.post("/api/jobs", json=tiny_job(dataset, gpus=8, host=settings.host_name))
+    assert resp.status_code == 422, resp.text
+    assert resp.json()["detail"][0]["loc"] == ["body", "gpus"]
+    assert "GPUs" in resp.json()["detail"][0]["msg"]

@@ -8,6 +8,7 @@ environment, so one set of variables configures a deployment:
 
 from __future__ import annotations
 
+import os
 import socket
 from functools import lru_cache
 from pathlib import Path
@@ -41,8 +42,10 @@ class Settings(BaseSettings):
     )
     worker_queue: Optional[str] = Field(None, description="Queue of this host's worker (default slidedp-<host>).")
     frontend_dir: Optional[Path] = Field(None, description="Built UI to serve at / (default frontend/dist).")
-    calibration_file: Optional[Path] = Field(
-        None, description="Calibration JSON this host reports (default <data_dir>/calibration.json if present)."
+    calibration_dir: Optional[Path] = Field(
+        None,
+        description="Where slidedp caches this host's calibrations, which the worker reports "
+        "(default: SLIDEDP_CACHE_DIR, else ~/.cache/slidedp/calibration, as the runtime).",
     )
     host_ram_gib: Optional[float] = Field(None, description="Host RAM to report instead of the detected figure.")
 
@@ -96,7 +99,10 @@ class Settings(BaseSettings):
 
     @property
     def calibration_path(self) -> Path:
-        return self.calibration_file or (self.data_dir / "calibration.json")
+        if self.calibration_dir:
+            return self.calibration_dir
+        cache = os.environ.get("SLIDEDP_CACHE_DIR")  # the runtime's slidedp.planning.calibration.cache_dir()
+        return Path(cache) if cache else Path.home() / ".cache" / "slidedp" / "calibration"
 
     def env(self) -> dict[str, str]:
         """These settings as environment variables, for the processes a command starts."""
@@ -108,7 +114,7 @@ class Settings(BaseSettings):
             "SLIDEDP_WORKER_QUEUE": self.queue,
         }
         for name in (
-            "api_token", "frontend_dir", "calibration_file", "host_ram_gib", "heartbeat_s", "heartbeat_timeout_s",
+            "api_token", "frontend_dir", "calibration_dir", "host_ram_gib", "heartbeat_s", "heartbeat_timeout_s",
             "host_report_s", "cancel_grace_s", "watchdog_s", "broker_visibility_timeout_s", "max_queued_jobs",
             "max_page_size", "max_log_line_chars",
         ):
