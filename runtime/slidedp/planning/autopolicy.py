@@ -605,6 +605,11 @@ class _Planner:
 
     def route_why(self, pol: Policy, table: dict | None) -> str:
         j = self.job
+        if not j.on_gpu:
+            return (
+                f"CPU training with {j.world} rank(s) over gloo: {pol.delivery} delivery, {pol.grad_reduce} "
+                "gradient reduction; no copy streams, so copies and collectives run in each rank's thread."
+            )
         if j.world == 1:
             return (
                 "1 rank: nothing to share or reduce — each unit goes to the GPU whole and its gradient comes "
@@ -736,8 +741,8 @@ def format_plan(plan: dict[str, Any]) -> str:
         f"activations: keep {c['keep']}, offload {c['offload']}, checkpoint {c['checkpoint']}; "
         f"resident layers {sum(pol['resident'])}  ({_runs(pol['activations'])})"
     )
-    mem = f"HBM peak {pred['hbm_peak_gib']:.1f} GiB/GPU, " if pred.get("hbm_peak_gib") is not None else ""
-    lines.append(f"memory: {mem}host {pred['host_ram_gib']:.1f} GiB")
+    mem = f"HBM peak {_gib(pred['hbm_peak_gib'])}/GPU, " if pred.get("hbm_peak_gib") is not None else ""
+    lines.append(f"memory: {mem}host {_gib(pred['host_ram_gib'])}")
     if pred.get("step_time_s") is not None:
         lines.append(f"predicted: {pred['step_time_s']:.3f} s/step, {pred['tokens_per_s']:,.0f} tokens/s")
         lines.append("  phases: " + "  ".join(f"{k} {v:.3f}" for k, v in pred["phases"].items()))
@@ -765,6 +770,10 @@ def format_plan(plan: dict[str, Any]) -> str:
     lines.append("")
     lines.append("why: " + plan.get("why", ""))
     return "\n".join(lines)
+
+
+def _gib(x: float) -> str:
+    return f"{x:.1f} GiB" if x >= 0.1 else f"{x * 1024:.1f} MiB"
 
 
 def _runs(acts: list[str]) -> str:
