@@ -51,7 +51,7 @@ def summarise(row: dict, warmup: int) -> dict:
     med = statistics.median(m["step_time_s"] for m in ms)
     pick = min(ms, key=lambda m: abs(m["step_time_s"] - med))
     return {"policy": row["policy"], "step_s": med, "tokens_per_s": pick["tokens_per_s"],
-            "tflops": pick["tflops"], "hbm_peak_gib": max(m["hbm_peak_gib"] or [0] for m in ms),
+            "tflops": pick["tflops"], "hbm_peak_gib": max(max(m["hbm_peak_gib"] or [0.0]) for m in ms),
             "host_rss_gib": pick["host_rss_gib"], "phases": pick["phases"], "bytes": pick["bytes"],
             "loss_first": row["metrics"][0]["loss"], "loss_last": row["metrics"][-1]["loss"]}
 
