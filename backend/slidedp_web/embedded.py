@@ -41,6 +41,18 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def _die_with_parent() -> None:
+    """In the child, before exec: SIGTERM when `slidedp serve` dies, even by SIGKILL (Linux prctl), so neither
+    Redis nor the worker outlives the command. Children run in their own session, so a terminal's Ctrl-C reaches
+    only `slidedp serve`, which stops them in order."""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
 def _stop(proc: subprocess.Popen, timeout: float) -> None:
     """SIGTERM the process group, wait, then SIGKILL what is left."""
     if proc.poll() is None:
@@ -74,7 +86,7 @@ def private_redis(data_dir: Path) -> Iterator[str]:
         port = free_port()
         args += ["--port", str(port), "--bind", "127.0.0.1"]
         url = f"redis://127.0.0.1:{port}/0"
-    proc = subprocess.Popen(args, start_new_session=True, stdout=subprocess.DEVNULL)
+    proc = subprocess.Popen(args, start_new_session=True, stdout=subprocess.DEVNULL, preexec_fn=_die_with_parent)
     try:
         _wait_for_redis(url, proc, data_dir / "redis.log")
         yield url
@@ -111,7 +123,8 @@ class LocalWorker:
         with self.lock:
             log = open(self.logfile, "ab")  # noqa: SIM115 - owned by the child for its lifetime
             self.proc = subprocess.Popen([sys.executable, "-m", "slidedp_web.worker"], env=self.env,
-                                         stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+                                         stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                                         preexec_fn=_die_with_parent)
             log.close()
 
     def watch(self) -> None:

@@ -194,3 +194,22 @@ def test_job_that_cannot_fit_the_reported_host_is_422(client, worker, settings, 
     assert resp.status_code == 422, resp.text
     assert resp.json()["detail"][0]["loc"] == ["body", "gpus"]
     assert "GPUs" in resp.json()["detail"][0]["msg"]
+
+
+def test_example_script_submits_a_job_and_follows_it_to_the_end(api, worker, dataset, module_dir):
+    spec = module_dir / "example-job.json"
+    spec.write_text(json.dumps(tiny_job(dataset, steps=3)))
+    root = Path(__file__).resolve().parents[2]
+    out = subprocess.run([sys.executable, str(root / "examples" / "submit_job.py"), str(spec), "--url", api.url,
+                          "--name", "from-a-script"], capture_output=True, text=True, timeout=180)
+    assert out.returncode == 0, out.stdout + out.stderr
+    lines = out.stdout.splitlines()
+    assert [line.split()[1] for line in lines if line.startswith("step")] == ["1/3", "2/3", "3/3"]
+    assert any(line.endswith(": completed") for line in lines)
+    assert lines[-1].startswith("done: 3 steps")
+
+    bad = module_dir / "bad-job.json"
+    bad.write_text(json.dumps(tiny_job(dataset, micro_batch_size=0)))
+    out = subprocess.run([sys.executable, str(root / "examples" / "submit_job.py"), str(bad), "--url", api.url],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 1 and "micro_batch_size: must be greater than 0" in out.stderr
