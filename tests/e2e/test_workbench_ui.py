@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 
 import pytest
@@ -249,4 +250,50 @@ def test_hosts_page_draws_the_worker_topology(page, workbench):
         assert "No GPU reported" in text
     else:
         assert f"GPU {len(topo['gpus']) - 1}" in text
+    assert page.console.unexpected() == []
+
+
+def _post(url: str, body: dict) -> dict:
+    req = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=30) as r:
+        return json.loads(r.read())
+
+
+@pytest.mark.timeout(300)
+def test_cancel_with_checkpoint_resume_and_delete_from_the_ui(page, workbench):
+    demo = next(p for p in _get(workbench + "/api/presets")["items"] if p["id"] == "cpu-demo")["config"]
+    job = _post(workbench + "/api/jobs", {**demo, "steps": 5000, "name": "long run"})
+    jid = job["id"]
+    page.goto(f"{workbench}/jobs/{jid}")
+    page.wait_for_function("() => (window.__slidedpCharts || {}).loss && window.__slidedpCharts.loss.data[0].length >= 3", timeout=150_000)
+
+    # Cancel, saving a checkpoint: two presses (no modal dialog), then the job stops at a step boundary.
+    page.get_by_label("save a checkpoint").check()
+    cancel = page.locator(".title-row").locator("..").get_by_role("button", name="Cancel")
+    cancel.click()
+    page.get_by_role("button", name="Confirm cancel").click()
+    page.locator('.title-row [data-status="cancelled"]').wait_for(timeout=120_000)
+    ckpt = page.get_by_role("region", name="Checkpoints and export").locator("tbody tr")
+    ckpt.first.wait_for(timeout=20_000)
+    saved = _get(f"{workbench}/api/jobs/{jid}/checkpoints")["items"]
+    assert saved and saved[0]["name"] in ckpt.first.inner_text()
+    stopped_at = _chart_points(page, "loss")
+
+    # Resume continues from the checkpoint: the same page follows the new run live.
+    page.get_by_role("button", name="Resume").click()
+    page.wait_for_function(f"() => Number(document.querySelector('#chart-loss').dataset.points) > {stopped_at + 2}", timeout=150_000)
+    assert page.locator(".title-row [data-status]").get_attribute("data-status") == "running"
+
+    # From the jobs list: cancel it again, then delete it.
+    page.get_by_role("navigation", name="Main").get_by_role("link", name="Jobs").click()
+    row = page.locator(f'tr[data-job-id="{jid}"]')
+    row.get_by_role("button", name="Cancel").click()
+    row.get_by_role("button", name="Confirm cancel").click()
+    row.locator('[data-status="cancelled"]').wait_for(timeout=120_000)
+    row.get_by_role("button", name="Delete").click()
+    row.get_by_role("button", name="Confirm delete").click()
+    row.wait_for(state="detached")
+    with pytest.raises(urllib.error.HTTPError) as gone:
+        _get(f"{workbench}/api/jobs/{jid}")
+    assert gone.value.code == 404
     assert page.console.unexpected() == []
