@@ -1,0 +1,164 @@
+"""AutoPolicy on the nvidia-h200-x2 machine's figures (tests/runtime/fixtures/h200x2_*.json, from
+shared/HARDWARE.md): routes follow the topology, activations follow HBM, infeasible jobs are refused with the
+shortfall, and explicit settings win or are refused with what to change."""
+
+import json
+import os
+import re
+
+import pytest
+from slidedp.config import JobConfig
+from slidedp.planning import autopolicy as ap
+from slidedp.planning import cost_model as cm
+
+FIX = os.path.join(os.path.dirname(__file__), "fixtures")
+
+
+@pytest.fixture(scope="module")
+def x2():
+    with open(os.path.join(FIX, "h200x2_topology.json")) as fh:
+        topo = json.load(fh)
+    with open(os.path.join(FIX, "h200x2_calibration.json")) as fh:
+        cal = json.load(fh)
+    return topo, cal
+
+
+def _cfg(**raw):
+    base = {
+        "model": "qwen3-8b",
+        "data": {"path": "x.jsonl"},
+        "gpus": 2,
+        "micro_batch_size": 8,
+        "seq_len": 2048,
+    }
+    base.update(raw)
+    return JobConfig.from_dict(base)
+
+
+@pytest.fixture(scope="module")
+def nvlink_bs8(x2):
+    topo, cal = x2
+    return ap.plan_job(_cfg(), topo["nvlink"], cal["qwen3-8b_bs8_nvlink"])
+
+
+def test_nvlink_pair_gets_sharded_delivery_and_gpu_reduction(nvlink_bs8):
+    plan = nvlink_bs8
+    assert plan["feasible"] and plan["calibration"] == "measured" and plan["errors"] == []
+    assert (plan["policy"]["delivery"], plan["policy"]["grad_reduce"]) == ("sharded", "gpu")
+    routes = {(c["policy"]["delivery"], c["policy"]["grad_reduce"]) for c in plan["candidates"]}
+    assert routes == {("sharded", "gpu"), ("replicated", "gpu"), ("sharded", "host"), ("replicated", "host")}
+    assert "NVLink" in plan["why"] and "by predicted step time" in plan["why"]
+
+
+def test_the_chosen_policy_is_the_fastest_fitting_candidate(nvlink_bs8):
+    plan = nvlink_bs8
+    fitting = [c for c in plan["candidates"] if c["fits"]]
+    best = min(c["predicted"]["step_time_s"] for c in fitting)
+    assert plan["predicted"]["step_time_s"] <= best * 1.001 + 1e-9
+    pred = plan["predicted"]
+    assert pred["tokens_per_s"] == pytest.approx(2 * 8 * 2048 / pred["step_time_s"])
+    assert sum(pred["phases"].values()) == pytest.approx(pred["step_time_s"])
+    assert set(pred["exposed"]) >= {"h2d", "d2h", "collective", "cpu_update", "host_dram"}
+    assert json.loads(json.dumps(plan)) == plan
+
+
+def test_at_micro_batch_8_not_every_layer_keeps_its_activations(nvlink_bs8, x2):
+    plan = nvlink_bs8
+    acts = plan["policy"]["activations"]
+    assert len(acts) == 36 and 0 < acts.count("keep") < 36
+    budget = 0.92 * x2[0]["nvlink"]["gpus"][0]["hbm_bytes"] / 2**30
+    assert plan["predicted"]["hbm_peak_gib"] <= budget
+    all_keep = [c for c in plan["candidates"] if c["policy"]["activations"].count("keep") == 36]
+    assert all_keep and not all_keep[0]["fits"]
+    over = float(re.search(r"([\d.]+) GiB over the budget", all_keep[0]["why_not"]).group(1))
+    assert over == pytest.approx(all_keep[0]["predicted"]["hbm_peak_gib"] - budget, abs=0.06)
+    m = plan["marginal"]
+    assert m["tau_s"]["keep"] < m["tau_s"]["checkpoint"]  # keeping saves the recompute it avoids
+
+
+def test_without_p2p_the_planner_replicates(x2):
+    topo, cal = x2
+    plan = ap.plan_job(_cfg(), topo["pcie_host"], cal["qwen3-8b_bs8_pcie_host"])
+    assert plan["feasible"] and plan["policy"]["delivery"] == "replicated"
+    assert "collectives cross host memory" in plan["why"]
+
+
+def test_a_14b_job_on_too_little_host_ram_is_refused_with_the_shortfall(x2):
+    topo, _ = x2
+    cfg = _cfg(model="qwen3-14b", host_ram_gib=180)
+    plan = ap.plan_job(cfg, topo["nvlink"], None)
+    assert not plan["feasible"] and plan["policy"] is None
+    err = plan["errors"][0]
+    assert err["loc"] == "host_ram_gib"
+    job = cm.Job.from_config(cfg, topo["nvlink"])
+    lean = cm.Policy.default(job, delivery="sharded", grad_reduce="gpu", window=2, loss_chunk_tokens=1024)
+    need = cm.memory(job, lean, cm.ActivationSizes.of(job, None))["host_bytes"] / 2**30
+    assert f"{need - 180:.1f} GiB more than the 180.0 GiB available" in err["msg"]
+    assert ap.plan_job(_cfg(model="qwen3-14b"), topo["nvlink"], None)["feasible"]  # 256 GiB holds it
+
+
+def test_without_calibration_only_memory_is_checked(x2):
+    topo, _ = x2
+    plan = ap.plan_job(_cfg(), topo["nvlink"], None)
+    assert plan["feasible"] and plan["calibration"] == "missing"
+    assert plan["predicted"]["step_time_s"] is None and plan["predicted"]["phases"] == {}
+    assert plan["predicted"]["hbm_peak_gib"] > 0 and plan["predicted"]["host_ram_gib"] > 0
+    assert set(plan["policy"]["activations"]) == {"checkpoint"}
+    assert "memory only" in plan["why"]
+    assert ap.metrics_prediction(plan) == {}
+
+
+def test_a_calibration_of_another_shape_is_not_used(x2):
+    topo, cal = x2
+    plan = ap.plan_job(_cfg(micro_batch_size=2), topo["nvlink"], cal["qwen3-8b_bs8_nvlink"])
+    assert plan["calibration"] == "missing" and "not this job's shape" in plan["calibration_note"]
+
+
+def test_keeping_every_layer_is_refused_with_the_largest_count_that_fits(x2):
+    topo, cal = x2
+    plan = ap.plan_job(_cfg(policy={"activations": "keep"}), topo["nvlink"], cal["qwen3-8b_bs8_nvlink"])
+    assert not plan["feasible"]
+    err = plan["errors"][0]
+    assert err["loc"] == "policy.activations" and "over the budget" in err["msg"]
+    n = int(re.search(r"keep_layers at most (\d+)", err["msg"]).group(1))
+    fits = ap.plan_job(_cfg(policy={"keep_layers": n}), topo["nvlink"], cal["qwen3-8b_bs8_nvlink"])
+    assert fits["feasible"] and fits["policy"]["activations"].count("keep") == n
+    too_many = ap.plan_job(_cfg(policy={"keep_layers": n + 1}), topo["nvlink"], cal["qwen3-8b_bs8_nvlink"])
+    assert not too_many["feasible"] and too_many["errors"][0]["loc"] == "policy.keep_layers"
+
+
+def test_explicit_routes_win_over_the_planner(x2):
+    topo, cal = x2
+    plan = ap.plan_job(
+        _cfg(policy={"delivery": "replicated", "keep_layers": 4}), topo["nvlink"], cal["qwen3-8b_bs8_nvlink"]
+    )
+    assert plan["feasible"] and plan["policy"]["delivery"] == "replicated"
+    assert {c["policy"]["delivery"] for c in plan["candidates"]} == {"replicated"}
+    assert all(c["policy"]["activations"].count("keep") == 4 for c in plan["candidates"] if c["fits"])
+
+
+def test_one_rank_has_trivial_routes(x2):
+    topo, cal = x2
+    plan = ap.plan_job(_cfg(gpus=1), topo["nvlink"], cal["qwen3-8b_bs8_nvlink"])
+    assert plan["feasible"]
+    assert (plan["policy"]["delivery"], plan["policy"]["grad_reduce"]) == ("replicated", "host")
+    assert plan["why"].startswith("1 rank: nothing to share or reduce")
+
+
+def test_more_gpus_than_the_host_has_is_refused(x2):
+    topo, _ = x2
+    plan = ap.plan_job(_cfg(gpus=4), topo["nvlink"], None)
+    assert not plan["feasible"] and plan["errors"][0]["loc"] == "gpus" and "has 2" in plan["errors"][0]["msg"]
+
+
+def test_format_plan_and_the_metrics_prediction(nvlink_bs8):
+    text = ap.format_plan(nvlink_bs8)
+    assert "policy: delivery=sharded grad_reduce=gpu" in text and "tokens/s" in text and "why:" in text
+    assert len([ln for ln in text.splitlines() if ln.startswith(("sharded", "replicated"))]) == len(
+        nvlink_bs8["candidates"]
+    )
+    pred = ap.metrics_prediction(nvlink_bs8)
+    assert set(pred) == {"data", "forward", "backward", "update_tail", "delivery_wait", "step_time_s"}
+    assert pred["step_time_s"] == nvlink_bs8["predicted"]["step_time_s"]
+    refused = ap.format_plan({"feasible": False, "errors": [{"loc": "gpus", "msg": "too many"}]})
+    assert refused.splitlines() == ["NOT FEASIBLE", "  gpus: too many"]

@@ -1,0 +1,109 @@
+"""Calibration on this machine's CPU at tiny shapes (real torch, real transformers classes, real gloo ranks);
+the CUDA paths run on the GPU machine (marker gpu)."""
+
+import json
+import os
+
+import pytest
+
+pytest.importorskip("torch")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+from slidedp.config import JobConfig  # noqa: E402
+from slidedp.planning import autopolicy, calibration, topology  # noqa: E402
+from slidedp.planning import cost_model as cm  # noqa: E402
+
+
+def _cfg(**raw):
+    base = {"model": "tiny-qwen3", "data": {"path": "x.jsonl"}, "micro_batch_size": 2, "seq_len": 32}
+    base.update(raw)
+    return JobConfig.from_dict(base)
+
+
+@pytest.fixture(scope="module")
+def host():
+    return topology.detect()
+
+
+@pytest.fixture(scope="module")
+def tiny(host):
+    return calibration.calibrate(_cfg(), host, quick=True, collectives=False)
+
+
+def test_calibration_measures_one_decoder_layer_at_the_job_shape(tiny):
+    assert tiny["device"] == "cpu" and tiny["shape"]["micro_batch"] == 2 and tiny["shape"]["seq"] == 32
+    u = tiny["unit"]
+    assert u["tokens"] == 64
+    assert min(u["fwd_keep_s"], u["bwd_keep_s"], u["fwd_checkpoint_s"], u["bwd_checkpoint_s"]) > 0
+    assert u["saved_checkpoint_bytes"] == 2 * 32 * 64 * 2  # the bf16 layer input
+    assert u["saved_keep_bytes"] > 5 * u["saved_checkpoint_bytes"]
+    assert tiny["loss_head"]["s_per_token"] >= 0 and tiny["embedding"]["fwd_s"] > 0
+    assert json.loads(json.dumps(tiny)) == tiny
+
+
+def test_measured_saved_bytes_agree_with_the_structural_estimate(tiny, host):
+    job = cm.Job.from_config(_cfg(), host)
+    assert tiny["unit"]["saved_keep_bytes"] == pytest.approx(cm.estimate_saved_bytes(job), rel=0.1)
+    llama = _cfg(model="tiny-llama")
+    parts = calibration._ModelParts(
+        cm.model_config_dict("tiny-llama"), calibration.torch.device("cpu"), calibration.torch.bfloat16
+    )
+    measured = parts.decoder_layer(2, 32, reps=1)["saved_keep_bytes"]
+    assert measured == pytest.approx(cm.estimate_saved_bytes(cm.Job.from_config(llama, host)), rel=0.1)
+
+
+def test_host_rates_are_measured_for_the_threads_the_job_uses(tiny, host):
+    cpu = tiny["cpu"]
+    per_rank = max(1, host["cpu"]["cores"])
+    assert per_rank in cpu["threads"]
+    assert len(cpu["update_s_per_1e9"]) == len(cpu["threads"]) == len(cpu["copy_GBps"])
+    assert all(v > 0 for v in cpu["adamw_s_per_1e9"] + cpu["update_s_per_1e9"] + cpu["copy_GBps"])
+
+
+def test_a_cpu_job_is_planned_with_its_own_calibration(tiny, host):
+    plan = autopolicy.plan_job(_cfg(), host, tiny)
+    assert plan["feasible"] and plan["calibration"] == "measured"
+    assert plan["predicted"]["step_time_s"] > 0 and plan["predicted"]["hbm_peak_gib"] is None
+    assert plan["why"].startswith("CPU training with 1 rank")
+
+
+def test_calibration_is_cached_per_host_and_shape(tmp_path, monkeypatch, host, tiny):
+    monkeypatch.setenv("SLIDEDP_CACHE_DIR", str(tmp_path))
+    cfg = _cfg()
+    path = calibration.cache_path(cfg, host)
+    assert path.startswith(str(tmp_path)) and os.path.basename(path).startswith(host["hostname"] + "-")
+    calibration.save_calibration(tiny, path)
+    assert calibration.load_or_calibrate(cfg, host, quick=True) == tiny  # no new measurement
+    assert calibration.calibration_key(_cfg(micro_batch_size=4), host) != calibration.calibration_key(
+        cfg, host
+    )
+    other = calibration.load_or_calibrate(_cfg(seq_len=16), host, quick=True)
+    assert other["shape"]["seq"] == 16 and len(os.listdir(tmp_path)) == 2
+    # a quick calibration does not stand in for a full one
+    assert calibration.load_or_calibrate(_cfg(seq_len=16), host, quick=False)["quick"] is False
+
+
+def test_collectives_are_timed_inside_real_gloo_ranks():
+    sizes = [64 * 1024, 256 * 1024]
+    got = calibration.measure_collectives(2, "gloo", sizes)
+    assert got["backend"] == "gloo" and got["world"] == 2
+    for op in ("all_gather", "reduce_scatter"):
+        assert [r["bytes"] for r in got[op]] == sizes and all(r["s"] > 0 for r in got[op])
+    merged = calibration.merge_collectives({"schema": 1}, got)
+    assert merged["collectives"] is got
+
+
+@pytest.mark.gpu
+def test_gpu_calibration_sees_pcie_and_the_loss_head_peak(host):
+    torch = calibration.torch
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    cfg = _cfg(model="qwen3-0.6b", gpus=min(2, torch.cuda.device_count()), micro_batch_size=1, seq_len=512)
+    got = calibration.calibrate(cfg, host, quick=True)
+    t = got["transfers"]
+    assert min(t["h2d_GBps"]) > 1 and min(t["d2h_GBps"]) > 1 and t["bidir_GBps"] > max(t["h2d_GBps"])
+    assert got["loss_head"]["peak_bytes_per_token"] > 0
+    if cfg.gpus > 1:
+        assert got["collectives"]["backend"] == "nccl" and got["collectives"]["world"] == cfg.gpus
+    plan = autopolicy.plan_job(cfg, host, got)
+    assert plan["feasible"] and plan["predicted"]["step_time_s"] > 0

@@ -1,0 +1,164 @@
+"""The cost model: memory parts as the engine allocates them, and the overlap model's step time.
+
+Times use the calibration fixture of the nvidia-h200-x2 machine (tests/runtime/fixtures/h200x2_*.json, built from
+shared/HARDWARE.md's measured ceilings; the figures it had to derive are labelled in its "notes")."""
+
+import copy
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+from slidedp.config import JobConfig
+from slidedp.planning import cost_model as cm
+from slidedp.planning import overlap
+from slidedp.presets import PRESETS, unit_param_counts
+
+FIX = os.path.join(os.path.dirname(__file__), "fixtures")
+
+
+@pytest.fixture(scope="module")
+def x2():
+    with open(os.path.join(FIX, "h200x2_topology.json")) as fh:
+        topo = json.load(fh)
+    with open(os.path.join(FIX, "h200x2_calibration.json")) as fh:
+        cal = json.load(fh)
+    return topo, cal
+
+
+def _job(topo, **raw):
+    base = {
+        "model": "qwen3-8b",
+        "data": {"path": "x.jsonl"},
+        "gpus": 2,
+        "micro_batch_size": 8,
+        "seq_len": 2048,
+    }
+    base.update(raw)
+    return cm.Job.from_config(JobConfig.from_dict(base), topo)
+
+
+def test_host_memory_is_the_state_once_plus_per_rank_staging(x2):
+    topo, cal = x2
+    units = unit_param_counts(PRESETS["qwen3-8b"])
+    P, max_unit = sum(units), max(units)
+    job = _job(topo["nvlink"], optimizer={"max_grad_norm": 1.0})
+    acts = cm.ActivationSizes.of(job, cal["qwen3-8b_bs8_nvlink"])
+    pol = cm.Policy.mix(job, 0, 3, 0, grad_reduce="host", window=5)
+    h = cm.host_parts(job, pol, acts)
+    assert h["master_and_moments"] == 12 * P and h["delivery_copy"] == 2 * P
+    assert h["gradient_staging"] == 2 * max(4, 5 + 1) * max_unit * 4
+    assert h["held_gradient"] == 4 * P  # exact clipping holds the whole reduced gradient
+    assert h["host_reduce_scratch"] == 2 * (max_unit // 2) * 4
+    assert h["offloaded_activations"] == 2 * 3 * acts.keep
+    fp32 = cm.host_parts(_job(topo["nvlink"], precision="fp32"), cm.Policy.default(job), acts)
+    assert fp32["delivery_copy"] == 0  # the fp32 master is delivered directly
+
+
+def test_each_kept_layer_costs_its_measured_activations_in_hbm(x2):
+    topo, cal = x2
+    job = _job(topo["nvlink"])
+    acts = cm.ActivationSizes.of(job, cal["qwen3-8b_bs8_nvlink"])
+    assert acts.measured and acts.keep == cal["qwen3-8b_bs8_nvlink"]["unit"]["saved_keep_bytes"]
+    m = [cm.memory(job, cm.Policy.mix(job, k, 0, 0), acts)["hbm_peak_bytes"] for k in (5, 6)]
+    assert m[1] - m[0] == pytest.approx((acts.keep - acts.checkpoint) * (1 + cm.ALLOCATOR_SLACK))
+    r = [cm.memory(job, cm.Policy.mix(job, 0, 0, n), acts)["hbm_peak_bytes"] for n in (0, 1)]
+    assert r[1] - r[0] == pytest.approx(job.padded(1) * 2 * (1 + cm.ALLOCATOR_SLACK))
+
+
+def test_saved_activation_estimate_matches_the_measured_qwen3_8b_layer(x2):
+    topo, cal = x2
+    for bs in (4, 8):
+        job = _job(topo["nvlink"], micro_batch_size=bs)
+        measured = cal[f"qwen3-8b_bs{bs}_nvlink"]["unit"]["saved_keep_bytes"]
+        assert cm.estimate_saved_bytes(job) == pytest.approx(measured, rel=0.02)
+    assert not cm.ActivationSizes.of(job, None).measured
+
+
+def test_phases_partition_the_predicted_step(x2):
+    topo, cal = x2
+    job = _job(topo["nvlink"])
+    rates = cm.Rates(cal["qwen3-8b_bs8_nvlink"], job)
+    for pol in (cm.Policy.default(job), cm.Policy.mix(job, 10, 2, 36, delivery="sharded", grad_reduce="gpu")):
+        p = cm.predict(job, pol, rates)
+        assert set(p["phases"]) == set(cm.PHASES)
+        assert sum(p["phases"].values()) == pytest.approx(p["step_time_s"], rel=1e-9)
+        # forward and backward are busy compute: each layer's calibrated work, once per step
+        u = cal["qwen3-8b_bs8_nvlink"]["unit"]
+        fwd = sum(u["fwd_keep_s"] if a != "checkpoint" else u["fwd_checkpoint_s"] for a in pol.activations)
+        assert p["phases"]["forward"] == pytest.approx(fwd + cal["qwen3-8b_bs8_nvlink"]["embedding"]["fwd_s"])
+
+
+def test_sharded_delivery_takes_one_nth_from_the_host(x2):
+    topo, cal = x2
+    job = _job(topo["nvlink"])
+    rates = cm.Rates(cal["qwen3-8b_bs8_nvlink"], job)
+    rep = cm.durations(job, cm.Policy.default(job, delivery="replicated"), rates)
+    sh = cm.durations(job, cm.Policy.default(job, delivery="sharded", grad_reduce="gpu"), rates)
+    assert sum(sh.deliver_bytes) == pytest.approx(sum(rep.deliver_bytes) / 2)
+    assert sum(sh.grad_bytes) == pytest.approx(sum(rep.grad_bytes) / 2)
+    assert all(t > 0 for t in sh.all_gather) and not any(rep.all_gather)
+
+
+def test_recompute_is_free_when_the_host_update_binds_and_exposed_when_compute_binds(x2):
+    topo, cal = x2
+    job = _job(topo["nvlink"])
+    pol = cm.Policy.default(job, delivery="sharded", grad_reduce="gpu")
+    measured = cm.predict(job, pol, cm.Rates(cal["qwen3-8b_bs8_nvlink"], job), exposure=True)
+    assert max(measured["exposed"], key=measured["exposed"].get) == "cpu_update"
+    assert measured["exposed"]["recompute"] < 0.01 * measured["step_time_s"]
+    # A hypothetical host ten times faster (update and memory alike): now the GPU binds.
+    fast = copy.deepcopy(cal["qwen3-8b_bs8_nvlink"])
+    fast["cpu"]["update_s_per_1e9"] = [v / 10 for v in fast["cpu"]["update_s_per_1e9"]]
+    fast["host_dram"]["capacity_GBps"] *= 10
+    p = cm.predict(job, pol, cm.Rates(fast, job), exposure=True)
+    u = fast["unit"]
+    assert p["exposed"]["recompute"] == pytest.approx(
+        job.layers * (u["bwd_checkpoint_s"] - u["bwd_keep_s"]), rel=0.05
+    )
+    assert p["step_time_s"] < measured["step_time_s"]
+
+
+def test_exact_clipping_defers_the_updates_behind_the_whole_backward(x2):
+    topo, cal = x2
+    off, on = _job(topo["nvlink"]), _job(topo["nvlink"], optimizer={"max_grad_norm": 1.0})
+    pol = cm.Policy.default(off, delivery="sharded", grad_reduce="gpu")
+    p_off = cm.predict(off, pol, cm.Rates(cal["qwen3-8b_bs8_nvlink"], off))
+    p_on = cm.predict(on, pol, cm.Rates(cal["qwen3-8b_bs8_nvlink"], on))
+    assert p_on["step_time_s"] > p_off["step_time_s"] + 0.5
+    # every update waits for the norm, so the host works on them after the backward: the step is at least
+    # the backward plus the updates of the units the next forward needs before it can run far
+    assert p_on["phases"]["update_tail"] > p_off["phases"]["update_tail"]
+
+
+def test_window_plan_reuses_the_last_layers_at_the_turn():
+    L, slots = 6, 3
+    sched = overlap.step_schedule(L, 1)
+    plan, issued = overlap.window_plan(sched, {0, L + 1}, slots)
+    backward = [k for k in range(len(sched)) if k > sched.index(L + 1)]
+    delivered = [sched[k] for k in backward if plan[k][2]]
+    assert delivered == [3, 2, 1]  # layers 6, 5, 4 are still in the window when backward starts
+    assert all(issued[k] <= k for k in range(len(sched)))
+
+
+def test_missing_collectives_are_reported_not_invented(x2):
+    topo, cal = x2
+    job = _job(topo["nvlink"])
+    partial = {k: v for k, v in cal["qwen3-8b_bs8_nvlink"].items() if k != "collectives"}
+    rates = cm.Rates(partial, job)
+    cm.predict(job, cm.Policy.default(job), rates)  # replicated + host needs no collective
+    with pytest.raises(cm.Uncalibrated, match="collectives not measured"):
+        cm.predict(job, cm.Policy.default(job, delivery="sharded"), rates)
+    with pytest.raises(cm.Uncalibrated, match="not this job's shape"):
+        cm.Rates(cal["qwen3-8b_bs8_nvlink"], _job(topo["nvlink"], micro_batch_size=4))
+
+
+def test_planning_modules_import_no_torch():
+    code = (
+        "import sys; import slidedp.planning.autopolicy, slidedp.planning.cost_model, "
+        "slidedp.planning.overlap, slidedp.planning.topology; print('torch' in sys.modules)"
+    )
+    env = dict(os.environ, PYTHONPATH="runtime")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60)
+    assert out.stdout.strip() == "False", out.stderr
