@@ -226,11 +226,18 @@ function marginalTable(m: Obj): HTMLElement | null {
 const SHOWN = new Set(["marginal", "chosen", "choice", "selected", "policy", "candidates", "memory", "memory_fit", "fit", "why", "reason", "reasons", "explanation", "predicted", "feasible", "errors"]);
 
 /** The plan preview / a job's policy: why, chosen (and as-run) policy, prediction, memory fit, candidates. */
-export function renderPlan(plan: unknown, opts: { title?: string } = {}): HTMLElement {
+export function renderPlan(given: unknown, opts: { title?: string } = {}): HTMLElement {
   const box = h("section", { class: "plan", "aria-label": opts.title ?? "Plan" });
-  if (!isObj(plan)) {
+  if (!isObj(given)) {
     box.append(h("p", { class: "muted" }, "No plan was returned."));
     return box;
+  }
+  // A job's policy is the runtime's resolved policy with the plan it came from nested under "plan" (often
+  // also spread at the top): read them as one, the top level (what ran) winning.
+  let plan: Obj = given;
+  if (isObj(given.plan)) {
+    const { plan: inner, ...top } = given;
+    plan = { ...(inner as Obj), ...top };
   }
   const chosen = chosenOf(plan);
   const resolved = resolvedOf(plan);

@@ -27,6 +27,17 @@ class LogTail {
   readonly el = h("pre", { class: "log", tabindex: "0", "aria-label": "Log tail" });
   private lines: LogLine[] = [];
   private pending = false;
+  // Follow the newest line unless the reader scrolled up to read something.
+  private stick = true;
+  constructor() {
+    this.el.addEventListener("scroll", () => {
+      this.stick = this.el.scrollTop + this.el.clientHeight >= this.el.scrollHeight - 8;
+    });
+    new ResizeObserver(() => this.follow()).observe(this.el);
+  }
+  private follow(): void {
+    if (this.stick) this.el.scrollTop = this.el.scrollHeight;
+  }
   get lastSeq(): number {
     return this.lines.length ? this.lines[this.lines.length - 1].seq : 0;
   }
@@ -49,9 +60,8 @@ class LogTail {
   }
   private render(): void {
     this.pending = false;
-    const atBottom = this.el.scrollTop + this.el.clientHeight >= this.el.scrollHeight - 8;
     this.el.textContent = this.lines.map((l) => l.line).join("\n");
-    if (atBottom) this.el.scrollTop = this.el.scrollHeight;
+    this.follow();
   }
 }
 
