@@ -108,6 +108,15 @@ def test_without_calibration_only_memory_is_checked(x2):
     assert ap.metrics_prediction(plan) == {}
 
 
+def test_routes_the_calibration_cannot_price_are_left_out_and_said(x2):
+    topo, cal = x2
+    partial = {k: v for k, v in cal["qwen3-8b_bs8_nvlink"].items() if k != "collectives"}
+    plan = ap.plan_job(_cfg(), topo["nvlink"], partial)
+    assert plan["feasible"] and plan["calibration"] == "measured"
+    assert (plan["policy"]["delivery"], plan["policy"]["grad_reduce"]) == ("replicated", "host")
+    assert "sharded/gpu not timed" in plan["why"] and "collectives not measured" in plan["why"]
+
+
 def test_a_calibration_of_another_shape_is_not_used(x2):
     topo, cal = x2
     plan = ap.plan_job(_cfg(micro_batch_size=2), topo["nvlink"], cal["qwen3-8b_bs8_nvlink"])

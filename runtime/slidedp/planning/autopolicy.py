@@ -72,6 +72,10 @@ def plan_job(cfg: Any, topology: dict[str, Any], calibration: dict[str, Any] | N
     rates, note = None, "no calibration given: memory fit only, no step times"
     if calibration:
         try:
+            if (calibration.get("device") == "cuda") != job.on_gpu:
+                raise Uncalibrated(
+                    f"measured on {calibration.get('device')}, the job runs on {'cuda' if job.on_gpu else 'cpu'}"
+                )
             rates, note = Rates(calibration, job), "measured on this host"
         except (Uncalibrated, KeyError, TypeError) as exc:
             note = f"calibration unusable ({exc}): memory fit only, no step times"
@@ -83,7 +87,9 @@ def plan_job(cfg: Any, topology: dict[str, Any], calibration: dict[str, Any] | N
         out["calibration_note"] = note
         out["job"] = planner.job_summary()
         return out
-    plan["calibration"] = "measured" if rates else "missing"
+    if rates and not planner.rates:
+        note = "the calibration lacks figures every route needs: memory fit only, no step times"
+    plan["calibration"] = "measured" if planner.rates else "missing"
     plan["calibration_note"] = note
     return plan
 
@@ -239,13 +245,22 @@ class _Planner:
             return self.memory_only(default_window, default_chunk, default_loss)
         candidates: list[dict[str, Any]] = []
         best: tuple[float, Policy, dict] | None = None
+        untimed = []
         for delivery, grad in self.routes():
-            pol, marginal = self.solve_mix(
-                self.base(delivery, grad, default_window, default_chunk, default_loss, {})
-            )
+            start = self.base(delivery, grad, default_window, default_chunk, default_loss, {})
+            try:
+                pol, marginal = self.solve_mix(start)
+            except Uncalibrated as exc:  # e.g. collectives not measured: this route cannot be priced
+                untimed.append(f"{delivery}/{grad} not timed ({exc})")
+                continue
             candidates.append(self.candidate(pol))
             if best is None or self.time(pol) < best[0]:
                 best = (self.time(pol), pol, marginal)
+        if best is None:
+            self.rates = None
+            plan = self.memory_only(default_window, default_chunk, default_loss)
+            plan["why"] += " " + "; ".join(untimed) + "."
+            return plan
         _, pol, marginal = best
         # knobs around the best route and mix, defaults first (a change must beat them by 0.1%): window depth,
         # transfer chunk, and the loss chunk (a smaller one frees HBM that kept activations can use)
@@ -263,7 +278,10 @@ class _Planner:
             every = dataclasses.replace(pol, activations=("keep",) * j.layers)
             if self.fits(every) is not None:
                 candidates.append(self.candidate(every))  # shows why not every layer keeps its activations
-        return self.result(pol, candidates, marginal)
+        plan = self.result(pol, candidates, marginal)
+        if untimed:
+            plan["why"] += " Routes left out: " + "; ".join(untimed) + "."
+        return plan
 
     def check_minimum(self, window: int, chunk: int, loss_chunks: list[int]) -> None:
         """Refuse a job whose leanest policy (or the user's fixed choices) cannot fit."""
