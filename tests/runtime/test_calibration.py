@@ -6,12 +6,13 @@ import os
 
 import pytest
 
-pytest.importorskip("torch")
+torch = pytest.importorskip("torch")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from slidedp.config import JobConfig  # noqa: E402
-from slidedp.planning import autopolicy, calibration, topology  # noqa: E402
+from slidedp.planning import autopolicy, calibration, model_bench, topology  # noqa: E402
 from slidedp.planning import cost_model as cm  # noqa: E402
+from slidedp.presets import model_config_dict  # noqa: E402
 
 
 def _cfg(**raw):
@@ -45,9 +46,7 @@ def test_measured_saved_bytes_agree_with_the_structural_estimate(tiny, host):
     job = cm.Job.from_config(_cfg(), host)
     assert tiny["unit"]["saved_keep_bytes"] == pytest.approx(cm.estimate_saved_bytes(job), rel=0.1)
     llama = _cfg(model="tiny-llama")
-    parts = calibration._ModelParts(
-        cm.model_config_dict("tiny-llama"), calibration.torch.device("cpu"), calibration.torch.bfloat16
-    )
+    parts = model_bench.ModelParts(model_config_dict("tiny-llama"), torch.device("cpu"), torch.bfloat16)
     measured = parts.decoder_layer(2, 32, reps=1)["saved_keep_bytes"]
     assert measured == pytest.approx(cm.estimate_saved_bytes(cm.Job.from_config(llama, host)), rel=0.1)
 
@@ -95,7 +94,6 @@ def test_collectives_are_timed_inside_real_gloo_ranks():
 
 @pytest.mark.gpu
 def test_gpu_calibration_sees_pcie_and_the_loss_head_peak(host):
-    torch = calibration.torch
     if not torch.cuda.is_available():
         pytest.skip("needs CUDA")
     cfg = _cfg(model="qwen3-0.6b", gpus=min(2, torch.cuda.device_count()), micro_batch_size=1, seq_len=512)

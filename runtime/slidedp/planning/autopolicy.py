@@ -6,16 +6,9 @@ Imports no torch (the web API previews plans). `slidedp plan --config job.yaml` 
     plan = plan_job(cfg, topology, calibration)      # calibration None -> memory fit only, no times
     print(format_plan(plan))
 
-The activation mix follows the paper's marginal pipeline cost. Our reading of tau_j = tau_0 + T_j*k_j - T_0*k_j:
-tau_0 is a layer's marginal step-time cost under the base policy (checkpoint); k_j is the amount of work policy j
-moves or recomputes for that layer — its saved-activation bytes, which checkpoint recomputes and offload sends to
-the host and back (keep does neither); T_j and T_0 are effective seconds per byte of that work under policy j and
-under the base *in the running pipeline*: we take them from the overlap model by switching one layer and
-re-simulating, so overlap and contention are in the figures (when the step waits on the host update, recompute
-is nearly free and T_0 ~ 0). Counts n_j (sum n_j = L) then minimise sum n_j*tau_j under the HBM budget and host
-RAM; as the figures depend on the operating point we re-derive them at the chosen mix until it settles, and
-keep the best mix the full model simulated. Residency (a layer's weights kept between forward and backward) is
-priced the same way. docs/planning.md has the details.
+The activation mix and residency follow the paper's marginal pipeline cost (planning/marginal.py, with our
+reading of it); routes and knobs are compared by the overlap model's predicted step time. docs/planning.md has
+the details.
 """
 
 from __future__ import annotations
@@ -38,11 +31,13 @@ from slidedp.planning.cost_model import (
     offload_backlog,
     predict,
 )
+from slidedp.planning.marginal import MixSearch
+from slidedp.planning.report import format_plan
 
 WINDOWS = (2, 3, 4, 6)
 CHUNKS_MB = (16, 64, 256)
 LOSS_CHUNKS = (1024, 2048, 4096, 8192)
-MIN_GAIN_S = 2e-4  # a policy switch must save at least this much per layer to be worth its memory
+__all__ = ["format_plan", "metrics_prediction", "plan_job"]
 _DEFAULTS = {f.name: f.default for f in dataclasses.fields(PolicyConfig)}
 
 
@@ -118,7 +113,7 @@ def _refusal(errors: list[dict[str, str]], calibration: str) -> dict[str, Any]:
     }
 
 
-class _Planner:
+class _Planner(MixSearch):
     def __init__(self, cfg: Any, job: Job, rates: Rates | None, acts: ActivationSizes):
         self.cfg, self.job, self.rates, self.acts = cfg, job, rates, acts
         p = cfg.policy
@@ -381,178 +376,6 @@ class _Planner:
         d = _DEFAULTS[name]
         return sorted(options, key=lambda v: (v != d, v))
 
-    def refill(self, pol: Policy | None, marginal: dict[str, Any]) -> Policy | None:
-        """Spend HBM freed by a knob on what the marginal costs say pays most (more kept or resident layers)."""
-        if pol is None or not marginal:
-            return pol
-        fixed, d, L = self.fixed_mix(), marginal.get("delta_s", {}), self.job.layers
-        for f in sorted(
-            (f for f in ("keep", "resident") if d.get(f, 0.0) < -MIN_GAIN_S and f not in fixed),
-            key=lambda f: d[f],
-        ):
-            n = self.counts(pol)
-            limit = L - n["offload"] if f == "keep" else L
-            while n[f] < limit:
-                trial = self.with_counts(pol, {**n, f: n[f] + 1})
-                if self.fits(trial) is not None:
-                    break
-                pol, n = trial, self.counts(trial)
-        return pol
-
-    def shrink_to_fit(self, pol: Policy) -> Policy | None:
-        """The policy, or the nearest one with fewer kept/resident layers that fits; None if none does."""
-        fixed = self.fixed_mix()
-        n = {"keep": pol.counts()["keep"], "offload": pol.counts()["offload"], "resident": sum(pol.resident)}
-        while True:
-            trial = Policy.mix(
-                self.job,
-                n["keep"],
-                n["offload"],
-                n["resident"],
-                delivery=pol.delivery,
-                grad_reduce=pol.grad_reduce,
-                reduce_dtype=pol.reduce_dtype,
-                window=pol.window,
-                chunk_mb=pol.chunk_mb,
-                loss_chunk_tokens=pol.loss_chunk_tokens,
-            )
-            if self.fits(trial) is None:
-                return trial
-            for f in ("resident", "keep", "offload"):
-                if n[f] > 0 and f not in fixed:
-                    n[f] -= 1
-                    break
-            else:
-                return None
-
-    # ------------------------------------------------------------------ the marginal-cost solve
-    def solve_mix(self, pol: Policy) -> tuple[Policy, dict[str, Any]]:
-        """Counts of keep / offload / checkpoint layers and resident layers by the marginal pipeline cost."""
-        j, fixed = self.job, self.fixed_mix()
-        free = [f for f in ("keep", "offload", "resident") if f not in fixed]
-        if not j.on_gpu:
-            free = [f for f in free if f != "resident"]  # nothing to keep resident on the CPU
-        pol = self.shrink_to_fit(pol) or pol
-        marginal: dict[str, Any] = {}
-        visited = [pol]
-        for _ in range(3):
-            if not free:
-                break
-            marginal = self.marginal(pol, free)
-            nxt = self.best_counts(pol, marginal, free)
-            if nxt is None or nxt == pol or nxt in visited:
-                break
-            visited.append(nxt)
-            pol = nxt
-        best = min((p for p in visited if self.fits(p) is None), key=self.time, default=pol)
-        return best, marginal
-
-    def counts(self, pol: Policy) -> dict[str, int]:
-        c = pol.counts()
-        return {"keep": c["keep"], "offload": c["offload"], "resident": sum(pol.resident)}
-
-    def with_counts(self, pol: Policy, n: dict[str, int]) -> Policy:
-        return Policy.mix(
-            self.job,
-            n["keep"],
-            n["offload"],
-            n["resident"],
-            delivery=pol.delivery,
-            grad_reduce=pol.grad_reduce,
-            reduce_dtype=pol.reduce_dtype,
-            window=pol.window,
-            chunk_mb=pol.chunk_mb,
-            loss_chunk_tokens=pol.loss_chunk_tokens,
-        )
-
-    def marginal(self, pol: Policy, free: list[str]) -> dict[str, Any]:
-        """tau_j at this operating point: the step-time change of switching one checkpointed layer to policy j
-        (and of making one more layer resident), from the overlap model."""
-        j, n = self.job, self.counts(pol)
-        t = self.time(pol)
-        ckpt = j.layers - n["keep"] - n["offload"]
-        delta: dict[str, float] = {}
-        for f in ("keep", "offload"):
-            if f not in free:
-                continue
-            if ckpt > 0:
-                delta[f] = self.time(self.with_counts(pol, {**n, f: n[f] + 1})) - t
-            elif n[f] > 0:
-                delta[f] = t - self.time(self.with_counts(pol, {**n, f: n[f] - 1}))
-        if "resident" in free:
-            if n["resident"] < j.layers:
-                delta["resident"] = self.time(self.with_counts(pol, {**n, "resident": n["resident"] + 1})) - t
-            else:
-                delta["resident"] = t - self.time(self.with_counts(pol, {**n, "resident": n["resident"] - 1}))
-        k = self.acts.keep
-        tau0 = t / j.layers
-        T0 = -delta["keep"] / k if "keep" in delta else None
-        out = {
-            "k_bytes": k,
-            "tau_0_s": tau0,
-            "delta_s": delta,
-            "tau_s": {"checkpoint": tau0},
-            "T_s_per_GB": {"checkpoint": None if T0 is None else T0 * 1e9, "keep": 0.0},
-        }
-        for f in ("keep", "offload"):
-            if f in delta:
-                out["tau_s"][f] = tau0 + delta[f]
-        if "offload" in delta and T0 is not None:
-            out["T_s_per_GB"]["offload"] = (delta["offload"] / k + T0) * 1e9
-        return out
-
-    def best_counts(self, pol: Policy, marginal: dict[str, Any], free: list[str]) -> Policy | None:
-        """Minimise sum n_j*tau_j under HBM and host RAM (memory is linear in the counts; the pick is then
-        checked with the full memory model and trimmed if needed)."""
-        j, n0 = self.job, self.counts(pol)
-        d = marginal["delta_s"]
-        gain = {f: d.get(f, 0.0) for f in ("keep", "offload", "resident")}
-        use = {f: f in free and gain[f] < -MIN_GAIN_S for f in gain}
-        if not any(use.values()):
-            return self.with_counts(pol, {f: (n0[f] if f not in free else 0) for f in n0})
-        base = self.with_counts(pol, {f: (n0[f] if f not in free else 0) for f in n0})
-        m0 = self.mem(base)
-        step = {}
-        for f in ("keep", "offload", "resident"):
-            one = self.with_counts(base, {**self.counts(base), f: self.counts(base)[f] + 1})
-            m1 = self.mem(one)
-            step[f] = (m1["hbm_peak_bytes"] - m0["hbm_peak_bytes"], m1["host_bytes"] - m0["host_bytes"])
-        hbm_room = (j.hbm_budget - m0["hbm_peak_bytes"]) if j.on_gpu else float("inf")
-        host_room = j.host_limit_bytes - m0["host_bytes"]
-        fixed = self.fixed_mix()
-        best, best_val = None, 0.0
-        L = j.layers
-        keep_range = range(L + 1) if use["keep"] else [fixed.get("keep", 0)]
-        res_range = range(L + 1) if use["resident"] else [fixed.get("resident", 0)]
-        for nk in keep_range:
-            for nr in res_range:
-                hbm = step["keep"][0] * nk + step["resident"][0] * nr
-                host = step["keep"][1] * nk + step["resident"][1] * nr
-                if hbm > hbm_room or host > host_room:
-                    continue
-                no = fixed.get("offload", 0)
-                if use["offload"]:  # linear objective: as many as memory and layers allow
-                    room = L - nk
-                    for bound, per in (
-                        (hbm_room - hbm, step["offload"][0]),
-                        (host_room - host, step["offload"][1]),
-                    ):
-                        if per > 0:
-                            room = min(room, int(bound // per))
-                    no = max(0, room)
-                if nk + no > L:
-                    continue
-                val = (
-                    gain["keep"] * nk * use["keep"]
-                    + gain["offload"] * no * use["offload"]
-                    + gain["resident"] * nr * use["resident"]
-                )
-                if best is None or val < best_val - 1e-12:
-                    best, best_val = {"keep": nk, "offload": no, "resident": nr}, val
-        if best is None:
-            return None
-        return self.shrink_to_fit(self.with_counts(pol, best))
-
     # ------------------------------------------------------------------ output
     def predicted(self, pol: Policy, exposure: bool = False) -> dict[str, Any]:
         m, j = self.mem(pol), self.job
@@ -738,67 +561,3 @@ def _policy_out(pol: Policy) -> dict[str, Any]:
             "loss_chunk_tokens",
         )
     }
-
-
-# ---------------------------------------------------------------------------- printing
-def format_plan(plan: dict[str, Any]) -> str:
-    """A readable summary: the chosen policy, its prediction, the candidates, why (or what does not fit)."""
-    lines = []
-    if not plan.get("feasible"):
-        lines.append("NOT FEASIBLE")
-        for e in plan.get("errors", []):
-            lines.append(f"  {e['loc']}: {e['msg']}")
-        return "\n".join(lines)
-    pol, pred = plan["policy"], plan["predicted"]
-    c = {p: pol["activations"].count(p) for p in ("keep", "offload", "checkpoint")}
-    lines.append(
-        f"policy: delivery={pol['delivery']} grad_reduce={pol['grad_reduce']} reduce_dtype={pol['reduce_dtype']} "
-        f"window={pol['window']} chunk_mb={pol['chunk_mb']} loss_chunk_tokens={pol['loss_chunk_tokens']}"
-    )
-    lines.append(
-        f"activations: keep {c['keep']}, offload {c['offload']}, checkpoint {c['checkpoint']}; "
-        f"resident layers {sum(pol['resident'])}  ({_runs(pol['activations'])})"
-    )
-    mem = f"HBM peak {_gib(pred['hbm_peak_gib'])}/GPU, " if pred.get("hbm_peak_gib") is not None else ""
-    lines.append(f"memory: {mem}host {_gib(pred['host_ram_gib'])}")
-    if pred.get("step_time_s") is not None:
-        lines.append(f"predicted: {pred['step_time_s']:.3f} s/step, {pred['tokens_per_s']:,.0f} tokens/s")
-        lines.append("  phases: " + "  ".join(f"{k} {v:.3f}" for k, v in pred["phases"].items()))
-        if pred.get("exposed"):
-            lines.append("  exposed: " + "  ".join(f"{k} {v:.3f}" for k, v in pred["exposed"].items()))
-    else:
-        lines.append(f"predicted: no step time ({plan.get('calibration_note', 'no calibration')})")
-    if plan.get("candidates"):
-        lines.append("")
-        lines.append(
-            f"{'delivery':<11}{'grad':<6}{'win':>4}{'chunk':>6}{'loss':>6}{'keep':>5}{'off':>4}{'res':>4}"
-            f"{'step s':>9}{'tok/s':>9}{'HBM GiB':>9}{'host GiB':>9}  fits"
-        )
-        for cand in plan["candidates"]:
-            p, q = cand["policy"], cand["predicted"]
-            t = f"{q['step_time_s']:.3f}" if q.get("step_time_s") is not None else "-"
-            tps = f"{q['tokens_per_s']:,.0f}" if q.get("tokens_per_s") else "-"
-            hbm = f"{q['hbm_peak_gib']:.1f}" if q.get("hbm_peak_gib") is not None else "-"
-            lines.append(
-                f"{p['delivery']:<11}{p['grad_reduce']:<6}{p['window']:>4}{p['chunk_mb']:>6}"
-                f"{p['loss_chunk_tokens']:>6}{p['activations'].count('keep'):>5}"
-                f"{p['activations'].count('offload'):>4}{sum(p['resident']):>4}{t:>9}{tps:>9}{hbm:>9}"
-                f"{q['host_ram_gib']:>9.1f}  {'yes' if cand['fits'] else 'no: ' + cand['why_not']}"
-            )
-    lines.append("")
-    lines.append("why: " + plan.get("why", ""))
-    return "\n".join(lines)
-
-
-def _gib(x: float) -> str:
-    return f"{x:.1f} GiB" if x >= 0.1 else f"{x * 1024:.1f} MiB"
-
-
-def _runs(acts: list[str]) -> str:
-    """Layer ranges per policy, e.g. "1-27 keep, 28-36 checkpoint"."""
-    out, start = [], 0
-    for i in range(1, len(acts) + 1):
-        if i == len(acts) or acts[i] != acts[start]:
-            out.append(f"{start + 1}-{i} {acts[start]}" if i - start > 1 else f"{i} {acts[start]}")
-            start = i
-    return ", ".join(out)

@@ -1,0 +1,257 @@
+"""Host and link microbenchmarks for calibration: host update and copy rates by thread count, host DRAM shared
+between the update and DMA, PCIe copies by chunk size, pinned allocation. Medians after warm-up."""
+
+from __future__ import annotations
+
+import os
+import statistics
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from slidedp.config import JobConfig
+from slidedp.planning.cost_model import UPDATE_DRAM_BYTES
+
+MIB = 2**20
+
+
+def compute_threads(cfg: JobConfig, topology: dict) -> int:
+    cores = int(topology.get("cpu", {}).get("cores") or os.cpu_count() or 1)
+    return cfg.cpu_threads or max(1, cores // cfg.world_size)
+
+
+# ---------------------------------------------------------------------------- timing helpers
+def median_time(fn: Callable[[], Any], reps: int, cuda: bool, warmup: int = 1) -> float:
+    for _ in range(warmup):
+        fn()
+    if cuda:
+        torch.cuda.synchronize()
+    times = []
+    for _ in range(reps):
+        if cuda:
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record()
+            fn()
+            b.record()
+            b.synchronize()
+            times.append(a.elapsed_time(b) / 1e3)
+        else:
+            t = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - t)
+    return statistics.median(times)
+
+
+# ---------------------------------------------------------------------------- host work
+def thread_counts(cfg: JobConfig, topology: dict) -> list[int]:
+    cores = int(topology.get("cpu", {}).get("cores") or os.cpu_count() or 1)
+    per_rank = compute_threads(cfg, topology)
+    counts = {per_rank, min(cores, per_rank * cfg.world_size), cores, max(1, cores // 4), max(1, cores // 2)}
+    return sorted(c for c in counts if c >= 1)
+
+
+def cpu_rates(cfg: JobConfig, topology: dict, max_unit: int, quick: bool, cuda: bool) -> dict[str, Any]:
+    """Seconds per 1e9 parameters of fused AdamW and of the engine's whole host update, and copy bandwidth
+    (bytes read + written per second), by thread count, on buffers larger than the caches."""
+    cap = (1 << 24) if quick else (1 << 25)
+    n = max(1 << 20, min(cap, max_unit)) if cuda else max(1 << 18, min(1 << 21, max_unit))
+    p, g = torch.randn(n), torch.randn(n)
+    m, v = torch.zeros(n), torch.zeros(n)
+    deliver = torch.empty(n, dtype=torch.bfloat16)
+    step = torch.tensor(1.0)
+    src, dst = torch.randn(n), torch.empty(n)
+    reps = 3 if quick else 5
+
+    def adamw() -> None:
+        torch._fused_adamw_(
+            [p],
+            [g],
+            [m],
+            [v],
+            [],
+            [step],
+            lr=1e-6,
+            beta1=0.9,
+            beta2=0.95,
+            weight_decay=0.0,
+            eps=1e-8,
+            amsgrad=False,
+            maximize=False,
+        )
+
+    def update() -> None:  # slidedp.step.optimizer: norm of the reduced gradient, AdamW, bf16 delivery copy
+        torch.linalg.vector_norm(g, dtype=torch.float64)
+        adamw()
+        if cfg.precision == "bf16":
+            deliver.copy_(p)
+
+    threads = thread_counts(cfg, topology)
+    rows: dict[str, list[float]] = {"adamw_s_per_1e9": [], "update_s_per_1e9": [], "copy_GBps": []}
+    for t in threads:
+        torch.set_num_threads(t)
+        rows["adamw_s_per_1e9"].append(median_time(adamw, reps, False) * 1e9 / n)
+        rows["update_s_per_1e9"].append(median_time(update, reps, False) * 1e9 / n)
+        rows["copy_GBps"].append(2 * 4 * n / median_time(lambda: dst.copy_(src), reps, False) / 1e9)
+    return {"threads": threads, "params": n, **rows}
+
+
+def host_dram(cfg: JobConfig, topology: dict) -> dict[str, Any]:
+    """The host update alone and while every GPU copies both ways without pause, and the DMA rate alone and
+    during the update: host DRAM is one resource for both (capacity = what both move together)."""
+    ngpu = cfg.gpus
+    threads = min(
+        int(topology.get("cpu", {}).get("cores") or 1), compute_threads(cfg, topology) * cfg.world_size
+    )
+    torch.set_num_threads(threads)
+    n = 1 << 27  # 128 Mi params: 2.5 GiB of state, far beyond the caches
+    p, g, m, v = torch.randn(n), torch.randn(n), torch.zeros(n), torch.zeros(n)
+    deliver = torch.empty(n, dtype=torch.bfloat16)
+    step = torch.tensor(1.0)
+
+    def update() -> None:
+        torch.linalg.vector_norm(g, dtype=torch.float64)
+        torch._fused_adamw_(
+            [p],
+            [g],
+            [m],
+            [v],
+            [],
+            [step],
+            lr=1e-6,
+            beta1=0.9,
+            beta2=0.95,
+            weight_decay=0.0,
+            eps=1e-8,
+            amsgrad=False,
+            maximize=False,
+        )
+        deliver.copy_(p)
+
+    nbuf = 128 * MIB
+    host = [torch.empty(nbuf, dtype=torch.uint8, pin_memory=True) for _ in range(2 * ngpu)]
+    dev = [torch.empty(nbuf, dtype=torch.uint8, device=f"cuda:{i // 2}") for i in range(2 * ngpu)]
+    stop = threading.Event()
+    moved = [0] * ngpu
+
+    def dma(i: int) -> None:
+        torch.cuda.set_device(i)
+        s1, s2 = torch.cuda.Stream(i), torch.cuda.Stream(i)
+        while not stop.is_set():
+            with torch.cuda.stream(s1):
+                dev[2 * i].copy_(host[2 * i], non_blocking=True)
+            with torch.cuda.stream(s2):
+                host[2 * i + 1].copy_(dev[2 * i + 1], non_blocking=True)
+            s1.synchronize()
+            s2.synchronize()
+            moved[i] += 2 * nbuf
+
+    alone = median_time(update, 3, False) * 1e9 / n
+    workers = [threading.Thread(target=dma, args=(i,), daemon=True) for i in range(ngpu)]
+    for w in workers:
+        w.start()
+    time.sleep(0.5)
+    m0, t0 = sum(moved), time.perf_counter()
+    time.sleep(1.0)
+    dma_alone = (sum(moved) - m0) / (time.perf_counter() - t0) / 1e9
+    m0, t0 = sum(moved), time.perf_counter()
+    together = median_time(update, 3, False, warmup=0) * 1e9 / n
+    dma_with = (sum(moved) - m0) / (time.perf_counter() - t0) / 1e9
+    stop.set()
+    for w in workers:
+        w.join()
+    per_param = UPDATE_DRAM_BYTES[cfg.precision]
+    return {
+        "threads": threads,
+        "update_alone_s_per_1e9": alone,
+        "update_with_dma_s_per_1e9": together,
+        "dma_alone_GBps": dma_alone,
+        "dma_with_update_GBps": dma_with,
+        "update_bytes_per_param": per_param,
+        "capacity_GBps": per_param / together + dma_with,
+    }
+
+
+# ---------------------------------------------------------------------------- PCIe
+def transfers(ngpu: int, quick: bool) -> dict[str, Any]:
+    chunks = [16, 64] if quick else [4, 16, 64, 256]
+    total = (64 if quick else 256) * MIB
+    hosts = [torch.empty(total, dtype=torch.uint8, pin_memory=True) for _ in range(2)]
+    devs = [
+        [torch.empty(total, dtype=torch.uint8, device=f"cuda:{i}") for _ in range(2)] for i in range(ngpu)
+    ]
+    streams = [(torch.cuda.Stream(i), torch.cuda.Stream(i)) for i in range(ngpu)]
+    reps = 3 if quick else 5
+
+    def copy(direction: str, gpus: list[int], chunk: int) -> float:
+        """GB/s per GPU while `gpus` all copy `total` bytes in `chunk`-sized pieces."""
+
+        def run() -> None:
+            for i in gpus:
+                s = streams[i][0 if direction == "h2d" else 1]
+                with torch.cuda.stream(s):
+                    for a in range(0, total, chunk):
+                        if direction == "h2d":
+                            devs[i][0][a : a + chunk].copy_(hosts[0][a : a + chunk], non_blocking=True)
+                        else:
+                            hosts[1][a : a + chunk].copy_(devs[i][1][a : a + chunk], non_blocking=True)
+            for i in gpus:
+                streams[i][0 if direction == "h2d" else 1].synchronize()
+
+        run()
+        times = []
+        for _ in range(reps):
+            t = time.perf_counter()
+            run()
+            times.append(time.perf_counter() - t)
+        return total / statistics.median(times) / 1e9
+
+    out: dict[str, Any] = {"chunk_mib": chunks}
+    for d in ("h2d", "d2h"):
+        out[f"{d}_GBps"] = [copy(d, [0], c * MIB) for c in chunks]
+        if ngpu > 1:
+            out[f"{d}_all_GBps"] = [copy(d, list(range(ngpu)), c * MIB) for c in chunks]
+    out["per_gpu"] = [
+        {
+            "gpu": i,
+            "h2d_GBps": copy("h2d", [i], chunks[-1] * MIB),
+            "d2h_GBps": copy("d2h", [i], chunks[-1] * MIB),
+        }
+        for i in range(ngpu)
+    ]
+
+    def both() -> None:
+        with torch.cuda.stream(streams[0][0]):
+            devs[0][0].copy_(hosts[0], non_blocking=True)
+        with torch.cuda.stream(streams[0][1]):
+            hosts[1].copy_(devs[0][1], non_blocking=True)
+        streams[0][0].synchronize()
+        streams[0][1].synchronize()
+
+    both()
+    t = time.perf_counter()
+    for _ in range(reps):
+        both()
+    out["bidir_GBps"] = 2 * total * reps / (time.perf_counter() - t) / 1e9
+    tiny_h, tiny_d = (
+        torch.empty(4096, dtype=torch.uint8, pin_memory=True),
+        torch.empty(4096, dtype=torch.uint8, device="cuda:0"),
+    )
+
+    def tiny() -> None:
+        tiny_d.copy_(tiny_h, non_blocking=True)
+        torch.cuda.current_stream().synchronize()
+
+    out["latency_s"] = median_time(tiny, 20, False)
+    return out
+
+
+def pinned_alloc(quick: bool) -> float:
+    nbytes = (64 if quick else 512) * MIB
+    t = time.perf_counter()
+    buf = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
+    dt = time.perf_counter() - t
+    del buf
+    return dt * 2**30 / nbytes

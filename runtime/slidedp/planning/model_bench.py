@@ -1,0 +1,176 @@
+"""The model's parts for calibration: one decoder layer, the embedding and the chunked loss head of the job's
+architecture, built with transformers' own classes from the HF config (random weights; nothing is downloaded),
+timed at the job's (micro-batch, seq) shape."""
+
+from __future__ import annotations
+
+import os
+import statistics
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from slidedp.planning.microbench import median_time
+
+
+class ModelParts:
+    """One decoder layer, the rotary embedding, the embedding and the loss head of the job's architecture,
+    built with transformers' own classes from the HF config (random weights; nothing is downloaded)."""
+
+    def __init__(self, mc: dict[str, Any], device: torch.device, dtype: torch.dtype):
+        import transformers
+
+        os.environ.setdefault("HF_HUB_OFFLINE", "1")
+        kw = {
+            k: v
+            for k, v in mc.items()
+            if k
+            not in ("model_type", "architectures", "transformers_version", "torch_dtype", "dtype", "auto_map")
+        }
+        kw["num_hidden_layers"] = 1
+        config = transformers.AutoConfig.for_model(mc["model_type"], **kw)
+        config._attn_implementation = "sdpa"
+        self.config, self.device, self.dtype = config, device, dtype
+        with torch.device("meta"):  # only to learn the architecture's classes
+            skeleton = transformers.AutoModelForCausalLM.from_config(config)
+        self.layer_cls = type(skeleton.model.layers[0])
+        self.rotary_cls = type(skeleton.model.rotary_emb)
+        self.norm_cls = type(skeleton.model.norm)
+        self.cuda = device.type == "cuda"
+        del skeleton
+
+    def _inputs(self, mb: int, seq: int) -> tuple[torch.Tensor, torch.Tensor, tuple]:
+        x = torch.randn(mb, seq, self.config.hidden_size, device=self.device, dtype=self.dtype) * 0.02
+        pos = torch.arange(seq, device=self.device)[None].expand(mb, -1)
+        rotary = self.rotary_cls(self.config).to(self.device)
+        return x, pos, rotary(x, pos)
+
+    def decoder_layer(self, mb: int, seq: int, reps: int) -> dict[str, Any]:
+        layer = self.layer_cls(self.config, layer_idx=0).to(device=self.device, dtype=self.dtype)
+        x, pos, pe = self._inputs(mb, seq)
+        grad = torch.randn_like(x) * 1e-3
+
+        def fwd_graph() -> torch.Tensor:
+            h = x.detach().requires_grad_(True)
+            out = layer(h, position_ids=pos, position_embeddings=pe)
+            return out[0] if isinstance(out, tuple) else out
+
+        state: dict[str, Any] = {}
+
+        def keep_fwd() -> None:
+            state["out"] = fwd_graph()
+
+        def keep_bwd() -> None:
+            state.pop("out").backward(grad)
+
+        def ckpt_fwd() -> None:
+            with torch.no_grad():
+                fwd_graph()
+
+        def ckpt_bwd() -> None:  # recompute with a graph, then backward (slidedp.step.engine)
+            fwd_graph().backward(grad)
+
+        fwd_keep = self._alternating(keep_fwd, keep_bwd, reps)
+        fwd_ckpt = median_time(ckpt_fwd, reps, self.cuda)
+        bwd_ckpt = median_time(ckpt_bwd, reps, self.cuda)
+        saved = self._saved_bytes(fwd_graph, [p.untyped_storage().data_ptr() for p in layer.parameters()])
+        return {
+            "params": sum(p.numel() for p in layer.parameters()),
+            "micro_batch": mb,
+            "seq": seq,
+            "tokens": mb * seq,
+            "fwd_keep_s": fwd_keep[0],
+            "bwd_keep_s": fwd_keep[1],
+            "fwd_checkpoint_s": fwd_ckpt,
+            "bwd_checkpoint_s": bwd_ckpt,
+            "saved_keep_bytes": saved,
+            "saved_checkpoint_bytes": x.numel() * x.element_size(),  # the layer's input, recomputed from
+            "saved_source": "saved-tensor hooks (parameters excluded)",
+        }
+
+    def _alternating(
+        self, first: Callable[[], None], second: Callable[[], None], reps: int
+    ) -> tuple[float, float]:
+        """Median times of first() and second(), run as pairs (the backward needs its forward)."""
+        first()
+        second()
+        a_times, b_times = [], []
+        for _ in range(reps):
+            for fn, times in ((first, a_times), (second, b_times)):
+                times.append(median_time(fn, 1, self.cuda, warmup=0))
+        return statistics.median(a_times), statistics.median(b_times)
+
+    def _saved_bytes(self, fwd: Callable[[], torch.Tensor], param_ptrs: list[int]) -> int:
+        """Bytes autograd keeps for backward (each storage once), parameters excluded: the window holds those."""
+        seen: dict[int, int] = {}
+        params = set(param_ptrs)
+
+        def pack(t: torch.Tensor) -> torch.Tensor:
+            st = t.untyped_storage()
+            if st.data_ptr() not in params:
+                seen[st.data_ptr()] = st.nbytes()
+            return t
+
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            out = fwd()
+        del out
+        return int(sum(seen.values()))
+
+    def embedding(self, mb: int, seq: int, reps: int) -> dict[str, float]:
+        V, H = self.config.vocab_size, self.config.hidden_size
+        w = torch.randn(V, H, device=self.device, dtype=self.dtype) * 0.02
+        ids = torch.randint(0, V, (mb * seq,), device=self.device)
+        g = torch.randn(mb * seq, H, device=self.device, dtype=self.dtype)
+        acc = torch.zeros(V, H, device=self.device, dtype=torch.float32)
+        fwd = median_time(lambda: torch.nn.functional.embedding(ids, w), reps, self.cuda)
+        bwd = median_time(lambda: acc.index_add_(0, ids, g.float()), reps, self.cuda)
+        return {"fwd_s": fwd, "bwd_s": bwd}
+
+    def loss_head(self, chunk: int, tokens: int, reps: int) -> dict[str, Any]:
+        """Final norm + lm_head + fp32 cross-entropy, forward and backward, on one chunk at two chunk sizes:
+        time = tokens * s_per_token + chunks * s_per_chunk; peak = fixed + tokens_in_chunk * per_token."""
+        import torch.nn.functional as F
+
+        V, H = self.config.vocab_size, self.config.hidden_size
+        norm = self.norm_cls(H, eps=getattr(self.config, "rms_norm_eps", 1e-6)).to(self.device, self.dtype)
+        w = (torch.randn(V, H, device=self.device, dtype=self.dtype) * 0.02).requires_grad_(True)
+        sizes = sorted({max(1, min(chunk, tokens) // 2), max(1, min(chunk, tokens))})
+        times, peaks = [], []
+        for c in sizes:
+            x = torch.randn(c, H, device=self.device, dtype=self.dtype).requires_grad_(True)
+            tgt = torch.randint(0, V, (c,), device=self.device)
+
+            def step(x: torch.Tensor = x, tgt: torch.Tensor = tgt) -> None:
+                logits = F.linear(norm(x), w).float()
+                F.cross_entropy(logits, tgt, reduction="sum").backward()
+                w.grad = None
+                x.grad = None
+
+            times.append(median_time(step, reps, self.cuda))
+            if self.cuda:
+                torch.cuda.synchronize()
+                base = torch.cuda.memory_allocated(self.device)
+                torch.cuda.reset_peak_memory_stats(self.device)
+                step()
+                torch.cuda.synchronize()
+                peaks.append(torch.cuda.max_memory_allocated(self.device) - base)
+        if len(sizes) == 2:
+            per_tok = max(0.0, (times[1] - times[0]) / (sizes[1] - sizes[0]))
+            per_chunk = max(0.0, times[1] - per_tok * sizes[1])
+        else:
+            per_tok, per_chunk = times[0] / sizes[0], 0.0
+        out: dict[str, Any] = {
+            "chunk_tokens": sizes,
+            "s": times,
+            "s_per_token": per_tok,
+            "s_per_chunk": per_chunk,
+        }
+        if len(peaks) == 2:
+            per_tok_b = max(0.0, (peaks[1] - peaks[0]) / (sizes[1] - sizes[0]))
+            out.update(
+                peak_bytes=peaks,
+                peak_bytes_per_token=per_tok_b,
+                peak_fixed_bytes=max(0.0, peaks[1] - per_tok_b * sizes[1]),
+            )
+        return out

@@ -1,0 +1,68 @@
+"""A readable plan: `slidedp plan` prints format_plan(plan_job(...)). Imports no torch."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def format_plan(plan: dict[str, Any]) -> str:
+    """A readable summary: the chosen policy, its prediction, the candidates, why (or what does not fit)."""
+    lines = []
+    if not plan.get("feasible"):
+        lines.append("NOT FEASIBLE")
+        for e in plan.get("errors", []):
+            lines.append(f"  {e['loc']}: {e['msg']}")
+        return "\n".join(lines)
+    pol, pred = plan["policy"], plan["predicted"]
+    c = {p: pol["activations"].count(p) for p in ("keep", "offload", "checkpoint")}
+    lines.append(
+        f"policy: delivery={pol['delivery']} grad_reduce={pol['grad_reduce']} reduce_dtype={pol['reduce_dtype']} "
+        f"window={pol['window']} chunk_mb={pol['chunk_mb']} loss_chunk_tokens={pol['loss_chunk_tokens']}"
+    )
+    lines.append(
+        f"activations: keep {c['keep']}, offload {c['offload']}, checkpoint {c['checkpoint']}; "
+        f"resident layers {sum(pol['resident'])}  ({_runs(pol['activations'])})"
+    )
+    mem = f"HBM peak {_gib(pred['hbm_peak_gib'])}/GPU, " if pred.get("hbm_peak_gib") is not None else ""
+    lines.append(f"memory: {mem}host {_gib(pred['host_ram_gib'])}")
+    if pred.get("step_time_s") is not None:
+        lines.append(f"predicted: {pred['step_time_s']:.3f} s/step, {pred['tokens_per_s']:,.0f} tokens/s")
+        lines.append("  phases: " + "  ".join(f"{k} {v:.3f}" for k, v in pred["phases"].items()))
+        if pred.get("exposed"):
+            lines.append("  exposed: " + "  ".join(f"{k} {v:.3f}" for k, v in pred["exposed"].items()))
+    else:
+        lines.append(f"predicted: no step time ({plan.get('calibration_note', 'no calibration')})")
+    if plan.get("candidates"):
+        lines.append("")
+        lines.append(
+            f"{'delivery':<11}{'grad':<6}{'win':>4}{'chunk':>6}{'loss':>6}{'keep':>5}{'off':>4}{'res':>4}"
+            f"{'step s':>9}{'tok/s':>9}{'HBM GiB':>9}{'host GiB':>9}  fits"
+        )
+        for cand in plan["candidates"]:
+            p, q = cand["policy"], cand["predicted"]
+            t = f"{q['step_time_s']:.3f}" if q.get("step_time_s") is not None else "-"
+            tps = f"{q['tokens_per_s']:,.0f}" if q.get("tokens_per_s") else "-"
+            hbm = f"{q['hbm_peak_gib']:.1f}" if q.get("hbm_peak_gib") is not None else "-"
+            lines.append(
+                f"{p['delivery']:<11}{p['grad_reduce']:<6}{p['window']:>4}{p['chunk_mb']:>6}"
+                f"{p['loss_chunk_tokens']:>6}{p['activations'].count('keep'):>5}"
+                f"{p['activations'].count('offload'):>4}{sum(p['resident']):>4}{t:>9}{tps:>9}{hbm:>9}"
+                f"{q['host_ram_gib']:>9.1f}  {'yes' if cand['fits'] else 'no: ' + cand['why_not']}"
+            )
+    lines.append("")
+    lines.append("why: " + plan.get("why", ""))
+    return "\n".join(lines)
+
+
+def _gib(x: float) -> str:
+    return f"{x:.1f} GiB" if x >= 0.1 else f"{x * 1024:.1f} MiB"
+
+
+def _runs(acts: list[str]) -> str:
+    """Layer ranges per policy, e.g. "1-27 keep, 28-36 checkpoint"."""
+    out, start = [], 0
+    for i in range(1, len(acts) + 1):
+        if i == len(acts) or acts[i] != acts[start]:
+            out.append(f"{start + 1}-{i} {acts[start]}" if i - start > 1 else f"{i} {acts[start]}")
+            start = i
+    return ", ".join(out)
