@@ -335,6 +335,9 @@ def _collective_rank(rank: int, world: int, backend: str, init: str, sizes: list
 
     try:
         os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+        if backend == "nccl":  # NVLink multicast stays off on our GPU machine (shared/HARDWARE.md)
+            for key in ("NCCL_NVLS_ENABLE", "TORCH_SYMM_MEM_DISABLE_MULTICAST", "NVSHMEM_DISABLE_NVLS"):
+                os.environ.setdefault(key, "0" if key == "NCCL_NVLS_ENABLE" else "1")
         torch.set_num_threads(1)
         device = torch.device("cuda", rank) if backend == "nccl" else torch.device("cpu")
         if backend == "nccl":
