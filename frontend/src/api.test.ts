@@ -1,5 +1,5 @@
 import { describe, expect, it } from "vitest";
-import { fieldErrorsOf, locToPath } from "./api";
+import { fieldErrorsOf, locToPath, withToken } from "./api";
 
 describe("validation errors", () => {
   it("turns FastAPI locs into config key paths", () => {
@@ -15,5 +15,13 @@ describe("validation errors", () => {
     ]);
     expect(fieldErrorsOf({ detail: { errors: [{ loc: "data.path", msg: "no dataset file" }] } })).toEqual([{ loc: "data.path", msg: "no dataset file" }]);
     expect(fieldErrorsOf({ detail: "Redis is down" })).toEqual([]);
+  });
+});
+
+describe("withToken", () => {
+  it("adds the API token for links and streams that cannot send headers", () => {
+    expect(withToken("/api/jobs/1/events", null)).toBe("/api/jobs/1/events");
+    expect(withToken("/api/jobs/1/events", "s3cr/t")).toBe("/api/jobs/1/events?access_token=s3cr%2Ft");
+    expect(withToken("/api/jobs/1/events?last_event_id=4", "t")).toBe("/api/jobs/1/events?last_event_id=4&access_token=t");
   });
 });

@@ -38,6 +38,12 @@ export function setApiToken(token: string | null): void {
   else localStorage.removeItem(TOKEN_KEY);
 }
 
+/** An EventSource or a download link cannot send headers: the API takes the token as ?access_token= too. */
+export function withToken(url: string, token: string | null = apiToken()): string {
+  if (!token) return url;
+  return `${url}${url.includes("?") ? "&" : "?"}access_token=${encodeURIComponent(token)}`;
+}
+
 /** A validation `loc` as a config key path: ["body", "optimizer", "betas", 0] -> "optimizer.betas[0]". */
 export function locToPath(loc: unknown): string {
   if (typeof loc === "string") return loc.replace(/^body\.?/, "");
@@ -130,8 +136,8 @@ export const api = {
   logs: (id: number, afterSeq: number) =>
     request<{ items: LogLine[] }>("GET", `/api/jobs/${id}/logs?after_seq=${afterSeq}`),
   checkpoints: (id: number) => request<{ items: Checkpoint[] }>("GET", `/api/jobs/${id}/checkpoints`),
-  eventsUrl: (id: number) => `/api/jobs/${id}/events`,
-  exportUrl: (id: number) => `/api/jobs/${id}/export`,
+  eventsUrl: (id: number) => withToken(`/api/jobs/${id}/events`),
+  exportUrl: (id: number) => withToken(`/api/jobs/${id}/export`),
   openapi: () => request<Record<string, unknown>>("GET", "/openapi.json"),
 };
 

@@ -20,10 +20,11 @@ export function firstCheck(): Promise<Reachability> {
   return first;
 }
 
-/** True when the API is known to be absent (pages then show the banner instead of calling it). */
+/** True when the API is known to be absent or to refuse us for want of a token: pages then leave the banner to
+ *  say so instead of calling it, and are drawn again once it answers. */
 export async function apiAbsent(): Promise<boolean> {
   await firstCheck();
-  return current.kind === "unreachable";
+  return current.kind === "unreachable" || (current.kind === "error" && current.message === "unauthorised");
 }
 
 export function reachability(): Reachability {

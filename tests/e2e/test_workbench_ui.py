@@ -4,69 +4,23 @@ local worker) started by the test, the UI built from frontend/, Debian's Chromiu
 from __future__ import annotations
 
 import json
-import os
 import re
-import signal
-import subprocess
-import sys
-import time
 import urllib.error
 import urllib.request
 
 import pytest
-from e2e_support import free_port, screenshot
+from e2e_support import get_json as _get
+from e2e_support import screenshot, start_workbench
 
 pytestmark = [pytest.mark.e2e]
 
 DEMO_STEPS = 40
 
 
-def _get(url: str):
-    with urllib.request.urlopen(url, timeout=5) as r:
-        return json.loads(r.read())
-
-
 @pytest.fixture(scope="module")
 def workbench(frontend_dist, tmp_path_factory):
-    """`python -m slidedp_web.embedded` on a free loopback port with its own data directory."""
-    data = tmp_path_factory.mktemp("workbench")
-    port = free_port()
-    env = {**os.environ, "SLIDEDP_DATA_DIR": str(data), "HF_HUB_OFFLINE": "1", "GLOO_SOCKET_IFNAME": "lo"}
-    for key in ("REDIS_URL", "DATABASE_URL", "SLIDEDP_API_TOKEN"):
-        env.pop(key, None)
-    log = open(data / "serve.log", "wb")  # noqa: SIM115 - closed in teardown
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "slidedp_web.embedded", "--host", "127.0.0.1", "--port", str(port)],
-        env=env, stdout=log, stderr=subprocess.STDOUT, cwd=str(data),
-    )
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 90
-    health = None
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            break
-        try:
-            health = _get(url + "/api/health")
-            if health.get("status") == "ok" and health.get("workers", 0) >= 1:
-                break
-        except OSError:
-            pass
-        time.sleep(0.5)
-    if proc.poll() is not None or not health or health.get("workers", 0) < 1:
-        proc.kill()
-        log.close()
-        pytest.fail(f"the embedded workbench did not come up (health {health}):\n"
-                    + (data / "serve.log").read_text(errors="replace")[-4000:])
-    try:
+    with start_workbench(tmp_path_factory.mktemp("workbench")) as url:
         yield url
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        log.close()
 
 
 def _chart_points(page, chart_id: str) -> int:
