@@ -84,6 +84,7 @@ class ModelParts:
             "bwd_keep_s": fwd_keep[1],
             "fwd_checkpoint_s": fwd_ckpt,
             "bwd_checkpoint_s": bwd_ckpt,
+            "recompute_s": max(0.0, bwd_ckpt - fwd_keep[1]),  # what checkpointing adds to a layer's backward
             "saved_keep_bytes": saved,
             "saved_checkpoint_bytes": x.numel() * x.element_size(),  # the layer's input, recomputed from
             "saved_source": "saved-tensor hooks (parameters excluded)",
