@@ -141,7 +141,8 @@ export const api = {
   openapi: () => request<Record<string, unknown>>("GET", "/openapi.json"),
 };
 
-/** Every stored metrics record after `afterStep`, page by page (the run is never truncated). */
+/** Every stored metrics record after `afterStep`, page by page until a page comes back empty: the server may
+ *  answer fewer rows than asked for (it caps pages), so a short page does not mean the end. */
 export async function allMetrics(id: number, afterStep = 0, pageSize = 5000): Promise<MetricsRecord[]> {
   const out: MetricsRecord[] = [];
   let cursor = afterStep;
@@ -150,7 +151,7 @@ export async function allMetrics(id: number, afterStep = 0, pageSize = 5000): Pr
     if (!items || items.length === 0) break;
     out.push(...items);
     const last = items[items.length - 1].step;
-    if (items.length < pageSize || !(last > cursor)) break;
+    if (!(last > cursor)) break;
     cursor = last;
   }
   return out;

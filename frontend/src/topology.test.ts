@@ -63,7 +63,7 @@ describe("readHost", () => {
 
   it("reads the copy rates of a calibration record, or of a map of records keyed by shape", () => {
     const record = { transfers: { chunk_mib: [64, 512], h2d_GBps: [50.1, 54.7], d2h_GBps: [55.25, 55.0] }, unit: { params: 1 } };
-    for (const cal of [record, { "qwen3-8b_bs8_nvlink": record }]) {
+    for (const cal of [record, { "qwen3-8b_bs8_nvlink": record }, { dir: "/cache", entries: [record] }]) {
       const v = readHost(h200x2, cal);
       expect(v.gpus.map((g) => [g.h2dGBs, g.d2hGBs])).toEqual([[54.7, 55.25], [54.7, 55.25]]);
       expect(v.links[0].bandwidthGBs).toBeNull();

@@ -111,6 +111,8 @@ function perGpu(cal: unknown, keys: string[], i: number): number | null {
 /** Calibration records: one record, or a map of them keyed by shape ("qwen3-8b_bs8_nvlink"). */
 export function calibrationRecords(cal: unknown): Obj[] {
   if (!isObj(cal)) return [];
+  // What a worker reports: {"dir": where its cache is, "entries": [record, ...]}.
+  if (Array.isArray(cal.entries)) return cal.entries.filter(isObj);
   if (isObj(cal.transfers) || isObj(cal.unit) || isObj(cal.cpu)) return [cal];
   return Object.values(cal).filter((r): r is Obj => isObj(r) && (isObj(r.transfers) || isObj(r.unit) || isObj(r.cpu)));
 }

@@ -65,6 +65,7 @@ export async function runAction(btn: HTMLButtonElement, out: HTMLElement, fn: ()
     await fn();
     return true;
   } catch (err) {
+    out.className = "action-error";
     out.textContent = err instanceof ApiError ? err.message : String((err as Error).message ?? err);
     return false;
   } finally {

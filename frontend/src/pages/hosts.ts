@@ -13,11 +13,17 @@ import { errorBox } from "../ui";
 function calibration(host: Host): HTMLElement {
   const records = calibrationRecords(host.calibration);
   if (!host.calibration) return h("p", { class: "muted" }, "No calibration yet: plans for this host check memory only and predict no times (run `slidedp bench` on it).");
-  if (!records.length) return h("details", null, h("summary", null, "Calibration"), kvList(host.calibration, new Set(), true));
+  if (!records.length) {
+    // A worker with an empty cache reports {"dir", "entries": []}: nothing measured yet.
+    if (Array.isArray((host.calibration as Record<string, unknown>).entries)) return h("p", { class: "muted" }, "No calibration yet: plans for this host check memory only and predict no times (run `slidedp bench` on it).");
+    return h("details", null, h("summary", null, "Calibration"), kvList(host.calibration, new Set(), true));
+  }
+  const dir = (host.calibration as Record<string, unknown>).dir;
   return h(
     "details",
     null,
     h("summary", null, `Calibration: ${records.length} measured shape${records.length === 1 ? "" : "s"}`),
+    typeof dir === "string" ? h("p", { class: "muted" }, "Cached in ", h("code", null, dir)) : null,
     records.map((r) => h("details", { class: "calibration" }, h("summary", null, String(r.key ?? r.created_at ?? "record")), kvList(r, new Set(["key"]), true))),
   );
 }

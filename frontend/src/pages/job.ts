@@ -81,7 +81,7 @@ export function jobPage(root: HTMLElement, params: string[]): Cleanup {
   const badge = h("span");
   const liveEl = h("span", { class: "live", id: "stream-state", role: "status" });
   const actionsEl = h("div", { class: "actions" });
-  const actionOut = h("span", { class: "action-error", role: "status" });
+  const actionOut = h("span", { class: "action-note", role: "status" });
   const summaryEl = h("div", { class: "summary" });
   const errorEl = h("div");
   const policyEl = h("div", { class: "policy" }, h("p", { class: "muted" }, "No policy yet: it is resolved when the job starts."));
@@ -128,7 +128,10 @@ export function jobPage(root: HTMLElement, params: string[]): Cleanup {
           try {
             job = await api.cancel(id, save.checked);
             renderAll();
+            actionOut.className = "action-note";
+            if (job.status === "running") actionOut.textContent = `Cancel requested: the job stops at the next step boundary${save.checked ? " after writing a checkpoint" : ""}.`;
           } catch (err) {
+            out.className = "action-error";
             out.textContent = (err as Error).message;
           }
         }, "secondary"),
@@ -146,7 +149,7 @@ export function jobPage(root: HTMLElement, params: string[]): Cleanup {
       actionsEl.append(btn);
     }
     if (job.status === "completed" && job.config?.export !== false) {
-      actionsEl.append(h("a", { class: "button", href: api.exportUrl(id), download: `job-${id}-final.tar.gz` }, "Download export"));
+      actionsEl.append(h("a", { class: "button", href: api.exportUrl(id), download: true }, "Download export"));
     }
     if (TERMINAL_STATUSES.has(job.status)) {
       actionsEl.append(
@@ -155,6 +158,7 @@ export function jobPage(root: HTMLElement, params: string[]): Cleanup {
             await api.remove(id);
             navigate("/jobs");
           } catch (err) {
+            out.className = "action-error";
             out.textContent = (err as Error).message;
           }
         }),
