@@ -34,8 +34,12 @@ TORCH_FREE = (
     "slidedp.config",
     "slidedp.presets",
     "slidedp.validation",
+    "slidedp.planning.topology",
     "slidedp.planning.cost_model",
+    "slidedp.planning.overlap",
+    "slidedp.planning.marginal",
     "slidedp.planning.autopolicy",
+    "slidedp.planning.report",
 )
 
 # Setting sys.modules[name] = None is how Python itself spells "not installed": `import name` raises
@@ -227,3 +231,6 @@ def test_console_script_help_runs():
     assert "usage" in proc.stdout.lower()
     for command in ("train", "plan", "topology", "bench", "serve", "worker"):
         assert command in proc.stdout, f"`slidedp --help` does not list {command!r}:\n{proc.stdout}"
+        sub = subprocess.run([str(script), command, "--help"], capture_output=True, text=True, timeout=120)
+        assert sub.returncode == 0, f"`slidedp {command} --help` failed:\n{sub.stderr[-3000:]}"
+        assert f"slidedp {command}" in sub.stdout, sub.stdout
