@@ -22,7 +22,7 @@ run: install
 test: install
 	SETUP_BROWSER=1 scripts/setup.sh
 	$(BIN)/ruff check $(LINT_PATHS)
-	cd frontend && npm test --silent
+	cd frontend && { [ -d node_modules ] || npm ci --no-audit --no-fund --loglevel=error; } && npm test --silent
 	$(BIN)/python -m pytest -q -m "not gpu" tests
 
 ## make test-fast: the quick subset for iteration (no browser, no slow suites)
