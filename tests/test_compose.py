@@ -136,6 +136,17 @@ def test_api_and_worker_share_one_data_volume_and_settings(config):
     assert "data" in config["volumes"]
 
 
+def test_jobs_submitted_before_the_worker_reports_go_to_its_queue(config):
+    # The API sends a job to SLIDEDP_WORKER_QUEUE when no host has reported; the worker consumes the same one.
+    api, worker = config["services"]["api"], config["services"]["worker"]
+    assert worker["environment"]["SLIDEDP_HOST_NAME"] == worker["hostname"] == "gpu-worker"
+    assert api["environment"]["SLIDEDP_WORKER_QUEUE"] == worker["environment"]["SLIDEDP_WORKER_QUEUE"]
+    assert api["environment"]["SLIDEDP_WORKER_QUEUE"] == "slidedp-gpu-worker"
+    renamed = resolved(env={"SLIDEDP_WORKER_NAME": "box2"})["services"]
+    assert renamed["api"]["environment"]["SLIDEDP_WORKER_QUEUE"] == "slidedp-box2"
+    assert renamed["worker"]["environment"]["SLIDEDP_HOST_NAME"] == "box2"
+
+
 def test_database_url_switches_to_postgres_from_the_environment():
     url = "postgresql+psycopg://slidedp:slidedp@postgres:5432/slidedp"
     cfg = resolved("--profile", "postgres", env={"DATABASE_URL": url})
