@@ -67,6 +67,7 @@ def supervise(settings: Settings, job_id: int, attempt: int) -> str:
                        name=f"slidedp-job-{job_id}")
     proc.start()
     sender.close()
+    log.info("job %s attempt %s: job process %s", job_id, attempt, proc.pid)
     outcome: Optional[dict[str, Any]] = None
     reason: Optional[str] = None  # "cancel" | "shutdown": why the supervisor asked the job to stop
     kill_at: Optional[float] = None

@@ -74,7 +74,14 @@ def main(argv: Optional[list[str]] = None) -> int:
     from slidedp_web import hosts
     from slidedp_web.celery_app import get_celery
 
-    prepare(settings)
+    try:
+        prepare(settings)
+    except Exception as exc:  # noqa: BLE001 - say what to fix instead of a traceback
+        url = settings.sqlalchemy_url.split("@")[-1]
+        print(f"slidedp worker: cannot prepare the database at {url}: {type(exc).__name__}: {exc}\n"
+              "Check DATABASE_URL (and that the database server is up), then start the worker again.",
+              file=sys.stderr)
+        return 1
     reporter = hosts.Reporter(settings)
     reporter.start()
     app = get_celery(settings)
