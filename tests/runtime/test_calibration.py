@@ -76,10 +76,11 @@ def test_calibration_is_cached_per_host_and_shape(tmp_path, monkeypatch, host, t
     assert calibration.calibration_key(_cfg(micro_batch_size=4), host) != calibration.calibration_key(
         cfg, host
     )
-    other = calibration.load_or_calibrate(_cfg(seq_len=16), host, quick=True)
-    assert other["shape"]["seq"] == 16 and len(os.listdir(tmp_path)) == 2
-    # a quick calibration does not stand in for a full one
-    assert calibration.load_or_calibrate(_cfg(seq_len=16), host, quick=False)["quick"] is False
+    # a quick calibration does not stand in for a full one: this measures again and replaces the file
+    full = calibration.load_or_calibrate(cfg, host, quick=False)
+    assert full["quick"] is False and os.listdir(tmp_path) == [os.path.basename(path)]
+    with open(path) as fh:
+        assert json.load(fh)["created_at"] == full["created_at"]
 
 
 def test_collectives_are_timed_inside_real_gloo_ranks():
