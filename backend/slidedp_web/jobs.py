@@ -213,16 +213,6 @@ def _delete_outputs(settings: Settings, output_dir: str) -> None:
 
 
 # ------------------------------------------------------------------------------------ recovery sweeps
-def requeue_queued(settings: Settings) -> int:
-    """Send every queued job to its queue again (after Redis lost its data); duplicates are dropped at claim."""
-    with read_session(settings) as session:
-        rows = session.exec(select(Job.id, Job.attempt, Job.queue).where(Job.status == "queued")
-                            .order_by(Job.id)).all()
-    for job_id, attempt, queue in rows:
-        celery_app.enqueue(settings, job_id, attempt, queue)
-    return len(rows)
-
-
 def interrupt_stale(settings: Settings, host_name: Optional[str] = None) -> list[int]:
     """Mark interrupted the running jobs whose heartbeat stopped (or, with host_name, all running jobs of that
     host: its worker just started, so none of them is alive)."""

@@ -1,29 +1,85 @@
-"""The API's background duties: notice Redis coming back (and re-send the queued jobs it lost), and mark
-interrupted the running jobs whose worker stopped sending heartbeats.
+"""The API's background duties: keep every queued job's run message on the broker, and mark interrupted the
+running jobs whose worker stopped sending heartbeats.
 
-Redis may come back empty (no persistence, a new container). A marker key, written once the queued jobs
-are on the broker, tells whether this Redis still holds them: if the marker is gone, every job the database
-says is queued is sent again. Duplicates are harmless: a worker starts a job only by claiming it.
+The database says which jobs are queued; Redis may have lost their messages (it restarted without persistence,
+or a worker took a message and died before claiming the job). Every few seconds the queued jobs that have waited
+longer than REQUEUE_AFTER_S are looked up on their queues (and among the messages delivered but not yet
+acknowledged); each one whose (job, attempt) message is nowhere is sent again. A duplicate is harmless: a worker
+starts a job only by claiming it, so at most one message per attempt ever runs.
 """
 
 from __future__ import annotations
 
+import base64
+import json
 import logging
+from datetime import timedelta
+from typing import Any, Optional
 
 import anyio
 import redis
+import sqlalchemy as sa
 
-from slidedp_web import jobs, live
+from slidedp_web import celery_app, jobs, live
 from slidedp_web.core.config import Settings
+from slidedp_web.core.db import read_session
+from slidedp_web.models import Job, StatusChange, as_utc, utcnow
 
 log = logging.getLogger(__name__)
-MARKER = "slidedp:queue-marker"
+REQUEUE_AFTER_S = 10.0  # a message is claimed within milliseconds of delivery; older queued jobs are checked
 
 
-def check_broker(settings: Settings, state: dict) -> None:
+def message_job(raw: bytes) -> Optional[tuple[int, int]]:
+    """(job_id, attempt) of a run message as kombu's Redis transport stores it, else None."""
     try:
-        client = live.client(settings)
-        client.ping()
+        msg = json.loads(raw)
+        if isinstance(msg, list):  # the unacked hash stores [message, exchange, routing_key]
+            msg = msg[0]
+        if msg.get("headers", {}).get("task") != celery_app.TASK_NAME:
+            return None
+        body = msg["body"]
+        if msg.get("properties", {}).get("body_encoding") == "base64":
+            body = base64.b64decode(body)
+        args = json.loads(body)[0]
+        return int(args[0]), int(args[1])
+    except (ValueError, KeyError, IndexError, TypeError):
+        return None
+
+
+def waiting_jobs(settings: Settings) -> list[tuple[int, int, str]]:
+    """(id, attempt, queue) of the jobs queued for longer than REQUEUE_AFTER_S."""
+    cutoff = utcnow() - timedelta(seconds=REQUEUE_AFTER_S)
+    with read_session(settings) as session:
+        rows = session.execute(
+            sa.select(Job.id, Job.attempt, Job.queue, sa.func.max(StatusChange.ts))
+            .join(StatusChange, StatusChange.job_id == Job.id)
+            .where(Job.status == "queued", StatusChange.status == "queued")
+            .group_by(Job.id, Job.attempt, Job.queue)
+        ).all()
+    return [(i, a, q) for i, a, q, ts in rows if ts is None or as_utc(ts) < cutoff]
+
+
+def resend_lost(settings: Settings) -> int:
+    """Send again the run message of every long-waiting queued job that the broker does not hold."""
+    waiting = waiting_jobs(settings)
+    if not waiting:
+        return 0
+    client = live.client(settings)
+    held: set[tuple[int, int]] = set()
+    for queue in {q for _, _, q in waiting}:
+        held.update(filter(None, map(message_job, client.lrange(queue, 0, -1))))
+    held.update(filter(None, map(message_job, client.hvals("unacked"))))
+    sent = 0
+    for job_id, attempt, queue in waiting:
+        if (job_id, attempt) not in held:
+            celery_app.enqueue(settings, job_id, attempt, queue)
+            sent += 1
+    return sent
+
+
+def check_broker(settings: Settings, state: dict[str, Any]) -> None:
+    try:
+        live.client(settings).ping()
     except (redis.RedisError, OSError) as exc:
         if state.get("redis", True):
             log.warning("Redis at %s unreachable: %s", settings.redis_url, exc)
@@ -33,18 +89,14 @@ def check_broker(settings: Settings, state: dict) -> None:
         log.info("Redis at %s is back", settings.redis_url)
     state["redis"] = True
     try:
-        if not client.exists(MARKER):
-            sent = jobs.requeue_queued(settings)
-            client.set(MARKER, "1")
-            if sent:
-                log.info("Redis had no record of the queue: %d queued job(s) sent again", sent)
-    except (redis.RedisError, OSError) as exc:
-        log.warning("re-sending queued jobs failed (will retry): %s", exc)
-    except Exception as exc:  # noqa: BLE001 - kombu wraps connection errors in its own types
-        log.warning("re-sending queued jobs failed (will retry): %s", exc)
+        sent = resend_lost(settings)
+        if sent:
+            log.info("%d queued job(s) had no message on the broker: sent again", sent)
+    except Exception as exc:  # noqa: BLE001 - redis and kombu errors alike: retried at the next tick
+        log.warning("checking the queue against the database failed (will retry): %s", exc)
 
 
-def tick(settings: Settings, state: dict) -> None:
+def tick(settings: Settings, state: dict[str, Any]) -> None:
     check_broker(settings, state)
     try:
         for job_id in jobs.interrupt_stale(settings):
@@ -54,7 +106,7 @@ def tick(settings: Settings, state: dict) -> None:
 
 
 async def run(settings: Settings) -> None:
-    state: dict = {}
+    state: dict[str, Any] = {}
     while True:
         await anyio.to_thread.run_sync(tick, settings, state)
         await anyio.sleep(settings.watchdog_s)
