@@ -237,6 +237,13 @@ def test_cancel_with_checkpoint_resume_and_delete_from_the_ui(page, workbench):
     page.get_by_role("button", name="Resume").click()
     page.wait_for_function(f"() => Number(document.querySelector('#chart-loss').dataset.points) > {stopped_at + 2}", timeout=150_000)
     assert page.locator(".title-row [data-status]").get_attribute("data-status") == "running"
+    # A fresh page replays the whole history (the first attempt ended "cancelled") and still follows the run.
+    page.reload()
+    page.wait_for_function("() => (window.__slidedpCharts || {}).loss && window.__slidedpCharts.loss.data[0].length > 0", timeout=30_000)
+    reloaded_at = _chart_points(page, "loss")
+    page.wait_for_function(f"() => Number(document.querySelector('#chart-loss').dataset.points) > {reloaded_at + 2}", timeout=60_000)
+    assert page.locator(".title-row [data-status]").get_attribute("data-status") == "running"
+    assert page.locator("#stream-state").get_attribute("data-state") == "open"
 
     # From the jobs list: cancel it again, then delete it.
     page.get_by_role("navigation", name="Main").get_by_role("link", name="Jobs").click()

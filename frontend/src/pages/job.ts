@@ -256,6 +256,8 @@ export function jobPage(root: HTMLElement, params: string[]): Cleanup {
 
   function onStatus(ev: StatusEvent): void {
     if (!job) return;
+    // A stream opened from the start replays a resumed job's earlier attempts; their end is not this one's.
+    if (TERMINAL_STATUSES.has(ev.status) && !TERMINAL_STATUSES.has(job.status) && ev.ts && job.started_at && Date.parse(ev.ts) < Date.parse(job.started_at)) return;
     job.status = ev.status;
     if (ev.error) job.error = ev.error;
     renderHeader();
