@@ -71,6 +71,9 @@ def test_submitted_job_runs_and_streams_metrics_until_completed(client, worker, 
     k = events[len(events) // 2]["id"]
     assert read_sse(client, f"/api/jobs/{job['id']}/events", headers={"Last-Event-ID": str(k)}) == events[k:]
     assert read_sse(client, f"/api/jobs/{job['id']}/events?last_event_id={k}") == events[k:]
+    # Past the end of an ended job: 204, which stops a browser's EventSource from reconnecting.
+    ended = client.get(f"/api/jobs/{job['id']}/events", headers={"Last-Event-ID": str(events[-1]["id"])})
+    assert ended.status_code == 204
 
     export = client.get(f"/api/jobs/{job['id']}/export")
     assert export.status_code == 200 and export.headers["content-type"] == "application/gzip"

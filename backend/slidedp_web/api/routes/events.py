@@ -4,7 +4,8 @@ Every event is a row with the job's next sequence number (journal.py), and that 
 stream replays the rows after Last-Event-ID (or ?last_event_id=) and then follows new ones: a Redis pub/sub
 message wakes it up, and it re-reads the database every few seconds in case a message was lost, so a client
 that reconnects sees every event exactly once, in order. The stream ends after the job reaches a terminal
-status and every event up to it was sent.
+status and every event up to it was sent; a reconnect after that end is answered 204, which stops a browser's
+EventSource from reconnecting.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from typing import Any, Optional
 
 import anyio
 import redis
-from fastapi import APIRouter, Header, Query, Request
+from fastapi import APIRouter, Header, Query, Request, Response
 from sqlmodel import select
 from sse_starlette import EventSourceResponse, ServerSentEvent
 
@@ -46,6 +47,7 @@ def _fetch(settings: Settings, job_id: int, after: int) -> tuple[list[Event], Op
     response_class=EventSourceResponse,
     responses={200: {"content": {"text/event-stream": {}},
                      "description": "events `metrics`, `status`, `log`; ids are the job's event sequence"},
+               204: {"description": "The job has ended and the client has every event (EventSource stops)"},
                503: {"description": "Redis is unreachable"}},
 )
 async def job_events(
@@ -55,13 +57,16 @@ async def job_events(
     settings: SettingsDep,
     last_event_id: Optional[int] = Query(None, ge=0, description="Resume after this event id"),
     last_event_id_header: Optional[str] = Header(None, alias="Last-Event-ID"),
-) -> EventSourceResponse:
-    get_or_404(session, job_id)
+) -> Response:
+    job = get_or_404(session, job_id)
     session.close()
-    live.require(settings, "the live event stream")
     after = last_event_id or 0
     if last_event_id_header and last_event_id_header.strip().isdigit():
         after = max(after, int(last_event_id_header.strip()))
+    if is_terminal(job.status) and after >= job.event_seq:
+        # Nothing more will come: 204 is how SSE tells a browser's EventSource to stop reconnecting.
+        return Response(status_code=204)
+    live.require(settings, "the live event stream")
     return EventSourceResponse(_stream(request, settings, job_id, after), ping=15,
                                headers={"X-Accel-Buffering": "no"})
 
