@@ -3,7 +3,7 @@
     PYTHONPATH=runtime python3 -m slidedp.cli bench --model qwen3-8b --gpus 2 --mbs 4 --seq 2048 --steps 8 \\
         --policies sharded:gpu,replicated:gpu,sharded:host,replicated:host --out bench.jsonl
 
-Each policy is `delivery:grad_reduce[:activations[:clip]]`. Data are random token ids written to a temporary
+Each policy is `delivery:grad_reduce[:activations[:clip[:resident layers]]]`. Data are random token ids written to a temporary
 jsonl (the model is random-init, so the loss only shows the step is wired). The first `--warmup` steps are
 excluded; the median of the rest is reported with peak HBM, host RSS and per-rank bytes.
 """
@@ -34,10 +34,11 @@ def run_one(model: str, gpus: int, mbs: int, seq: int, steps: int, policy: str, 
     delivery, grad = parts[0], parts[1]
     acts = parts[2] if len(parts) > 2 else "checkpoint"
     clip = float(parts[3]) if len(parts) > 3 else 0.0
+    resident = int(parts[4]) if len(parts) > 4 else 0
     cfg = {"model": model, "data": {"path": data, "format": "tokens", "shuffle": False}, "seq_len": seq,
            "micro_batch_size": mbs, "steps": steps, "gpus": gpus, "ranks": 1 if gpus else 2, "precision": "bf16",
            "output_dir": out_dir, "export": False, "optimizer": {"lr": 1e-5, "max_grad_norm": clip},
-           "policy": {"delivery": delivery, "grad_reduce": grad, "activations": acts, "resident_units": 0},
+           "policy": {"delivery": delivery, "grad_reduce": grad, "activations": acts, "resident_units": resident},
            "checkpoint": {"interval": 0}}
     if threads:
         cfg["cpu_threads"] = threads

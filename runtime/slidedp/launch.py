@@ -22,7 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from slidedp.config import ConfigError, JobConfig, is_model_path
+from slidedp.config import ConfigError, JobConfig, PolicyConfig, is_model_path
 from slidedp.step.host_state import HostLayout, shm_dir
 
 
@@ -132,6 +132,7 @@ def resolve_policy(cfg: JobConfig, num_layers: int, on_log=None) -> tuple[dict, 
     """The execution policy: AutoPolicy's plan where settings are `auto`, the user's settings where not."""
     world = cfg.world_size
     p = cfg.policy
+    defaults = PolicyConfig()
     plan: dict = {}
     explicit = p.delivery != "auto" and p.grad_reduce != "auto" and p.activations != "auto" \
         and p.resident_units is not None
@@ -176,12 +177,24 @@ def resolve_policy(cfg: JobConfig, num_layers: int, on_log=None) -> tuple[dict, 
         "reduce_dtype": p.reduce_dtype,
         "activations": acts,
         "resident": resident,
-        "window": p.window,
-        "chunk_mb": p.chunk_mb,
-        "loss_chunk_tokens": p.loss_chunk_tokens,
-        "staging_slots": max(4, p.window + 1),
+        # knobs at their defaults are the planner's to choose
+        "window": chosen.get("window", p.window) if p.window == defaults.window else p.window,
+        "chunk_mb": chosen.get("chunk_mb", p.chunk_mb) if p.chunk_mb == defaults.chunk_mb else p.chunk_mb,
+        "loss_chunk_tokens": (chosen.get("loss_chunk_tokens", p.loss_chunk_tokens)
+                              if p.loss_chunk_tokens == defaults.loss_chunk_tokens else p.loss_chunk_tokens),
     }
+    from slidedp.planning.cost_model import staging_slots
+
+    policy["staging_slots"] = staging_slots(policy["window"])
     return policy, plan
+
+
+def _metrics_prediction(plan: dict) -> dict:
+    if not plan:
+        return {}
+    from slidedp.planning.autopolicy import metrics_prediction
+
+    return metrics_prediction(plan)
 
 
 def host_layout(cfg: JobConfig, unit_numels: list[int], policy: dict) -> HostLayout:
@@ -194,6 +207,26 @@ def host_layout(cfg: JobConfig, unit_numels: list[int], policy: dict) -> HostLay
                       delivery_dtype="bfloat16" if cfg.precision == "bf16" else "float32",
                       staging_slots=policy["staging_slots"], hold_gradient=cfg.optimizer.max_grad_norm > 0,
                       staging_numel=staging)
+
+
+def _rewind_metrics(path: str, step: int) -> None:
+    """Keep the records of steps up to the resumed checkpoint: steps after it run again and are written again."""
+    if not os.path.exists(path):
+        return
+    kept = []
+    with open(path, encoding="utf-8") as fh:
+        for line in fh:
+            try:
+                if int(json.loads(line)["step"]) <= step:
+                    kept.append(line if line.endswith("\n") else line + "\n")
+            except (ValueError, KeyError, TypeError):
+                continue  # a line cut short by a killed run
+    tmp = path + ".tmp"
+    with open(tmp, "w", encoding="utf-8") as fh:
+        fh.writelines(kept)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
 
 
 def _init_host_state(cfg: JobConfig, adapter, state) -> None:
@@ -239,18 +272,31 @@ def train(config: dict | JobConfig, on_step: Callable[[dict], None] | None = Non
     layout = host_layout(cfg, [u.numel for u in adapter.units], policy)
     ckpt_root = os.path.join(cfg.output_dir, "checkpoints")
     metrics_path = os.path.join(cfg.output_dir, "metrics.jsonl")
+    resume_from = ckpt.latest(ckpt_root) if cfg.resume else None
+    if resume_from is not None:  # a checkpoint of another model fails here, before anything is allocated
+        meta = ckpt.check_resumable(resume_from, cfg, layout.unit_numels)
+        changed = ckpt.changed_settings(meta, cfg)
+        if changed:
+            _log(on_log, f"resuming with settings changed since the checkpoint: {', '.join(changed)} "
+                         "(the run continues, but is no longer the same run)")
+    elif cfg.resume:
+        _log(on_log, f"resume asked, but {ckpt_root} holds no complete checkpoint: starting at step 0")
     state = HostState.create(layout)
     procs: list = []
     try:
         start_step, data_state = 0, None
         t0 = time.perf_counter()
-        if cfg.resume and ckpt.latest(ckpt_root):
-            start_step, data_state = ckpt.load(ckpt.latest(ckpt_root), cfg, state)
-            _log(on_log, f"resumed from step {start_step} ({ckpt.latest(ckpt_root)})")
+        if resume_from is not None:
+            start_step, data_state = ckpt.load(resume_from, cfg, state)
+            _rewind_metrics(metrics_path, start_step)
+            _log(on_log, f"resumed from step {start_step} ({resume_from})")
         else:
             _init_host_state(cfg, adapter, state)
             if os.path.exists(metrics_path):
                 os.unlink(metrics_path)
+            stale = ckpt.clear(ckpt_root)  # a fresh run must never be resumed from an earlier run's state
+            if stale:
+                _log(on_log, f"removed {len(stale)} checkpoints of an earlier run in {ckpt_root} (resume is false)")
         for u in range(len(adapter.units)):
             for r in range(world):
                 state.board.set_updated(u, r, start_step)
@@ -264,8 +310,7 @@ def train(config: dict | JobConfig, on_step: Callable[[dict], None] | None = Non
             ckpt_steps.append(cfg.steps)
         init_dir = tempfile.mkdtemp(prefix="slidedp-pg-")
         args = RankArgs(config=cfg.to_dict(), layout=layout, policy=policy,
-                        predicted=(plan.get("predicted") or {}).get("phases", {}) | (
-                            {"step_time_s": plan["predicted"]["step_time_s"]} if plan.get("predicted") else {}),
+                        predicted=_metrics_prediction(plan),
                         init_file=os.path.join(init_dir, "rendezvous"), start_step=start_step,
                         data_state=data_state, checkpoint_steps=ckpt_steps, cpu_threads=_cpu_threads(cfg))
         # Ranks are fresh interpreters (`python -m slidedp.step.rank`), not multiprocessing children: CUDA does
@@ -285,8 +330,8 @@ def train(config: dict | JobConfig, on_step: Callable[[dict], None] | None = Non
             if should_stop is not None and not stop_sent:
                 want = should_stop()
                 if want:
-                    if want == "save":
-                        state.board.set(state.board.SAVE_REQUEST, max(state.board.get(state.board.BOUNDARY), 1))
+                    if want == "save":  # written by this process once every rank has stopped (below)
+                        state.board.set(state.board.SAVE_REQUEST, 1)
                     state.board.set(state.board.STOP_REQUEST, 1)
                     stop_sent = True
             try:
@@ -322,7 +367,9 @@ def train(config: dict | JobConfig, on_step: Callable[[dict], None] | None = Non
         if status == "stopped" and state.board.get(state.board.SAVE_REQUEST) and last > start_step:
             latest = ckpt.latest(ckpt_root)
             if latest is None or ckpt.step_of(latest) != last:
-                ckpt.save(ckpt_root, last, cfg, state, done[0]["data_state"], keep=cfg.checkpoint.keep)
+                # every rank has finished step `last`'s update before reporting done: the host state is final
+                path = ckpt.save(ckpt_root, last, cfg, state, done[0]["data_state"], keep=cfg.checkpoint.keep)
+                _log(on_log, f"stopped after step {last}; checkpoint written to {path}")
         final_dir = None
         if status == "completed" and cfg.export:
             from slidedp.persist.export import export_hf

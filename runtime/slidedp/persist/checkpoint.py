@@ -1,13 +1,23 @@
 """Host-state checkpoints: everything needed to continue a run bit-exactly.
 
-A checkpoint is a directory `step-NNNNNNNN/` holding the fp32 master weights and both AdamW moments as raw
-little-endian float32 files (the layout of the host state: units in order, flat), and meta.json with the step,
-the data position, the job config, the unit sizes and the RNG state of the launcher. The schedule is a pure
-function of the step and the config, so it needs no state of its own; no random numbers are drawn during
-training (no dropout), so the ranks have no RNG state to keep.
+Layout of `output_dir/checkpoints/`:
 
-Writes are atomic: into a temporary directory, every file fsync-ed, then renamed into place and the parent
-directory fsync-ed; the last good checkpoint is never replaced by an interrupted write. Free disk is checked
+    step-00000004/
+        master.f32        fp32 master weights, the host state's flat layout (units in order), little-endian
+        exp_avg.f32       AdamW first moment, same layout
+        exp_avg_sq.f32    AdamW second moment, same layout
+        meta.json         {"format", "step", "data_state", "config", "unit_numels", "rng", "written"}
+
+The optimizer step count is the checkpoint's step (AdamW's bias correction reads it), the learning rate is a
+pure function of the step and the config, and no random numbers are drawn during training (no dropout), so the
+ranks have no RNG state to keep; the launcher's torch RNG is saved anyway. `data_state` is the data pipeline's
+position (epoch, row) after the checkpoint's step. The files hold exactly the bytes of the shared host state:
+on a GPU host they are written from the same host memory (the GPUs hold no state of their own between steps).
+
+Writes are atomic: everything goes into a hidden `.tmp-step-N-PID/` directory, every file is fsync-ed, the
+directory is renamed into place and the parent fsync-ed. A checkpoint counts only when its meta.json exists and
+its arrays have the sizes meta.json announces, so neither a leftover temporary directory nor a directory missing
+files is ever resumed from, and a failed write leaves the previous checkpoints as they were. Free disk is checked
 before anything is written. The last `keep` checkpoints are kept.
 """
 
@@ -23,20 +33,43 @@ import torch
 from slidedp.config import ConfigError, JobConfig
 
 PREFIX = "step-"
-_KINDS = ("master", "exp_avg", "exp_avg_sq")
-_CHUNK = 256 * 2**20  # elements written per call, so no extra copy of a whole array is ever made
+TMP_PREFIX = ".tmp-" + PREFIX
+FORMAT = 1
+KINDS = ("master", "exp_avg", "exp_avg_sq")
+_CHUNK = 64 * 2**20  # elements per read/write call: 256 MiB, written straight from the shared memory, no copy
+_SLACK = 1 << 20  # meta.json and directory entries
 
 
 def step_of(path: str) -> int:
     return int(os.path.basename(path.rstrip("/"))[len(PREFIX):])
 
 
+def _array_path(path: str, kind: str) -> str:
+    return os.path.join(path, f"{kind}.f32")
+
+
+def read_meta(path: str) -> dict:
+    with open(os.path.join(path, "meta.json"), encoding="utf-8") as fh:
+        return json.load(fh)
+
+
+def is_complete(path: str) -> bool:
+    """meta.json is readable and every array has the size it announces (meta.json is written last)."""
+    try:
+        meta = read_meta(path)
+        expected = 4 * sum(int(n) for n in meta["unit_numels"])
+        return all(os.path.getsize(_array_path(path, k)) == expected for k in KINDS)
+    except (OSError, ValueError, KeyError, TypeError):
+        return False
+
+
 def list_checkpoints(root: str) -> list[str]:
+    """Complete checkpoints under root, oldest step first."""
     if not os.path.isdir(root):
         return []
-    names = [n for n in os.listdir(root) if n.startswith(PREFIX) and n[len(PREFIX):].isdigit()
-             and os.path.exists(os.path.join(root, n, "meta.json"))]
-    return [os.path.join(root, n) for n in sorted(names, key=lambda n: int(n[len(PREFIX):]))]
+    names = [n for n in os.listdir(root) if n.startswith(PREFIX) and n[len(PREFIX):].isdigit()]
+    found = [os.path.join(root, n) for n in sorted(names, key=lambda n: int(n[len(PREFIX):]))]
+    return [p for p in found if is_complete(p)]
 
 
 def latest(root: str) -> str | None:
@@ -48,71 +81,164 @@ def checkpoint_bytes(num_params: int) -> int:
     return 12 * num_params
 
 
+def _fsync_dir(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 def _write_array(path: str, flat: torch.Tensor) -> None:
     with open(path, "wb") as fh:
         for a in range(0, flat.numel(), _CHUNK):
-            fh.write(flat[a : a + _CHUNK].numpy().tobytes())
+            fh.write(memoryview(flat[a : a + _CHUNK].numpy()).cast("B"))
         fh.flush()
         os.fsync(fh.fileno())
 
 
 def _read_array(path: str, flat: torch.Tensor) -> None:
     expected = flat.numel() * 4
-    if os.path.getsize(path) != expected:
-        raise ConfigError([{"loc": "resume", "msg": f"{path} has {os.path.getsize(path)} bytes, the model needs "
-                                                   f"{expected}: the checkpoint belongs to another model"}])
+    size = os.path.getsize(path)
+    if size != expected:
+        raise ConfigError([{"loc": "resume", "msg": f"{path} has {size} bytes, the model needs {expected}: the "
+                                                   "checkpoint belongs to another model or was cut short"}])
     with open(path, "rb") as fh:
         for a in range(0, flat.numel(), _CHUNK):
-            n = min(_CHUNK, flat.numel() - a)
-            buf = fh.read(n * 4)
-            flat[a : a + n].copy_(torch.frombuffer(bytearray(buf), dtype=torch.float32))
+            view = flat[a : a + _CHUNK].numpy()  # the shared memory itself: read straight into it
+            if fh.readinto(memoryview(view).cast("B")) != view.nbytes:
+                raise OSError(f"{path}: short read at element {a}")
 
 
-def save(root: str, step: int, cfg: JobConfig, state, data_state: dict, keep: int) -> str:
-    os.makedirs(root, exist_ok=True)
-    need = checkpoint_bytes(state.layout.total) + (1 << 20)
+def _remove_stale_temporaries(root: str) -> None:
+    """Temporary directories of writers that are gone (a killed run) are removed; a live writer's are kept."""
+    for name in os.listdir(root):
+        if not name.startswith(TMP_PREFIX):
+            continue
+        pid = name.rsplit("-", 1)[-1]
+        if pid.isdigit() and int(pid) != os.getpid() and _pid_alive(int(pid)):
+            continue
+        shutil.rmtree(os.path.join(root, name), ignore_errors=True)
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def check_free_disk(root: str, num_params: int, step: int | None = None) -> None:
+    """Refuse before writing anything when the checkpoint would not fit (a full disk mid-write helps nobody)."""
+    need = checkpoint_bytes(num_params) + _SLACK
     free = shutil.disk_usage(root).free
     if free < need:
-        raise OSError(f"checkpoint of step {step} needs {need / 2**30:.1f} GiB in {root}, only "
-                      f"{free / 2**30:.1f} GiB free: free disk, point output_dir elsewhere, or set "
-                      f"checkpoint.interval to 0")
+        what = f"checkpoint of step {step}" if step is not None else "a checkpoint"
+        raise OSError(f"{what} needs {need / 2**30:.2f} GiB in {root}, only {free / 2**30:.2f} GiB free: free "
+                      f"disk, point output_dir to a larger disk, or set checkpoint.interval to 0")
+
+
+def save(root: str, step: int, cfg: JobConfig, state, data_state: dict | None, keep: int) -> str:
+    """Write the host state as checkpoint `step` under root, atomically; keep the newest `keep`."""
+    os.makedirs(root, exist_ok=True)
+    check_free_disk(root, state.layout.total, step)
+    _remove_stale_temporaries(root)
     final = os.path.join(root, f"{PREFIX}{step:08d}")
-    tmp = os.path.join(root, f".tmp-{PREFIX}{step:08d}-{os.getpid()}")
+    tmp = os.path.join(root, f"{TMP_PREFIX}{step:08d}-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     os.makedirs(tmp)
-    _write_array(os.path.join(tmp, "master.f32"), state.master)
-    _write_array(os.path.join(tmp, "exp_avg.f32"), state.exp_avg)
-    _write_array(os.path.join(tmp, "exp_avg_sq.f32"), state.exp_avg_sq)
-    meta = {"step": step, "data_state": data_state, "config": cfg.to_dict(), "unit_numels":
-            state.layout.unit_numels, "rng": torch.get_rng_state().tolist(), "written": time.time()}
-    with open(os.path.join(tmp, "meta.json"), "w", encoding="utf-8") as fh:
-        json.dump(meta, fh)
-        fh.flush()
-        os.fsync(fh.fileno())
-    if os.path.exists(final):
-        shutil.rmtree(final)
-    os.rename(tmp, final)
-    dfd = os.open(root, os.O_RDONLY)
     try:
-        os.fsync(dfd)
-    finally:
-        os.close(dfd)
-    for old in list_checkpoints(root)[:-keep]:
+        for kind in KINDS:
+            _write_array(_array_path(tmp, kind), getattr(state, kind))
+        meta = {"format": FORMAT, "step": step, "data_state": data_state, "config": cfg.to_dict(),
+                "unit_numels": list(state.layout.unit_numels), "rng": torch.get_rng_state().tolist(),
+                "written": time.time()}
+        with open(os.path.join(tmp, "meta.json"), "w", encoding="utf-8") as fh:
+            json.dump(meta, fh)
+            fh.flush()
+            os.fsync(fh.fileno())
+        _fsync_dir(tmp)
+        old = None
+        if os.path.exists(final):  # the same step written again (a resumed run): swap, never delete first
+            old = os.path.join(root, f".old-{PREFIX}{step:08d}-{os.getpid()}")
+            os.rename(final, old)
+        os.rename(tmp, final)
+        _fsync_dir(root)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    if old is not None:
         shutil.rmtree(old, ignore_errors=True)
+    prune(root, keep)
     return final
 
 
+def prune(root: str, keep: int) -> list[str]:
+    """Remove all but the newest `keep` complete checkpoints, and incomplete step directories; returns them."""
+    complete = list_checkpoints(root)
+    doomed = complete[: max(0, len(complete) - keep)]
+    doomed += [os.path.join(root, n) for n in os.listdir(root)
+               if n.startswith(PREFIX) and os.path.join(root, n) not in complete]
+    for path in doomed:
+        shutil.rmtree(path, ignore_errors=True)
+    return doomed
+
+
+def clear(root: str) -> list[str]:
+    """Remove every checkpoint under root (a fresh run must never resume from a previous run's state)."""
+    if not os.path.isdir(root):
+        return []
+    gone = [os.path.join(root, n) for n in os.listdir(root) if n.startswith((PREFIX, TMP_PREFIX, ".old-"))]
+    for path in gone:
+        shutil.rmtree(path, ignore_errors=True)
+    return gone
+
+
+def check_resumable(path: str, cfg: JobConfig, unit_numels: list[int]) -> dict:
+    """The checkpoint's meta, after checking it fits this job; a ConfigError naming `resume` otherwise."""
+    meta = read_meta(path)
+    if list(meta.get("unit_numels", [])) != list(unit_numels):
+        old = (meta.get("config") or {}).get("model", "another model")
+        raise ConfigError([{"loc": "resume", "msg": f"{path} was written for another model shape ({old!r}, "
+                                                   f"{sum(meta.get('unit_numels', []))} parameters; this job's "
+                                                   f"model has {sum(unit_numels)}): use a new output_dir or "
+                                                   f"set resume to false"}])
+    if int(meta["step"]) > cfg.steps:
+        raise ConfigError([{"loc": "resume", "msg": f"{path} is at step {meta['step']}, past this job's steps "
+                                                   f"({cfg.steps}): raise steps or use a new output_dir"}])
+    return meta
+
+
 def load(path: str, cfg: JobConfig, state) -> tuple[int, dict | None]:
-    with open(os.path.join(path, "meta.json"), encoding="utf-8") as fh:
-        meta = json.load(fh)
-    if meta["unit_numels"] != state.layout.unit_numels:
-        raise ConfigError([{"loc": "resume", "msg": f"{path} was written for another model shape; start a new "
-                                                   f"output_dir or set resume to false"}])
-    _read_array(os.path.join(path, "master.f32"), state.master)
-    _read_array(os.path.join(path, "exp_avg.f32"), state.exp_avg)
-    _read_array(os.path.join(path, "exp_avg_sq.f32"), state.exp_avg_sq)
-    if state.delivery is not state.master:
+    """Fill the host state from a checkpoint; returns (step, data position)."""
+    meta = check_resumable(path, cfg, state.layout.unit_numels)
+    for kind in KINDS:
+        _read_array(_array_path(path, kind), getattr(state, kind))
+    if state.delivery is not state.master:  # the bf16 copy is the master rounded, exactly as the updater writes it
         for a in range(0, state.master.numel(), _CHUNK):
             state.delivery[a : a + _CHUNK].copy_(state.master[a : a + _CHUNK])
     torch.set_rng_state(torch.tensor(meta["rng"], dtype=torch.uint8))
     return int(meta["step"]), meta.get("data_state")
+
+
+def changed_settings(meta: dict, cfg: JobConfig) -> list[str]:
+    """Config keys that differ from the checkpoint's run (a resume with them is no longer the same run)."""
+    ignore = {"resume", "output_dir", "export", "checkpoint", "cpu_threads", "policy", "host_ram_gib"}
+    old, new = meta.get("config") or {}, cfg.to_dict()
+
+    def walk(a: dict, b: dict, prefix: str) -> list[str]:
+        out = []
+        for k in sorted(set(a) | set(b)):
+            if not prefix and k in ignore:
+                continue
+            va, vb = a.get(k), b.get(k)
+            if isinstance(va, dict) and isinstance(vb, dict):
+                out += walk(va, vb, f"{prefix}{k}.")
+            elif va != vb:
+                out.append(f"{prefix}{k}")
+        return out
+
+    return walk(old, new, "")

@@ -1,8 +1,17 @@
 """Export the host state's master weights as a Hugging Face model directory.
 
-config.json, safetensors shards with an index, tokenizer files and a generation config: what
-`AutoModelForCausalLM.from_pretrained` loads and vLLM serves. Weights are written in the training precision
-(bf16 or fp32), from the fp32 master, one unit at a time, so the export never needs a second copy of the model.
+    final/
+        config.json                         the model's config (architectures, dtype, use_cache on)
+        generation_config.json              the source model's, else derived from the config
+        model.safetensors                   one file while the weights fit in SHARD_BYTES, else
+        model-0000i-of-0000n.safetensors    shards, filled in unit order
+        model.safetensors.index.json        {"metadata": {"total_size"}, "weight_map": {tensor: file}}
+        tokenizer files                     copied from the model directory or the shipped tiny tokenizer
+
+That is what `AutoModelForCausalLM.from_pretrained` loads and vLLM serves. Weights are written in the training
+precision (bf16 or fp32), from the fp32 master, one shard at a time, so the export never holds a second copy of
+the model. The directory is written next to its destination and renamed into place, so `final/` is either the
+previous export or the new one, never a mix.
 """
 
 from __future__ import annotations
@@ -13,9 +22,10 @@ import shutil
 
 import torch
 
-from slidedp.config import JobConfig
+from slidedp.config import JobConfig, is_model_path
 
 SHARD_BYTES = 2 * 2**30
+TOKENIZER_PREFIXES = ("tokenizer", "special_tokens_map", "vocab", "merges", "chat_template", "added_tokens")
 
 
 def _tokenizer_dir(cfg: JobConfig) -> str | None:
@@ -24,10 +34,38 @@ def _tokenizer_dir(cfg: JobConfig) -> str | None:
     return tokenizer_source(cfg.model)
 
 
+def _fsync_dir(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _write_config(tmp: str, cfg: JobConfig, adapter, dtype: torch.dtype) -> None:
+    import copy
+
+    config = copy.deepcopy(adapter.config)  # the adapter's copy stays as the engine configured it
+    name = "bfloat16" if dtype == torch.bfloat16 else "float32"
+    setattr(config, "dtype" if hasattr(config, "dtype") else "torch_dtype", name)
+    config.use_cache = True
+    # vLLM picks the model class from `architectures`; a config built from a preset has none
+    config.architectures = [type(adapter.meta_model).__name__]
+    config.save_pretrained(tmp)
+    source = os.path.join(cfg.model, "generation_config.json") if is_model_path(cfg.model) else None
+    if source and os.path.isfile(source):
+        shutil.copy2(source, os.path.join(tmp, "generation_config.json"))
+        return
+    from transformers import GenerationConfig
+
+    GenerationConfig.from_model_config(config).save_pretrained(tmp)
+
+
 def export_hf(out_dir: str, cfg: JobConfig, adapter, state) -> str:
     from safetensors.torch import save_file
 
     dtype = torch.bfloat16 if cfg.precision == "bf16" else torch.float32
+    out_dir = os.path.abspath(out_dir)
     tmp = out_dir + ".tmp"
     shutil.rmtree(tmp, ignore_errors=True)
     os.makedirs(tmp)
@@ -67,22 +105,21 @@ def export_hf(out_dir: str, cfg: JobConfig, adapter, state) -> str:
     weight_map = {k: rename[v] for k, v in weight_map.items()}
     with open(os.path.join(tmp, "model.safetensors.index.json"), "w", encoding="utf-8") as fh:
         json.dump({"metadata": {"total_size": total}, "weight_map": weight_map}, fh, indent=2)
-    config = adapter.config
-    config.torch_dtype = "bfloat16" if dtype == torch.bfloat16 else "float32"
-    config.use_cache = True
-    config.save_pretrained(tmp)
-    try:
-        from transformers import GenerationConfig
-
-        GenerationConfig.from_model_config(config).save_pretrained(tmp)
-    except Exception:  # older configs without generation fields still load without it
-        pass
+    _write_config(tmp, cfg, adapter, dtype)
     tok = _tokenizer_dir(cfg)
     if tok:
         for name in os.listdir(tok):
-            if name.startswith(("tokenizer", "special_tokens_map", "vocab", "merges", "chat_template",
-                                "added_tokens")):
+            if name.startswith(TOKENIZER_PREFIXES) and os.path.isfile(os.path.join(tok, name)):
                 shutil.copy2(os.path.join(tok, name), os.path.join(tmp, name))
-    shutil.rmtree(out_dir, ignore_errors=True)
+    for name in os.listdir(tmp):
+        with open(os.path.join(tmp, name), "rb") as fh:
+            os.fsync(fh.fileno())
+    # swap: the previous export is moved aside before the new one takes its name, then removed
+    old_dir = out_dir + ".old"
+    shutil.rmtree(old_dir, ignore_errors=True)
+    if os.path.exists(out_dir):
+        os.rename(out_dir, old_dir)
     os.replace(tmp, out_dir)
+    _fsync_dir(os.path.dirname(out_dir))
+    shutil.rmtree(old_dir, ignore_errors=True)
     return out_dir

@@ -174,8 +174,9 @@ class Policy:
 
 
 def staging_slots(window: int) -> int:
-    """Gradient staging slots per rank, as slidedp.launch.resolve_policy sizes them."""
-    return max(4, window + 1)
+    """Gradient staging slots per rank (slidedp.launch uses this): enough for the backward to run ahead of the
+    host update by several units instead of waiting for it unit by unit."""
+    return max(8, window + 1)
 
 
 # ---------------------------------------------------------------------------- activations
@@ -295,7 +296,9 @@ def host_parts(job: Job, pol: Policy, acts: ActivationSizes) -> dict[str, float]
     parts = {
         "master_and_moments": 12.0 * P,
         "delivery_copy": 2.0 * P if job.precision == "bf16" else 0.0,
-        "gradient_staging": float(N * staging_slots(pol.window) * max_unit * STAGING_BYTES),
+        # a slot holds a whole unit on the host route, one shard on the gpu route (slidedp.launch.host_layout)
+        "gradient_staging": float(N * staging_slots(pol.window) * (max_unit if (pol.grad_reduce == "host" or N == 1)
+                                                                   else -(-max_unit // N)) * STAGING_BYTES),
         "held_gradient": 4.0 * P if job.clip else 0.0,
         "host_reduce_scratch": float(N * -(-max_unit // N) * 4)
         if pol.grad_reduce == "host" and N > 1

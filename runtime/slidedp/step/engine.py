@@ -85,6 +85,8 @@ class RankEngine:
             self.acc = {u: torch.zeros(self.shards.padded[u], dtype=torch.float32, device=device)
                         for u in range(1, self.head_unit)}
         self.seq = 0
+        # pinned scalars for the device-reduced norm, alternating by step (the updater may read step t late)
+        self._norm_host = [torch.zeros((), dtype=torch.float64, pin_memory=self.streams.cuda) for _ in range(2)]
         self.loss_chunk = int(policy.get("loss_chunk_tokens", cfg.policy.loss_chunk_tokens))
         self.staging_wait_s = 0.0
         self.saved_total_bytes = 0
@@ -306,7 +308,11 @@ class RankEngine:
                 parity = self._next_parity()
                 self._send(0, self.gE, parity, step)
         ev["backward_end"] = s.record(s.compute, timing=True)
-        self.updater.end_backward(step)
+        if self.updater.norm_on_device:
+            host_norm = self._norm_host[step % 2]
+            self.updater.end_backward(step, (self.routes.finish_norm(host_norm), host_norm))
+        else:
+            self.updater.end_backward(step)
         dist.all_reduce(loss_sum, group=self.routes.grad_group)
         b = self.routes.bytes.take()
         peak = torch.cuda.max_memory_reserved(self.device) if s.cuda else 0

@@ -27,7 +27,7 @@ from typing import Any
 import torch
 from slidedp.config import OptimizerConfig, ScheduleConfig
 from slidedp.step.host_state import HostState, wait_until
-from slidedp.step.routes import ShardMap
+from slidedp.step.routes import ShardMap, sum_of_squares
 
 
 def lr_at(step: int, total: int, opt: OptimizerConfig, sched: ScheduleConfig) -> float:
@@ -53,12 +53,6 @@ def adamw_(param: torch.Tensor, grad: torch.Tensor, exp_avg: torch.Tensor, exp_a
     torch._fused_adamw_([param], [grad], [exp_avg], [exp_avg_sq], [], [step_t], lr=lr, beta1=opt.betas[0],
                         beta2=opt.betas[1], weight_decay=opt.weight_decay, eps=opt.eps, amsgrad=False,
                         maximize=False)
-
-
-def sum_of_squares(g: torch.Tensor, block: int = 1 << 22) -> float:
-    """sum(g^2) in fp32 blocks accumulated in float64: a float64 norm upcasts the whole shard (it ran ~10x slower
-    than the AdamW step on 100M-element shards) and one fp32 reduction over 50M elements was 0.8% off."""
-    return sum(float(torch.dot(g[a : a + block], g[a : a + block])) for a in range(0, g.numel(), block))
 
 
 @dataclass
@@ -93,12 +87,14 @@ class Updater(threading.Thread):
         self.opt, self.sched, self.total_steps = opt, sched, total_steps
         self.num_units = num_units
         self.threads = threads
+        self.norm_on_device = grad_reduce == "gpu" or self.world == 1
         self.slots = state.layout.staging_slots
         self.deliver_bf16 = delivery_dtype == torch.bfloat16
         self.clip = opt.max_grad_norm > 0
         self._cond = threading.Condition()
         self._pending: deque[GradItem] = deque()
         self._backward_ended: set[int] = set()
+        self._device_norm: dict[int, tuple] = {}
         self._stopping = False
         self.error: BaseException | None = None
         self.results: deque[StepResult] = deque()
@@ -114,9 +110,13 @@ class Updater(threading.Thread):
             self._pending.append(item)
             self._cond.notify()
 
-    def end_backward(self, step: int) -> None:
+    def end_backward(self, step: int, device_norm: tuple | None = None) -> None:
+        """Backward of `step` is over. device_norm = (event, host scalar): the gpu route's global sum of squares,
+        reduced on the GPUs; the host then neither reads the gradient for the norm nor exchanges partial sums."""
         with self._cond:
             self._backward_ended.add(step)
+            if device_norm is not None:
+                self._device_norm[step] = device_norm
             self._cond.notify()
 
     def stop(self) -> None:
@@ -213,7 +213,8 @@ class Updater(threading.Thread):
 
     def _process(self, item: GradItem) -> None:
         g = self._reduced_gradient(item)
-        self._sumsq += sum_of_squares(g)
+        if not self.norm_on_device:
+            self._sumsq += float(sum_of_squares(g))
         if self.clip:
             lo, hi = self.shards.own_range(item.unit)
             self.state.held_unit(item.unit)[lo:hi].copy_(g)
@@ -228,9 +229,15 @@ class Updater(threading.Thread):
 
     def _finish_step(self, step: int) -> None:
         board = self.board
-        board.publish_norm(self.rank, step, self._sumsq)
-        wait_until(lambda: all(board.norm_seq(r) >= step for r in range(self.world)), "the gradient norm")
-        norm = math.sqrt(sum(board.norms(step)))
+        if self.norm_on_device:
+            wait_until(lambda: step in self._device_norm, "the end of backward")
+            event, host_scalar = self._device_norm.pop(step)
+            event.synchronize()
+            norm = math.sqrt(float(host_scalar))
+        else:
+            board.publish_norm(self.rank, step, self._sumsq)
+            wait_until(lambda: all(board.norm_seq(r) >= step for r in range(self.world)), "the gradient norm")
+            norm = math.sqrt(sum(board.norms(step)))
         clipped = False
         if self.clip:
             coef = min(1.0, self.opt.max_grad_norm / (norm + 1e-6))

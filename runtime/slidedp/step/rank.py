@@ -119,7 +119,10 @@ def rank_main(rank: int, world: int, args: RankArgs, queue) -> None:
             pending.append(engine.run_step(step, micro, data_s))
             last_done = step
             reporter.emit_ready(pending, final=False)
-            if step in args.checkpoint_steps or board.get(Board.SAVE_REQUEST) == step:
+            # A stop-and-save is written by the launcher after every rank has stopped: a save request read here
+            # would be seen by some ranks after step t and by others only after t+1, and the ranks would then
+            # meet in different barriers.
+            if step in args.checkpoint_steps:
                 _wait_step_updated(engine, step)
                 reporter.emit_ready(pending, final=True)
                 _checkpoint_barrier(board, rank, step, queue, pipeline.state_dict(), groups[1])

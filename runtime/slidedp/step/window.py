@@ -5,8 +5,8 @@ micro-batch). The window walks that schedule `slots - 1` items ahead of the comp
 delivery on the h2d stream as soon as a buffer is free, so the next unit arrives while the current one computes.
 Order is kept with events only: a delivery waits for the event recorded after the last compute that read the
 buffer, and compute waits for the delivery's ready event. Eviction is decided from the schedule (the buffer whose
-unit is needed again furthest in the future goes first), never from timing, so every rank issues the same
-collectives in the same order. The embedding, the head and any resident layers have buffers of their own and are
+unit is needed again furthest in the future goes first), never from timing, so every rank makes the same
+deliveries (and all-gathers); timing only decides how early each is issued. The embedding, the head and any resident layers have buffers of their own and are
 delivered once per step: a resident layer's weights stay between forward and backward, saving a transfer.
 
 Before the first delivery of a unit in step t the window waits until the host update of step t-1 has finished
@@ -19,6 +19,7 @@ from __future__ import annotations
 import time
 
 import torch
+from slidedp.planning.overlap import window_plan
 from slidedp.step.host_state import HostState, wait_until
 from slidedp.step.routes import Routes
 
@@ -40,8 +41,6 @@ class Window:
         self.dedicated = {u: torch.empty(padded[u], dtype=dtype, device=device) for u in sorted(self.dedicated_units)}
         self.update_wait_s = 0.0
         self._free_ev: dict[object, object] = {}
-        self._slot_unit: list[int | None] = [None] * self.num_slots
-        self._slot_last_item: list[int] = [-1] * self.num_slots
         self._slot_ready: dict[int, object] = {}
         self.schedule: list[int] = []
 
@@ -53,68 +52,62 @@ class Window:
         self.ready: list[object] = [None] * len(schedule)
         self.issued = -1
         self.released = -1
+        self.plan, _ = window_plan(schedule, self.dedicated_units, self.num_slots)
         self._dedicated_ready: dict[int, object] = {}
-        # Window buffers keep their contents across steps only in name: the weights change every step.
-        self._slot_unit = [None] * self.num_slots
-        self._slot_last_item = [-1] * self.num_slots
+        self._delivered: set[int] = set()  # units delivered at least once this step (their update is done)
 
-    def _next_use(self, unit: int, after: int) -> int:
-        for j in range(after + 1, len(self.schedule)):
-            if self.schedule[j] == unit:
-                return j
-        return 1 << 30
+    def _update_ready(self, u: int) -> bool:
+        """Step t-1's host update of unit u has finished on every shard this rank's delivery reads."""
+        need, board = self.step - 1, self.state.board
+        if self.routes.delivery == "sharded":
+            return board.updated(u, self.rank) >= need
+        return board.min_updated(u) >= need
 
     def _wait_for_update(self, u: int) -> None:
-        need = self.step - 1
-        board = self.state.board
-        if self.routes.delivery == "sharded":
-            pred = lambda: board.updated(u, self.rank) >= need  # noqa: E731
-        else:
-            pred = lambda: board.min_updated(u) >= need  # noqa: E731
         t0 = time.perf_counter()
-        wait_until(pred, f"the host update of unit {u} for step {self.step}", abort=self.abort)
+        wait_until(lambda: self._update_ready(u), f"the host update of unit {u} for step {self.step}",
+                   abort=self.abort)
         self.update_wait_s += time.perf_counter() - t0
 
     def _deliver(self, u: int, buf: torch.Tensor, key: object) -> object:
-        self._wait_for_update(u)
+        if u not in self._delivered:  # the first delivery of a step waits for last step's update
+            self._wait_for_update(u)
+            self._delivered.add(u)
         ready = self.streams.event()
         free = self._free_ev.get(key, self.streams.event())
         self.routes.deliver(u, self.state.delivery_unit(u), buf, free, ready)
         return ready
 
-    def _issue(self, k: int) -> bool:
-        """Assign a buffer to schedule item k and start its delivery; False when no buffer is free yet."""
+    def _issue(self, k: int, block: bool) -> bool:
+        """Start item k as the step's plan says; False while its buffer is still in use, or when (not block) its
+        unit's host update is still running: prefetching ahead never holds back the current unit's compute.
+
+        The plan (which buffer, whether a transfer is needed) comes from the schedule alone, so every rank makes
+        the same deliveries and all-gathers whatever the timing; timing only moves when each is issued."""
         u = self.schedule[k]
-        if u in self.dedicated_units:
-            if u not in self._dedicated_ready:
+        entry = self.plan[k]
+        if entry[0] == "d":
+            if entry[1]:
+                if not block and not self._update_ready(u):
+                    return False
                 self._dedicated_ready[u] = self._deliver(u, self.dedicated[u], ("d", u))
             self.assign[k] = ("d", u)
             self.ready[k] = self._dedicated_ready[u]
             return True
-        for i, held in enumerate(self._slot_unit):
-            if held == u:  # still in the window from its last use this step: no transfer
-                self.assign[k] = ("s", i)
-                self.ready[k] = self._slot_ready[i]
-                self._slot_last_item[i] = k
-                return True
-        free = [i for i in range(self.num_slots) if self._slot_last_item[i] <= self.released]
-        if not free:
-            return False
-        victim = max(free, key=lambda i: (self._next_use(self._slot_unit[i], k) if self._slot_unit[i] is not None
-                                          else 1 << 31))
-        self._slot_unit[victim] = u
-        self._slot_last_item[victim] = k
-        self.assign[k] = ("s", victim)
-        ready = self._deliver(u, self.slot_bufs[victim], ("s", victim))
-        self._slot_ready[victim] = ready
-        self.ready[k] = ready
+        _, slot, deliver, prev_item, _src = entry
+        if deliver:
+            if prev_item > self.released or (not block and not self._update_ready(u)):
+                return False
+            self._slot_ready[slot] = self._deliver(u, self.slot_bufs[slot], ("s", slot))
+        self.assign[k] = ("s", slot)
+        self.ready[k] = self._slot_ready[slot]
         return True
 
     def get(self, k: int) -> torch.Tensor:
         """The buffer holding schedule item k's unit, with the compute stream ordered after its delivery."""
         horizon = min(len(self.schedule) - 1, k + max(1, self.num_slots - 1))
         while self.issued < horizon:
-            if not self._issue(self.issued + 1):
+            if not self._issue(self.issued + 1, block=self.issued + 1 <= k):
                 break
             self.issued += 1
         if self.issued < k:
