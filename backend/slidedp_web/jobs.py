@@ -20,7 +20,7 @@ from slidedp_web import celery_app, live, planning
 from slidedp_web.core.config import Settings
 from slidedp_web.core.db import read_session, write_session
 from slidedp_web.job_schema import parse_config, split_body, unprocessable
-from slidedp_web.journal import status_event
+from slidedp_web.journal import set_status, status_event
 from slidedp_web.models import (
     RESUMABLE_STATUSES,
     TERMINAL_STATUSES,
@@ -31,6 +31,7 @@ from slidedp_web.models import (
     LogLine,
     Metric,
     StatusChange,
+    as_utc,
     iso,
     utcnow,
 )
@@ -216,27 +217,27 @@ def _delete_outputs(settings: Settings, output_dir: str) -> None:
 def interrupt_stale(settings: Settings, host_name: Optional[str] = None) -> list[int]:
     """Mark interrupted the running jobs whose heartbeat stopped (or, with host_name, all running jobs of that
     host: its worker just started, so none of them is alive)."""
-    from slidedp_web.journal import set_status
-
     cutoff = utcnow() - timedelta(seconds=settings.heartbeat_timeout_s)
+
+    def stale(job: Job) -> bool:
+        beat = as_utc(job.heartbeat_at)
+        return host_name is not None or beat is None or beat < cutoff
+
     with read_session(settings) as session:
         query = select(Job).where(Job.status == "running")
         if host_name is not None:
             query = query.where(Job.host == host_name)
-        running = session.exec(query).all()
+        running = [job for job in session.exec(query).all() if stale(job)]
     done = []
     for job in running:
-        beat = job.heartbeat_at
-        if host_name is None and beat is not None and (beat if beat.tzinfo else beat.replace(
-                tzinfo=cutoff.tzinfo)) >= cutoff:
-            continue
         if host_name is not None:
             why = f"the worker on {host_name} restarted while the job ran"
         else:
-            why = f"the worker on {job.host} stopped reporting (last heartbeat {iso(beat) or 'never'})"
+            why = f"the worker on {job.host} stopped reporting (last heartbeat {iso(job.heartbeat_at) or 'never'})"
         error = {"message": why + "; resume the job to continue from its last checkpoint", "errors": []}
+        # Checked again under the write lock: a heartbeat that arrived meanwhile keeps the job running.
         if set_status(settings, job.id, "interrupted", only_from=("running",), attempt=job.attempt, error=error,
-                      message=why, finished_at=utcnow(), heartbeat_at=None):
+                      message=why, check=stale, finished_at=utcnow(), heartbeat_at=None):
             done.append(job.id)
     return done
 

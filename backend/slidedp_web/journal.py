@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable
 from datetime import datetime
 from typing import Any, Optional
 
@@ -69,13 +70,14 @@ def status_event(session: Session, job: Job, status: str, *, error: Optional[dic
 
 def set_status(settings: Settings, job_id: int, status: str, *, only_from: tuple[str, ...] = (),
                attempt: Optional[int] = None, error: Optional[dict] = None, message: Optional[str] = None,
-               **fields: Any) -> Optional[Job]:
-    """Move a job to `status` (only from the listed statuses / that attempt, when given); None if it did not."""
+               check: Optional[Callable[[Job], bool]] = None, **fields: Any) -> Optional[Job]:
+    """Move a job to `status` (only from the listed statuses, for that attempt, and when `check(job)` holds, each
+    when given, judged under the write lock); None if it did not."""
     with write_session(settings) as session:
         job = session.get(Job, job_id, with_for_update=True)
         if job is None or (only_from and job.status not in only_from):
             return None
-        if attempt is not None and job.attempt != attempt:
+        if (attempt is not None and job.attempt != attempt) or (check is not None and not check(job)):
             return None
         for key, value in fields.items():
             setattr(job, key, value)
