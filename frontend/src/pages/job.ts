@@ -72,6 +72,7 @@ export function jobPage(root: HTMLElement, params: string[]): Cleanup {
   let stream: ResumableStream | null = null;
   let lastEventId: string | null = null;
   let timer: ReturnType<typeof setTimeout> | null = null;
+  let shownPolicy = "";
   const store = new MetricsStore();
   window.__slidedpStore = store;
   const charts = JOB_CHARTS.map((spec) => new LiveChart(spec, store));
@@ -118,6 +119,9 @@ export function jobPage(root: HTMLElement, params: string[]): Cleanup {
     if (!job) return;
     title.textContent = `Job #${job.id}${job.name ? ` · ${job.name}` : ""}`;
     replace(badge, statusBadge(job.status));
+    // Rebuilt only when the status changes: a half-confirmed cancel, a ticked box or the focus survive refreshes.
+    if (actionsEl.dataset.status === job.status) return;
+    actionsEl.dataset.status = job.status;
     const out = actionOut;
     replace(actionsEl);
     if (job.status === "queued" || job.status === "running") {
@@ -209,8 +213,14 @@ export function jobPage(root: HTMLElement, params: string[]): Cleanup {
     renderHeader();
     renderSummary();
     renderError();
-    if (job.policy && Object.keys(job.policy).length) replace(policyEl, renderPlan(job.policy, { title: "Policy" }));
-    configEl.textContent = JSON.stringify(job.config, null, 2);
+    // Redrawn only when it changed, so an opened "Raw JSON" stays open.
+    const policy = JSON.stringify(job.policy ?? null);
+    if (job.policy && Object.keys(job.policy).length && shownPolicy !== policy) {
+      shownPolicy = policy;
+      replace(policyEl, renderPlan(job.policy, { title: "Policy" }));
+    }
+    const config = JSON.stringify(job.config, null, 2);
+    if (configEl.textContent !== config) configEl.textContent = config;
   }
 
   async function loadCheckpoints(): Promise<void> {
