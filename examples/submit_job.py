@@ -26,8 +26,9 @@ class Workbench:
     def __init__(self, url: str, token: Optional[str]):
         self.url, self.token = url.rstrip("/"), token
 
-    def request(self, method: str, path: str, body: Any = None, headers: Optional[dict] = None,
-                timeout: float = 30) -> urllib.request.addinfourl:
+    def request(
+        self, method: str, path: str, body: Any = None, headers: Optional[dict] = None, timeout: float = 30
+    ) -> urllib.request.addinfourl:
         data = None if body is None else json.dumps(body).encode()
         req = urllib.request.Request(self.url + path, data=data, method=method, headers=headers or {})
         if data is not None:
@@ -51,8 +52,9 @@ class Workbench:
         """(id, event, data) from the job's SSE stream, reconnecting after the last id seen until it ends."""
         while True:
             try:
-                with self.request("GET", f"/api/jobs/{job_id}/events", headers={"Last-Event-ID": str(last_id)},
-                                  timeout=60) as resp:
+                with self.request(
+                    "GET", f"/api/jobs/{job_id}/events", headers={"Last-Event-ID": str(last_id)}, timeout=60
+                ) as resp:
                     event: dict[str, str] = {}
                     for raw in resp:
                         line = raw.decode().rstrip("\r\n")
@@ -85,8 +87,10 @@ def load_job(path: Optional[str], wb: Workbench) -> dict:
 
 
 def step_line(m: dict, steps: int) -> str:
-    return (f"step {m['step']:>5}/{steps}  loss {m['loss']:.4f}  lr {m['lr']:.2e}  gnorm {m['grad_norm']:.3f}  "
-            f"{m['step_time_s']:.3f} s  {m['tokens_per_s']:,.0f} tok/s")
+    return (
+        f"step {m['step']:>5}/{steps}  loss {m['loss']:.4f}  lr {m['lr']:.2e}  gnorm {m['grad_norm']:.3f}  "
+        f"{m['step_time_s']:.3f} s  {m['tokens_per_s']:,.0f} tok/s"
+    )
 
 
 def main(argv: Optional[list[str]] = None) -> int:
@@ -117,8 +121,11 @@ def main(argv: Optional[list[str]] = None) -> int:
                 error = (data.get("error") or {}).get("message")
                 print(f"job {job_id}: {status}" + (f" ({error})" if error else ""), flush=True)
     except KeyboardInterrupt:
-        print(f"\ndetached; job {job_id} keeps running. Cancel it with: "
-              f"curl -X POST {args.url}/api/jobs/{job_id}/cancel", file=sys.stderr)
+        print(
+            f"\ndetached; job {job_id} keeps running. Cancel it with: "
+            f"curl -X POST {args.url}/api/jobs/{job_id}/cancel",
+            file=sys.stderr,
+        )
         return 130
     final = wb.json("GET", f"/api/jobs/{job_id}")
     if final["status"] == "completed":

@@ -80,6 +80,10 @@ def enqueue(settings: Settings, job_id: int, attempt: int, queue: str) -> None:
     # Two quick retries cover a pooled broker connection gone stale across a Redis restart; an unreachable Redis
     # still fails within a second (connection refused), and the API answers 503.
     get_celery(settings).send_task(
-        TASK_NAME, args=[job_id, attempt], queue=queue, ignore_result=True, retry=True,
+        TASK_NAME,
+        args=[job_id, attempt],
+        queue=queue,
+        ignore_result=True,
+        retry=True,
         retry_policy={"max_retries": 2, "interval_start": 0, "interval_step": 0.2, "interval_max": 0.5},
     )

@@ -73,11 +73,26 @@ def private_redis(data_dir: Path) -> Iterator[str]:
     jobs are sent again when the API finds an empty Redis."""
     binary = shutil.which("redis-server")
     if binary is None:
-        raise SystemExit("slidedp serve: redis-server is not installed (Debian: apt-get install redis-server; "
-                         "scripts/setup.sh does it), or set REDIS_URL to a running Redis")
+        raise SystemExit(
+            "slidedp serve: redis-server is not installed (Debian: apt-get install redis-server; "
+            "scripts/setup.sh does it), or set REDIS_URL to a running Redis"
+        )
     sock = data_dir / "redis.sock"
-    args = [binary, "--save", "", "--appendonly", "no", "--dir", str(data_dir), "--daemonize", "no",
-            "--pidfile", str(data_dir / "redis.pid"), "--logfile", str(data_dir / "redis.log")]
+    args = [
+        binary,
+        "--save",
+        "",
+        "--appendonly",
+        "no",
+        "--dir",
+        str(data_dir),
+        "--daemonize",
+        "no",
+        "--pidfile",
+        str(data_dir / "redis.pid"),
+        "--logfile",
+        str(data_dir / "redis.log"),
+    ]
     if len(str(sock)) <= SOCKET_PATH_MAX:
         sock.unlink(missing_ok=True)
         args += ["--port", "0", "--unixsocket", str(sock), "--unixsocketperm", "700"]
@@ -86,7 +101,9 @@ def private_redis(data_dir: Path) -> Iterator[str]:
         port = free_port()
         args += ["--port", str(port), "--bind", "127.0.0.1"]
         url = f"redis://127.0.0.1:{port}/0"
-    proc = subprocess.Popen(args, start_new_session=True, stdout=subprocess.DEVNULL, preexec_fn=_die_with_parent)
+    proc = subprocess.Popen(
+        args, start_new_session=True, stdout=subprocess.DEVNULL, preexec_fn=_die_with_parent
+    )
     try:
         _wait_for_redis(url, proc, data_dir / "redis.log")
         yield url
@@ -122,17 +139,26 @@ class LocalWorker:
     def start(self) -> None:
         with self.lock:
             log = open(self.logfile, "ab")  # noqa: SIM115 - owned by the child for its lifetime
-            self.proc = subprocess.Popen([sys.executable, "-m", "slidedp_web.worker"], env=self.env,
-                                         stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-                                         preexec_fn=_die_with_parent)
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "slidedp_web.worker"],
+                env=self.env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                preexec_fn=_die_with_parent,
+            )
             log.close()
 
     def watch(self) -> None:
         restarts = 0
         while not self.closing.wait(2.0):
             if self.proc is not None and self.proc.poll() is not None and restarts < 5:
-                print(f"slidedp serve: the worker exited with code {self.proc.returncode} (log: {self.logfile}); "
-                      "starting it again", file=sys.stderr, flush=True)
+                print(
+                    f"slidedp serve: the worker exited with code {self.proc.returncode} (log: {self.logfile}); "
+                    "starting it again",
+                    file=sys.stderr,
+                    flush=True,
+                )
                 restarts += 1
                 self.start()
 
@@ -156,7 +182,11 @@ def _install_stop_handlers() -> None:
         raise _Stop(signum)
 
     def repeat(_signum: int, _frame: object) -> None:
-        print("slidedp serve: still stopping (a running job is saving a checkpoint)", file=sys.stderr, flush=True)
+        print(
+            "slidedp serve: still stopping (a running job is saving a checkpoint)",
+            file=sys.stderr,
+            flush=True,
+        )
 
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, stop)
@@ -190,14 +220,20 @@ def _serve(args: argparse.Namespace, data_dir: Path) -> None:
         host = args.host or settings.host
         port = args.port or settings.port
         upgrade(settings)  # once, before the worker and the API both look at the schema
-        worker = LocalWorker({**os.environ, **settings.env()}, data_dir / "worker.log",
-                             stop_timeout=settings.cancel_grace_s + 30)
+        worker = LocalWorker(
+            {**os.environ, **settings.env()},
+            data_dir / "worker.log",
+            stop_timeout=settings.cancel_grace_s + 30,
+        )
         worker.start()
         stack.callback(worker.stop)
         threading.Thread(target=worker.watch, name="slidedp-worker-watch", daemon=True).start()
-        print(f"SlideDP Workbench at http://{host}:{port}  (data: {data_dir}; database: "
-              f"{settings.sqlalchemy_url.split('://')[0]}; Redis: {settings.redis_url}; worker log: "
-              f"{data_dir / 'worker.log'})", flush=True)
+        print(
+            f"SlideDP Workbench at http://{host}:{port}  (data: {data_dir}; database: "
+            f"{settings.sqlalchemy_url.split('://')[0]}; Redis: {settings.redis_url}; worker log: "
+            f"{data_dir / 'worker.log'})",
+            flush=True,
+        )
         uvicorn.run(create_app(settings), host=host, port=port, log_level="info")
 
 

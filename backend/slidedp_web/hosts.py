@@ -101,8 +101,11 @@ def report(settings: Settings, *, topology: Optional[dict] = None, started: bool
     """Upsert this host's row: queue, topology, calibration, last_seen."""
     now = utcnow()
     hostname = (topology or {}).get("hostname")
-    values: dict[str, Any] = {"queue": settings.queue, "last_seen": now,
-                              "calibration": local_calibration(settings, hostname)}
+    values: dict[str, Any] = {
+        "queue": settings.queue,
+        "last_seen": now,
+        "calibration": local_calibration(settings, hostname),
+    }
     if topology is not None:
         values["topology"] = topology
     if started:

@@ -64,11 +64,20 @@ def _train(settings: Any, job_id: int, attempt: int, stop: Any) -> dict[str, Any
     resume = bool(config.get("resume")) or attempt > 1
     if resume and not has_checkpoint(output_dir):
         if attempt > 1:
-            _log(settings, job_id, f"no checkpoint in {output_dir}/checkpoints yet: attempt {attempt} starts at step 0")
+            _log(
+                settings,
+                job_id,
+                f"no checkpoint in {output_dir}/checkpoints yet: attempt {attempt} starts at step 0",
+            )
         resume = False
     config["resume"] = resume
-    _log(settings, job_id, f"attempt {attempt} on {settings.host_name}: "
-         + ("resuming from the newest checkpoint" if resume else "starting") + f"; output in {output_dir}")
+    _log(
+        settings,
+        job_id,
+        f"attempt {attempt} on {settings.host_name}: "
+        + ("resuming from the newest checkpoint" if resume else "starting")
+        + f"; output in {output_dir}",
+    )
     _watch_parent(settings, job_id, stop)
 
     def should_stop() -> bool | str:

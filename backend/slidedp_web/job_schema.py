@@ -23,7 +23,9 @@ EXTRA_KEYS = {
     "name": (Optional[str], pydantic.Field(None, max_length=200, description="A label for the job list.")),
     "host": (
         Optional[str],
-        pydantic.Field(None, description="Worker host to run on (GET /api/hosts); default: the least busy one."),
+        pydantic.Field(
+            None, description="Worker host to run on (GET /api/hosts); default: the least busy one."
+        ),
     ),
 }
 
@@ -101,18 +103,25 @@ def _error_type(msg: str) -> str:
 def unprocessable(errors: list[dict[str, Any]]) -> RequestValidationError:
     """A 422 naming each bad field by its config key path."""
     return RequestValidationError(
-        [{"loc": loc_path(str(e.get("loc", ""))), "msg": str(e["msg"]), "type": _error_type(str(e["msg"]))}
-         for e in errors]
+        [
+            {"loc": loc_path(str(e.get("loc", ""))), "msg": str(e["msg"]), "type": _error_type(str(e["msg"]))}
+            for e in errors
+        ]
     )
 
 
 def split_body(body: Any) -> tuple[dict[str, Any], dict[str, Any]]:
     """(config keys, filing keys) of a request body; a body that is not a JSON object is a 422."""
     if not isinstance(body, dict):
-        raise RequestValidationError([{
-            "loc": ["body"], "type": "dict_type",
-            "msg": f"must be a JSON object of job config keys, got {type(body).__name__}",
-        }])
+        raise RequestValidationError(
+            [
+                {
+                    "loc": ["body"],
+                    "type": "dict_type",
+                    "msg": f"must be a JSON object of job config keys, got {type(body).__name__}",
+                }
+            ]
+        )
     extra = {k: body[k] for k in EXTRA_KEYS if k in body}
     errors = []
     for key, value in extra.items():
@@ -182,7 +191,9 @@ def _basic_checks(cfg: JobConfig) -> list[dict[str, Any]]:
     errors = []
     if is_model_path(cfg.model):
         if not os.path.isfile(os.path.join(cfg.model, "config.json")):
-            errors.append({"loc": "model", "msg": f"no Hugging Face model directory (config.json) at {cfg.model!r}"})
+            errors.append(
+                {"loc": "model", "msg": f"no Hugging Face model directory (config.json) at {cfg.model!r}"}
+            )
     elif cfg.model not in PRESETS:
         errors.append({"loc": "model", "msg": f"unknown preset {cfg.model!r}; presets: {', '.join(PRESETS)}"})
     if not os.path.isfile(cfg.data.path):

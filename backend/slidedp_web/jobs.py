@@ -47,10 +47,22 @@ def public(job: Job) -> JobPublic:
     if job.status == "running" and metrics and isinstance(metrics.get("step_time_s"), (int, float)):
         eta = max(0, job.steps - job.step) * float(metrics["step_time_s"])
     return JobPublic(
-        id=job.id, name=job.name, status=job.status, config=job.config, host=job.host, policy=job.policy,
-        created_at=iso(job.created_at), started_at=iso(job.started_at), finished_at=iso(job.finished_at),
-        step=job.step, steps=job.steps, last_metrics=metrics, error=job.error, eta_s=eta,
-        tokens_per_s=tokens_per_s, output_dir=job.output_dir,
+        id=job.id,
+        name=job.name,
+        status=job.status,
+        config=job.config,
+        host=job.host,
+        policy=job.policy,
+        created_at=iso(job.created_at),
+        started_at=iso(job.started_at),
+        finished_at=iso(job.finished_at),
+        step=job.step,
+        steps=job.steps,
+        last_metrics=metrics,
+        error=job.error,
+        eta_s=eta,
+        tokens_per_s=tokens_per_s,
+        output_dir=job.output_dir,
         checkpoints=[c.name for c in list_checkpoints(job.output_dir)],
     )
 
@@ -65,10 +77,16 @@ def list_checkpoints(output_dir: str) -> list[CheckpointPublic]:
         if entry.name.startswith(".") or entry.name.endswith((".tmp", ".partial")):
             continue  # a checkpoint still being written (saved atomically by rename)
         digits = re.findall(r"\d+", entry.name)
-        size = entry.stat().st_size if entry.is_file() else sum(
-            p.stat().st_size for p in entry.rglob("*") if p.is_file())
-        items.append(CheckpointPublic(name=entry.name, step=int(digits[-1]) if digits else None,
-                                      bytes=size, path=str(entry)))
+        size = (
+            entry.stat().st_size
+            if entry.is_file()
+            else sum(p.stat().st_size for p in entry.rglob("*") if p.is_file())
+        )
+        items.append(
+            CheckpointPublic(
+                name=entry.name, step=int(digits[-1]) if digits else None, bytes=size, path=str(entry)
+            )
+        )
     return sorted(items, key=lambda c: (c.step is None, c.step or 0, c.name))
 
 
@@ -83,7 +101,13 @@ def get_or_404(session: Session, job_id: int) -> Job:
 def _absolute_if_local(value: Any) -> Any:
     """A relative path that exists from the API's working directory is made absolute, so that a worker
     started elsewhere on the same machine reads the same file."""
-    if isinstance(value, str) and value and not os.path.isabs(value) and ":" not in value and os.path.exists(value):
+    if (
+        isinstance(value, str)
+        and value
+        and not os.path.isabs(value)
+        and ":" not in value
+        and os.path.exists(value)
+    ):
         return os.path.abspath(value)
     return value
 
@@ -95,8 +119,11 @@ def create(settings: Settings, session: Session, body: Any) -> Job:
     live.require(settings, "job creation")
     queued = session.exec(select(func.count()).select_from(Job).where(Job.status == "queued")).one()
     if queued >= settings.max_queued_jobs:
-        raise HTTPException(429, f"{queued} jobs are already queued (SLIDEDP_MAX_QUEUED_JOBS = "
-                                 f"{settings.max_queued_jobs}); wait for some to run or cancel them")
+        raise HTTPException(
+            429,
+            f"{queued} jobs are already queued (SLIDEDP_MAX_QUEUED_JOBS = "
+            f"{settings.max_queued_jobs}); wait for some to run or cancel them",
+        )
     try:
         plan = planning.summary(planning.plan_preview(cfg, host, settings))
     except Exception as exc:  # noqa: BLE001 - a planner bug must not stop a valid job; the worker plans again
@@ -110,8 +137,16 @@ def create(settings: Settings, session: Session, body: Any) -> Job:
     config["model"] = _absolute_if_local(config["model"])
     queue = host.queue if host else settings.queue
     with write_session(settings) as ws:
-        job = Job(name=extra.get("name"), status="queued", config=config, queue=queue, policy=plan,
-                  created_at=utcnow(), steps=cfg.steps, output_dir="")
+        job = Job(
+            name=extra.get("name"),
+            status="queued",
+            config=config,
+            queue=queue,
+            policy=plan,
+            created_at=utcnow(),
+            steps=cfg.steps,
+            output_dir="",
+        )
         ws.add(job)
         ws.flush()
         if "output_dir" in raw:
@@ -147,7 +182,9 @@ def cancel(settings: Settings, job_id: int, save: bool) -> Job:
             job.cancel_request, job.cancel_requested_at = ("save" if save else "stop"), utcnow()
             ws.add(job)
         else:
-            raise HTTPException(409, f"job {job_id} is {job.status}: only queued or running jobs can be cancelled")
+            raise HTTPException(
+                409, f"job {job_id} is {job.status}: only queued or running jobs can be cancelled"
+            )
     if event:
         live.publish(settings, job_id, event)
     return job
@@ -160,8 +197,9 @@ def resume(settings: Settings, job_id: int) -> Job:
         if job is None:
             raise HTTPException(404, f"job {job_id} does not exist")
         if job.status not in RESUMABLE_STATUSES:
-            raise HTTPException(409, f"job {job_id} is {job.status}: only {', '.join(RESUMABLE_STATUSES)} jobs "
-                                     "can be resumed")
+            raise HTTPException(
+                409, f"job {job_id} is {job.status}: only {', '.join(RESUMABLE_STATUSES)} jobs can be resumed"
+            )
         job.attempt += 1
         job.error, job.finished_at, job.cancel_request, job.heartbeat_at = None, None, None, None
         event = status_event(ws, job, "queued", message=f"resumed (attempt {job.attempt})")
@@ -236,8 +274,18 @@ def interrupt_stale(settings: Settings, host_name: Optional[str] = None) -> list
             why = f"the worker on {job.host} stopped reporting (last heartbeat {iso(job.heartbeat_at) or 'never'})"
         error = {"message": why + "; resume the job to continue from its last checkpoint", "errors": []}
         # Checked again under the write lock: a heartbeat that arrived meanwhile keeps the job running.
-        if set_status(settings, job.id, "interrupted", only_from=("running",), attempt=job.attempt, error=error,
-                      message=why, check=stale, finished_at=utcnow(), heartbeat_at=None):
+        if set_status(
+            settings,
+            job.id,
+            "interrupted",
+            only_from=("running",),
+            attempt=job.attempt,
+            error=error,
+            message=why,
+            check=stale,
+            finished_at=utcnow(),
+            heartbeat_at=None,
+        ):
             done.append(job.id)
     return done
 

@@ -53,8 +53,9 @@ def add_event(session: Session, job_id: int, kind: str, data: dict[str, Any], ts
     return {"id": seq, "event": kind, "data": data}
 
 
-def status_event(session: Session, job: Job, status: str, *, error: Optional[dict] = None,
-                 message: Optional[str] = None) -> Optional[dict]:
+def status_event(
+    session: Session, job: Job, status: str, *, error: Optional[dict] = None, message: Optional[str] = None
+) -> Optional[dict]:
     """Record job.status = status (the caller has set the job's other fields) with its history row and event."""
     ts = utcnow()
     job.status = status
@@ -68,9 +69,18 @@ def status_event(session: Session, job: Job, status: str, *, error: Optional[dic
     return add_event(session, job.id, "status", data, ts)
 
 
-def set_status(settings: Settings, job_id: int, status: str, *, only_from: tuple[str, ...] = (),
-               attempt: Optional[int] = None, error: Optional[dict] = None, message: Optional[str] = None,
-               check: Optional[Callable[[Job], bool]] = None, **fields: Any) -> Optional[Job]:
+def set_status(
+    settings: Settings,
+    job_id: int,
+    status: str,
+    *,
+    only_from: tuple[str, ...] = (),
+    attempt: Optional[int] = None,
+    error: Optional[dict] = None,
+    message: Optional[str] = None,
+    check: Optional[Callable[[Job], bool]] = None,
+    **fields: Any,
+) -> Optional[Job]:
     """Move a job to `status` (only from the listed statuses, for that attempt, and when `check(job)` holds, each
     when given, judged under the write lock); None if it did not."""
     with write_session(settings) as session:

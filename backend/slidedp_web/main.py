@@ -1,6 +1,6 @@
 """The FastAPI app: the API under /api, OpenAPI at /openapi.json, the built UI (frontend/dist) at /.
 
-    uvicorn slidedp_web.main:app --host 127.0.0.1 --port 8000     (or: slidedp serve, which starts everything)
+uvicorn slidedp_web.main:app --host 127.0.0.1 --port 8000     (or: slidedp serve, which starts everything)
 """
 
 from __future__ import annotations
@@ -57,8 +57,9 @@ def _install_openapi(app: FastAPI) -> None:
 
     def openapi() -> dict[str, Any]:
         if app.openapi_schema is None:
-            schema = get_openapi(title=app.title, version=app.version, description=app.description,
-                                 routes=app.routes)
+            schema = get_openapi(
+                title=app.title, version=app.version, description=app.description, routes=app.routes
+            )
             schema.setdefault("components", {}).setdefault("schemas", {}).update(openapi_components())
             app.openapi_schema = schema
         return app.openapi_schema
@@ -75,8 +76,11 @@ def _mount_frontend(app: FastAPI, dist: Path) -> None:
             raise HTTPException(404, f"no API route /{path}")
         index = dist / "index.html"
         if not index.is_file():
-            raise HTTPException(404, f"the UI is not built ({index} is missing): run scripts/build_frontend.sh, "
-                                     "or use the API under /api (docs at /docs)")
+            raise HTTPException(
+                404,
+                f"the UI is not built ({index} is missing): run scripts/build_frontend.sh, "
+                "or use the API under /api (docs at /docs)",
+            )
         target = (dist / path).resolve()
         if path and target.is_file() and target.is_relative_to(dist.resolve()):
             return FileResponse(target)

@@ -34,7 +34,9 @@ def iso(ts: Optional[datetime]) -> Optional[str]:
 
 
 def _ts(nullable: bool = True, index: bool = False) -> Any:
-    return Field(default=None, sa_column=sa.Column(sa.DateTime(timezone=True), nullable=nullable, index=index))
+    return Field(
+        default=None, sa_column=sa.Column(sa.DateTime(timezone=True), nullable=nullable, index=index)
+    )
 
 
 def _json(nullable: bool = True) -> Any:

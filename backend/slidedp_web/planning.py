@@ -34,15 +34,25 @@ def choose_host(session: Session, settings: Settings, requested: Optional[str]) 
             if host.name == requested:
                 return host
         known = ", ".join(h.name for h in hosts) or "none has reported yet"
-        raise RequestValidationError([{"loc": ["body", "host"], "type": "value_error",
-                                       "msg": f"unknown worker host {requested!r}; hosts: {known}"}])
+        raise RequestValidationError(
+            [
+                {
+                    "loc": ["body", "host"],
+                    "type": "value_error",
+                    "msg": f"unknown worker host {requested!r}; hosts: {known}",
+                }
+            ]
+        )
     online = [h for h in hosts if is_online(settings, h)]
     if not online:
         return None
 
     def load(host: Host) -> int:
-        return session.exec(select(func.count()).select_from(Job).where(
-            Job.queue == host.queue, Job.status.in_(("queued", "running")))).one()
+        return session.exec(
+            select(func.count())
+            .select_from(Job)
+            .where(Job.queue == host.queue, Job.status.in_(("queued", "running")))
+        ).one()
 
     return min(online, key=load)
 
@@ -58,11 +68,17 @@ def job_shape(cfg: JobConfig) -> dict[str, Any]:
 
     mc = model_config_dict(cfg.model)
     return {
-        "model": cfg.model, "arch": mc.get("model_type"), "micro_batch": cfg.micro_batch_size, "seq": cfg.seq_len,
-        "hidden": int(mc["hidden_size"]), "intermediate": int(mc["intermediate_size"]),
+        "model": cfg.model,
+        "arch": mc.get("model_type"),
+        "micro_batch": cfg.micro_batch_size,
+        "seq": cfg.seq_len,
+        "hidden": int(mc["hidden_size"]),
+        "intermediate": int(mc["intermediate_size"]),
         "heads": int(mc["num_attention_heads"]),
         "kv_heads": int(mc.get("num_key_value_heads") or mc["num_attention_heads"]),
-        "layers": int(mc["num_hidden_layers"]), "vocab": int(mc["vocab_size"]), "precision": cfg.precision,
+        "layers": int(mc["num_hidden_layers"]),
+        "vocab": int(mc["vocab_size"]),
+        "precision": cfg.precision,
     }
 
 
@@ -77,8 +93,14 @@ def pick_calibration(cfg: JobConfig, report: Optional[dict[str, Any]]) -> Option
     except (OSError, KeyError, ValueError):
         return None
     device = "cuda" if cfg.gpus > 0 else "cpu"
-    matches = [e for e in entries or [] if isinstance(e, dict) and e.get("shape") == shape
-               and e.get("world") == cfg.world_size and e.get("device") == device]
+    matches = [
+        e
+        for e in entries or []
+        if isinstance(e, dict)
+        and e.get("shape") == shape
+        and e.get("world") == cfg.world_size
+        and e.get("device") == device
+    ]
     if not matches:
         return None
     return max(matches, key=lambda e: (not e.get("quick"), str(e.get("created_at", ""))))
@@ -108,8 +130,9 @@ def configured_plan(cfg: JobConfig, topology: dict[str, Any], host_name: str) ->
         params = param_count(model_config_dict(cfg.model))
         ram = hosts.host_ram_bytes(topology)
         need = params * 14
-        fit.update(params=params, host_state_bytes=need, host_ram_bytes=ram,
-                   fits=None if not ram else need <= ram)
+        fit.update(
+            params=params, host_state_bytes=need, host_ram_bytes=ram, fits=None if not ram else need <= ram
+        )
     except (OSError, KeyError, ValueError) as exc:
         fit.update(error=f"cannot size the model: {exc}")
     return {

@@ -44,24 +44,34 @@ def _gpu_config(model: str, gpus: int, micro_batch: int) -> dict[str, Any]:
 def form_presets() -> list[PresetPublic]:
     items = []
     try:
-        items.append(PresetPublic(
-            id="cpu-demo", label="CPU demo",
-            description="A tiny Qwen3-shaped model learns one-digit addition, counting and word reversal on the "
-            "CPU in about a minute (no GPU, no downloads).",
-            config=demo_config(),
-        ))
+        items.append(
+            PresetPublic(
+                id="cpu-demo",
+                label="CPU demo",
+                description="A tiny Qwen3-shaped model learns one-digit addition, counting and word reversal on the "
+                "CPU in about a minute (no GPU, no downloads).",
+                config=demo_config(),
+            )
+        )
     except (OSError, ImportError) as exc:  # a source tree without the demo assets still serves the others
-        items.append(PresetPublic(id="cpu-demo", label="CPU demo", config={},
-                                  description=f"unavailable: {exc}"))
-    items.append(PresetPublic(
-        id="qwen3-8b-2gpu", label="Qwen3-8B on 2 GPUs",
-        description="Full-parameter fine-tuning of Qwen3-8B on two GPUs, host state in RAM (≈ 115 GB), "
-        "AutoPolicy choosing routes and activation placement." + _BIG_DATA_NOTE,
-        config=_gpu_config("qwen3-8b", 2, 8),
-    ))
-    items.append(PresetPublic(
-        id="qwen3-1.7b-1gpu", label="Qwen3-1.7B on 1 GPU",
-        description="Qwen3-1.7B on a single GPU (host state ≈ 24 GB)." + _BIG_DATA_NOTE,
-        config=_gpu_config("qwen3-1.7b", 1, 8),
-    ))
+        items.append(
+            PresetPublic(id="cpu-demo", label="CPU demo", config={}, description=f"unavailable: {exc}")
+        )
+    items.append(
+        PresetPublic(
+            id="qwen3-8b-2gpu",
+            label="Qwen3-8B on 2 GPUs",
+            description="Full-parameter fine-tuning of Qwen3-8B on two GPUs, host state in RAM (≈ 115 GB), "
+            "AutoPolicy choosing routes and activation placement." + _BIG_DATA_NOTE,
+            config=_gpu_config("qwen3-8b", 2, 8),
+        )
+    )
+    items.append(
+        PresetPublic(
+            id="qwen3-1.7b-1gpu",
+            label="Qwen3-1.7B on 1 GPU",
+            description="Qwen3-1.7B on a single GPU (host state ≈ 24 GB)." + _BIG_DATA_NOTE,
+            config=_gpu_config("qwen3-1.7b", 1, 8),
+        )
+    )
     return items

@@ -57,14 +57,19 @@ def supervise(settings: Settings, job_id: int, attempt: int) -> str:
         with read_session(settings) as session:
             current = session.get(Job, job_id)
         found = "deleted" if current is None else f"{current.status}, attempt {current.attempt}"
-        log.warning("job %s attempt %s not claimed (%s): duplicate or stale delivery ignored", job_id, attempt, found)
+        log.warning(
+            "job %s attempt %s not claimed (%s): duplicate or stale delivery ignored", job_id, attempt, found
+        )
         return "ignored"
     log.info("job %s attempt %s: running", job_id, attempt)
     ctx = mp.get_context("spawn")
     stop = ctx.Value("i", 0)
     receiver, sender = ctx.Pipe(duplex=False)
-    proc = ctx.Process(target=job_process.run, args=(settings.env(), job_id, attempt, stop, sender),
-                       name=f"slidedp-job-{job_id}")
+    proc = ctx.Process(
+        target=job_process.run,
+        args=(settings.env(), job_id, attempt, stop, sender),
+        name=f"slidedp-job-{job_id}",
+    )
     proc.start()
     sender.close()
     log.info("job %s attempt %s: job process %s", job_id, attempt, proc.pid)
@@ -90,14 +95,24 @@ def supervise(settings: Settings, job_id: int, attempt: int) -> str:
             if reason is None and request:
                 reason, stop.value = "cancel", SAVE if request == "save" else STOP
                 kill_at = now + settings.cancel_grace_s
-                record_log(settings, job_id, "cancel requested: stopping at the next step boundary"
-                           + (" after saving a checkpoint" if request == "save" else ""))
+                record_log(
+                    settings,
+                    job_id,
+                    "cancel requested: stopping at the next step boundary"
+                    + (" after saving a checkpoint" if request == "save" else ""),
+                )
             elif reason is None and _worker_shutting_down():
                 reason, stop.value, kill_at = "shutdown", SAVE, now + settings.cancel_grace_s
-                record_log(settings, job_id, "the worker is shutting down: stopping at the next step boundary "
-                           "after saving a checkpoint")
+                record_log(
+                    settings,
+                    job_id,
+                    "the worker is shutting down: stopping at the next step boundary "
+                    "after saving a checkpoint",
+                )
         if kill_at is not None and not killed and time.monotonic() > kill_at:
-            record_log(settings, job_id, f"the job did not stop within {settings.cancel_grace_s:g} s: killing it")
+            record_log(
+                settings, job_id, f"the job did not stop within {settings.cancel_grace_s:g} s: killing it"
+            )
             _kill_group(proc.pid)
             killed = True
     proc.join()
@@ -115,8 +130,9 @@ def _heartbeat(settings: Settings, job_id: int, attempt: int, write: bool) -> Op
     """Write the heartbeat (when due) and return the job's cancel request, if any."""
     if write:
         with write_session(settings) as session:
-            session.execute(sa.update(Job).where(Job.id == job_id, Job.attempt == attempt)
-                            .values(heartbeat_at=utcnow()))
+            session.execute(
+                sa.update(Job).where(Job.id == job_id, Job.attempt == attempt).values(heartbeat_at=utcnow())
+            )
     with read_session(settings) as session:
         row = session.execute(sa.select(Job.cancel_request).where(Job.id == job_id)).first()
     return row[0] if row else "stop"  # a deleted job stops
@@ -134,8 +150,9 @@ def _worker_shutting_down() -> bool:
     from celery.worker import state
 
     # The flags hold the exit code once set, and a clean exit is 0: compare with None/False, not truthiness.
-    return _shutting_down.is_set() or any(flag not in (None, False) for flag in (state.should_stop,
-                                                                                  state.should_terminate))
+    return _shutting_down.is_set() or any(
+        flag not in (None, False) for flag in (state.should_stop, state.should_terminate)
+    )
 
 
 def _kill_group(pgid: Optional[int]) -> None:
@@ -149,8 +166,15 @@ def _kill_group(pgid: Optional[int]) -> None:
         time.sleep(0.5)
 
 
-def _finish(settings: Settings, job_id: int, attempt: int, outcome: Optional[dict], reason: Optional[str],
-            killed: bool, exitcode: Optional[int]) -> str:
+def _finish(
+    settings: Settings,
+    job_id: int,
+    attempt: int,
+    outcome: Optional[dict],
+    reason: Optional[str],
+    killed: bool,
+    exitcode: Optional[int],
+) -> str:
     policy = clean_json(outcome.get("policy")) if outcome else None
     result = (outcome or {}).get("status")
     error: Optional[dict] = None
@@ -158,13 +182,18 @@ def _finish(settings: Settings, job_id: int, attempt: int, outcome: Optional[dic
         status = "completed"
     elif reason == "shutdown":
         status = "interrupted"
-        error = {"message": f"the worker on {settings.host_name} shut down during the job; resume it to continue "
-                 "from its last checkpoint", "errors": []}
+        error = {
+            "message": f"the worker on {settings.host_name} shut down during the job; resume it to continue "
+            "from its last checkpoint",
+            "errors": [],
+        }
     elif reason == "cancel" and (result == "stopped" or killed):
         status = "cancelled"
         if killed:
-            error = {"message": f"killed after not stopping within {settings.cancel_grace_s:g} s of the cancel",
-                     "errors": []}
+            error = {
+                "message": f"killed after not stopping within {settings.cancel_grace_s:g} s of the cancel",
+                "errors": [],
+            }
     elif result == "failed":
         status, error = "failed", outcome.get("error") if outcome else None
     elif result == "stopped":
@@ -174,7 +203,10 @@ def _finish(settings: Settings, job_id: int, attempt: int, outcome: Optional[dic
         status = "failed"
         how = f"signal {-exitcode}" if exitcode is not None and exitcode < 0 else f"exit code {exitcode}"
         hint = " (out of memory?)" if exitcode == -signal.SIGKILL else ""
-        error = {"message": f"the job's process died with {how}{hint} before reporting an outcome", "errors": []}
+        error = {
+            "message": f"the job's process died with {how}{hint} before reporting an outcome",
+            "errors": [],
+        }
     with write_session(settings) as session:
         job = session.get(Job, job_id, with_for_update=True)
         if job is None or job.attempt != attempt or job.status not in ("running", "interrupted"):
@@ -182,8 +214,9 @@ def _finish(settings: Settings, job_id: int, attempt: int, outcome: Optional[dic
         job.finished_at, job.heartbeat_at, job.cancel_request = utcnow(), None, None
         if policy:
             job.policy = {**(job.policy or {}), **policy} if isinstance(policy, dict) else job.policy
-        event = status_event(session, job, status, error=error,
-                             message=f"attempt {attempt}: {result or 'no outcome'}")
+        event = status_event(
+            session, job, status, error=error, message=f"attempt {attempt}: {result or 'no outcome'}"
+        )
         set_current_job(session, settings.host_name, None)
     live.publish(settings, job_id, event)
     log.info("job %s attempt %s: %s", job_id, attempt, status)

@@ -22,7 +22,9 @@ log = logging.getLogger("slidedp_web.worker")
 
 def parse_args(argv: Optional[list[str]]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="slidedp worker", description=__doc__.splitlines()[0])
-    parser.add_argument("--name", help="host name to report (default: SLIDEDP_HOST_NAME or the machine's name)")
+    parser.add_argument(
+        "--name", help="host name to report (default: SLIDEDP_HOST_NAME or the machine's name)"
+    )
     parser.add_argument("--queue", help="queue to consume (default: SLIDEDP_WORKER_QUEUE or slidedp-<name>)")
     parser.add_argument("--loglevel", default="INFO", help="Celery log level (default INFO)")
     return parser.parse_args(argv)
@@ -47,9 +49,11 @@ def _clean_orphaned_host_state() -> None:
     It runs in a child process (the runtime's host-state module imports torch, which this worker process never
     does) and in the background (it only touches dead owners' segments, so a job may start meanwhile).
     """
-    code = ("from slidedp.step.host_state import cleanup_orphans\n"
-            "removed = cleanup_orphans()\n"
-            "print('removed orphaned host state:', removed) if removed else None")
+    code = (
+        "from slidedp.step.host_state import cleanup_orphans\n"
+        "removed = cleanup_orphans()\n"
+        "print('removed orphaned host state:', removed) if removed else None"
+    )
 
     def clean() -> None:
         try:
@@ -78,22 +82,37 @@ def main(argv: Optional[list[str]] = None) -> int:
         prepare(settings)
     except Exception as exc:  # noqa: BLE001 - say what to fix instead of a traceback
         url = settings.sqlalchemy_url.split("@")[-1]
-        print(f"slidedp worker: cannot prepare the database at {url}: {type(exc).__name__}: {exc}\n"
-              "Check DATABASE_URL (and that the database server is up), then start the worker again.",
-              file=sys.stderr)
+        print(
+            f"slidedp worker: cannot prepare the database at {url}: {type(exc).__name__}: {exc}\n"
+            "Check DATABASE_URL (and that the database server is up), then start the worker again.",
+            file=sys.stderr,
+        )
         return 1
     reporter = hosts.Reporter(settings)
     reporter.start()
     app = get_celery(settings)
     import slidedp_web.tasks  # noqa: F401 - registers the task on the app
 
-    log.info("worker %s consuming queue %s (broker %s)", settings.host_name, settings.queue, settings.redis_url)
+    log.info(
+        "worker %s consuming queue %s (broker %s)", settings.host_name, settings.queue, settings.redis_url
+    )
     try:
-        app.worker_main([
-            "worker", "--pool=threads", "--concurrency=1", "--queues", settings.queue,
-            "--hostname", f"slidedp@{settings.host_name}", "--loglevel", args.loglevel,
-            "--without-gossip", "--without-mingle", "--without-heartbeat",
-        ])
+        app.worker_main(
+            [
+                "worker",
+                "--pool=threads",
+                "--concurrency=1",
+                "--queues",
+                settings.queue,
+                "--hostname",
+                f"slidedp@{settings.host_name}",
+                "--loglevel",
+                args.loglevel,
+                "--without-gossip",
+                "--without-mingle",
+                "--without-heartbeat",
+            ]
+        )
     finally:
         reporter.stopped.set()
     return 0

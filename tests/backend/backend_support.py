@@ -63,8 +63,22 @@ class RedisServer:
         binary = shutil.which("redis-server")
         assert binary, "redis-server is not installed (scripts/setup.sh installs Debian's)"
         self.proc = subprocess.Popen(
-            [binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-             "--dir", str(self.workdir)], stdout=subprocess.DEVNULL, start_new_session=True)
+            [
+                binary,
+                "--port",
+                str(self.port),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+                "--dir",
+                str(self.workdir),
+            ],
+            stdout=subprocess.DEVNULL,
+            start_new_session=True,
+        )
         import redis
 
         def up() -> bool:
@@ -96,8 +110,13 @@ class ApiServer:
 
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        config = uvicorn.Config(create_app(settings), host="127.0.0.1", port=self.port, log_level="warning",
-                                timeout_graceful_shutdown=2)
+        config = uvicorn.Config(
+            create_app(settings),
+            host="127.0.0.1",
+            port=self.port,
+            log_level="warning",
+            timeout_graceful_shutdown=2,
+        )
         self.server = uvicorn.Server(config)
         self.thread = threading.Thread(target=self.server.run, name="uvicorn", daemon=True)
 
@@ -115,8 +134,13 @@ class WorkerProcess:
     """`slidedp worker` (slidedp_web.worker.main) as a real process with the test's settings."""
 
     def __init__(self, settings, logfile: Path, name: Optional[str] = None, extra_env: Optional[dict] = None):
-        env = {**os.environ, **settings.env(), "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1",
-               **(extra_env or {})}
+        env = {
+            **os.environ,
+            **settings.env(),
+            "HF_HUB_OFFLINE": "1",
+            "PYTHONUNBUFFERED": "1",
+            **(extra_env or {}),
+        }
         env.pop("SLIDEDP_API_TOKEN", None)
         if name:
             env["SLIDEDP_HOST_NAME"] = name
@@ -128,7 +152,12 @@ class WorkerProcess:
         with open(self.logfile, "ab") as log:
             self.proc = subprocess.Popen(
                 [sys.executable, "-c", "import sys; from slidedp_web.worker import main; sys.exit(main([]))"],
-                env=self.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, cwd=str(ROOT))
+                env=self.env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                cwd=str(ROOT),
+            )
         wait_for(lambda: "ready." in self.log() or self.proc.poll() is not None, 60, "the worker to be ready")
         assert self.proc.poll() is None, f"worker exited:\n{self.log()[-3000:]}"
         return self
@@ -151,8 +180,14 @@ class WorkerProcess:
         self.proc.wait(10)
 
 
-def read_sse(client: httpx.Client, url: str, *, headers: Optional[dict] = None, timeout: float = 120,
-             stop: Optional[Callable[[list[dict]], bool]] = None) -> list[dict]:
+def read_sse(
+    client: httpx.Client,
+    url: str,
+    *,
+    headers: Optional[dict] = None,
+    timeout: float = 120,
+    stop: Optional[Callable[[list[dict]], bool]] = None,
+) -> list[dict]:
     """Events of an SSE stream as [{"id", "event", "data"}] until it ends (or `stop(events)` is true)."""
     events: list[dict] = []
     current: dict[str, Any] = {}
@@ -164,8 +199,13 @@ def read_sse(client: httpx.Client, url: str, *, headers: Optional[dict] = None, 
                 raise AssertionError(f"SSE stream did not end within {timeout} s; got {events[-3:]}")
             if line == "":
                 if "data" in current:
-                    events.append({"id": int(current["id"]) if "id" in current else None,
-                                   "event": current.get("event", "message"), "data": json.loads(current["data"])})
+                    events.append(
+                        {
+                            "id": int(current["id"]) if "id" in current else None,
+                            "event": current.get("event", "message"),
+                            "data": json.loads(current["data"]),
+                        }
+                    )
                     if stop and stop(events):
                         return events
                 current = {}
@@ -189,7 +229,11 @@ def tiny_job(dataset: Path, **overrides: Any) -> dict[str, Any]:
     job: dict[str, Any] = {
         "model": "tiny-qwen3",
         "data": {"path": str(dataset), "format": "tokens"},
-        "gpus": 0, "ranks": 1, "seq_len": 32, "micro_batch_size": 2, "steps": 4,
+        "gpus": 0,
+        "ranks": 1,
+        "seq_len": 32,
+        "micro_batch_size": 2,
+        "steps": 4,
         "precision": "fp32",
     }
     job.update(overrides)

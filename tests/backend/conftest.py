@@ -26,7 +26,13 @@ def make_settings(data_dir: Path, redis_url: str, **overrides):
     from slidedp_web.core.config import Settings
 
     name = f"test-{uuid.uuid4().hex[:8]}"
-    values = {"data_dir": data_dir, "redis_url": redis_url, "host_name": name, "database_url": None, **TIMINGS}
+    values = {
+        "data_dir": data_dir,
+        "redis_url": redis_url,
+        "host_name": name,
+        "database_url": None,
+        **TIMINGS,
+    }
     values.update(overrides)
     return Settings(_env_file=None, **values)
 

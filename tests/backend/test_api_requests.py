@@ -27,8 +27,11 @@ def loc_of(resp: httpx.Response) -> list[list]:
     ("change", "loc", "fragment"),
     [
         ({"model": "no-such-preset"}, ["body", "model"], "unknown preset"),
-        ({"data": {"path": "/nonexistent/train.jsonl", "format": "tokens"}}, ["body", "data", "path"],
-         "does not exist"),
+        (
+            {"data": {"path": "/nonexistent/train.jsonl", "format": "tokens"}},
+            ["body", "data", "path"],
+            "does not exist",
+        ),
         ({"optimizer": {"lr": -1.0}}, ["body", "optimizer", "lr"], "greater than 0"),
         ({"micro_batch_size": 0}, ["body", "micro_batch_size"], "greater than 0"),
         ({"bogus": 1}, ["body", "bogus"], "unknown key"),
@@ -37,8 +40,9 @@ def loc_of(resp: httpx.Response) -> list[list]:
         ({"name": 5}, ["body", "name"], "must be a string"),
     ],
 )
-def test_bad_job_is_422_naming_the_field_and_nothing_is_enqueued(client, settings, redis_server, dataset,
-                                                                  change, loc, fragment):
+def test_bad_job_is_422_naming_the_field_and_nothing_is_enqueued(
+    client, settings, redis_server, dataset, change, loc, fragment
+):
     resp = client.post("/api/jobs", json=tiny_job(dataset, **change))
     assert loc in loc_of(resp)
     detail = next(e for e in resp.json()["detail"] if e["loc"] == loc)
@@ -50,13 +54,17 @@ def test_bad_job_is_422_naming_the_field_and_nothing_is_enqueued(client, setting
 def test_every_bad_field_is_reported_at_once(client, dataset):
     resp = client.post("/api/jobs", json=tiny_job(dataset, micro_batch_size=0, optimizer={"lr": -1}, extra=1))
     locs = loc_of(resp)
-    assert {"body,micro_batch_size", "body,optimizer,lr", "body,extra"} <= {",".join(map(str, x)) for x in locs}
+    assert {"body,micro_batch_size", "body,optimizer,lr", "body,extra"} <= {
+        ",".join(map(str, x)) for x in locs
+    }
     types = {tuple(e["loc"]): e["type"] for e in resp.json()["detail"]}
     assert types[("body", "extra")] == "extra_forbidden"
 
 
 def test_malformed_json_and_non_object_bodies_are_422(client, settings, redis_server):
-    resp = client.post("/api/jobs", content=b'{"model": "tiny-qwen3",', headers={"content-type": "application/json"})
+    resp = client.post(
+        "/api/jobs", content=b'{"model": "tiny-qwen3",', headers={"content-type": "application/json"}
+    )
     assert resp.status_code == 422
     assert resp.json()["detail"][0]["type"] == "json_invalid"
     resp = client.post("/api/jobs", json=[1, 2])
@@ -69,7 +77,8 @@ def test_malformed_json_and_non_object_bodies_are_422(client, settings, redis_se
 
 def test_plan_preview_validates_like_job_creation(client, dataset):
     assert loc_of(client.post("/api/plan", json=tiny_job(dataset, optimizer={"lr": 0}))) == [
-        ["body", "optimizer", "lr"]]
+        ["body", "optimizer", "lr"]
+    ]
     assert loc_of(client.post("/api/plan", json=tiny_job(dataset, model="nope"))) == [["body", "model"]]
     assert loc_of(client.post("/api/plan", json=tiny_job(dataset, host="no-such-host"))) == [["body", "host"]]
     plan = client.post("/api/plan", json=tiny_job(dataset, data={"path": "/missing.jsonl"})).json()
@@ -78,9 +87,14 @@ def test_plan_preview_validates_like_job_creation(client, dataset):
 
 
 def test_unknown_job_is_404(client):
-    for method, path in [("GET", "/api/jobs/999"), ("POST", "/api/jobs/999/cancel"),
-                         ("POST", "/api/jobs/999/resume"), ("DELETE", "/api/jobs/999"),
-                         ("GET", "/api/jobs/999/metrics"), ("GET", "/api/jobs/999/events")]:
+    for method, path in [
+        ("GET", "/api/jobs/999"),
+        ("POST", "/api/jobs/999/cancel"),
+        ("POST", "/api/jobs/999/resume"),
+        ("DELETE", "/api/jobs/999"),
+        ("GET", "/api/jobs/999/metrics"),
+        ("GET", "/api/jobs/999/events"),
+    ]:
         resp = client.request(method, path)
         assert resp.status_code == 404, (method, path, resp.text)
         assert "999" in resp.json()["detail"]
@@ -161,7 +175,7 @@ import sys
 from fastapi.testclient import TestClient
 from slidedp_web.core.config import Settings
 from slidedp_web.main import create_app
-s = Settings(_env_file=None, data_dir={str(module_dir / 'notorch')!r}, redis_url={redis_server.url!r})
+s = Settings(_env_file=None, data_dir={str(module_dir / "notorch")!r}, redis_url={redis_server.url!r})
 job = {tiny_job(dataset)!r}
 with TestClient(create_app(s)) as c:
     assert c.post("/api/plan", json=job).status_code == 200

@@ -31,8 +31,13 @@ def test_cancel_kills_a_job_that_does_not_stop_within_the_grace_period(client, w
     done = wait_status(client, job["id"], ("cancelled", "failed", "completed"), timeout=60)
     assert done["status"] == "cancelled"
     assert done["error"]["message"] == "killed after not stopping within 1 s of the cancel"
-    pid = int(wait_for(lambda: re.search(rf"job {job['id']} attempt 1: job process (\d+)", worker.log()), 10,
-                       "the job's pid in the worker log").group(1))
+    pid = int(
+        wait_for(
+            lambda: re.search(rf"job {job['id']} attempt 1: job process (\d+)", worker.log()),
+            10,
+            "the job's pid in the worker log",
+        ).group(1)
+    )
     assert not _group_alive(pid), "the job's process group (its rank processes) outlived the kill"
     lines = [entry["line"] for entry in client.get(f"/api/jobs/{job['id']}/logs").json()["items"]]
     assert "the job did not stop within 1 s: killing it" in lines

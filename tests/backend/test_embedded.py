@@ -23,13 +23,25 @@ def _alive(pid: int) -> bool:
 def test_serve_starts_the_workbench_and_stops_everything(tmp_path):
     data = tmp_path / "data"
     port = free_port()
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("REDIS_URL", "DATABASE_URL", "SLIDEDP_API_TOKEN") and not k.startswith("SLIDEDP_")}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("REDIS_URL", "DATABASE_URL", "SLIDEDP_API_TOKEN") and not k.startswith("SLIDEDP_")
+    }
     env.update(SLIDEDP_DATA_DIR=str(data), SLIDEDP_HOST_REPORT_S="1", HF_HUB_OFFLINE="1")
     log = open(tmp_path / "serve.log", "wb")
     proc = subprocess.Popen(
-        [sys.executable, "-c", f"import sys; from slidedp_web.embedded import main; sys.exit(main(['--port', '{port}']))"],
-        env=env, cwd=str(tmp_path), stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        [
+            sys.executable,
+            "-c",
+            f"import sys; from slidedp_web.embedded import main; sys.exit(main(['--port', '{port}']))",
+        ],
+        env=env,
+        cwd=str(tmp_path),
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
     url = f"http://127.0.0.1:{port}"
 
     def health():
@@ -75,13 +87,28 @@ def test_serve_uses_redis_url_and_database_url_when_set(tmp_path):
     data, db_file = tmp_path / "data", tmp_path / "elsewhere" / "wb.db"
     port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("SLIDEDP_")}
-    env.update(SLIDEDP_DATA_DIR=str(data), REDIS_URL=external, DATABASE_URL=f"sqlite:///{db_file}",
-               SLIDEDP_HOST_NAME=f"serve-ext-{port}", HF_HUB_OFFLINE="1")
+    env.update(
+        SLIDEDP_DATA_DIR=str(data),
+        REDIS_URL=external,
+        DATABASE_URL=f"sqlite:///{db_file}",
+        SLIDEDP_HOST_NAME=f"serve-ext-{port}",
+        HF_HUB_OFFLINE="1",
+    )
     log = open(tmp_path / "serve.log", "wb")
     proc = subprocess.Popen(
-        [sys.executable, "-c", f"import sys; from slidedp_web.embedded import main; sys.exit(main(['--port', '{port}']))"],
-        env=env, cwd=str(tmp_path), stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        [
+            sys.executable,
+            "-c",
+            f"import sys; from slidedp_web.embedded import main; sys.exit(main(['--port', '{port}']))",
+        ],
+        env=env,
+        cwd=str(tmp_path),
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
     try:
+
         def health():
             try:
                 return httpx.get(f"http://127.0.0.1:{port}/api/health", timeout=2).json()
@@ -101,23 +128,44 @@ def test_serve_uses_redis_url_and_database_url_when_set(tmp_path):
 def test_killed_serve_takes_its_redis_and_worker_with_it(tmp_path):
     data = tmp_path / "data"
     port = free_port()
-    env = {k: v for k, v in os.environ.items() if k not in ("REDIS_URL", "DATABASE_URL")
-           and not k.startswith("SLIDEDP_")}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("REDIS_URL", "DATABASE_URL") and not k.startswith("SLIDEDP_")
+    }
     env.update(SLIDEDP_DATA_DIR=str(data), HF_HUB_OFFLINE="1")
     with open(tmp_path / "serve.log", "wb") as log:
         proc = subprocess.Popen(
-            [sys.executable, "-c",
-             f"import sys; from slidedp_web.embedded import main; sys.exit(main(['--port', '{port}']))"],
-            env=env, cwd=str(tmp_path), stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+            [
+                sys.executable,
+                "-c",
+                f"import sys; from slidedp_web.embedded import main; sys.exit(main(['--port', '{port}']))",
+            ],
+            env=env,
+            cwd=str(tmp_path),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
     try:
-        wait_for(lambda: (data / "worker.log").exists() and "ready." in (data / "worker.log").read_text(), 90,
-                 "the local worker to be ready")
+        wait_for(
+            lambda: (data / "worker.log").exists() and "ready." in (data / "worker.log").read_text(),
+            90,
+            "the local worker to be ready",
+        )
         redis_pid = int((data / "redis.pid").read_text())
-        worker_pids = [int(p) for p in subprocess.run(["pgrep", "-f", "-P", str(proc.pid), "slidedp_web.worker"],
-                                                        capture_output=True, text=True).stdout.split()]
+        worker_pids = [
+            int(p)
+            for p in subprocess.run(
+                ["pgrep", "-f", "-P", str(proc.pid), "slidedp_web.worker"], capture_output=True, text=True
+            ).stdout.split()
+        ]
         assert len(worker_pids) == 1
     finally:
         os.kill(proc.pid, signal.SIGKILL)  # no cleanup runs in the killed process itself
         proc.wait(10)
-    wait_for(lambda: not _alive(redis_pid) and not _alive(worker_pids[0]), 30,
-             "Redis and the worker to stop after their parent was killed")
+    wait_for(
+        lambda: not _alive(redis_pid) and not _alive(worker_pids[0]),
+        30,
+        "Redis and the worker to stop after their parent was killed",
+    )

@@ -16,8 +16,22 @@ import pytest
 from backend_support import read_sse, tiny_job, wait_for, wait_status
 from conftest import make_settings
 
-METRIC_KEYS = {"step", "loss", "lr", "grad_norm", "clipped", "step_time_s", "tokens_per_s", "tflops", "mfu",
-               "hbm_peak_gib", "host_rss_gib", "data_time_s", "phases", "predicted"}
+METRIC_KEYS = {
+    "step",
+    "loss",
+    "lr",
+    "grad_norm",
+    "clipped",
+    "step_time_s",
+    "tokens_per_s",
+    "tflops",
+    "mfu",
+    "hbm_peak_gib",
+    "host_rss_gib",
+    "data_time_s",
+    "phases",
+    "predicted",
+}
 
 
 @pytest.fixture(scope="module")
@@ -59,7 +73,10 @@ def test_submitted_job_runs_and_streams_metrics_until_completed(client, worker, 
     metrics = client.get(f"/api/jobs/{job['id']}/metrics").json()["items"]
     assert [m["step"] for m in metrics] == [1, 2, 3, 4]
     assert metrics == [e["data"] for e in events if e["event"] == "metrics"]
-    assert [m["step"] for m in client.get(f"/api/jobs/{job['id']}/metrics?after_step=2").json()["items"]] == [3, 4]
+    assert [m["step"] for m in client.get(f"/api/jobs/{job['id']}/metrics?after_step=2").json()["items"]] == [
+        3,
+        4,
+    ]
     assert client.get(f"/api/jobs/{job['id']}/logs").json()["items"] == logs
     assert client.get(f"/api/jobs/{job['id']}/logs?after_seq=2").json()["items"] == logs[2:]
 
@@ -113,8 +130,12 @@ def test_cancel_stops_a_running_job_at_a_step_boundary_and_a_queued_one_at_once(
     resp = client.post(f"/api/jobs/{long_job['id']}/cancel", json={"save": False})
     assert resp.status_code == 200 and resp.json()["status"] == "running"
 
-    rest = read_sse(client, f"/api/jobs/{long_job['id']}/events", headers={"Last-Event-ID": str(first[-1]["id"])},
-                    timeout=60)
+    rest = read_sse(
+        client,
+        f"/api/jobs/{long_job['id']}/events",
+        headers={"Last-Event-ID": str(first[-1]["id"])},
+        timeout=60,
+    )
     assert statuses(first + rest) == ["queued", "running", "cancelled"]
     done = client.get(f"/api/jobs/{long_job['id']}").json()
     assert 1 <= done["step"] < 100_000 and done["step"] == metric_steps(first + rest)[-1]
@@ -143,15 +164,19 @@ def test_cancel_with_save_then_resume_continues_from_the_checkpoint(client, work
     resumed = client.post(f"/api/jobs/{job['id']}/resume")
     assert resumed.status_code == 200 and resumed.json()["status"] == "queued"
     seen = first[-1]["id"] if not rest else rest[-1]["id"]
-    after = read_sse(client, f"/api/jobs/{job['id']}/events", headers={"Last-Event-ID": str(seen)}, timeout=240)
+    after = read_sse(
+        client, f"/api/jobs/{job['id']}/events", headers={"Last-Event-ID": str(seen)}, timeout=240
+    )
     assert statuses(after) == ["queued", "running", "completed"]
     assert metric_steps(after) == list(range(saved + 1, steps + 1))  # continues, does not start over
     done = client.get(f"/api/jobs/{job['id']}").json()
     assert (done["status"], done["step"]) == ("completed", steps)
     all_steps = [m["step"] for m in client.get(f"/api/jobs/{job['id']}/metrics").json()["items"]]
     assert all_steps == list(range(1, steps + 1))
-    assert any("resuming from the newest checkpoint" in line["line"]
-               for line in client.get(f"/api/jobs/{job['id']}/logs").json()["items"])
+    assert any(
+        "resuming from the newest checkpoint" in line["line"]
+        for line in client.get(f"/api/jobs/{job['id']}/logs").json()["items"]
+    )
     assert client.post(f"/api/jobs/{job['id']}/resume").status_code == 409  # completed jobs are final
 
 
@@ -175,8 +200,13 @@ def test_plan_preview_uses_the_calibration_the_host_reported(client, worker, set
     spec = module_dir / "calib-job.json"
     spec.write_text(json.dumps({k: v for k, v in job.items() if k != "host"}))
     env = {**os.environ, "SLIDEDP_CACHE_DIR": str(settings.calibration_path)}
-    done = subprocess.run([sys.executable, "-m", "slidedp.planning.calibration", str(spec), "--quick"], env=env,
-                          capture_output=True, text=True, timeout=180)
+    done = subprocess.run(
+        [sys.executable, "-m", "slidedp.planning.calibration", str(spec), "--quick"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
     assert done.returncode == 0, done.stderr[-2000:]
 
     def reported():
@@ -203,8 +233,20 @@ def test_example_script_submits_a_job_and_follows_it_to_the_end(api, worker, dat
     spec = module_dir / "example-job.json"
     spec.write_text(json.dumps(tiny_job(dataset, steps=3)))
     root = Path(__file__).resolve().parents[2]
-    out = subprocess.run([sys.executable, str(root / "examples" / "submit_job.py"), str(spec), "--url", api.url,
-                          "--name", "from-a-script"], capture_output=True, text=True, timeout=180)
+    out = subprocess.run(
+        [
+            sys.executable,
+            str(root / "examples" / "submit_job.py"),
+            str(spec),
+            "--url",
+            api.url,
+            "--name",
+            "from-a-script",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
     assert out.returncode == 0, out.stdout + out.stderr
     lines = out.stdout.splitlines()
     assert [line.split()[1] for line in lines if line.startswith("step")] == ["1/3", "2/3", "3/3"]
@@ -213,6 +255,10 @@ def test_example_script_submits_a_job_and_follows_it_to_the_end(api, worker, dat
 
     bad = module_dir / "bad-job.json"
     bad.write_text(json.dumps(tiny_job(dataset, micro_batch_size=0)))
-    out = subprocess.run([sys.executable, str(root / "examples" / "submit_job.py"), str(bad), "--url", api.url],
-                         capture_output=True, text=True, timeout=60)
+    out = subprocess.run(
+        [sys.executable, str(root / "examples" / "submit_job.py"), str(bad), "--url", api.url],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert out.returncode == 1 and "micro_batch_size: must be greater than 0" in out.stderr

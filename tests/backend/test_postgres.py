@@ -39,8 +39,9 @@ def pg_schema():
 
 @pytest.fixture(scope="module")
 def settings(module_dir, redis_server, pg_schema):
-    return make_settings(module_dir / "data", redis_server.url,
-                         database_url=f"{PG}?options=-csearch_path%3D{pg_schema}")
+    return make_settings(
+        module_dir / "data", redis_server.url, database_url=f"{PG}?options=-csearch_path%3D{pg_schema}"
+    )
 
 
 def test_migrations_create_the_tables_in_the_schema(api, settings, pg_schema):
@@ -50,8 +51,15 @@ def test_migrations_create_the_tables_in_the_schema(api, settings, pg_schema):
         assert conn.execute(sa.text("SELECT current_schema()")).scalar() == pg_schema
         tables = set(sa.inspect(conn).get_table_names(schema=pg_schema))
         version = conn.execute(sa.text("SELECT version_num FROM alembic_version")).scalar()
-    assert {"jobs", "job_status_history", "job_metrics", "job_logs", "job_events", "hosts",
-            "alembic_version"} <= tables
+    assert {
+        "jobs",
+        "job_status_history",
+        "job_metrics",
+        "job_logs",
+        "job_events",
+        "hosts",
+        "alembic_version",
+    } <= tables
     assert version == "0001"
 
 
@@ -95,8 +103,11 @@ def test_a_job_runs_to_completion_on_postgres(client, settings, module_dir, data
     try:
         job = client.post("/api/jobs", json=tiny_job(dataset, steps=3)).json()
         events = read_sse(client, f"/api/jobs/{job['id']}/events", timeout=180)
-        assert [e["data"]["status"] for e in events if e["event"] == "status"] == ["queued", "running",
-                                                                                    "completed"]
+        assert [e["data"]["status"] for e in events if e["event"] == "status"] == [
+            "queued",
+            "running",
+            "completed",
+        ]
         assert [m["step"] for m in client.get(f"/api/jobs/{job['id']}/metrics").json()["items"]] == [1, 2, 3]
     finally:
         worker.stop()

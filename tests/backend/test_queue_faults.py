@@ -18,23 +18,32 @@ VISIBILITY_TIMEOUT_S = 2.0
 
 @pytest.fixture(scope="module")
 def settings(module_dir, redis_server):
-    return make_settings(module_dir / "data", redis_server.url, broker_visibility_timeout_s=VISIBILITY_TIMEOUT_S)
+    return make_settings(
+        module_dir / "data", redis_server.url, broker_visibility_timeout_s=VISIBILITY_TIMEOUT_S
+    )
 
 
 def statuses(events):
     return [e["data"]["status"] for e in events if e["event"] == "status"]
 
 
-def test_job_longer_than_the_visibility_timeout_runs_exactly_once(client, settings, module_dir, dataset,
-                                                                   redis_server):
+def test_job_longer_than_the_visibility_timeout_runs_exactly_once(
+    client, settings, module_dir, dataset, redis_server
+):
     # A second worker on another queue of the same Redis scans for expired unacknowledged messages every
     # second: were the running job's message still unacknowledged, it would put it back on its queue.
-    other = WorkerProcess(make_settings(module_dir / "data", redis_server.url,
-                                        broker_visibility_timeout_s=VISIBILITY_TIMEOUT_S),
-                          module_dir / "other-worker.log", name="other-host").start()
+    other = WorkerProcess(
+        make_settings(
+            module_dir / "data", redis_server.url, broker_visibility_timeout_s=VISIBILITY_TIMEOUT_S
+        ),
+        module_dir / "other-worker.log",
+        name="other-host",
+    ).start()
     main = WorkerProcess(settings, module_dir / "worker-vt.log").start()
     try:
-        job = client.post("/api/jobs", json={**tiny_job(dataset, steps=250), "host": settings.host_name}).json()
+        job = client.post(
+            "/api/jobs", json={**tiny_job(dataset, steps=250), "host": settings.host_name}
+        ).json()
         wait_status(client, job["id"], ("running",))
         started = time.monotonic()
         r = redis_server.client()
@@ -57,10 +66,15 @@ def test_job_longer_than_the_visibility_timeout_runs_exactly_once(client, settin
 
 def test_killed_worker_leaves_the_job_interrupted_and_it_resumes(client, settings, module_dir, dataset):
     worker = WorkerProcess(settings, module_dir / "worker-kill.log").start()
-    job = client.post("/api/jobs", json={**tiny_job(dataset, steps=400, checkpoint={"interval": 20}),
-                                           "host": settings.host_name}).json()
-    read_sse(client, f"/api/jobs/{job['id']}/events",
-             stop=lambda ev: any(e["event"] == "metrics" and e["data"]["step"] >= 25 for e in ev))
+    job = client.post(
+        "/api/jobs",
+        json={**tiny_job(dataset, steps=400, checkpoint={"interval": 20}), "host": settings.host_name},
+    ).json()
+    read_sse(
+        client,
+        f"/api/jobs/{job['id']}/events",
+        stop=lambda ev: any(e["event"] == "metrics" and e["data"]["step"] >= 25 for e in ev),
+    )
     os.kill(worker.proc.pid, signal.SIGKILL)  # the worker dies; nothing reports for the job any more
     interrupted = wait_status(client, job["id"], ("interrupted",), timeout=settings.heartbeat_timeout_s + 30)
     assert "stopped reporting" in interrupted["error"]["message"]
@@ -79,8 +93,11 @@ def test_killed_worker_leaves_the_job_interrupted_and_it_resumes(client, setting
         done = wait_status(client, job["id"], ("completed", "failed"), timeout=240)
         assert done["status"] == "completed", done
         assert done["step"] == 400
-        runs = [line["line"] for line in client.get(f"/api/jobs/{job['id']}/logs").json()["items"]
-                if "resuming from the newest checkpoint" in line["line"]]
+        runs = [
+            line["line"]
+            for line in client.get(f"/api/jobs/{job['id']}/logs").json()["items"]
+            if "resuming from the newest checkpoint" in line["line"]
+        ]
         assert len(runs) == 1
         first_resumed = client.get(f"/api/jobs/{job['id']}/metrics?after_step=0").json()["items"]
         assert [m["step"] for m in first_resumed] == list(range(1, 401))
@@ -92,8 +109,9 @@ def test_killed_worker_leaves_the_job_interrupted_and_it_resumes(client, setting
 def test_worker_shutdown_saves_a_checkpoint_and_the_job_resumes(client, settings, module_dir, dataset):
     worker = WorkerProcess(settings, module_dir / "worker-term.log").start()
     job = client.post("/api/jobs", json={**tiny_job(dataset, steps=400), "host": settings.host_name}).json()
-    read_sse(client, f"/api/jobs/{job['id']}/events",
-             stop=lambda ev: any(e["event"] == "metrics" for e in ev))
+    read_sse(
+        client, f"/api/jobs/{job['id']}/events", stop=lambda ev: any(e["event"] == "metrics" for e in ev)
+    )
     worker.stop(signal.SIGTERM, timeout=60)
     assert worker.proc.returncode == 0, worker.log()[-3000:]
     stopped = client.get(f"/api/jobs/{job['id']}").json()

@@ -52,8 +52,12 @@ def test_redis_outage_refuses_writes_keeps_reads_and_requeues_lost_jobs(client, 
     assert client.get(f"/api/jobs/{job['id']}").json()["status"] == "queued"
     assert client.get(f"/api/jobs/{job['id']}/metrics").status_code == 200
     assert client.get(f"/api/jobs/{job['id']}/logs").status_code == 200
-    assert client.get("/api/health").json() == {"status": "degraded", "database": True, "redis": False,
-                                                "workers": 0}
+    assert client.get("/api/health").json() == {
+        "status": "degraded",
+        "database": True,
+        "redis": False,
+        "workers": 0,
+    }
 
     own_redis.start()  # back, and empty: the queue message is gone
     wait_for(lambda: queued_messages(own_redis, settings.queue), 20, "the queued job to be sent again")

@@ -38,7 +38,9 @@ def require_token(request: Request, settings: SettingsDep) -> None:
     if not expected:
         return
     header = request.headers.get("authorization", "")
-    given = header[7:].strip() if header[:7].lower() == "bearer " else request.query_params.get("access_token")
+    given = (
+        header[7:].strip() if header[:7].lower() == "bearer " else request.query_params.get("access_token")
+    )
     if not given or not secrets.compare_digest(given.encode(), expected.encode()):
         raise HTTPException(
             status_code=401,

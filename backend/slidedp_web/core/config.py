@@ -34,20 +34,26 @@ class Settings(BaseSettings):
         validation_alias=AliasChoices("REDIS_URL", "SLIDEDP_REDIS_URL", "redis_url"),
         description="Broker of the job queue and carrier of live events (redis:// or unix:///path.sock).",
     )
-    api_token: Optional[str] = Field(None, description="When set, /api requires 'Authorization: Bearer <token>'.")
+    api_token: Optional[str] = Field(
+        None, description="When set, /api requires 'Authorization: Bearer <token>'."
+    )
     host: str = Field("127.0.0.1", description="Address the API binds; loopback unless told otherwise.")
     port: int = Field(8000, description="Port the API binds.")
     host_name: str = Field(
         default_factory=socket.gethostname, description="Name this machine reports as a worker host."
     )
-    worker_queue: Optional[str] = Field(None, description="Queue of this host's worker (default slidedp-<host>).")
+    worker_queue: Optional[str] = Field(
+        None, description="Queue of this host's worker (default slidedp-<host>)."
+    )
     frontend_dir: Optional[Path] = Field(None, description="Built UI to serve at / (default frontend/dist).")
     calibration_dir: Optional[Path] = Field(
         None,
         description="Where slidedp caches this host's calibrations, which the worker reports "
         "(default: SLIDEDP_CACHE_DIR, else ~/.cache/slidedp/calibration, as the runtime).",
     )
-    host_ram_gib: Optional[float] = Field(None, description="Host RAM to report instead of the detected figure.")
+    host_ram_gib: Optional[float] = Field(
+        None, description="Host RAM to report instead of the detected figure."
+    )
 
     # Limits
     max_queued_jobs: int = Field(100, description="Job creation answers 429 beyond this many queued jobs.")
@@ -59,9 +65,12 @@ class Settings(BaseSettings):
     heartbeat_timeout_s: float = Field(
         60.0, description="A running job whose heartbeat is older than this is marked interrupted."
     )
-    host_report_s: float = Field(30.0, description="How often a worker reports its host (topology, last_seen).")
+    host_report_s: float = Field(
+        30.0, description="How often a worker reports its host (topology, last_seen)."
+    )
     cancel_grace_s: float = Field(
-        60.0, description="After a cancel, how long a job may take to reach a step boundary before it is killed."
+        60.0,
+        description="After a cancel, how long a job may take to reach a step boundary before it is killed.",
     )
     watchdog_s: float = Field(2.0, description="How often the API checks Redis and stale heartbeats.")
     broker_visibility_timeout_s: float = Field(
@@ -114,9 +123,19 @@ class Settings(BaseSettings):
             "SLIDEDP_WORKER_QUEUE": self.queue,
         }
         for name in (
-            "api_token", "frontend_dir", "calibration_dir", "host_ram_gib", "heartbeat_s", "heartbeat_timeout_s",
-            "host_report_s", "cancel_grace_s", "watchdog_s", "broker_visibility_timeout_s", "max_queued_jobs",
-            "max_page_size", "max_log_line_chars",
+            "api_token",
+            "frontend_dir",
+            "calibration_dir",
+            "host_ram_gib",
+            "heartbeat_s",
+            "heartbeat_timeout_s",
+            "host_report_s",
+            "cancel_grace_s",
+            "watchdog_s",
+            "broker_visibility_timeout_s",
+            "max_queued_jobs",
+            "max_page_size",
+            "max_log_line_chars",
         ):
             value = getattr(self, name)
             if value is not None:

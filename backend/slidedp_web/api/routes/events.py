@@ -37,18 +37,23 @@ POLL_S = 3.0  # re-read the database this often even without a wake-up
 def _fetch(settings: Settings, job_id: int, after: int) -> tuple[list[Event], Optional[Job]]:
     with read_session(settings) as session:
         job = session.get(Job, job_id)
-        rows = session.exec(select(Event).where(Event.job_id == job_id, Event.seq > after)
-                            .order_by(Event.seq).limit(BATCH)).all()
+        rows = session.exec(
+            select(Event).where(Event.job_id == job_id, Event.seq > after).order_by(Event.seq).limit(BATCH)
+        ).all()
         return list(rows), job
 
 
 @router.get(
     "/{job_id}/events",
     response_class=EventSourceResponse,
-    responses={200: {"content": {"text/event-stream": {}},
-                     "description": "events `metrics`, `status`, `log`; ids are the job's event sequence"},
-               204: {"description": "The job has ended and the client has every event (EventSource stops)"},
-               503: {"description": "Redis is unreachable"}},
+    responses={
+        200: {
+            "content": {"text/event-stream": {}},
+            "description": "events `metrics`, `status`, `log`; ids are the job's event sequence",
+        },
+        204: {"description": "The job has ended and the client has every event (EventSource stops)"},
+        503: {"description": "Redis is unreachable"},
+    },
 )
 async def job_events(
     job_id: int,
@@ -67,8 +72,9 @@ async def job_events(
         # Nothing more will come: 204 is how SSE tells a browser's EventSource to stop reconnecting.
         return Response(status_code=204)
     live.require(settings, "the live event stream")
-    return EventSourceResponse(_stream(request, settings, job_id, after), ping=15,
-                               headers={"X-Accel-Buffering": "no"})
+    return EventSourceResponse(
+        _stream(request, settings, job_id, after), ping=15, headers={"X-Accel-Buffering": "no"}
+    )
 
 
 async def _stream(request: Request, settings: Settings, job_id: int, after: int) -> AsyncIterator[Any]:
@@ -84,8 +90,9 @@ async def _stream(request: Request, settings: Settings, job_id: int, after: int)
             rows, job = await anyio.to_thread.run_sync(_fetch, settings, job_id, last)
             for row in rows:
                 last = row.seq
-                yield ServerSentEvent(data=json.dumps(row.data, separators=(",", ":")), event=row.kind,
-                                      id=str(row.seq))
+                yield ServerSentEvent(
+                    data=json.dumps(row.data, separators=(",", ":")), event=row.kind, id=str(row.seq)
+                )
             if job is None:
                 return  # deleted
             if len(rows) == BATCH:

@@ -19,8 +19,12 @@ def _check(settings) -> Health:
     if database:
         with read_session(settings) as session:
             workers = len(online_hosts(session, settings))
-    return Health(status="ok" if database and redis_ok else "degraded", database=database, redis=redis_ok,
-                  workers=workers)
+    return Health(
+        status="ok" if database and redis_ok else "degraded",
+        database=database,
+        redis=redis_ok,
+        workers=workers,
+    )
 
 
 @router.get("", response_model=Health)

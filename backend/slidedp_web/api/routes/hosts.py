@@ -14,8 +14,16 @@ router = APIRouter(prefix="/hosts", tags=["hosts"])
 def list_hosts(session: SessionDep, settings: SettingsDep) -> HostList:
     """Worker hosts with the topology and calibration they reported, and whether they are online."""
     hosts = session.exec(select(Host).order_by(Host.name)).all()
-    return HostList(items=[
-        HostPublic(name=h.name, queue=h.queue, topology=h.topology or {}, calibration=h.calibration,
-                   last_seen=iso(h.last_seen), online=is_online(settings, h))
-        for h in hosts
-    ])
+    return HostList(
+        items=[
+            HostPublic(
+                name=h.name,
+                queue=h.queue,
+                topology=h.topology or {},
+                calibration=h.calibration,
+                last_seen=iso(h.last_seen),
+                online=is_online(settings, h),
+            )
+            for h in hosts
+        ]
+    )

@@ -32,8 +32,13 @@ ROWS_MAX = 10_000
 
 
 @router.get("", response_model=JobList)
-def list_jobs(session: SessionDep, settings: SettingsDep, status: Optional[JobStatus] = None,
-              limit: int = Query(50, ge=1), offset: int = Query(0, ge=0)) -> JobList:
+def list_jobs(
+    session: SessionDep,
+    settings: SettingsDep,
+    status: Optional[JobStatus] = None,
+    limit: int = Query(50, ge=1),
+    offset: int = Query(0, ge=0),
+) -> JobList:
     """Jobs, newest first, optionally with one status."""
     limit = min(limit, settings.max_page_size)
     query, count = select(Job), select(func.count()).select_from(Job)
@@ -43,10 +48,16 @@ def list_jobs(session: SessionDep, settings: SettingsDep, status: Optional[JobSt
     return JobList(items=[jobs.public(j) for j in rows], total=session.exec(count).one())
 
 
-@router.post("", status_code=201, response_model=JobPublic,
-             openapi_extra=request_body_openapi("Job config keys at the top level, plus optional `name`, `host`."),
-             responses={422: {"description": "A bad field, named by its config key path"},
-                        503: {"description": "Redis is unreachable; nothing was created"}})
+@router.post(
+    "",
+    status_code=201,
+    response_model=JobPublic,
+    openapi_extra=request_body_openapi("Job config keys at the top level, plus optional `name`, `host`."),
+    responses={
+        422: {"description": "A bad field, named by its config key path"},
+        503: {"description": "Redis is unreachable; nothing was created"},
+    },
+)
 def create_job(session: SessionDep, settings: SettingsDep, body: Any = Body(...)) -> JobPublic:
     """Validate a job (config schema, model, dataset, host RAM of the target host), plan it and enqueue it."""
     return jobs.public(jobs.create(settings, session, body))
@@ -78,22 +89,32 @@ def delete_job(job_id: int, settings: SettingsDep) -> Response:
 
 
 @router.get("/{job_id}/metrics", response_model=MetricsList)
-def job_metrics(job_id: int, session: SessionDep, after_step: int = Query(0, ge=0),
-                limit: int = Query(ROWS_MAX, ge=1)) -> MetricsList:
+def job_metrics(
+    job_id: int, session: SessionDep, after_step: int = Query(0, ge=0), limit: int = Query(ROWS_MAX, ge=1)
+) -> MetricsList:
     """Per-step metrics records (docs/interfaces.md §3) with step > after_step, in step order."""
     jobs.get_or_404(session, job_id)
-    rows = session.exec(select(Metric.data).where(Metric.job_id == job_id, Metric.step > after_step)
-                        .order_by(Metric.step).limit(min(limit, ROWS_MAX))).all()
+    rows = session.exec(
+        select(Metric.data)
+        .where(Metric.job_id == job_id, Metric.step > after_step)
+        .order_by(Metric.step)
+        .limit(min(limit, ROWS_MAX))
+    ).all()
     return MetricsList(items=list(rows))
 
 
 @router.get("/{job_id}/logs", response_model=LogList)
-def job_logs(job_id: int, session: SessionDep, after_seq: int = Query(0, ge=0),
-             limit: int = Query(ROWS_MAX, ge=1)) -> LogList:
+def job_logs(
+    job_id: int, session: SessionDep, after_seq: int = Query(0, ge=0), limit: int = Query(ROWS_MAX, ge=1)
+) -> LogList:
     """Log lines with seq > after_seq, in order."""
     jobs.get_or_404(session, job_id)
-    rows = session.exec(select(LogLine).where(LogLine.job_id == job_id, LogLine.seq > after_seq)
-                        .order_by(LogLine.seq).limit(min(limit, ROWS_MAX))).all()
+    rows = session.exec(
+        select(LogLine)
+        .where(LogLine.job_id == job_id, LogLine.seq > after_seq)
+        .order_by(LogLine.seq)
+        .limit(min(limit, ROWS_MAX))
+    ).all()
     return LogList(items=[LogItem(seq=r.seq, ts=iso(r.ts), line=r.line) for r in rows])
 
 
@@ -103,18 +124,27 @@ async def job_checkpoints(job_id: int, session: SessionDep) -> CheckpointList:
     return CheckpointList(items=await run_in_threadpool(jobs.list_checkpoints, job.output_dir))
 
 
-@router.get("/{job_id}/export", response_class=StreamingResponse,
-            responses={200: {"content": {"application/gzip": {}}, "description": "final/ as .tar.gz"},
-                       404: {"description": "No final/ directory (yet)"}})
+@router.get(
+    "/{job_id}/export",
+    response_class=StreamingResponse,
+    responses={
+        200: {"content": {"application/gzip": {}}, "description": "final/ as .tar.gz"},
+        404: {"description": "No final/ directory (yet)"},
+    },
+)
 def export_job(job_id: int, session: SessionDep) -> StreamingResponse:
     """The exported Hugging Face directory (output_dir/final) as a .tar.gz download."""
     job = jobs.get_or_404(session, job_id)
     final = Path(job.output_dir) / "final"
     if not final.is_dir():
-        raise HTTPException(404, f"job {job_id} has no export yet ({final} does not exist); it is written when "
-                                 "the job completes with export: true")
+        raise HTTPException(
+            404,
+            f"job {job_id} has no export yet ({final} does not exist); it is written when "
+            "the job completes with export: true",
+        )
     name = f"slidedp-job-{job_id}"
-    return StreamingResponse(stream_tar_gz(final, name), media_type="application/gzip",
-                             headers={"Content-Disposition": f'attachment; filename="{name}.tar.gz"'})
-
-
+    return StreamingResponse(
+        stream_tar_gz(final, name),
+        media_type="application/gzip",
+        headers={"Content-Disposition": f'attachment; filename="{name}.tar.gz"'},
+    )

@@ -13,7 +13,9 @@ from slidedp_web.job_schema import request_body_openapi, run_job_checks, split_b
 router = APIRouter(prefix="/plan", tags=["plan"])
 
 
-@router.post("", openapi_extra=request_body_openapi("A job config (as for POST /api/jobs), optionally `host`."))
+@router.post(
+    "", openapi_extra=request_body_openapi("A job config (as for POST /api/jobs), optionally `host`.")
+)
 def plan(session: SessionDep, settings: SettingsDep, body: Any = Body(...)) -> dict[str, Any]:
     """The AutoPolicy dry run for a job on a host, from the host's reported topology and calibration.
 
@@ -33,6 +35,7 @@ def plan(session: SessionDep, settings: SettingsDep, body: Any = Body(...)) -> d
     try:
         result = planning.plan_preview(cfg, host, settings)
     except (ValueError, KeyError) as exc:
-        raise RequestValidationError([{"loc": ["body"], "msg": f"cannot plan this job: {exc}",
-                                       "type": "value_error"}]) from exc
+        raise RequestValidationError(
+            [{"loc": ["body"], "msg": f"cannot plan this job: {exc}", "type": "value_error"}]
+        ) from exc
     return {**result, "validation": findings}
