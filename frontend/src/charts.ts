@@ -138,6 +138,14 @@ export class LiveChart {
       this.plot.setData(data);
     }
     this.el.dataset.drawn = String(xs.length);
+    // The canvas says nothing to a screen reader: the plot's label carries the newest values.
+    const last = records[records.length - 1];
+    const values = layout.lines.map((l) => {
+      const v = l.get(last);
+      return `${l.label} ${typeof v === "number" ? num(v, 4) : l.missingAs && isNonFinite(last, "loss") ? l.missingAs : "–"}`;
+    });
+    this.plotEl.setAttribute("role", "img");
+    this.plotEl.setAttribute("aria-label", `${this.spec.title}, ${records.length} steps; step ${last.step}: ${values.join(", ")}`);
   }
 
   private options(layout: Layout): uPlot.Options {
