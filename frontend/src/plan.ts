@@ -175,9 +175,9 @@ function memoryOf(o: Obj): Obj | null {
 function predictionOf(o: Obj): Obj | null {
   if (!isObj(o.predicted)) return null;
   const p = o.predicted as Obj;
-  const out = present({ step_time_s: p.step_time_s, tokens_per_s: p.tokens_per_s, phases_s: p.phases, exposed_s: p.exposed });
+  const out = present({ step_time_s: p.step_time_s, tokens_per_s: p.tokens_per_s, phases_s: p.phases, exposed_s: p.exposed, busy_s: p.busy });
   for (const [k, v] of Object.entries(p)) {
-    if (!["step_time_s", "tokens_per_s", "phases", "exposed", "hbm_peak_gib", "host_ram_gib", "hbm_parts_gib", "host_parts_gib"].includes(k) && !isEmpty(v)) out[k] = v;
+    if (!["step_time_s", "tokens_per_s", "phases", "exposed", "busy", "hbm_peak_gib", "host_ram_gib", "hbm_parts_gib", "host_parts_gib"].includes(k) && !isEmpty(v)) out[k] = v;
   }
   return Object.keys(out).length ? out : null;
 }

@@ -65,8 +65,15 @@ describe("readHost", () => {
     const record = { transfers: { chunk_mib: [64, 512], h2d_GBps: [50.1, 54.7], d2h_GBps: [55.25, 55.0] }, unit: { params: 1 } };
     for (const cal of [record, { "qwen3-8b_bs8_nvlink": record }, { dir: "/cache", entries: [record] }]) {
       const v = readHost(h200x2, cal);
-      expect(v.gpus.map((g) => [g.h2dGBs, g.d2hGBs])).toEqual([[54.7, 55.25], [54.7, 55.25]]);
+      // h2d_GBps is GPU 0 alone: GPU 1 gets no figure rather than a borrowed one.
+      expect(v.gpus.map((g) => [g.h2dGBs, g.d2hGBs])).toEqual([[54.7, 55.25], [null, null]]);
       expect(v.links[0].bandwidthGBs).toBeNull();
     }
+  });
+
+  it("takes each GPU's own measured rate from transfers.per_gpu", () => {
+    const record = { transfers: { h2d_GBps: [54.7], d2h_GBps: [55.3], per_gpu: [{ gpu: 0, h2d_GBps: 54.7, d2h_GBps: 55.3 }, { gpu: 1, h2d_GBps: 53.9, d2h_GBps: 55.0 }] } };
+    const v = readHost(h200x2, { dir: "/cache", entries: [record] });
+    expect(v.gpus.map((g) => [g.h2dGBs, g.d2hGBs])).toEqual([[54.7, 55.3], [53.9, 55.0]]);
   });
 });

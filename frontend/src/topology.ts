@@ -117,13 +117,23 @@ export function calibrationRecords(cal: unknown): Obj[] {
   return Object.values(cal).filter((r): r is Obj => isObj(r) && (isObj(r.transfers) || isObj(r.unit) || isObj(r.cpu)));
 }
 
-/** The host<->GPU copy rate a calibration measured (one GPU alone, best chunk size), in GB/s. */
-function measuredCopy(cal: unknown, dir: "h2d" | "d2h"): number | null {
+/** The host<->GPU copy rate a calibration measured for one GPU alone, in GB/s (best over records and chunk
+ *  sizes). `transfers.per_gpu` has every GPU; the older `h2d_GBps` list is GPU 0's alone, so it says nothing
+ *  about the other GPUs. */
+function measuredCopy(cal: unknown, dir: "h2d" | "d2h", gpu: number): number | null {
   let best: number | null = null;
+  const take = (x: unknown) => {
+    if (isNum(x) && (best === null || x > best)) best = x;
+  };
   for (const r of calibrationRecords(cal)) {
+    const per = pick(r, "transfers.per_gpu");
+    if (Array.isArray(per)) {
+      for (const e of per) if (isObj(e) && (e.gpu ?? -1) === gpu) take(e[`${dir}_GBps`] ?? e[`${dir}_gbps`]);
+      continue;
+    }
+    if (gpu !== 0) continue;
     const v = pick(r, `transfers.${dir}_GBps`, `transfers.${dir}_gbps`);
-    const vals = Array.isArray(v) ? v : [v];
-    for (const x of vals) if (isNum(x) && (best === null || x > best)) best = x;
+    for (const x of Array.isArray(v) ? v : [v]) take(x);
   }
   return best;
 }
@@ -149,8 +159,8 @@ export function readHost(topology: unknown, calibration: unknown): HostView {
           hbmGiB: gibOf(g, ["hbm", "memory", "total_memory", "mem"]),
           pcie,
           numa: numOf(pick(g, "numa_node", "numa")),
-          h2dGBs: numOf(pick(g, "h2d_gbps")) ?? perGpu(calibration, ["h2d_gbps", "h2d.gbps", "h2d_bandwidth_gbps"], index) ?? measuredCopy(calibration, "h2d"),
-          d2hGBs: numOf(pick(g, "d2h_gbps")) ?? perGpu(calibration, ["d2h_gbps", "d2h.gbps", "d2h_bandwidth_gbps"], index) ?? measuredCopy(calibration, "d2h"),
+          h2dGBs: numOf(pick(g, "h2d_gbps")) ?? perGpu(calibration, ["h2d_gbps", "h2d.gbps", "h2d_bandwidth_gbps"], index) ?? measuredCopy(calibration, "h2d", index),
+          d2hGBs: numOf(pick(g, "d2h_gbps")) ?? perGpu(calibration, ["d2h_gbps", "d2h.gbps", "d2h_bandwidth_gbps"], index) ?? measuredCopy(calibration, "d2h", index),
         };
       })
     : [];
