@@ -82,6 +82,14 @@ def start_workbench(data: Path, env_extra: dict[str, str] | None = None) -> Iter
                         + (data / "serve.log").read_text(errors="replace")[-4000:])
         yield url
     finally:
+        # Its worker and Redis run in their own sessions: note them now, so none outlives the test even if the
+        # server's own shutdown misses one (a leaked worker would keep a core busy for the rest of the suite).
+        import psutil
+
+        try:
+            family = psutil.Process(proc.pid).children(recursive=True)
+        except psutil.Error:
+            family = []
         # SIGTERM lets it stop its worker and its Redis.
         proc.send_signal(signal.SIGTERM)
         try:
@@ -89,4 +97,11 @@ def start_workbench(data: Path, env_extra: dict[str, str] | None = None) -> Iter
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+        for child in family:
+            with contextlib.suppress(psutil.Error):
+                child.terminate()
+        _, alive = psutil.wait_procs(family, timeout=20)
+        for child in alive:
+            with contextlib.suppress(psutil.Error):
+                child.kill()
         log.close()
