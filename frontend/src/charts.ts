@@ -288,7 +288,7 @@ export const stepTimeChart: ChartSpec = {
       lines,
       stacked: phases.length,
       axes: [{ scale: "y", label: "seconds", side: 3 }],
-      note: () => (hasPredicted ? null : "No prediction for this job (no plan was made)."),
+      note: () => (hasPredicted ? null : "No predicted step time for this job (its plan had no measured figures to time it with)."),
     };
   },
 };
