@@ -272,6 +272,11 @@ def train(config: dict | JobConfig, on_step: Callable[[dict], None] | None = Non
     layout = host_layout(cfg, [u.numel for u in adapter.units], policy)
     ckpt_root = os.path.join(cfg.output_dir, "checkpoints")
     metrics_path = os.path.join(cfg.output_dir, "metrics.jsonl")
+    if cfg.checkpoint.interval:  # refuse now rather than after hours of training, at the first checkpoint
+        try:
+            ckpt.check_free_disk(cfg.output_dir, layout.total)
+        except OSError as exc:
+            raise ConfigError([{"loc": "checkpoint.interval", "msg": str(exc)}]) from None
     resume_from = ckpt.latest(ckpt_root) if cfg.resume else None
     if resume_from is not None:  # a checkpoint of another model fails here, before anything is allocated
         meta = ckpt.check_resumable(resume_from, cfg, layout.unit_numels)

@@ -273,6 +273,16 @@ def test_free_disk_is_checked_before_writing(host_state, tmp_path, monkeypatch):
     assert os.listdir(root) == ["step-00000001"]
 
 
+def test_a_job_whose_checkpoint_cannot_fit_is_refused_before_it_starts(tmp_path, monkeypatch):
+    data = make_token_data(str(tmp_path / "d.jsonl"), rows=4, seq_len=SEQ)
+    usage = shutil.disk_usage(str(tmp_path))
+    monkeypatch.setattr(ckpt.shutil, "disk_usage", lambda path: usage._replace(free=100_000))
+    with pytest.raises(ConfigError) as err:
+        slidedp.train(_config(data, str(tmp_path / "out"), ranks=1))
+    assert err.value.errors[0]["loc"] == "checkpoint.interval"
+    assert "only 0.00 GiB free" in str(err.value) and "checkpoint.interval to 0" in str(err.value)
+
+
 def test_clear_removes_every_checkpoint_of_an_earlier_run(host_state, tmp_path):
     root, cfg = str(tmp_path / "ck"), _job(tmp_path)
     ckpt.save(root, 1, cfg, host_state, None, keep=2)
