@@ -53,6 +53,7 @@ def test_serve_starts_the_workbench_and_stops_everything(tmp_path):
 
     try:
         body = wait_for(health, 90, "slidedp serve to answer with its worker online")
+        wait_for(lambda: "ready." in (data / "worker.log").read_text(), 60, "the local worker to consume its queue")
         assert body == {"status": "ok", "database": True, "redis": True, "workers": 1}
         assert (data / "slidedp.db").is_file() and (data / "redis.sock").exists()
         redis_pid = int((data / "redis.pid").read_text())
@@ -71,8 +72,7 @@ def test_serve_starts_the_workbench_and_stops_everything(tmp_path):
     assert code == 0, (tmp_path / "serve.log").read_text()[-3000:]
     wait_for(lambda: not _alive(redis_pid), 10, "the private redis-server to stop")
     assert not (data / "redis.sock").exists()
-    worker_log = (data / "worker.log").read_text()
-    assert "ready." in worker_log
+    assert "Warm shutdown" in (data / "worker.log").read_text()
 
 
 def test_serve_uses_redis_url_and_database_url_when_set(tmp_path):
