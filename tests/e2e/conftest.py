@@ -21,7 +21,9 @@ from e2e_support import CHROMIUM, CHROMIUM_ARGS, DIST, ROOT
 def frontend_dist() -> Path:
     """frontend/dist, built from the committed lockfile when it is missing or older than the sources."""
     if shutil.which("npm") is None and not (DIST / "index.html").exists():
-        pytest.fail("frontend/dist is missing and npm is not installed: install Node.js 20+ and run make test")
+        pytest.fail(
+            "frontend/dist is missing and npm is not installed: install Node.js 20+ and run make test"
+        )
     subprocess.run([str(ROOT / "scripts" / "build_frontend.sh")], check=True, timeout=300)
     assert (DIST / "index.html").exists()
     return DIST
@@ -30,7 +32,9 @@ def frontend_dist() -> Path:
 @pytest.fixture(scope="session")
 def browser_context(tmp_path_factory):
     if not os.access(CHROMIUM, os.X_OK):
-        pytest.fail(f"no Chromium at {CHROMIUM}: run `SETUP_BROWSER=1 scripts/setup.sh` (apt-get install chromium)")
+        pytest.fail(
+            f"no Chromium at {CHROMIUM}: run `SETUP_BROWSER=1 scripts/setup.sh` (apt-get install chromium)"
+        )
     from playwright.sync_api import sync_playwright
 
     profile = tmp_path_factory.mktemp("chromium-profile")

@@ -63,7 +63,10 @@ def start_workbench(data: Path, env_extra: dict[str, str] | None = None) -> Iter
     log = open(data / "serve.log", "wb")  # noqa: SIM115 - closed below
     proc = subprocess.Popen(
         [sys.executable, "-m", "slidedp_web.embedded", "--host", "127.0.0.1", "--port", str(port)],
-        env=env, stdout=log, stderr=subprocess.STDOUT, cwd=str(data),
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        cwd=str(data),
     )
     url = f"http://127.0.0.1:{port}"
     try:
@@ -78,8 +81,10 @@ def start_workbench(data: Path, env_extra: dict[str, str] | None = None) -> Iter
                 pass
             time.sleep(0.5)
         if proc.poll() is not None or health.get("workers", 0) < 1:
-            pytest.fail(f"the embedded workbench did not come up (health {health}):\n"
-                        + (data / "serve.log").read_text(errors="replace")[-4000:])
+            pytest.fail(
+                f"the embedded workbench did not come up (health {health}):\n"
+                + (data / "serve.log").read_text(errors="replace")[-4000:]
+            )
         yield url
     finally:
         # Its worker and Redis run in their own sessions: note them now, so none outlives the test even if the

@@ -24,7 +24,11 @@ def test_token_prompt_then_live_job_page_with_the_token(page, workbench_with_tok
     url = workbench_with_token
     demo = next(p for p in get_json(url + "/api/presets", TOKEN)["items"] if p["id"] == "cpu-demo")["config"]
     body = json.dumps({**demo, "steps": 12, "name": "with token"}).encode()
-    req = urllib.request.Request(url + "/api/jobs", data=body, headers={"Content-Type": "application/json", "Authorization": f"Bearer {TOKEN}"})
+    req = urllib.request.Request(
+        url + "/api/jobs",
+        data=body,
+        headers={"Content-Type": "application/json", "Authorization": f"Bearer {TOKEN}"},
+    )
     with urllib.request.urlopen(req, timeout=30) as r:
         jid = json.loads(r.read())["id"]
 
@@ -36,7 +40,9 @@ def test_token_prompt_then_live_job_page_with_the_token(page, workbench_with_tok
     banner.wait_for(state="hidden")
     page.get_by_role("heading", name=f"Job #{jid} · with token").wait_for()
     page.locator('.title-row [data-status="completed"]').wait_for(timeout=200_000)
-    page.wait_for_function("() => document.querySelector('#chart-loss').dataset.points === '12'", timeout=20_000)
+    page.wait_for_function(
+        "() => document.querySelector('#chart-loss').dataset.points === '12'", timeout=20_000
+    )
     href = page.get_by_role("link", name="Download export").get_attribute("href")
     assert href == f"/api/jobs/{jid}/export?access_token={TOKEN}"
     # Before the token, the browser noted the refused health check; nothing else went wrong.

@@ -18,7 +18,16 @@ pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
 def static_server(frontend_dist):
     port = free_port()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "http.server", str(port), "--bind", "127.0.0.1", "--directory", str(frontend_dist)],
+        [
+            sys.executable,
+            "-m",
+            "http.server",
+            str(port),
+            "--bind",
+            "127.0.0.1",
+            "--directory",
+            str(frontend_dist),
+        ],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
@@ -49,7 +58,10 @@ def test_ui_without_api_says_unreachable_and_logs_no_errors(page, static_server)
     assert page.url.endswith("/jobs")
     page.get_by_text("The jobs appear here once the API answers.").wait_for()
     # Every page copes with the absent API.
-    for link, text in (("New job", "appears once the API answers"), ("Hosts", "The hosts appear here once the API answers.")):
+    for link, text in (
+        ("New job", "appears once the API answers"),
+        ("Hosts", "The hosts appear here once the API answers."),
+    ):
         page.get_by_role("navigation", name="Main").get_by_role("link", name=link, exact=True).click()
         page.get_by_text(text).wait_for()
     screenshot(page, "ui-without-api")

@@ -45,7 +45,9 @@ def test_plan_preview_and_field_error_at_the_field(page, workbench):
     preset.locator("option", has_text="CPU demo").wait_for(state="attached")
     assert preset.input_value() == "cpu-demo"
     # The preset filled the form; its labels are real labels.
-    assert page.get_by_label("Model (preset name or local directory)", exact=True).input_value() == "demo-qwen3"
+    assert (
+        page.get_by_label("Model (preset name or local directory)", exact=True).input_value() == "demo-qwen3"
+    )
     assert float(page.get_by_label("Learning rate", exact=True).input_value()) == pytest.approx(3e-3)
 
     # Every control of the form has a label, and Tab walks the form in reading order.
@@ -93,7 +95,9 @@ def test_plan_preview_and_field_error_at_the_field(page, workbench):
 
 def _get_plan(url: str, page) -> dict:
     body = page.evaluate("document.querySelector('.body-preview').textContent")
-    req = urllib.request.Request(url + "/api/plan", data=body.encode(), headers={"Content-Type": "application/json"})
+    req = urllib.request.Request(
+        url + "/api/plan", data=body.encode(), headers={"Content-Type": "application/json"}
+    )
     with urllib.request.urlopen(req, timeout=30) as r:
         return json.loads(r.read())
 
@@ -112,7 +116,10 @@ def test_demo_job_from_the_form_runs_live_to_completion(page, workbench):
     page.get_by_role("heading", name=f"Job #{job_id} · browser demo").wait_for()
 
     # The charts grow while the job runs.
-    page.wait_for_function("() => (window.__slidedpCharts || {}).loss && window.__slidedpCharts.loss.data[0].length >= 2", timeout=150_000)
+    page.wait_for_function(
+        "() => (window.__slidedpCharts || {}).loss && window.__slidedpCharts.loss.data[0].length >= 2",
+        timeout=150_000,
+    )
     first = _uplot_len(page, "loss")
     # Break the live stream mid-run, as a refused reconnect would: it reopens after the last event it saw.
     status = page.locator(".title-row [data-status]").get_attribute("data-status")
@@ -122,7 +129,9 @@ def test_demo_job_from_the_form_runs_live_to_completion(page, workbench):
     assert _uplot_len(page, "loss") > first >= 2
 
     page.locator('.title-row [data-status="completed"]').wait_for(timeout=240_000)
-    page.wait_for_function(f"() => document.querySelector('#chart-loss').dataset.points === '{DEMO_STEPS}'", timeout=20_000)
+    page.wait_for_function(
+        f"() => document.querySelector('#chart-loss').dataset.points === '{DEMO_STEPS}'", timeout=20_000
+    )
     for chart in ("step-time", "throughput", "memory", "loss"):
         assert _chart_points(page, chart) == DEMO_STEPS
         assert _uplot_len(page, chart) == DEMO_STEPS, chart
@@ -167,7 +176,9 @@ def test_diverged_loss_is_shown_as_nan_and_the_charts_keep_growing(page, workben
     page.wait_for_url(re.compile(r".*/jobs/\d+$"))
     job_id = int(page.url.rstrip("/").split("/")[-1])
     page.locator('.title-row [data-status="completed"]').wait_for(timeout=200_000)
-    page.wait_for_function(f"() => document.querySelector('#chart-loss').dataset.points === '{steps}'", timeout=20_000)
+    page.wait_for_function(
+        f"() => document.querySelector('#chart-loss').dataset.points === '{steps}'", timeout=20_000
+    )
 
     stored = _get(f"{workbench}/api/jobs/{job_id}/metrics?after_step=0&limit=100")["items"]
     bad = [r["step"] for r in stored if r.get("loss") is None or r["loss"] != r["loss"]]
@@ -199,7 +210,9 @@ def test_hosts_page_draws_the_worker_topology(page, workbench):
     assert f"{topo['cpu']['cores']} CPU cores" in text
     shown = re.search(r"([\d,.]+) GiB host RAM", text)
     assert shown, text
-    assert float(shown.group(1).replace(",", "")) == pytest.approx(topo["host_ram"]["limit_bytes"] / 2**30, rel=0.01)
+    assert float(shown.group(1).replace(",", "")) == pytest.approx(
+        topo["host_ram"]["limit_bytes"] / 2**30, rel=0.01
+    )
     if not topo["gpus"]:
         assert "No GPU reported" in text
     else:
@@ -208,7 +221,9 @@ def test_hosts_page_draws_the_worker_topology(page, workbench):
 
 
 def _post(url: str, body: dict) -> dict:
-    req = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+    req = urllib.request.Request(
+        url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}
+    )
     with urllib.request.urlopen(req, timeout=30) as r:
         return json.loads(r.read())
 
@@ -219,7 +234,10 @@ def test_cancel_with_checkpoint_resume_and_delete_from_the_ui(page, workbench):
     job = _post(workbench + "/api/jobs", {**demo, "steps": 5000, "name": "long run"})
     jid = job["id"]
     page.goto(f"{workbench}/jobs/{jid}")
-    page.wait_for_function("() => (window.__slidedpCharts || {}).loss && window.__slidedpCharts.loss.data[0].length >= 3", timeout=150_000)
+    page.wait_for_function(
+        "() => (window.__slidedpCharts || {}).loss && window.__slidedpCharts.loss.data[0].length >= 3",
+        timeout=150_000,
+    )
 
     # Cancel, saving a checkpoint: two presses (no modal dialog), then the job stops at a step boundary.
     page.get_by_label("save a checkpoint").check()
@@ -235,13 +253,22 @@ def test_cancel_with_checkpoint_resume_and_delete_from_the_ui(page, workbench):
 
     # Resume continues from the checkpoint: the same page follows the new run live.
     page.get_by_role("button", name="Resume").click()
-    page.wait_for_function(f"() => Number(document.querySelector('#chart-loss').dataset.points) > {stopped_at + 2}", timeout=150_000)
+    page.wait_for_function(
+        f"() => Number(document.querySelector('#chart-loss').dataset.points) > {stopped_at + 2}",
+        timeout=150_000,
+    )
     assert page.locator(".title-row [data-status]").get_attribute("data-status") == "running"
     # A fresh page replays the whole history (the first attempt ended "cancelled") and still follows the run.
     page.reload()
-    page.wait_for_function("() => (window.__slidedpCharts || {}).loss && window.__slidedpCharts.loss.data[0].length > 0", timeout=30_000)
+    page.wait_for_function(
+        "() => (window.__slidedpCharts || {}).loss && window.__slidedpCharts.loss.data[0].length > 0",
+        timeout=30_000,
+    )
     reloaded_at = _chart_points(page, "loss")
-    page.wait_for_function(f"() => Number(document.querySelector('#chart-loss').dataset.points) > {reloaded_at + 2}", timeout=60_000)
+    page.wait_for_function(
+        f"() => Number(document.querySelector('#chart-loss').dataset.points) > {reloaded_at + 2}",
+        timeout=60_000,
+    )
     assert page.locator(".title-row [data-status]").get_attribute("data-status") == "running"
     assert page.locator("#stream-state").get_attribute("data-state") == "open"
 
