@@ -31,9 +31,17 @@ log = logging.getLogger(__name__)
 STOP, SAVE = 1, 2
 
 
+# Set while this worker supervises a job: a shutdown waits for it (see worker.bound_shutdown).
+supervising = threading.Event()
+
+
 @shared_task(name=TASK_NAME, ignore_result=True)
 def run_job(job_id: int, attempt: int) -> Optional[str]:
-    return supervise(get_settings(), int(job_id), int(attempt))
+    supervising.set()
+    try:
+        return supervise(get_settings(), int(job_id), int(attempt))
+    finally:
+        supervising.clear()
 
 
 def claim(settings: Settings, job_id: int, attempt: int) -> Optional[Job]:

@@ -15,6 +15,7 @@ import os
 import subprocess
 import sys
 import threading
+import time
 from typing import Optional
 
 log = logging.getLogger("slidedp_web.worker")
@@ -64,6 +65,33 @@ def _clean_orphaned_host_state() -> None:
     threading.Thread(target=clean, name="slidedp-shm-cleanup", daemon=True).start()
 
 
+IDLE_EXIT_S = 15.0  # what a clean Celery shutdown needs once no job runs
+
+
+def bound_shutdown(settings) -> None:
+    """Once asked to stop, exit within a bounded time even if Celery's own shutdown hangs (it retries a broker
+    that is gone forever, e.g. when Redis was stopped at the same moment): a running job gets the cancel grace
+    period to stop at a step boundary and save, then the process has IDLE_EXIT_S to finish cleanly."""
+    from celery.signals import worker_shutting_down
+
+    from slidedp_web import tasks
+
+    def watch() -> None:
+        deadline = time.monotonic() + settings.cancel_grace_s + 30
+        while tasks.supervising.is_set() and time.monotonic() < deadline:
+            time.sleep(0.5)
+        time.sleep(IDLE_EXIT_S)
+        log.warning(
+            "the worker did not finish shutting down within %.0f s of its last job: exiting", IDLE_EXIT_S
+        )
+        logging.shutdown()
+        os._exit(0)
+
+    @worker_shutting_down.connect(weak=False)
+    def _start(**_: object) -> None:
+        threading.Thread(target=watch, name="slidedp-shutdown-bound", daemon=True).start()
+
+
 def main(argv: Optional[list[str]] = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
     if args.name:
@@ -92,6 +120,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     reporter.start()
     app = get_celery(settings)
     import slidedp_web.tasks  # noqa: F401 - registers the task on the app
+
+    bound_shutdown(settings)
 
     log.info(
         "worker %s consuming queue %s (broker %s)", settings.host_name, settings.queue, settings.redis_url

@@ -53,7 +53,9 @@ def test_serve_starts_the_workbench_and_stops_everything(tmp_path):
 
     try:
         body = wait_for(health, 90, "slidedp serve to answer with its worker online")
-        wait_for(lambda: "ready." in (data / "worker.log").read_text(), 60, "the local worker to consume its queue")
+        wait_for(
+            lambda: "ready." in (data / "worker.log").read_text(), 60, "the local worker to consume its queue"
+        )
         assert body == {"status": "ok", "database": True, "redis": True, "workers": 1}
         assert (data / "slidedp.db").is_file() and (data / "redis.sock").exists()
         redis_pid = int((data / "redis.pid").read_text())

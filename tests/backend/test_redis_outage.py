@@ -73,3 +73,28 @@ def test_a_second_api_process_finding_redis_intact_sends_nothing_again(settings,
         assert c.get("/api/health").json()["redis"] is True
         time.sleep(3 * settings.watchdog_s + 1)
     assert queued_messages(own_redis, settings.queue) == before
+
+
+def test_worker_told_to_stop_while_redis_is_gone_still_exits(module_dir):
+    """Stopping `slidedp serve` (or a killed one) takes Redis and the worker down together; Celery's own shutdown
+    would keep retrying the vanished broker, so the worker bounds its shutdown."""
+    import signal
+
+    from backend_support import WorkerProcess
+    from slidedp_web.worker import IDLE_EXIT_S
+
+    broker = RedisServer(module_dir)
+    broker.start()
+    worker = WorkerProcess(
+        make_settings(module_dir / "data-exit", broker.url), module_dir / "exit-worker.log"
+    )
+    worker.start()
+    try:
+        broker.stop()
+        started = time.monotonic()
+        worker.proc.send_signal(signal.SIGTERM)
+        worker.proc.wait(IDLE_EXIT_S + 30)
+        assert time.monotonic() - started < IDLE_EXIT_S + 30
+    finally:
+        worker.stop(timeout=5)
+        broker.stop()
