@@ -47,15 +47,18 @@ def _reference(workdir, model: str, global_batch: int, clip: float, device: str 
     return _REFERENCES[key]
 
 
-def _run(workdir, model: str, ranks: int, delivery: str, grad: str, accum: int, clip: float, gpus: int = 0) -> dict:
-    out = os.path.join(workdir["root"], f"run-{model}-{ranks}-{gpus}-{delivery}-{grad}-{accum}-{clip}")
+def _run(workdir, model: str, ranks: int, delivery: str, grad: str, accum: int, clip: float, gpus: int = 0,
+         policy: dict | None = None) -> dict:
+    extra = policy or {}
+    tag = "-".join(f"{k}{v}" for k, v in sorted(extra.items()))
+    out = os.path.join(workdir["root"], f"run-{model}-{ranks}-{gpus}-{delivery}-{grad}-{accum}-{clip}-{tag}")
     cfg = {
         "model": workdir[model],
         "data": {"path": workdir["data"], "format": "tokens", "shuffle": False},
         "seq_len": SEQ, "micro_batch_size": MBS, "grad_accum": accum, "steps": STEPS, "ranks": ranks, "gpus": gpus,
         "precision": "fp32", "output_dir": out, "export": False,
         "optimizer": {"lr": LR, "betas": list(BETAS), "eps": EPS, "weight_decay": WD, "max_grad_norm": clip},
-        "policy": {"delivery": delivery, "grad_reduce": grad, "activations": "checkpoint"},
+        "policy": {"delivery": delivery, "grad_reduce": grad, "activations": "checkpoint", **extra},
         "checkpoint": {"interval": STEPS, "keep": 1},
         "cpu_threads": 1,
     }
@@ -66,8 +69,8 @@ def _run(workdir, model: str, ranks: int, delivery: str, grad: str, accum: int, 
 
 
 def _check(workdir, model: str, ranks: int, delivery: str, grad: str, accum: int, clip: float,
-           gpus: int = 0) -> None:
-    ours = _run(workdir, model, ranks if not gpus else 1, delivery, grad, accum, clip, gpus)
+           gpus: int = 0, policy: dict | None = None) -> None:
+    ours = _run(workdir, model, ranks if not gpus else 1, delivery, grad, accum, clip, gpus, policy)
     # on GPUs the reference runs on a GPU too: the same fp32 kernels, TF32 off
     ref = _reference(workdir, model, MBS * (gpus or ranks) * accum, clip, "cuda" if gpus else "cpu")
     metrics = ours["result"].metrics
@@ -105,6 +108,15 @@ def test_three_ranks_sharded_gpu_with_accumulation_and_clipping(workdir):
 
 def test_tied_embeddings_match_adamw(workdir):
     _check(workdir, "tied", 2, "sharded", "host", 1, CLIP)
+
+
+@pytest.mark.parametrize("policy", [
+    {"activations": "keep"},  # graphs kept across the window: weights come back by reference for backward
+    {"activations": "auto", "keep_layers": 2, "resident_units": 1},  # a keep/checkpoint mix, one resident layer
+    {"activations": "checkpoint", "resident_units": 4, "window": 2},  # every layer resident, smallest window
+])
+def test_activation_policies_and_residency_match_adamw(workdir, policy):
+    _check(workdir, "untied", 2, "sharded", "gpu", 2, CLIP, policy=policy)
 
 
 @pytest.mark.slow
