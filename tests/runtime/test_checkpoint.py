@@ -4,7 +4,9 @@ Contract (issue 4): on the CPU with 2 real gloo ranks, run A trains 6 steps in o
 `should_stop() == "save"` part-way and resumed with `resume: true`. B's final master weights and both AdamW
 moments are bitwise equal to A's, every step's loss and gradient norm are equal, and B's metrics.jsonl holds
 steps 1..6 once each. The data is shuffled and crosses epochs, the learning rate follows a cosine schedule and
-clipping fires, so the data position, the step count and the schedule all have to be restored.
+clipping fires, so the data position, the step count and the schedule all have to be restored. Two variants:
+fp32 with the sharded / gpu routes, and (slow) bf16 with the replicated / host routes, whose bf16 delivery copy
+is rebuilt from the master at resume.
 """
 
 from __future__ import annotations
@@ -57,18 +59,28 @@ def _dead_pid() -> int:
     return p.pid
 
 
-@pytest.fixture(scope="module")
-def runs(tmp_path_factory):
+VARIANTS = [
+    pytest.param({}, id="fp32-sharded-gpu"),
+    # bf16: the delivery copy is rebuilt from the master at resume; host route: the host sums the gradients
+    pytest.param({"precision": "bf16", "policy": {"delivery": "replicated", "grad_reduce": "host",
+                                                  "activations": "checkpoint", "resident_units": 0}},
+                 id="bf16-replicated-host", marks=pytest.mark.slow),
+]
+
+
+@pytest.fixture(scope="module", params=VARIANTS)
+def runs(request, tmp_path_factory):
+    variant = request.param
     root = tmp_path_factory.mktemp("resume")
     data = make_token_data(str(root / "data.jsonl"), rows=ROWS, seq_len=SEQ, seed=3)
     a_out, b_out = str(root / "A"), str(root / "B")
-    a = slidedp.train(_config(data, a_out))
+    a = slidedp.train(_config(data, a_out, **variant))
 
     # B stops with a save as soon as step 2 is reported: the ranks are then in step 3 or 4, and the launcher writes
     # the checkpoint of the last step they finish. (With no interval checkpoints in this leg, the stop's own
     # checkpoint is the only one; the interval does not touch the numerics, and the resumed leg uses A's.)
     seen: list[int] = []
-    b1 = slidedp.train(_config(data, b_out, checkpoint={"interval": 0, "keep": 2}),
+    b1 = slidedp.train(_config(data, b_out, checkpoint={"interval": 0, "keep": 2}, **variant),
                        on_step=lambda r: seen.append(r["step"]),
                        should_stop=lambda: "save" if seen and seen[-1] >= 2 else False)
     after_stop = {"checkpoints": [os.path.basename(p) for p in ckpt.list_checkpoints(os.path.join(b_out,
@@ -89,8 +101,8 @@ def runs(tmp_path_factory):
         fh.truncate(100)
 
     logs: list[str] = []
-    b2 = slidedp.train(_config(data, b_out, resume=True), on_log=logs.append)
-    return {"root": root, "data": data, "A": a, "B1": b1, "B2": b2, "a_out": a_out, "b_out": b_out,
+    b2 = slidedp.train(_config(data, b_out, resume=True, **variant), on_log=logs.append)
+    return {"variant": variant, "root": root, "data": data, "A": a, "B1": b1, "B2": b2, "a_out": a_out, "b_out": b_out,
             "after_stop": after_stop, "logs": logs, "stale_tmp": stale_tmp, "partial": partial}
 
 
@@ -151,7 +163,7 @@ def test_resume_from_another_model_shape_is_a_config_error(runs, tmp_path):
     out = str(tmp_path / "other")
     shutil.copytree(os.path.join(runs["a_out"], "checkpoints"), os.path.join(out, "checkpoints"))
     with pytest.raises(ConfigError) as err:
-        slidedp.train(_config(runs["data"], out, model="tiny-qwen3-tied", resume=True))
+        slidedp.train(_config(runs["data"], out, model="tiny-qwen3-tied", resume=True, **runs["variant"]))
     assert err.value.errors[0]["loc"] == "resume"
     assert "another model shape" in str(err.value) and "'tiny-qwen3'" in str(err.value)
     # the checkpoint it refused is left as it was
