@@ -92,7 +92,7 @@ def runs(request, tmp_path_factory):
     b_ckpts = os.path.join(b_out, "checkpoints")
     a_record = next(r for r in _metrics(a_out) if r["step"] == k + 1)
     with open(os.path.join(b_out, "metrics.jsonl"), "a", encoding="utf-8") as fh:
-        fh.write(json.dumps({**a_record, "loss": 99.0}) + "\n" + '{"step": ' )
+        fh.write(json.dumps({**a_record, "loss": 99.0}) + "\n" + '{"step": ')
     stale_tmp = os.path.join(b_ckpts, f"{ckpt.TMP_PREFIX}{k + 1:08d}-{_dead_pid()}")
     shutil.copytree(os.path.join(b_ckpts, f"step-{k:08d}"), stale_tmp)
     partial = os.path.join(b_ckpts, f"step-{k + 1:08d}")
@@ -110,7 +110,7 @@ def test_stop_and_save_writes_the_last_finished_step(runs):
     b1, stop = runs["B1"], runs["after_stop"]
     assert b1.status == "stopped" and 3 <= b1.steps_done < STEPS
     assert [r["step"] for r in stop["metrics"]] == list(range(1, b1.steps_done + 1))
-    assert stop["checkpoints"] == [f"step-{b1.steps_done:08d}"]
+    assert stop["checkpoints"] == [f"step-{b1.steps_done:08d}"]  # and none from the interval, which is 0 here
     meta = ckpt.read_meta(os.path.join(runs["b_out"], "checkpoints", stop["checkpoints"][-1]))
     assert meta["step"] == b1.steps_done
     # 4 rows per step from a 10-row stream: the position after step k
