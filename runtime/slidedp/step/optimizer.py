@@ -99,7 +99,7 @@ class Updater(threading.Thread):
         self.error: BaseException | None = None
         self.results: deque[StepResult] = deque()
         self._scratch = torch.empty(max(shards.shard_len(u) for u in range(num_units)) if self.host_route else 0)
-        self._sumsq = 0.0
+        self._unit_sumsq: dict[int, float] = {}
         self._done_units = 0
         self._busy = 0.0
         self.last_step = 0  # last step whose every unit is updated on this rank's shards
@@ -214,7 +214,9 @@ class Updater(threading.Thread):
     def _process(self, item: GradItem) -> None:
         g = self._reduced_gradient(item)
         if not self.norm_on_device:
-            self._sumsq += float(sum_of_squares(g))
+            # per unit, summed in unit order at the end: the processing order depends on timing and float
+            # addition is not associative, so a running total would differ in its last bits run to run
+            self._unit_sumsq[item.unit] = float(sum_of_squares(g))
         if self.clip:
             lo, hi = self.shards.own_range(item.unit)
             self.state.held_unit(item.unit)[lo:hi].copy_(g)
@@ -235,7 +237,7 @@ class Updater(threading.Thread):
             event.synchronize()
             norm = math.sqrt(float(host_scalar))
         else:
-            board.publish_norm(self.rank, step, self._sumsq)
+            board.publish_norm(self.rank, step, sum(self._unit_sumsq[u] for u in sorted(self._unit_sumsq)))
             wait_until(lambda: all(board.norm_seq(r) >= step for r in range(self.world)), "the gradient norm")
             norm = math.sqrt(sum(board.norms(step)))
         clipped = False
@@ -250,4 +252,4 @@ class Updater(threading.Thread):
                 self._update_unit(u, g, step)
         self.results.append(StepResult(step, norm, clipped, self._busy, time.perf_counter()))
         self.last_step = step
-        self._sumsq, self._done_units, self._busy = 0.0, 0, 0.0
+        self._unit_sumsq, self._done_units, self._busy = {}, 0, 0.0
