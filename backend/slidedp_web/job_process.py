@@ -22,6 +22,9 @@ def run(env: dict[str, str], job_id: int, attempt: int, stop: Any, conn: Any) ->
     from slidedp_web.core.config import Settings
 
     settings = Settings()
+    from slidedp_web import logs
+
+    logs.configure("INFO", settings.log_format)
     try:
         outcome = _train(settings, job_id, attempt, stop)
     except BaseException as exc:  # noqa: BLE001 - the outcome must reach the worker whatever happened
@@ -37,9 +40,10 @@ def run(env: dict[str, str], job_id: int, attempt: int, stop: Any, conn: Any) ->
 
 def _log(settings: Any, job_id: int, text: str) -> None:
     from slidedp_web.journal import record_log
+    from slidedp_web.logs import job_line
 
     for line in text.rstrip().splitlines() or [""]:
-        print(f"[job {job_id}] {line}", flush=True)
+        job_line(job_id, line)
         try:
             record_log(settings, job_id, line)
         except Exception:  # noqa: BLE001 - a log line is not worth failing the job for
@@ -78,6 +82,12 @@ def _train(settings: Any, job_id: int, attempt: int, stop: Any) -> dict[str, Any
         + ("resuming from the newest checkpoint" if resume else "starting")
         + f"; output in {output_dir}",
     )
+    from slidedp_web.guards import job_refusal
+
+    refused = job_refusal(settings, config)  # before anything is allocated: a clear error, not an OOM kill
+    if refused is not None:
+        _log(settings, job_id, refused["message"])
+        return {"status": "failed", "error": refused}
     _watch_parent(settings, job_id, stop)
 
     def should_stop() -> bool | str:

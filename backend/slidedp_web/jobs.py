@@ -19,6 +19,7 @@ from sqlmodel import Session, func, select
 from slidedp_web import celery_app, live, planning
 from slidedp_web.core.config import Settings
 from slidedp_web.core.db import read_session, write_session
+from slidedp_web.guards import check_roots
 from slidedp_web.job_schema import parse_config, split_body, unprocessable
 from slidedp_web.journal import set_status, status_event
 from slidedp_web.models import (
@@ -114,6 +115,7 @@ def _absolute_if_local(value: Any) -> Any:
 
 def create(settings: Settings, session: Session, body: Any) -> Job:
     raw, extra = split_body(body)
+    check_roots(settings, raw)  # before anything reads the paths it names
     host = planning.choose_host(session, settings, extra.get("host"))
     cfg = parse_config(raw, host_ram_bytes=planning.host_ram_bytes(host))
     live.require(settings, "job creation")

@@ -17,10 +17,12 @@ from fastapi.responses import FileResponse
 from starlette.concurrency import run_in_threadpool
 
 import slidedp_web
-from slidedp_web import watchdog
+from slidedp_web import logs, watchdog
 from slidedp_web.api.main import api_router
+from slidedp_web.api.routes import metrics
 from slidedp_web.core.config import Settings, get_settings
 from slidedp_web.core.db import upgrade
+from slidedp_web.guards import RequestSizeLimit
 from slidedp_web.job_schema import openapi_components
 
 log = logging.getLogger(__name__)
@@ -32,6 +34,8 @@ def create_app(settings: Optional[Settings] = None) -> FastAPI:
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):
+        if logs.log_format(settings.log_format) == "json":
+            logs.configure("INFO", "json")  # after uvicorn set up its loggers, so theirs turn JSON too
         settings.data_dir.mkdir(parents=True, exist_ok=True)
         await run_in_threadpool(upgrade, settings)
         async with anyio.create_task_group() as tg:
@@ -46,7 +50,9 @@ def create_app(settings: Optional[Settings] = None) -> FastAPI:
         lifespan=lifespan,
     )
     app.state.settings = settings
+    app.add_middleware(RequestSizeLimit, max_bytes=settings.max_request_bytes)
     app.include_router(api_router)
+    app.include_router(metrics.router)  # /metrics, where Prometheus looks by default
     _install_openapi(app)
     _mount_frontend(app, settings.frontend_dir or REPO_FRONTEND)
     return app

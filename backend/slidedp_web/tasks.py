@@ -19,7 +19,7 @@ import sqlalchemy as sa
 from celery import shared_task
 from celery.signals import worker_shutting_down
 
-from slidedp_web import job_process, live
+from slidedp_web import job_process, live, logs
 from slidedp_web.celery_app import TASK_NAME
 from slidedp_web.core.config import Settings, get_settings
 from slidedp_web.core.db import read_session, write_session
@@ -39,7 +39,8 @@ supervising = threading.Event()
 def run_job(job_id: int, attempt: int) -> Optional[str]:
     supervising.set()
     try:
-        return supervise(get_settings(), int(job_id), int(attempt))
+        with logs.job_context(int(job_id)):
+            return supervise(get_settings(), int(job_id), int(attempt))
     finally:
         supervising.clear()
 

@@ -98,11 +98,17 @@ def main(argv: Optional[list[str]] = None) -> int:
         os.environ["SLIDEDP_HOST_NAME"] = args.name
     if args.queue:
         os.environ["SLIDEDP_WORKER_QUEUE"] = args.queue
-    logging.basicConfig(level=args.loglevel.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from slidedp_web import logs
     from slidedp_web.core.config import get_settings
 
     get_settings.cache_clear()
     settings = get_settings()
+    logs.configure(args.loglevel, settings.log_format)
+    if logs.json_enabled():
+        from celery.signals import setup_logging
+
+        # A receiver of setup_logging tells Celery to leave logging as configured here (JSON records).
+        setup_logging.connect(lambda **_: None, weak=False)
     from slidedp_web import hosts
     from slidedp_web.celery_app import get_celery
 

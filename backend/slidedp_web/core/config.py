@@ -59,6 +59,24 @@ class Settings(BaseSettings):
     max_queued_jobs: int = Field(100, description="Job creation answers 429 beyond this many queued jobs.")
     max_page_size: int = Field(500, description="Largest `limit` accepted by list endpoints.")
     max_log_line_chars: int = Field(4000, description="Longer log lines are cut to this length.")
+    max_request_bytes: int = Field(
+        1 << 20, description="Larger request bodies are refused with 413 before they are read."
+    )
+
+    # Guards (slidedp_web/guards.py)
+    model_roots: Optional[str] = Field(
+        None,
+        description="Colon-separated folders that model directories must lie in (unset: anywhere the "
+        "server can read).",
+    )
+    data_roots: Optional[str] = Field(
+        None,
+        description="Colon-separated folders that dataset files must lie in (unset: anywhere the server "
+        "can read).",
+    )
+    log_format: str = Field(
+        "text", description="'json': one JSON object per log record (ts, level, logger, msg, job_id)."
+    )
 
     # Timing: why each figure is what it is lives in docs/interfaces.md §6.
     heartbeat_s: float = Field(5.0, description="How often a running job's supervisor writes its heartbeat.")
@@ -136,6 +154,10 @@ class Settings(BaseSettings):
             "max_queued_jobs",
             "max_page_size",
             "max_log_line_chars",
+            "max_request_bytes",
+            "model_roots",
+            "data_roots",
+            "log_format",
         ):
             value = getattr(self, name)
             if value is not None:

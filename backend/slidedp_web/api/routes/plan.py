@@ -8,6 +8,7 @@ from slidedp.config import ConfigError, JobConfig
 
 from slidedp_web import planning
 from slidedp_web.api.deps import SessionDep, SettingsDep
+from slidedp_web.guards import check_roots
 from slidedp_web.job_schema import request_body_openapi, run_job_checks, split_body, unprocessable
 
 router = APIRouter(prefix="/plan", tags=["plan"])
@@ -23,6 +24,7 @@ def plan(session: SessionDep, settings: SettingsDep, body: Any = Body(...)) -> d
     plan's `validation` list so the form can show them next to the plan.
     """
     raw, extra = split_body(body)
+    check_roots(settings, raw)  # before anything reads the paths it names
     try:
         cfg = JobConfig.from_dict(raw)
     except ConfigError as exc:

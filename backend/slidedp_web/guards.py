@@ -1,0 +1,263 @@
+"""Guards: what the workbench refuses up front, with a clear answer, instead of failing late or going too far.
+
+* **Roots.** With SLIDEDP_MODEL_ROOTS / SLIDEDP_DATA_ROOTS set (colon-separated folders), a job's model directory
+  and dataset file must lie inside one of them once every `..` and symlink is resolved; anything else is a 422
+  naming `model` or `data.path`. The API reads what a job names (it validates the dataset, sizes the model), so
+  without roots any file the server can read could be probed through it. Unset means unconfined, as on a laptop.
+  The job process checks again with its own worker's settings: the worker may be configured more tightly.
+* **Request size.** Bodies above SLIDEDP_MAX_REQUEST_BYTES are refused with 413 before they are read; a job config
+  is a few kilobytes, and nothing else is uploaded.
+* **Resources.** Before the job process allocates anything it checks the job against its host as the worker
+  reported it (host RAM and GPU memory, through AutoPolicy's memory model, which also covers fully explicit
+  policies the runtime does not plan) and against the free space of the shared-memory folder the host state is
+  created in (Docker gives a container 64 MiB of /dev/shm unless told otherwise, and a host state that does not
+  fit there dies with SIGBUS at first touch, long after the start). A refusal fails the job with the structured
+  error {"message", "errors": [{"loc", "msg"}]}.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any, Optional
+
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+GIB = 2**30
+DEMO_PREFIX = "demo:"  # datasets shipped with slidedp (slidedp.data.demo_paths), inside the installation
+MAX_WALK_ENTRIES = 10_000  # a model directory holds tens of files; stop looking for escaping links after this
+
+
+# ------------------------------------------------------------------------------------------------ roots
+def parse_roots(value: Optional[str]) -> list[Path]:
+    """The folders of a colon-separated roots setting, resolved (symlinks included) once."""
+    if not value:
+        return []
+    return [Path(os.path.realpath(os.path.expanduser(p.strip()))) for p in value.split(":") if p.strip()]
+
+
+def _inside(path: Path, roots: list[Path]) -> bool:
+    return any(path == root or path.is_relative_to(root) for root in roots)
+
+
+def _escaping_link(directory: Path, roots: list[Path]) -> Optional[tuple[Path, Path]]:
+    """A symlink below `directory` whose target lies outside the roots: (link, target), else None."""
+    seen = 0
+    for top, dirs, files in os.walk(directory, followlinks=False):
+        for name in dirs + files:
+            seen += 1
+            entry = Path(top) / name
+            if entry.is_symlink():
+                target = Path(os.path.realpath(entry))
+                if not _inside(target, roots):
+                    return entry, target
+            if seen >= MAX_WALK_ENTRIES:
+                return None
+    return None
+
+
+def path_error(value: str, roots: list[Path], kind: str, setting: str) -> Optional[str]:
+    """Why `value` (a `kind` path: model or dataset) may not be used under these roots, or None when it may."""
+    real = Path(os.path.realpath(os.path.expanduser(value)))
+    allowed = f"{':'.join(str(r) for r in roots)} ({setting})"
+    if not _inside(real, roots):
+        literal = Path.cwd() / os.path.expanduser(value)  # not normalised: '..' still in it
+        through = ""
+        if _inside(literal, roots) or real != Path(os.path.normpath(literal)):
+            through = f" once '..' and symlinks are resolved: it is {str(real)!r}"
+        return (
+            f"{value!r} is outside the folders allowed for {kind}s{through}; allowed: {allowed}. "
+            f"Put the {kind} in one of them, or ask the operator to add its folder."
+        )
+    if real.is_dir():
+        escape = _escaping_link(real, roots)
+        if escape is not None:
+            link, target = escape
+            return (
+                f"{value!r} holds a symlink {str(link)!r} to {str(target)!r}, outside the folders allowed for "
+                f"{kind}s; allowed: {allowed}. Copy the file into the {kind} directory instead."
+            )
+    return None
+
+
+def root_errors(model_roots: Optional[str], data_roots: Optional[str], config: Any) -> list[dict[str, str]]:
+    """[{"loc", "msg"}] for a job config (a raw request body or a stored config) whose model or dataset lies
+    outside the configured roots; [] when no roots are set or the paths are inside them. Values that are not
+    strings are left to the config's own validation."""
+    if not isinstance(config, dict):
+        return []
+    from slidedp.config import is_model_path
+
+    errors = []
+    roots = parse_roots(model_roots)
+    model = config.get("model")
+    if roots and isinstance(model, str) and model and is_model_path(model):
+        msg = path_error(model, roots, "model", "SLIDEDP_MODEL_ROOTS")
+        if msg:
+            errors.append({"loc": "model", "msg": msg})
+    roots = parse_roots(data_roots)
+    data = config.get("data")
+    path = data.get("path") if isinstance(data, dict) else None
+    if roots and isinstance(path, str) and path and not path.startswith(DEMO_PREFIX):
+        msg = path_error(path, roots, "dataset", "SLIDEDP_DATA_ROOTS")
+        if msg:
+            errors.append({"loc": "data.path", "msg": msg})
+    return errors
+
+
+def check_roots(settings: Any, body: Any) -> None:
+    """Raise the API's 422 when the request names a model or dataset outside the configured roots."""
+    errors = root_errors(settings.model_roots, settings.data_roots, body)
+    if errors:
+        from slidedp_web.job_schema import unprocessable
+
+        raise unprocessable(errors)
+
+
+# ----------------------------------------------------------------------------------------- request size
+class RequestSizeLimit:
+    """ASGI middleware: 413 for a request body larger than `max_bytes`.
+
+    A declared Content-Length is refused before anything is read; a chunked body is counted as it arrives and
+    refused as soon as it passes the limit (the route reading it gets the 413 instead of the body)."""
+
+    def __init__(self, app: ASGIApp, max_bytes: int):
+        self.app, self.max_bytes = app, int(max_bytes)
+
+    def detail(self, size: Optional[int]) -> str:
+        got = f"{size} bytes" if size is not None else f"more than {self.max_bytes} bytes"
+        return (
+            f"request body too large: {got}, at most {self.max_bytes} bytes are accepted "
+            "(SLIDEDP_MAX_REQUEST_BYTES). A job config is a few kilobytes: send the config, and name the model "
+            "and dataset by their paths on the worker host."
+        )
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        declared = None
+        for key, value in scope.get("headers", []):
+            if key == b"content-length":
+                try:
+                    declared = int(value)
+                except ValueError:
+                    declared = None
+        if declared is not None and declared > self.max_bytes:
+            await _json_response(send, 413, {"detail": self.detail(declared)})
+            return
+        seen = 0
+
+        async def counted() -> Message:
+            nonlocal seen
+            message = await receive()
+            if message["type"] == "http.request":
+                seen += len(message.get("body", b""))
+                if seen > self.max_bytes:
+                    from fastapi import HTTPException
+
+                    raise HTTPException(413, self.detail(None))
+            return message
+
+        await self.app(scope, counted, send)
+
+
+async def _json_response(send: Send, status: int, body: dict[str, Any]) -> None:
+    data = json.dumps(body).encode()
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(data)).encode())],
+        }
+    )
+    await send({"type": "http.response.body", "body": data})
+
+
+# -------------------------------------------------------------------------------------------- resources
+def shm_free_bytes(directory: str) -> Optional[int]:
+    try:
+        st = os.statvfs(directory)
+    except OSError:
+        return None
+    return st.f_bavail * st.f_frsize
+
+
+def shared_state_bytes(cfg: Any) -> int:
+    """Bytes the job's host state takes in shared memory: fp32 master weights and AdamW moments (12 B/param),
+    the bf16 delivery copy in bf16 (2 B/param), and the gradient staging buffers."""
+    from slidedp.presets import model_config_dict, unit_param_counts
+    from slidedp.validation import host_state_bytes
+
+    params = sum(unit_param_counts(model_config_dict(cfg.model)))
+    _, staging = host_state_bytes(cfg, model_config_dict(cfg.model))
+    return params * (12 + (2 if cfg.precision == "bf16" else 0)) + staging
+
+
+def resource_errors(cfg: Any, topology: dict[str, Any], shm_directory: str) -> list[dict[str, str]]:
+    """Host RAM and HBM (AutoPolicy's memory model against the host's topology) and the shared-memory folder's
+    free space, for a parsed JobConfig; [] when the job fits."""
+    from slidedp.planning.autopolicy import plan_job
+
+    plan = plan_job(cfg, topology, None)
+    if not plan.get("feasible", True):
+        return [{"loc": str(e.get("loc", "model")), "msg": str(e.get("msg", ""))} for e in plan["errors"]]
+    try:
+        need = shared_state_bytes(cfg)
+    except (OSError, KeyError, ValueError, TypeError):
+        return []  # a model that cannot be sized is reported by the runtime's own validation
+    free = shm_free_bytes(shm_directory)
+    if free is not None and need > free:
+        return [
+            {
+                "loc": "model",
+                "msg": f"shared memory too small: the host state needs {need / GIB:.2f} GiB in {shm_directory} "
+                f"but only {free / GIB:.2f} GiB is free there; in Docker give the worker a larger shm_size "
+                "(or ipc: host), elsewhere free or enlarge that tmpfs (SLIDEDP_SHM_DIR names another folder)",
+            }
+        ]
+    return []
+
+
+def preflight(
+    settings: Any, config: dict[str, Any], topology: Optional[dict[str, Any]]
+) -> list[dict[str, str]]:
+    """Everything the job process checks before it starts training: roots, then resources. [] = go."""
+    from slidedp.config import ConfigError, JobConfig
+
+    errors = root_errors(settings.model_roots, settings.data_roots, config)
+    if errors:
+        return errors
+    try:
+        cfg = JobConfig.from_dict(config)
+    except ConfigError as exc:
+        return list(exc.errors)
+    if topology is None:
+        from slidedp_web.hosts import basic_topology
+
+        topology = basic_topology(settings)
+    from slidedp.step.host_state import shm_dir
+
+    return resource_errors(cfg, topology, shm_dir())
+
+
+def job_refusal(settings: Any, config: dict[str, Any]) -> Optional[dict[str, Any]]:
+    """The job error to fail a job with before it starts on this worker's host, or None when it may start.
+
+    The host is taken as its worker reported it (hosts table: GPUs, HBM, the host RAM a job may use, with
+    SLIDEDP_HOST_RAM_GIB applied), which is what the API planned the job against when it was submitted; the
+    check is repeated here because the report may have changed since, and because the job may have been
+    queued before any worker reported.
+    """
+    from slidedp_web.core.db import read_session
+    from slidedp_web.models import Host
+
+    with read_session(settings) as session:
+        host = session.get(Host, settings.host_name)
+        topology = host.topology if host is not None and host.topology else None
+    errors = preflight(settings, config, topology)
+    if not errors:
+        return None
+    reasons = "; ".join(f"{e['loc']}: {e['msg']}" for e in errors)
+    return {"message": f"refused before start on {settings.host_name}: {reasons}", "errors": errors}
