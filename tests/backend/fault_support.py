@@ -142,3 +142,33 @@ def scrape(client: httpx.Client) -> dict[tuple[str, tuple[tuple[str, str], ...]]
         for sample in family.samples:
             out[(sample.name, tuple(sorted(sample.labels.items())))] = sample.value
     return out
+
+
+def stream_events(client: httpx.Client, url: str, headers: Optional[dict] = None, timeout: float = 120):
+    """Events of an SSE stream as {"id", "event", "data"}, yielded as they arrive (the caller may break off, or
+    see the connection fail when the server dies)."""
+    import json
+
+    current: dict = {}
+    with client.stream("GET", url, headers=headers or {}, timeout=httpx.Timeout(timeout, read=30)) as resp:
+        assert resp.status_code == 200, resp.read()
+        for line in resp.iter_lines():
+            if line == "":
+                if "data" in current:
+                    yield {
+                        "id": int(current["id"]) if "id" in current else None,
+                        "event": current.get("event", "message"),
+                        "data": json.loads(current["data"]),
+                    }
+                current = {}
+            elif not line.startswith(":"):
+                key, _, value = line.partition(":")
+                current[key] = value[1:] if value.startswith(" ") else value
+
+
+def metric_steps(events: list[dict]) -> list[int]:
+    return [e["data"]["step"] for e in events if e["event"] == "metrics"]
+
+
+def statuses(events: list[dict]) -> list[str]:
+    return [e["data"]["status"] for e in events if e["event"] == "status"]
