@@ -234,7 +234,14 @@ def _serve(args: argparse.Namespace, data_dir: Path) -> None:
             f"{data_dir / 'worker.log'})",
             flush=True,
         )
-        uvicorn.run(create_app(settings), host=host, port=port, log_level="info")
+        from slidedp_web import logs
+
+        # JSON logs: uvicorn leaves its loggers unconfigured (log_config=None) and they reach the JSON root handler.
+        json_logs = logs.log_format(settings.log_format) == "json"
+        if json_logs:
+            logs.configure("INFO", "json")
+        kwargs = {"log_config": None} if json_logs else {}
+        uvicorn.run(create_app(settings), host=host, port=port, log_level="info", **kwargs)
 
 
 if __name__ == "__main__":

@@ -104,7 +104,10 @@ def _train(settings: Any, job_id: int, attempt: int, stop: Any) -> dict[str, Any
             should_stop=should_stop,
         )
     except ConfigError as exc:
-        return {"status": "failed", "error": {"message": f"the job cannot start: {exc}", "errors": exc.errors}}
+        return {
+            "status": "failed",
+            "error": {"message": f"the job cannot start: {exc}", "errors": exc.errors},
+        }
     except Exception as exc:  # noqa: BLE001 - TrainError carries the failing rank's traceback
         text = str(exc)
         _log(settings, job_id, f"{type(exc).__name__}: {text}")

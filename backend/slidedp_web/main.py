@@ -50,6 +50,9 @@ def create_app(settings: Optional[Settings] = None) -> FastAPI:
         lifespan=lifespan,
     )
     app.state.settings = settings
+    if logs.log_format(settings.log_format) == "json":
+        # `uvicorn slidedp_web.main:app` has set up its loggers by now: they turn JSON too.
+        logs.configure("INFO", "json")
     app.add_middleware(RequestSizeLimit, max_bytes=settings.max_request_bytes)
     app.include_router(api_router)
     app.include_router(metrics.router)  # /metrics, where Prometheus looks by default
