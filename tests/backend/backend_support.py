@@ -14,6 +14,7 @@ import subprocess
 import sys
 import threading
 import time
+import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Optional
@@ -246,3 +247,18 @@ def wait_status(client: httpx.Client, job_id: int, statuses: tuple[str, ...], ti
         return job if job["status"] in statuses else None
 
     return wait_for(current, timeout, f"job {job_id} to become {' or '.join(statuses)}", interval=0.3)
+
+
+def make_settings(data_dir: Path, redis_url: str, **overrides):
+    from slidedp_web.core.config import Settings
+
+    name = f"test-{uuid.uuid4().hex[:8]}"
+    values = {
+        "data_dir": data_dir,
+        "redis_url": redis_url,
+        "host_name": name,
+        "database_url": None,
+        **TIMINGS,
+    }
+    values.update(overrides)
+    return Settings(_env_file=None, **values)

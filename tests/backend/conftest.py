@@ -4,12 +4,11 @@ real runtime on a tiny model on the CPU. Settings are built per test module with
 from __future__ import annotations
 
 import os
-import uuid
 from pathlib import Path
 
 import httpx
 import pytest
-from backend_support import TIMINGS, ApiServer, RedisServer, WorkerProcess, tokens_dataset
+from backend_support import ApiServer, RedisServer, WorkerProcess, make_settings, tokens_dataset
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -20,21 +19,6 @@ def redis_server(tmp_path_factory) -> RedisServer:
     server.start()
     yield server
     server.stop()
-
-
-def make_settings(data_dir: Path, redis_url: str, **overrides):
-    from slidedp_web.core.config import Settings
-
-    name = f"test-{uuid.uuid4().hex[:8]}"
-    values = {
-        "data_dir": data_dir,
-        "redis_url": redis_url,
-        "host_name": name,
-        "database_url": None,
-        **TIMINGS,
-    }
-    values.update(overrides)
-    return Settings(_env_file=None, **values)
 
 
 @pytest.fixture(scope="module")

@@ -10,8 +10,7 @@ import typing
 
 import httpx
 import pytest
-from backend_support import ApiServer, tiny_job
-from conftest import make_settings
+from backend_support import ApiServer, make_settings, tiny_job
 
 
 def queue_length(redis_server, settings) -> int:

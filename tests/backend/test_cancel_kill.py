@@ -6,8 +6,7 @@ import os
 import re
 
 import pytest
-from backend_support import tiny_job, wait_for, wait_status
-from conftest import make_settings
+from backend_support import make_settings, tiny_job, wait_for, wait_status
 
 
 @pytest.fixture(scope="module")

@@ -11,8 +11,15 @@ import time
 
 import httpx
 import pytest
-from backend_support import RedisServer, WorkerProcess, read_sse, tiny_job, wait_for, wait_status
-from conftest import make_settings
+from backend_support import (
+    RedisServer,
+    WorkerProcess,
+    make_settings,
+    read_sse,
+    tiny_job,
+    wait_for,
+    wait_status,
+)
 from fault_support import metric_steps, scrape, statuses
 from test_redis_outage import queued_messages
 

@@ -10,8 +10,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from backend_support import ApiServer, WorkerProcess, tiny_job, tokens_dataset, wait_status
-from conftest import make_settings
+from backend_support import ApiServer, WorkerProcess, make_settings, tiny_job, tokens_dataset, wait_status
 from fault_support import NamespacedWorker, segments, userns_mounts_work
 
 ROOTS_MSG = "outside the folders allowed"

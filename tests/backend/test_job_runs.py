@@ -13,8 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
-from backend_support import read_sse, tiny_job, wait_for, wait_status
-from conftest import make_settings
+from backend_support import make_settings, read_sse, tiny_job, wait_for, wait_status
 
 METRIC_KEYS = {
     "step",

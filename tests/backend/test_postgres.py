@@ -9,8 +9,7 @@ import uuid
 import httpx
 import pytest
 import sqlalchemy as sa
-from backend_support import ApiServer, WorkerProcess, read_sse, tiny_job
-from conftest import make_settings
+from backend_support import ApiServer, WorkerProcess, make_settings, read_sse, tiny_job
 
 PG = "postgresql://postgres@127.0.0.1:5432/test"
 

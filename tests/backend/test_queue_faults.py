@@ -9,8 +9,7 @@ import signal
 import time
 
 import pytest
-from backend_support import WorkerProcess, read_sse, tiny_job, wait_for, wait_status
-from conftest import make_settings
+from backend_support import WorkerProcess, make_settings, read_sse, tiny_job, wait_for, wait_status
 
 pytestmark = pytest.mark.slow
 VISIBILITY_TIMEOUT_S = 2.0

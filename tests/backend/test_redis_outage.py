@@ -9,8 +9,7 @@ import time
 
 import httpx
 import pytest
-from backend_support import ApiServer, RedisServer, tiny_job, wait_for
-from conftest import make_settings
+from backend_support import ApiServer, RedisServer, make_settings, tiny_job, wait_for
 
 
 @pytest.fixture(scope="module")
