@@ -81,6 +81,7 @@ def configure(level: str | int = "INFO", fmt: Optional[str] = None) -> None:
     root.handlers = [handler]
     root.setLevel(level.upper() if isinstance(level, str) else level)
     _json_enabled = fmt == "json"
+    logging.captureWarnings(_json_enabled)  # Python warnings as records too, not as bare stderr lines
     if _json_enabled:
         use_json_for_uvicorn()
 

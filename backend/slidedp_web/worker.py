@@ -134,7 +134,9 @@ def main(argv: Optional[list[str]] = None) -> int:
     )
     try:
         app.worker_main(
-            [
+            # --quiet: no start-up banner, which Celery prints as plain text, between JSON records.
+            (["--quiet"] if logs.json_enabled() else [])
+            + [
                 "worker",
                 "--pool=threads",
                 "--concurrency=1",
