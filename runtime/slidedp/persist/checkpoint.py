@@ -31,6 +31,7 @@ import time
 import torch
 
 from slidedp.config import ConfigError, JobConfig
+from slidedp.step.host_state import pid_alive
 
 PREFIX = "step-"
 TMP_PREFIX = ".tmp-" + PREFIX
@@ -81,7 +82,7 @@ def checkpoint_bytes(num_params: int) -> int:
     return 12 * num_params
 
 
-def _fsync_dir(path: str) -> None:
+def fsync_dir(path: str) -> None:
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
@@ -116,19 +117,9 @@ def _remove_stale_temporaries(root: str) -> None:
         if not name.startswith(TMP_PREFIX):
             continue
         pid = name.rsplit("-", 1)[-1]
-        if pid.isdigit() and int(pid) != os.getpid() and _pid_alive(int(pid)):
+        if pid.isdigit() and int(pid) != os.getpid() and pid_alive(int(pid)):
             continue
         shutil.rmtree(os.path.join(root, name), ignore_errors=True)
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def check_free_disk(root: str, num_params: int, step: int | None = None) -> None:
@@ -160,13 +151,13 @@ def save(root: str, step: int, cfg: JobConfig, state, data_state: dict | None, k
             json.dump(meta, fh)
             fh.flush()
             os.fsync(fh.fileno())
-        _fsync_dir(tmp)
+        fsync_dir(tmp)
         old = None
         if os.path.exists(final):  # the same step written again (a resumed run): swap, never delete first
             old = os.path.join(root, f".old-{PREFIX}{step:08d}-{os.getpid()}")
             os.rename(final, old)
         os.rename(tmp, final)
-        _fsync_dir(root)
+        fsync_dir(root)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

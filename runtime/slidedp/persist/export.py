@@ -23,6 +23,7 @@ import shutil
 import torch
 
 from slidedp.config import JobConfig, is_model_path
+from slidedp.persist.checkpoint import fsync_dir
 
 SHARD_BYTES = 2 * 2**30
 TOKENIZER_PREFIXES = ("tokenizer", "special_tokens_map", "vocab", "merges", "chat_template", "added_tokens")
@@ -32,14 +33,6 @@ def _tokenizer_dir(cfg: JobConfig) -> str | None:
     from slidedp.data.tokenizer import tokenizer_source
 
     return tokenizer_source(cfg.model)
-
-
-def _fsync_dir(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _write_config(tmp: str, cfg: JobConfig, adapter, dtype: torch.dtype) -> None:
@@ -120,6 +113,6 @@ def export_hf(out_dir: str, cfg: JobConfig, adapter, state) -> str:
     if os.path.exists(out_dir):
         os.rename(out_dir, old_dir)
     os.replace(tmp, out_dir)
-    _fsync_dir(os.path.dirname(out_dir))
+    fsync_dir(os.path.dirname(out_dir))
     shutil.rmtree(old_dir, ignore_errors=True)
     return out_dir

@@ -27,7 +27,7 @@ def shm_dir() -> str:
     return os.environ.get("SLIDEDP_SHM_DIR", "/dev/shm")
 
 
-def _pid_alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -54,7 +54,7 @@ def cleanup_orphans(directory: str | None = None) -> list[str]:
                 owner = int(json.load(fh)["owner_pid"])
         except (OSError, ValueError, KeyError):
             continue
-        if _pid_alive(owner):
+        if pid_alive(owner):
             continue
         run = name[: -len(".manifest.json")]
         for other in names:
