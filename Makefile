@@ -23,15 +23,16 @@ test: install
 	SETUP_BROWSER=1 scripts/setup.sh
 	$(BIN)/ruff check $(LINT_PATHS)
 	cd frontend && { [ -d node_modules ] || npm ci --no-audit --no-fund --loglevel=error; } && npm test --silent
-	$(BIN)/python -m pytest -q -m "not gpu" tests
+	$(BIN)/python -m pytest -q --durations=25 -m "not gpu" tests
 
 ## make test-fast: the quick subset for iteration (no browser, no slow suites)
 test-fast: install
 	$(BIN)/python -m pytest -q -m "not gpu and not e2e and not slow" tests
 
-## make gpu-test: the GPU suite; on the GPU machine run `PYTHONPATH=runtime python3 -m pytest -m gpu tests/gpu`
+## make gpu-test: the GPU suite, on the GPU machine (torch with CUDA, no web stack needed)
 gpu-test:
-	PYTHONPATH=runtime python3 -m pytest -q -m gpu tests/gpu
+	NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONPATH=runtime:. \
+		python3 -m pytest -q -m gpu tests/gpu tests/runtime
 
 lint: install
 	$(BIN)/ruff check $(LINT_PATHS)
