@@ -90,7 +90,18 @@ def _train(settings: Any, job_id: int, attempt: int, stop: Any) -> dict[str, Any
         return {"status": "failed", "error": refused}
     _watch_parent(settings, job_id, stop)
 
+    steps = [0]  # steps this attempt has finished
+
+    def on_step(record: dict[str, Any]) -> None:
+        steps[0] += 1
+        record_metrics(settings, job_id, record)
+
     def should_stop() -> bool | str:
+        # Before this attempt's first step the host state is still what it started from (its checkpoint, or the
+        # initial weights): ending now loses nothing, while the ranks may be seconds from their first step
+        # boundary (importing torch, joining the process group). train() cleans up as the exception passes.
+        if stop.value and not steps[0]:
+            raise _StoppedBeforeFirstStep
         return "save" if stop.value == 2 else bool(stop.value)
 
     import slidedp
@@ -99,10 +110,13 @@ def _train(settings: Any, job_id: int, attempt: int, stop: Any) -> dict[str, Any
     try:
         result = slidedp.train(
             config,
-            on_step=lambda record: record_metrics(settings, job_id, record),
+            on_step=on_step,
             on_log=lambda line: _log(settings, job_id, line),
             should_stop=should_stop,
         )
+    except _StoppedBeforeFirstStep:
+        _log(settings, job_id, "stopped before the first step of this attempt")
+        return {"status": "stopped", "steps_done": None}
     except ConfigError as exc:
         return {
             "status": "failed",
@@ -120,6 +134,10 @@ def _train(settings: Any, job_id: int, attempt: int, stop: Any) -> dict[str, Any
         "final_dir": getattr(result, "final_dir", None),
         "checkpoint_dir": getattr(result, "checkpoint_dir", None),
     }
+
+
+class _StoppedBeforeFirstStep(Exception):
+    """A stop asked before the attempt's first step: raised through slidedp.train to end it at once."""
 
 
 def _watch_parent(settings: Any, job_id: int, stop: Any) -> None:

@@ -93,6 +93,8 @@ def supervise(settings: Settings, job_id: int, attempt: int) -> str:
                 outcome = receiver.recv()
             except EOFError:
                 pass
+        elif outcome is not None:
+            proc.join(0.5)  # it has reported: wait for its exit instead of spinning on a CPU it needs
         if not proc.is_alive():
             break
         now = time.monotonic()
