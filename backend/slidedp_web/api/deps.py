@@ -6,11 +6,16 @@ import secrets
 from collections.abc import Iterator
 from typing import Annotated
 
-from fastapi import Depends, HTTPException, Request
+from fastapi import Depends, HTTPException, Path, Request
 from sqlmodel import Session
 
 from slidedp_web.core.config import Settings
 from slidedp_web.core.db import read_session
+
+# Ids and cursors are stored as signed 64-bit integers (SQLite's INTEGER): a larger value in a path or query is a
+# 422 naming the parameter, not a database error.
+DB_INT_MAX = 2**63 - 1
+JobId = Annotated[int, Path(ge=0, le=DB_INT_MAX, description="The job's id")]
 
 
 def get_settings(request: Request) -> Settings:

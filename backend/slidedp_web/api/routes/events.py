@@ -22,7 +22,7 @@ from sqlmodel import select
 from sse_starlette import EventSourceResponse, ServerSentEvent
 
 from slidedp_web import live
-from slidedp_web.api.deps import SessionDep, SettingsDep
+from slidedp_web.api.deps import DB_INT_MAX, JobId, SessionDep, SettingsDep
 from slidedp_web.core.config import Settings
 from slidedp_web.core.db import read_session
 from slidedp_web.jobs import get_or_404, is_terminal
@@ -56,18 +56,18 @@ def _fetch(settings: Settings, job_id: int, after: int) -> tuple[list[Event], Op
     },
 )
 async def job_events(
-    job_id: int,
+    job_id: JobId,
     request: Request,
     session: SessionDep,
     settings: SettingsDep,
-    last_event_id: Optional[int] = Query(None, ge=0, description="Resume after this event id"),
+    last_event_id: Optional[int] = Query(None, ge=0, le=DB_INT_MAX, description="Resume after this event id"),
     last_event_id_header: Optional[str] = Header(None, alias="Last-Event-ID"),
 ) -> Response:
     job = get_or_404(session, job_id)
     session.close()
     after = last_event_id or 0
     if last_event_id_header and last_event_id_header.strip().isdigit():
-        after = max(after, int(last_event_id_header.strip()))
+        after = max(after, min(int(last_event_id_header.strip()), DB_INT_MAX))
     if is_terminal(job.status) and after >= job.event_seq:
         # Nothing more will come: 204 is how SSE tells a browser's EventSource to stop reconnecting.
         return Response(status_code=204)

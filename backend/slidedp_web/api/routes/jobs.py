@@ -9,7 +9,7 @@ from sqlmodel import func, select
 from starlette.concurrency import run_in_threadpool
 
 from slidedp_web import jobs
-from slidedp_web.api.deps import SessionDep, SettingsDep
+from slidedp_web.api.deps import DB_INT_MAX, JobId, SessionDep, SettingsDep
 from slidedp_web.export_archive import stream_tar_gz
 from slidedp_web.job_schema import request_body_openapi
 from slidedp_web.models import (
@@ -37,7 +37,7 @@ def list_jobs(
     settings: SettingsDep,
     status: Optional[JobStatus] = None,
     limit: int = Query(50, ge=1),
-    offset: int = Query(0, ge=0),
+    offset: int = Query(0, ge=0, le=DB_INT_MAX),
 ) -> JobList:
     """Jobs, newest first, optionally with one status."""
     limit = min(limit, settings.max_page_size)
@@ -64,25 +64,25 @@ def create_job(session: SessionDep, settings: SettingsDep, body: Any = Body(...)
 
 
 @router.get("/{job_id}", response_model=JobPublic)
-def get_job(job_id: int, session: SessionDep) -> JobPublic:
+def get_job(job_id: JobId, session: SessionDep) -> JobPublic:
     return jobs.public(jobs.get_or_404(session, job_id))
 
 
 @router.post("/{job_id}/cancel", response_model=JobPublic)
-def cancel_job(job_id: int, settings: SettingsDep, body: Optional[CancelRequest] = None) -> JobPublic:
+def cancel_job(job_id: JobId, settings: SettingsDep, body: Optional[CancelRequest] = None) -> JobPublic:
     """Stop at the next step boundary (with `save`, after writing a checkpoint); a queued job is cancelled at
     once. A job that does not stop within SLIDEDP_CANCEL_GRACE_S is killed."""
     return jobs.public(jobs.cancel(settings, job_id, save=bool(body and body.save)))
 
 
 @router.post("/{job_id}/resume", response_model=JobPublic)
-def resume_job(job_id: int, settings: SettingsDep) -> JobPublic:
+def resume_job(job_id: JobId, settings: SettingsDep) -> JobPublic:
     """Queue a failed, cancelled or interrupted job again; it continues from its newest checkpoint."""
     return jobs.public(jobs.resume(settings, job_id))
 
 
 @router.delete("/{job_id}", status_code=204, response_class=Response)
-def delete_job(job_id: int, settings: SettingsDep) -> Response:
+def delete_job(job_id: JobId, settings: SettingsDep) -> Response:
     """Delete the job's rows and its output directory (a running job must be cancelled first)."""
     jobs.delete(settings, job_id)
     return Response(status_code=204)
@@ -90,7 +90,10 @@ def delete_job(job_id: int, settings: SettingsDep) -> Response:
 
 @router.get("/{job_id}/metrics", response_model=MetricsList)
 def job_metrics(
-    job_id: int, session: SessionDep, after_step: int = Query(0, ge=0), limit: int = Query(ROWS_MAX, ge=1)
+    job_id: JobId,
+    session: SessionDep,
+    after_step: int = Query(0, ge=0, le=DB_INT_MAX),
+    limit: int = Query(ROWS_MAX, ge=1),
 ) -> MetricsList:
     """Per-step metrics records (docs/interfaces.md §3) with step > after_step, in step order."""
     jobs.get_or_404(session, job_id)
@@ -105,7 +108,10 @@ def job_metrics(
 
 @router.get("/{job_id}/logs", response_model=LogList)
 def job_logs(
-    job_id: int, session: SessionDep, after_seq: int = Query(0, ge=0), limit: int = Query(ROWS_MAX, ge=1)
+    job_id: JobId,
+    session: SessionDep,
+    after_seq: int = Query(0, ge=0, le=DB_INT_MAX),
+    limit: int = Query(ROWS_MAX, ge=1),
 ) -> LogList:
     """Log lines with seq > after_seq, in order."""
     jobs.get_or_404(session, job_id)
@@ -119,7 +125,7 @@ def job_logs(
 
 
 @router.get("/{job_id}/checkpoints", response_model=CheckpointList)
-async def job_checkpoints(job_id: int, session: SessionDep) -> CheckpointList:
+async def job_checkpoints(job_id: JobId, session: SessionDep) -> CheckpointList:
     job = jobs.get_or_404(session, job_id)
     return CheckpointList(items=await run_in_threadpool(jobs.list_checkpoints, job.output_dir))
 
@@ -132,7 +138,7 @@ async def job_checkpoints(job_id: int, session: SessionDep) -> CheckpointList:
         404: {"description": "No final/ directory (yet)"},
     },
 )
-def export_job(job_id: int, session: SessionDep) -> StreamingResponse:
+def export_job(job_id: JobId, session: SessionDep) -> StreamingResponse:
     """The exported Hugging Face directory (output_dir/final) as a .tar.gz download."""
     job = jobs.get_or_404(session, job_id)
     final = Path(job.output_dir) / "final"
