@@ -195,12 +195,12 @@ def shared_state_bytes(cfg: Any) -> int:
     return params * (12 + (2 if cfg.precision == "bf16" else 0)) + staging
 
 
-def resource_errors(cfg: Any, topology: dict[str, Any], shm_directory: str) -> list[dict[str, str]]:
-    """Host RAM and HBM (AutoPolicy's memory model against the host's topology) and the shared-memory folder's
-    free space, for a parsed JobConfig; [] when the job fits."""
+def resource_errors(cfg: Any, topology: Optional[dict[str, Any]], shm_directory: str) -> list[dict[str, str]]:
+    """Host RAM and HBM (AutoPolicy's memory model against the host's topology; None: unknown, left to the runtime)
+    and the shared-memory folder's free space, for a parsed JobConfig; [] when the job fits."""
     from slidedp.planning.autopolicy import plan_job
 
-    plan = plan_job(cfg, topology, None)
+    plan = plan_job(cfg, topology, None) if topology is not None else {}
     if not plan.get("feasible", True):
         return [{"loc": str(e.get("loc", "model")), "msg": str(e.get("msg", ""))} for e in plan["errors"]]
     try:
@@ -233,10 +233,12 @@ def preflight(
         cfg = JobConfig.from_dict(config)
     except ConfigError as exc:
         return list(exc.errors)
-    if topology is None:
+    if topology is None or not topology.get("gpus") and "basic probe" in str(topology.get("source", "")):
+        # No detector report for this host: its RAM is known here, its GPUs are not. A GPU job is left to the
+        # runtime, which counts the GPUs itself before it allocates anything.
         from slidedp_web.hosts import basic_topology
 
-        topology = basic_topology(settings)
+        topology = None if cfg.gpus > 0 else basic_topology(settings)
     from slidedp.step.host_state import shm_dir
 
     return resource_errors(cfg, topology, shm_dir())

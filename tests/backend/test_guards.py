@@ -161,6 +161,18 @@ def test_gpu_memory_is_checked_even_for_a_fully_explicit_policy():
     assert [e["loc"] for e in too_big] == ["model"] and "host RAM too small" in too_big[0]["msg"]
 
 
+def test_a_gpu_job_on_a_host_without_a_detector_report_is_left_to_the_runtime(settings, tmp_path):
+    """The basic probe knows the host's RAM, not its GPUs: refusing for "0 GPUs" would be wrong there."""
+    from slidedp_web.guards import preflight
+    from slidedp_web.hosts import basic_topology
+
+    job = tiny_job("demo:demo_sft.jsonl", gpus=1)
+    assert preflight(settings, job, basic_topology(settings)) == []
+    assert preflight(settings, job, None) == []
+    detected = {**basic_topology(settings), "source": "slidedp.planning.topology"}
+    assert [e["loc"] for e in preflight(settings, job, detected)] == ["gpus"]
+
+
 @pytest.mark.slow
 def test_job_process_refuses_a_job_beyond_its_hosts_ram_before_allocating(module_dir, redis_server):
     """Queued before its host reported (so the API could not check it), refused when the worker, which may give
