@@ -14,7 +14,7 @@ from backend_support import WorkerProcess, read_sse, tiny_job, wait_status
 from conftest import make_settings
 from fault_support import ApiProcess, metric_steps, statuses, stream_events
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(150)]  # each runs well under 90 s; a hang fails fast
 STEPS = 40
 TS = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z$")
 

@@ -10,7 +10,7 @@ import pytest
 from backend_support import read_sse, tiny_job, wait_status
 from fault_support import metric_steps
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(150)]  # each runs well under 90 s; a hang fails fast
 BOUND_S = 10.0
 
 

@@ -13,7 +13,7 @@ import pytest
 from backend_support import WorkerProcess, read_sse, tiny_job, wait_for, wait_status
 from fault_support import job_pid, metric_steps, segments, statuses
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(150)]  # each runs well under 90 s; a hang fails fast
 STEPS = 30
 
 

@@ -15,7 +15,7 @@ from collections import Counter
 import pytest
 from backend_support import tiny_job
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(150)]  # each runs well under 90 s; a hang fails fast
 EXAMPLES = 80  # per operation and generation mode
 MIN_CASES = 1000
 RUNNABLE = ("POST /api/jobs", "POST /api/plan")
