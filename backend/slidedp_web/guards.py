@@ -59,7 +59,10 @@ def _escaping_link(directory: Path, roots: list[Path]) -> Optional[tuple[Path, P
 
 def path_error(value: str, roots: list[Path], kind: str, setting: str) -> Optional[str]:
     """Why `value` (a `kind` path: model or dataset) may not be used under these roots, or None when it may."""
-    real = Path(os.path.realpath(os.path.expanduser(value)))
+    try:
+        real = Path(os.path.realpath(os.path.expanduser(value)))
+    except (ValueError, OSError) as exc:  # a NUL byte, a loop of symlinks
+        return f"{value!r} is not a usable path ({exc}); give the {kind}'s path on the worker host"
     allowed = f"{':'.join(str(r) for r in roots)} ({setting})"
     if not _inside(real, roots):
         literal = Path.cwd() / os.path.expanduser(value)  # not normalised: '..' still in it

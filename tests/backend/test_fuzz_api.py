@@ -1,5 +1,5 @@
 """API fuzzing: Schemathesis generates requests from /openapi.json of the real API (SQLite in a temporary folder,
-a private Redis, no worker), valid ones and ones that break the schema, for every operation; at least 1000 are
+a private Redis, no worker, model and dataset roots set), valid ones and ones that break the schema, for every operation; at least 1000 are
 sent and not one is answered with a 5xx. Generation is derandomized, so a failure found here is found again.
 
 Random strings never name a model or a dataset that exists, so without help every job body would stop at
@@ -14,6 +14,7 @@ from collections import Counter
 
 import pytest
 from backend_support import tiny_job
+from conftest import make_settings
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(150)]  # each runs well under 90 s; a hang fails fast
 EXAMPLES = 80  # per operation and generation mode
@@ -31,6 +32,17 @@ def runnable(case, dataset: str):
         body.update(model="tiny-qwen3", seq_len=32, data={**data, "path": dataset, "format": "tokens"})
         case.body = body
     return case
+
+
+@pytest.fixture(scope="module")
+def settings(module_dir, redis_server):
+    """Roots configured, so that the fuzzed paths go through the root checks as well."""
+    return make_settings(
+        module_dir / "data",
+        redis_server.url,
+        data_roots=str(module_dir),
+        model_roots=str(module_dir / "models"),
+    )
 
 
 def existing_job(pair):
