@@ -10,8 +10,7 @@ import time
 
 import httpx
 import pytest
-from backend_support import WorkerProcess, read_sse, tiny_job, wait_status
-from conftest import make_settings
+from backend_support import WorkerProcess, make_settings, read_sse, tiny_job, wait_status
 from fault_support import ApiProcess, metric_steps, statuses, stream_events
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(150)]  # each runs well under 90 s; a hang fails fast

@@ -13,8 +13,7 @@ from __future__ import annotations
 from collections import Counter
 
 import pytest
-from backend_support import tiny_job
-from conftest import make_settings
+from backend_support import make_settings, tiny_job
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(150)]  # each runs well under 90 s; a hang fails fast
 EXAMPLES = 80  # per operation and generation mode

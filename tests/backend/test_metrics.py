@@ -5,8 +5,7 @@ metrics record. Behind the API token when one is set."""
 from __future__ import annotations
 
 import httpx
-from backend_support import ApiServer, read_sse, tiny_job, wait_for, wait_status
-from conftest import make_settings
+from backend_support import ApiServer, make_settings, read_sse, tiny_job, wait_for, wait_status
 from fault_support import metric_steps, scrape
 
 
