@@ -89,7 +89,6 @@ class RankEngine:
         self._norm_host = [torch.zeros((), dtype=torch.float64, pin_memory=self.streams.cuda) for _ in range(2)]
         self.loss_chunk = int(policy.get("loss_chunk_tokens", cfg.policy.loss_chunk_tokens))
         self.staging_wait_s = 0.0
-        self.saved_total_bytes = 0
 
     # ------------------------------------------------------------------ schedule
     def schedule(self, micro_batches: int) -> list[int]:
@@ -151,7 +150,7 @@ class RankEngine:
             out[p.name] = leaf
         return out
 
-    def _layer_forward(self, u: int, k: int, buf: torch.Tensor, h: torch.Tensor, ctx: dict) -> tuple:
+    def _layer_forward(self, u: int, buf: torch.Tensor, h: torch.Tensor, ctx: dict) -> tuple:
         policy = self.activations[u - 1]
         if policy == "checkpoint":
             with torch.no_grad():
@@ -276,7 +275,7 @@ class RankEngine:
             for u in range(1, self.head_unit):
                 self._current_item = k
                 buf = self.window.get(k)
-                h, saved[u] = self._layer_forward(u, k, buf, h, ctx)
+                h, saved[u] = self._layer_forward(u, buf, h, ctx)
                 self.window.release(k)
                 k += 1
             if m == 0:
