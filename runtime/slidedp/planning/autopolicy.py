@@ -353,22 +353,10 @@ class _Planner(MixSearch):
         }
 
     def max_count(self, pol: Policy, field: str) -> int:
-        n = {"keep": pol.counts()["keep"], "offload": pol.counts()["offload"], "resident": sum(pol.resident)}
+        n = self.counts(pol)
         while n[field] > 0:
             n[field] -= 1
-            trial = Policy.mix(
-                self.job,
-                n["keep"],
-                n["offload"],
-                n["resident"],
-                delivery=pol.delivery,
-                grad_reduce=pol.grad_reduce,
-                reduce_dtype=pol.reduce_dtype,
-                window=pol.window,
-                chunk_mb=pol.chunk_mb,
-                loss_chunk_tokens=pol.loss_chunk_tokens,
-            )
-            if self.fits(trial) is None:
+            if self.fits(self.with_counts(pol, n)) is None:
                 break
         return n[field]
 

@@ -63,20 +63,9 @@ class MixSearch:
     def shrink_to_fit(self, pol: Policy) -> Policy | None:
         """The policy, or the nearest one with fewer kept/resident layers that fits; None if none does."""
         fixed = self.fixed_mix()
-        n = {"keep": pol.counts()["keep"], "offload": pol.counts()["offload"], "resident": sum(pol.resident)}
+        n = self.counts(pol)
         while True:
-            trial = Policy.mix(
-                self.job,
-                n["keep"],
-                n["offload"],
-                n["resident"],
-                delivery=pol.delivery,
-                grad_reduce=pol.grad_reduce,
-                reduce_dtype=pol.reduce_dtype,
-                window=pol.window,
-                chunk_mb=pol.chunk_mb,
-                loss_chunk_tokens=pol.loss_chunk_tokens,
-            )
+            trial = self.with_counts(pol, n)
             if self.fits(trial) is None:
                 return trial
             for f in ("resident", "keep", "offload"):
