@@ -27,9 +27,10 @@ HBM_BUDGET_FRACTION = 0.92  # of each GPU's memory: the CUDA context, NCCL and f
 ALLOCATOR_SLACK = 0.10  # the caching allocator's rounding and fragmentation over what tensors need
 ACTIVATION_POLICIES = ("keep", "checkpoint", "offload")
 PHASES = ("data", "forward", "backward", "update_tail", "delivery_wait")
-# Host DRAM bytes per parameter of one host update (slidedp.step.optimizer): the norm reads the gradient (4),
-# fused AdamW reads param, grad, m, v and writes param, m, v (28), the bf16 delivery copy reads 4 and writes 2.
-UPDATE_DRAM_BYTES = {"bf16": 38, "fp32": 32}
+# Host DRAM bytes per parameter of one host update (slidedp.step.optimizer.update_shard_): fused AdamW reads param,
+# grad, m, v and writes param, m, v (28); the bf16 delivery copy, cast chunk by chunk while the master is still in
+# cache, writes 2. The gradient norm costs the host nothing on the gpu route (reduced on the GPUs).
+UPDATE_DRAM_BYTES = {"bf16": 30, "fp32": 28}
 STAGING_BYTES = 4  # the host staging of gradients is fp32 whatever reduce_dtype (slidedp.step.host_state)
 
 
@@ -434,8 +435,9 @@ def durations(job: Job, pol: Policy, rates: Rates, zero: frozenset = frozenset()
     update = [rates.update_s(job.units[u]) for u in range(n_units)]
     upd_bytes = [float(job.units[u] * UPDATE_DRAM_BYTES[job.precision]) for u in range(n_units)]
     if pol.grad_reduce == "host" and N > 1:
-        # the host sums N copies of each shard before updating it: one copy and N-1 adds of fp32
-        sum_traffic = [job.units[u] * 4.0 * (3 * N - 1) for u in range(n_units)]
+        # the host sums N copies of each shard before updating it (one copy and N-1 adds of fp32), then reads
+        # the sum once more for the gradient norm
+        sum_traffic = [job.units[u] * 4.0 * 3 * N for u in range(n_units)]
         update = [t + rates.copy_s(b) for t, b in zip(update, sum_traffic)]
         upd_bytes = [a + b for a, b in zip(upd_bytes, sum_traffic)]
     hold_traffic = [job.units[u] * 12.0 for u in range(n_units)]  # clip: the norm reads, the copy into held

@@ -14,7 +14,7 @@ import torch
 
 from slidedp.config import JobConfig, OptimizerConfig
 from slidedp.planning.cost_model import UPDATE_DRAM_BYTES
-from slidedp.step.optimizer import adamw_
+from slidedp.step.optimizer import adamw_, update_shard_
 
 # the engine's own update call, timed with the hyperparameters that cost the same as any others
 _BENCH_OPT = OptimizerConfig(lr=1e-6, weight_decay=0.0, betas=(0.9, 0.95), eps=1e-8)
@@ -71,11 +71,8 @@ def cpu_rates(cfg: JobConfig, topology: dict, max_unit: int, quick: bool, cuda: 
     def adamw() -> None:
         adamw_(p, g, m, v, 1, 1e-6, _BENCH_OPT)
 
-    def update() -> None:  # slidedp.step.optimizer: norm of the reduced gradient, AdamW, bf16 delivery copy
-        torch.linalg.vector_norm(g, dtype=torch.float64)
-        adamw()
-        if cfg.precision == "bf16":
-            deliver.copy_(p)
+    def update() -> None:  # what the engine runs per shard: AdamW and the bf16 delivery copy, chunk by chunk
+        update_shard_(p, g, m, v, deliver if cfg.precision == "bf16" else None, 1, 1e-6, _BENCH_OPT)
 
     threads = thread_counts(cfg, topology)
     rows: dict[str, list[float]] = {"adamw_s_per_1e9": [], "update_s_per_1e9": [], "copy_GBps": []}
@@ -100,9 +97,7 @@ def host_dram(cfg: JobConfig, topology: dict) -> dict[str, Any]:
     deliver = torch.empty(n, dtype=torch.bfloat16)
 
     def update() -> None:
-        torch.linalg.vector_norm(g, dtype=torch.float64)
-        adamw_(p, g, m, v, 1, 1e-6, _BENCH_OPT)
-        deliver.copy_(p)
+        update_shard_(p, g, m, v, deliver, 1, 1e-6, _BENCH_OPT)
 
     nbuf = 128 * MIB
     host = [torch.empty(nbuf, dtype=torch.uint8, pin_memory=True) for _ in range(2 * ngpu)]

@@ -49,10 +49,33 @@ def lr_at(step: int, total: int, opt: OptimizerConfig, sched: ScheduleConfig) ->
 def adamw_(param: torch.Tensor, grad: torch.Tensor, exp_avg: torch.Tensor, exp_avg_sq: torch.Tensor,
            step: int, lr: float, opt: OptimizerConfig) -> None:
     """One AdamW step on flat fp32 host tensors (decoupled weight decay, bias correction)."""
+    update_shard_(param, grad, exp_avg, exp_avg_sq, None, step, lr, opt, chunk=param.numel() or 1)
+
+
+# Elements per pass of the host update. The update is bound by host DRAM traffic (../shared/HARDWARE.md): AdamW
+# moves 28 B/param and a separate fp32->bf16 pass over the whole shard would read the master again (+4 B/param).
+# Casting each chunk right after its AdamW reads the master from cache instead; the chunk is large enough that the
+# per-call overhead stays small against the ~0.1 ms a chunk takes (docs/perf-notes.md has the measurement).
+UPDATE_CHUNK = 1 << 20
+
+
+def update_shard_(master: torch.Tensor, grad: torch.Tensor, exp_avg: torch.Tensor, exp_avg_sq: torch.Tensor,
+                  delivery: torch.Tensor | None, step: int, lr: float, opt: OptimizerConfig,
+                  chunk: int = UPDATE_CHUNK) -> None:
+    """AdamW on one flat shard of the host state, then its bf16 delivery copy (when given), chunk by chunk.
+
+    Elementwise, so the result is the same bits whatever the chunk: only where the master is read from changes.
+    """
     step_t = torch.tensor(float(step))
-    torch._fused_adamw_([param], [grad], [exp_avg], [exp_avg_sq], [], [step_t], lr=lr, beta1=opt.betas[0],
-                        beta2=opt.betas[1], weight_decay=opt.weight_decay, eps=opt.eps, amsgrad=False,
-                        maximize=False)
+    n = master.numel()
+    for lo in range(0, n, chunk):
+        hi = min(n, lo + chunk)
+        p = master[lo:hi]
+        torch._fused_adamw_([p], [grad[lo:hi]], [exp_avg[lo:hi]], [exp_avg_sq[lo:hi]], [], [step_t], lr=lr,
+                            beta1=opt.betas[0], beta2=opt.betas[1], weight_decay=opt.weight_decay, eps=opt.eps,
+                            amsgrad=False, maximize=False)
+        if delivery is not None:
+            delivery[lo:hi].copy_(p)
 
 
 @dataclass
@@ -204,11 +227,9 @@ class Updater(threading.Thread):
         lo, hi = self.shards.own_range(unit)
         if hi > lo:
             lr = lr_at(step, self.total_steps, self.opt, self.sched)
-            master = self.state.master_unit(unit)[lo:hi]
-            adamw_(master, grad, self.state.exp_avg_unit(unit)[lo:hi], self.state.exp_avg_sq_unit(unit)[lo:hi],
-                   step, lr, self.opt)
-            if self.deliver_bf16:
-                self.state.delivery_unit(unit)[lo:hi].copy_(master)
+            delivery = self.state.delivery_unit(unit)[lo:hi] if self.deliver_bf16 else None
+            update_shard_(self.state.master_unit(unit)[lo:hi], grad, self.state.exp_avg_unit(unit)[lo:hi],
+                          self.state.exp_avg_sq_unit(unit)[lo:hi], delivery, step, lr, self.opt)
         self.board.set_updated(unit, self.rank, step)
 
     def _process(self, item: GradItem) -> None:
