@@ -1,10 +1,15 @@
-"""`slidedp bench`: SlideDP step time for a model shape over several policies, in one command.
+"""`slidedp bench`: SlideDP step time for a model shape over several policies, next to peers, in one command.
 
     PYTHONPATH=runtime python3 -m slidedp.cli bench --model qwen3-8b --gpus 2 --mbs 4 --seq 2048 --steps 8 \\
-        --policies sharded:gpu,replicated:gpu,sharded:host,replicated:host --out bench.jsonl
+        --policies sharded:gpu,replicated:gpu,sharded:host,replicated:host --peers fsdp2-offload:0 --out bench.jsonl
 
-Each policy is `delivery:grad_reduce[:activations[:clip[:resident layers]]]`. Data are random token ids written to a temporary
-jsonl (the model is random-init, so the loss only shows the step is wired). The first `--warmup` steps are
+Each policy is `delivery:grad_reduce[:activations[:clip[:resident layers]]]` (`auto` anywhere: AutoPolicy's
+choice). Each peer is `fsdp2[:keep[:clip]]` (FSDP2 GPU-resident, every decoder layer checkpointed but the first
+`keep`; `none`: no checkpointing) or `fsdp2-offload[:keep[:clip]]` (FSDP2 + CPUOffloadPolicy); see
+slidedp.peers.fsdp2. Data are token ids written to a temporary jsonl: `random` ids, or `pattern` (each row repeats
+a short random motif, so a random-init model's loss visibly falls). All SlideDP policies of one command train on
+one host state (StateCache): weights are initialised once. The planner predicts each policy before it runs
+(SLIDEDP_PLAN_EXPLICIT), and the row carries the prediction beside the measurement. The first `--warmup` steps are
 excluded; the median of the rest is reported with peak HBM, host RSS and per-rank bytes.
 """
 
@@ -19,42 +24,85 @@ import tempfile
 import time
 
 
-def _data(path: str, rows: int, seq: int, vocab: int) -> None:
+def _rows(kind: str, rows: int, seq: int, vocab: int) -> list[list[int]]:
     rng = random.Random(0)
+    if kind == "random":
+        return [[rng.randrange(vocab) for _ in range(seq)] for _ in range(rows)]
+    out = []
+    for _ in range(rows):
+        motif = [rng.randrange(vocab) for _ in range(rng.randrange(16, 65))]
+        out.append((motif * (seq // len(motif) + 1))[:seq])
+    return out
+
+
+def _write(path: str, rows: list[list[int]]) -> None:
     with open(path, "w", encoding="utf-8") as fh:
-        for _ in range(rows):
-            fh.write(json.dumps({"input_ids": [rng.randrange(vocab) for _ in range(seq)]}) + "\n")
+        for r in rows:
+            fh.write(json.dumps({"input_ids": r}) + "\n")
+
+
+def parse_policy(policy: str) -> dict:
+    parts = policy.split(":")
+    if len(parts) < 2:
+        raise ValueError(f"policy {policy!r}: expected delivery:grad_reduce[:activations[:clip[:resident]]]")
+    resident = parts[4] if len(parts) > 4 else "0"
+    return {"delivery": parts[0], "grad_reduce": parts[1],
+            "activations": parts[2] if len(parts) > 2 else "checkpoint",
+            "clip": float(parts[3]) if len(parts) > 3 else 0.0,
+            "resident_units": None if resident == "auto" else int(resident)}
 
 
 def run_one(model: str, gpus: int, mbs: int, seq: int, steps: int, policy: str, data: str, out_dir: str,
-            threads: int | None) -> dict:
+            threads: int | None, lr: float = 1e-5, state_cache=None) -> dict:
     from slidedp.launch import train
 
-    parts = policy.split(":")
-    delivery, grad = parts[0], parts[1]
-    acts = parts[2] if len(parts) > 2 else "checkpoint"
-    clip = float(parts[3]) if len(parts) > 3 else 0.0
-    resident = int(parts[4]) if len(parts) > 4 else 0
+    pol = parse_policy(policy)
     cfg = {"model": model, "data": {"path": data, "format": "tokens", "shuffle": False}, "seq_len": seq,
            "micro_batch_size": mbs, "steps": steps, "gpus": gpus, "ranks": 1 if gpus else 2, "precision": "bf16",
-           "output_dir": out_dir, "export": False, "optimizer": {"lr": 1e-5, "max_grad_norm": clip},
-           "policy": {"delivery": delivery, "grad_reduce": grad, "activations": acts, "resident_units": resident},
+           "output_dir": out_dir, "export": False, "optimizer": {"lr": lr, "max_grad_norm": pol["clip"]},
+           "schedule": {"warmup_steps": 0, "decay": "constant"},
+           "policy": {"delivery": pol["delivery"], "grad_reduce": pol["grad_reduce"],
+                      "activations": pol["activations"], "resident_units": pol["resident_units"]},
            "checkpoint": {"interval": 0}}
     if threads:
         cfg["cpu_threads"] = threads
     t0 = time.perf_counter()
-    result = train(cfg, on_log=lambda line: print("   ", line, flush=True))
-    return {"policy": policy, "wall_s": time.perf_counter() - t0, "metrics": result.metrics}
+    result = train(cfg, on_log=lambda line: print("   ", line, flush=True), state_cache=state_cache)
+    plan = (result.policy or {}).get("plan") or {}
+    chosen = {k: result.policy.get(k) for k in ("delivery", "grad_reduce", "window")}
+    chosen["keep_layers"] = sum(a == "keep" for a in result.policy.get("activations", []))
+    chosen["resident_layers"] = sum(bool(r) for r in result.policy.get("resident", []))
+    return {"policy": policy, "wall_s": time.perf_counter() - t0, "metrics": result.metrics, "chosen": chosen,
+            "predicted_step_s": ((plan.get("predicted") or {}).get("step_time_s"))}
+
+
+def run_peer(spec: str, model: str, gpus: int, mbs: int, seq: int, steps: int, warmup: int, threads: int | None,
+             lr: float, rows: list[list[int]]) -> dict:
+    from slidedp.peers.fsdp2 import run_fsdp2
+
+    parts = spec.split(":")
+    if parts[0] not in ("fsdp2", "fsdp2-offload"):
+        raise ValueError(f"peer {spec!r}: expected fsdp2[:keep[:clip]] or fsdp2-offload[:keep[:clip]]")
+    keep = None if len(parts) > 1 and parts[1] == "none" else int(parts[1]) if len(parts) > 1 else 0
+    clip = float(parts[2]) if len(parts) > 2 else 0.0
+    row = run_fsdp2(model, gpus, mbs, seq, steps, warmup, offload=parts[0] == "fsdp2-offload", keep_layers=keep,
+                    threads=threads, ranks=0 if gpus else 2, lr=lr, max_grad_norm=clip, data_rows=rows)
+    return {"policy": spec, **row}
 
 
 def summarise(row: dict, warmup: int) -> dict:
     ms = row["metrics"][warmup:] or row["metrics"]
     med = statistics.median(m["step_time_s"] for m in ms)
     pick = min(ms, key=lambda m: abs(m["step_time_s"] - med))
-    return {"policy": row["policy"], "step_s": med, "tokens_per_s": pick["tokens_per_s"],
+    pred = row.get("predicted_step_s")
+    return {"policy": row["policy"], "chosen": row.get("chosen"), "step_s": med,
+            "predicted_step_s": pred, "predicted_error": (pred / med - 1.0) if pred else None,
+            "tokens_per_s": pick["tokens_per_s"],
             "tflops": pick["tflops"], "hbm_peak_gib": max(max(m["hbm_peak_gib"] or [0.0]) for m in ms),
             "host_rss_gib": pick["host_rss_gib"], "phases": pick["phases"], "bytes": pick["bytes"],
-            "loss_first": row["metrics"][0]["loss"], "loss_last": row["metrics"][-1]["loss"]}
+            "loss_first": row["metrics"][0]["loss"], "loss_last": row["metrics"][-1]["loss"],
+            "losses": [m["loss"] for m in row["metrics"]], "times": [m["step_time_s"] for m in row["metrics"]],
+            "grad_norm": pick.get("grad_norm"), "clipped": pick.get("clipped")}
 
 
 def main(argv: list[str]) -> int:
@@ -66,33 +114,63 @@ def main(argv: list[str]) -> int:
     p.add_argument("--steps", type=int, default=8)
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--threads", type=int, default=None, help="CPU threads per rank for the host update")
-    p.add_argument("--policies", default="sharded:gpu")
+    p.add_argument("--policies", default="sharded:gpu", help="comma-separated; empty: peers only")
+    p.add_argument("--peers", default="", help="comma-separated peer specs, e.g. fsdp2:8,fsdp2-offload:0")
+    p.add_argument("--data", choices=("random", "pattern"), default="random")
+    p.add_argument("--lr", type=float, default=1e-5)
+    p.add_argument("--no-plan", action="store_true", help="do not ask the planner for a prediction per policy")
     p.add_argument("--out", default=None, help="append one JSON line per policy here")
     args = p.parse_args(argv)
+    from slidedp.launch import StateCache
     from slidedp.presets import PRESETS
 
+    if not args.no_plan:
+        os.environ["SLIDEDP_PLAN_EXPLICIT"] = "1"
+    policies = [x for x in args.policies.split(",") if x]
+    peers = [x for x in args.peers.split(",") if x]
+    for policy in policies:
+        parse_policy(policy)  # a typo fails before an hour of set-up, not after
     vocab = PRESETS[args.model]["vocab_size"] if args.model in PRESETS else 32000
     tmp = tempfile.mkdtemp(prefix="slidedp-bench-")
     data = os.path.join(tmp, "data.jsonl")
-    _data(data, args.steps * args.mbs * max(1, args.gpus), args.seq, vocab)
+    token_rows = _rows(args.data, args.steps * args.mbs * max(1, args.gpus), args.seq, vocab)
+    _write(data, token_rows)
     rows = []
-    for policy in args.policies.split(","):
-        print(f"== {args.model} gpus={args.gpus} mbs={args.mbs} seq={args.seq} policy={policy}", flush=True)
-        try:
-            row = summarise(run_one(args.model, args.gpus, args.mbs, args.seq, args.steps, policy, data,
-                                    os.path.join(tmp, policy.replace(":", "-")), args.threads), args.warmup)
-        except Exception as exc:  # one failing policy must not hide the others' results
-            row = {"policy": policy, "error": f"{type(exc).__name__}: {str(exc)[-2000:]}"}
-        row.update(model=args.model, gpus=args.gpus, mbs=args.mbs, seq=args.seq)
+    cache = StateCache()
+
+    def record(row: dict) -> None:
+        row.update(model=args.model, gpus=args.gpus, mbs=args.mbs, seq=args.seq, data=args.data)
         rows.append(row)
         if args.out:
             with open(args.out, "a", encoding="utf-8") as fh:
                 fh.write(json.dumps(row) + "\n")
-    print(f"\n{'policy':34s} {'step s':>8s} {'tok/s':>9s} {'TFLOP/s':>8s} {'HBM GiB':>8s} {'RSS GiB':>8s}")
+
+    try:
+        for policy in policies:
+            print(f"== {args.model} gpus={args.gpus} mbs={args.mbs} seq={args.seq} policy={policy}", flush=True)
+            try:
+                row = summarise(run_one(args.model, args.gpus, args.mbs, args.seq, args.steps, policy, data,
+                                        os.path.join(tmp, policy.replace(":", "-")), args.threads, args.lr,
+                                        cache), args.warmup)
+            except Exception as exc:  # one failing policy must not hide the others' results
+                row = {"policy": policy, "error": f"{type(exc).__name__}: {str(exc)[-2000:]}"}
+            record(row)
+    finally:
+        cache.close()  # the peers need the host RAM the state holds
+    for spec in peers:
+        print(f"== {args.model} gpus={args.gpus} mbs={args.mbs} seq={args.seq} peer={spec}", flush=True)
+        try:
+            row = run_peer(spec, args.model, args.gpus, args.mbs, args.seq, args.steps, args.warmup, args.threads,
+                           args.lr, token_rows)
+        except Exception as exc:
+            row = {"policy": spec, "error": f"{type(exc).__name__}: {str(exc)[-2000:]}"}
+        record(row)
+    print(f"\n{'run':34s} {'step s':>8s} {'pred s':>7s} {'tok/s':>9s} {'HBM GiB':>8s} {'RSS GiB':>8s}")
     for r in rows:
         if "error" in r:
             print(f"{r['policy']:34s} ERROR {r['error'][-300:]}")
         else:
-            print(f"{r['policy']:34s} {r['step_s']:8.3f} {r['tokens_per_s']:9.0f} {r['tflops']:8.1f} "
+            pred = f"{r['predicted_step_s']:7.3f}" if r.get("predicted_step_s") else f"{'-':>7s}"
+            print(f"{r['policy']:34s} {r['step_s']:8.3f} {pred} {r['tokens_per_s']:9.0f} "
                   f"{r['hbm_peak_gib']:8.1f} {r['host_rss_gib']:8.1f}")
     return 0

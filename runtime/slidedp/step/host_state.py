@@ -205,14 +205,15 @@ def wait_until(predicate, what: str, timeout_s: float = 600.0, abort=None) -> fl
 class HostState:
     """Maps the shared host state; `create` in the launching process, `attach` in each rank."""
 
-    def __init__(self, layout: HostLayout, create: bool):
+    def __init__(self, layout: HostLayout, create: bool, keep_state: bool = False):
         self.layout = layout
         n = layout.total
-        self.master = _map(layout.path("master"), n, torch.float32, create)
-        self.exp_avg = _map(layout.path("exp_avg"), n, torch.float32, create)
-        self.exp_avg_sq = _map(layout.path("exp_avg_sq"), n, torch.float32, create)
+        fresh = create and not keep_state  # keep_state: the master, moments and delivery copy exist already
+        self.master = _map(layout.path("master"), n, torch.float32, fresh)
+        self.exp_avg = _map(layout.path("exp_avg"), n, torch.float32, fresh)
+        self.exp_avg_sq = _map(layout.path("exp_avg_sq"), n, torch.float32, fresh)
         if layout.delivery_dtype == "bfloat16":
-            self.delivery = _map(layout.path("delivery"), n, torch.bfloat16, create)
+            self.delivery = _map(layout.path("delivery"), n, torch.bfloat16, fresh)
         else:
             self.delivery = self.master  # fp32 precision delivers the master itself: no second copy
         # Gradient staging: `staging_slots` units per rank; with the host route every rank reads its shard of
@@ -222,20 +223,21 @@ class HostState:
         self.held = _map(layout.path("held"), n, torch.float32, create) if layout.hold_gradient else None
         self.board = Board(layout, create)
         self._registered: list[torch.Tensor] = []
-        if create:
+        if fresh:
             self.exp_avg.zero_()
             self.exp_avg_sq.zero_()
 
     # ------------------------------------------------------------------ lifecycle
     @classmethod
-    def create(cls, layout: HostLayout) -> HostState:
+    def create(cls, layout: HostLayout, keep_state: bool = False) -> HostState:
+        """Create the run's segments; keep_state maps an existing state of the same run name (benchmarks)."""
         os.makedirs(layout.directory, exist_ok=True)
         with open(layout.path("manifest.json"), "w", encoding="utf-8") as fh:
             json.dump({"owner_pid": os.getpid(), "created": time.time(), "layout": asdict(layout)}, fh)
         try:
-            return cls(layout, create=True)
+            return cls(layout, create=True, keep_state=keep_state)
         except BaseException:
-            unlink(layout)
+            unlink(layout, keep_state=keep_state)
             raise
 
     @classmethod
@@ -303,8 +305,13 @@ class HostState:
         return total
 
 
-def unlink(layout: HostLayout) -> None:
-    for kind in ("master", "exp_avg", "exp_avg_sq", "delivery", "staging", "held", "board", "norms", "manifest.json"):
+STATE_KINDS = ("master", "exp_avg", "exp_avg_sq", "delivery")
+
+
+def unlink(layout: HostLayout, keep_state: bool = False) -> None:
+    """Remove the run's segments; keep_state leaves the state itself (and its manifest) for a later run."""
+    kinds = ("staging", "held", "board", "norms") + (() if keep_state else STATE_KINDS + ("manifest.json",))
+    for kind in kinds:
         try:
             os.unlink(layout.path(kind))
         except FileNotFoundError:

@@ -1,0 +1,36 @@
+"""`slidedp bench` on the CPU: every policy of one command trains on one host state, removed at the end."""
+
+import json
+import os
+
+from slidedp import bench
+
+
+def test_bench_reuses_one_host_state_and_removes_it(tmp_path, monkeypatch, capsys):
+    shm = tmp_path / "shm"
+    shm.mkdir()
+    monkeypatch.setenv("SLIDEDP_SHM_DIR", str(shm))
+    out = tmp_path / "bench.jsonl"
+    rc = bench.main(["--model", "tiny-qwen3", "--gpus", "0", "--mbs", "2", "--seq", "32", "--steps", "3",
+                     "--warmup", "1", "--policies", "sharded:gpu,replicated:host:checkpoint:0.5",
+                     "--peers", "fsdp2-offload:0", "--data", "pattern", "--lr", "1e-3", "--out", str(out)])
+    assert rc == 0
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [r["policy"] for r in rows] == ["sharded:gpu", "replicated:host:checkpoint:0.5", "fsdp2-offload:0"]
+    assert rows[2]["peer"] == "fsdp2-offload" and rows[2]["step_s"] > 0 and "error" not in rows[2]
+    for r in rows[:2]:
+        assert "error" not in r, r
+        assert r["step_s"] > 0 and len(r["losses"]) == 3
+    assert rows[0]["chosen"]["delivery"] == "sharded" and rows[1]["chosen"]["grad_reduce"] == "host"
+    # the second policy trained on the weights the first one left: its first loss continues the fall
+    assert rows[1]["losses"][0] < rows[0]["losses"][0]
+    assert "host state kept from the previous run" in capsys.readouterr().out
+    assert os.listdir(shm) == []
+
+
+def test_bench_rejects_a_malformed_policy_before_training(tmp_path):
+    import pytest
+
+    with pytest.raises(ValueError, match="delivery:grad_reduce"):
+        bench.main(["--model", "tiny-qwen3", "--gpus", "0", "--policies", "sharded", "--out",
+                    str(tmp_path / "x.jsonl")])
