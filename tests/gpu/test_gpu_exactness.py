@@ -49,3 +49,56 @@ def test_gpu_routes_match_adamw(workdir, gpus, delivery, grad):
     if gpus == 1 and (delivery, grad) != exact.ROUTES[0]:
         pytest.skip("one GPU has a single route")
     exact._check(workdir, "untied", 1, delivery, grad, 1, exact.CLIP if grad == "gpu" else 0.0, gpus=gpus)
+
+
+BF16_STEPS, BF16_SEQ, BF16_LR = 20, 64, 1e-3
+
+
+@pytest.mark.parametrize("gpus", [1, 2])
+def test_bf16_tracks_an_autocast_reference_over_20_steps(workdir, gpus):
+    """bf16 delivery and compute against fp32 master weights with bf16 autocast: loss curves within 1e-2
+    relative and the weight change within 5e-2 (the whole model's), on data whose loss falls by more than 10%.
+
+    Per tensor the bound is 1e-1: SlideDP's residual stream is bf16 (as under FSDP2's bf16 param_dtype) where
+    autocast keeps it in fp32, and the q/k projections and norms of the last layers drift most (7e-2 measured on
+    the CPU with this model, 20 steps, while the whole change agreed to 3.9e-2 and the losses to 5e-4)."""
+    import os
+
+    import slidedp
+
+    from tests.runtime.exactness import make_pattern_data, reference_run, rel_err, slidedp_tensors
+
+    if _gpus() < gpus:
+        pytest.skip(f"needs {gpus} GPUs")
+    root = workdir["root"]
+    data = str(root / "pattern.jsonl")
+    if not os.path.exists(data):
+        make_pattern_data(data, rows=2 * exact.MBS * BF16_STEPS, seq_len=BF16_SEQ)
+    ref = reference_run(workdir["untied"], data, BF16_STEPS, exact.MBS * gpus, BF16_LR, exact.BETAS, 1e-8, exact.WD,
+                        0.0, "cuda", autocast=True)
+    assert ref["losses"][-1] <= 0.9 * ref["losses"][0], ref["losses"]
+    out = str(root / f"bf16-{gpus}")
+    result = slidedp.train({
+        "model": workdir["untied"], "data": {"path": data, "format": "tokens", "shuffle": False},
+        "seq_len": BF16_SEQ, "micro_batch_size": exact.MBS, "steps": BF16_STEPS, "gpus": gpus, "precision": "bf16",
+        "output_dir": out, "export": False, "cpu_threads": 4,
+        "optimizer": {"lr": BF16_LR, "betas": list(exact.BETAS), "eps": 1e-8, "weight_decay": exact.WD,
+                      "max_grad_norm": 0.0},
+        "policy": {"delivery": "sharded", "grad_reduce": "gpu", "activations": "checkpoint", "resident_units": 0},
+        "checkpoint": {"interval": BF16_STEPS, "keep": 1},
+    })
+    assert result.status == "completed"
+    for m, loss in zip(result.metrics, ref["losses"]):
+        assert abs(m["loss"] - loss) <= 1e-2 * abs(loss), (m["step"], m["loss"], loss)
+    from safetensors.torch import load_file
+
+    w0 = load_file(os.path.join(workdir["untied"], "model.safetensors"))
+    ours = slidedp_tensors(os.path.join(out, "checkpoints", f"step-{BF16_STEPS:08d}"), workdir["untied"])
+    num = den = 0.0
+    for name, delta in ref["delta"].items():
+        mine = ours["master"][name] - w0[name]
+        err = rel_err(mine, delta)
+        assert err <= 1e-1, (name, err)
+        num += float((mine.double() - delta.double()).pow(2).sum())
+        den += float(delta.double().pow(2).sum())
+    assert (num / den) ** 0.5 <= 5e-2, (num / den) ** 0.5

@@ -42,6 +42,17 @@ def make_token_data(path: str, rows: int, seq_len: int, seed: int = 0, vocab: in
     return path
 
 
+def make_pattern_data(path: str, rows: int, seq_len: int, seed: int = 0, alphabet: int = 32) -> str:
+    """Each row repeats a short random motif over a small alphabet: a random-init model's loss falls fast (first
+    towards the alphabet's frequencies, then by copying)."""
+    rng = random.Random(seed)
+    with open(path, "w", encoding="utf-8") as fh:
+        for _ in range(rows):
+            motif = [rng.randrange(3, 3 + alphabet) for _ in range(rng.randrange(4, 13))]
+            fh.write(json.dumps({"input_ids": (motif * (seq_len // len(motif) + 1))[:seq_len]}) + "\n")
+    return path
+
+
 def read_rows(path: str) -> tuple[torch.Tensor, torch.Tensor]:
     ids, labels = [], []
     with open(path, encoding="utf-8") as fh:
@@ -53,8 +64,9 @@ def read_rows(path: str) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def reference_run(model_dir: str, data_path: str, steps: int, global_batch: int, lr: float, betas, eps: float,
-                  weight_decay: float, max_grad_norm: float, device: str = "cpu") -> dict:
-    """Single-process AdamW (+ exact clipping) over file-order global batches; fp32 throughout."""
+                  weight_decay: float, max_grad_norm: float, device: str = "cpu", autocast: bool = False) -> dict:
+    """Single-process AdamW (+ exact clipping) over file-order global batches; fp32 throughout, or with
+    `autocast` the forward under bf16 autocast (fp32 master weights, fp32 loss): the reference for bf16 runs."""
     from transformers import AutoModelForCausalLM
 
     torch.manual_seed(0)
@@ -68,7 +80,9 @@ def reference_run(model_dir: str, data_path: str, steps: int, global_batch: int,
     for step in range(steps):
         sl = slice(step * global_batch, (step + 1) * global_batch)
         x, y = ids[sl].to(device), labels[sl].to(device)
-        logits = model(input_ids=x).logits.float()
+        with torch.autocast(device_type=torch.device(device).type, dtype=torch.bfloat16, enabled=autocast):
+            logits = model(input_ids=x).logits
+        logits = logits.float()
         targets = y[:, 1:].reshape(-1)
         loss = torch.nn.functional.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]), targets,
                                                  ignore_index=-100, reduction="sum") / (targets != -100).sum()
