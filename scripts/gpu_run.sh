@@ -1,17 +1,41 @@
 #!/usr/bin/env bash
-# Runs on the GPU machine: GPU exactness tests, then benchmarks. Usage: scripts/gpu_run.sh PART... (tests|small|8b4|8b8)
+# Runs on the GPU machine (nvidia-h200-x2); results under $OUT. Usage: scripts/gpu_run.sh PART...
+#   topo    slidedp topology -> $OUT/topology.json
+#   chunks  host update cost by chunk size (scripts/probe_update_chunks.py)
+#   tests   the GPU tests (tests/gpu and the gpu-marked runtime tests)
+#   plan8   calibrate and write the planner's prediction for every Qwen3-8B policy benchmarked below
+#   b4      Qwen3-8B, 2 GPUs, micro-batch 4: every route, exact clipping, FSDP2 + CPUOffloadPolicy
+#   b8      Qwen3-8B, 2 GPUs, micro-batch 8: SlideDP and FSDP2 GPU-resident at its best
+#   one8    Qwen3-8B on one GPU, 20 steps on pattern data, and FSDP2 GPU-resident on that GPU
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export PYTHONPATH=$PWD/runtime:$PWD PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+# Calibrations come back under $OUT; those of earlier runs (docs/results/calibration) seed the cache, named for
+# this host, so a later command plans without measuring again.
+export SLIDEDP_CACHE_DIR=$OUT/calibration; mkdir -p "$SLIDEDP_CACHE_DIR"
+for f in docs/results/calibration/*.json; do
+  [ -e "$f" ] || continue
+  key=$(basename "$f" .json); key=${key: -16}
+  cp "$f" "$SLIDEDP_CACHE_DIR/$(hostname)-$key.json"
+done
+P4=${P4:-sharded:gpu:checkpoint:0:36,replicated:gpu:checkpoint:0:36,sharded:host:checkpoint:0:36,replicated:host:checkpoint:0:36,sharded:gpu:checkpoint:1.0:36}
+P8=${P8:-sharded:gpu:checkpoint:0:36,sharded:gpu:auto:0:36,auto:auto:auto:0:auto}
+BENCH="python3 -m slidedp.cli bench --model qwen3-8b --seq 2048"
+quiet() { grep -vE "Warning|return func|warnings.warn" | tail -"${1:-40}"; }
 for part in "$@"; do
+  echo "===== $part $(date +%T)"
   case $part in
     topo) python3 -m slidedp.cli topology > "$OUT/topology.json" 2>&1; nvidia-smi topo -m ;;
-    tests) timeout 300 python3 -m pytest -q -m gpu tests/gpu 2>&1 | tail -25 ;;
-    small) timeout 240 python3 -m slidedp.cli bench --model qwen3-1.7b --gpus 2 --mbs 8 --steps 6 \
-             --policies sharded:gpu,replicated:host --threads 16 --out "$OUT/bench.jsonl" 2>&1 | grep -vE "Warning|return func" | tail -30 ;;
-    8b4) timeout 420 python3 -m slidedp.cli bench --model qwen3-8b --gpus 2 --mbs 4 --steps 7 \
-             --policies ${POL8:-sharded:gpu} --threads 16 --out "$OUT/bench.jsonl" 2>&1 | grep -vE "Warning|return func" | tail -40 ;;
-    8b8) timeout 420 python3 -m slidedp.cli bench --model qwen3-8b --gpus 2 --mbs 8 --steps 6 \
-             --policies ${POL8:-sharded:gpu} --threads 16 --out "$OUT/bench.jsonl" 2>&1 | grep -vE "Warning|return func" | tail -40 ;;
+    chunks) timeout 90 python3 scripts/probe_update_chunks.py --threads 16,32 | tee "$OUT/update_chunks.jsonl" ;;
+    tests) timeout 330 python3 -m pytest -q -p no:cacheprovider -m gpu tests/gpu tests/runtime 2>&1 | quiet 30 ;;
+    plan8) timeout 150 $BENCH --gpus 2 --mbs 4 --threads 16 --policies "$P4" --plan-only --out "$OUT/plan.jsonl" 2>&1 | quiet 20
+           timeout 150 $BENCH --gpus 2 --mbs 8 --threads 16 --policies "$P8" --plan-only --out "$OUT/plan.jsonl" 2>&1 | quiet 20 ;;
+    b4) timeout 570 $BENCH --gpus 2 --mbs 4 --steps 6 --threads 16 --policies "$P4" --peers fsdp2-offload:none \
+          --out "$OUT/bench.jsonl" 2>&1 | quiet 60 ;;
+    b8) timeout 330 $BENCH --gpus 2 --mbs 8 --steps 6 --threads 16 --policies "$P8" --peers fsdp2:8 \
+          --out "$OUT/bench.jsonl" 2>&1 | quiet 50 ;;
+    one8) CUDA_VISIBLE_DEVICES=0 timeout 270 $BENCH --gpus 1 --mbs 4 --steps 20 --threads 32 --data pattern --lr 1e-4 \
+          --policies replicated:host:checkpoint:0:36 --peers fsdp2:0 --out "$OUT/bench1.jsonl" 2>&1 | quiet 40 ;;
   esac
 done
+echo "===== end $(date +%T)"
