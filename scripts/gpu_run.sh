@@ -2,7 +2,8 @@
 # Runs on the GPU machine (nvidia-h200-x2); results under $OUT. Usage: scripts/gpu_run.sh PART...
 #   topo    slidedp topology -> $OUT/topology.json
 #   chunks  host update cost by chunk size (scripts/probe_update_chunks.py)
-#   tests   the GPU tests (tests/gpu and the gpu-marked runtime tests)
+#   tests   the GPU tests (tests/gpu and the gpu-marked runtime tests), verbose into $OUT/gpu-tests.log as they
+#           run (a killed run still shows which passed); the resume test first
 #   plan8   calibrate and write the planner's prediction for every Qwen3-8B policy benchmarked below
 #   b4      Qwen3-8B, 2 GPUs, micro-batch 4: every route, exact clipping, FSDP2 + CPUOffloadPolicy
 #   b8      Qwen3-8B, 2 GPUs, micro-batch 8: SlideDP and FSDP2 GPU-resident at its best
@@ -27,7 +28,9 @@ for part in "$@"; do
   case $part in
     topo) python3 -m slidedp.cli topology > "$OUT/topology.json" 2>&1; nvidia-smi topo -m ;;
     chunks) timeout 90 python3 scripts/probe_update_chunks.py --threads 16,32 | tee "$OUT/update_chunks.jsonl" ;;
-    tests) timeout 330 python3 -m pytest -q -p no:cacheprovider -m gpu tests/gpu tests/runtime 2>&1 | quiet 30 ;;
+    tests) timeout 560 python3 -m pytest -v -rfE --tb=short -p no:cacheprovider -m gpu tests/gpu/test_gpu_resume.py \
+             tests/gpu tests/runtime > "$OUT/gpu-tests.log" 2>&1; grep -E "PASSED|FAILED|ERROR|SKIPPED|passed|failed" \
+             "$OUT/gpu-tests.log" | tail -30 ;;
     plan8) timeout 150 $BENCH --gpus 2 --mbs 4 --threads 16 --policies "$P4" --plan-only --out "$OUT/plan.jsonl" 2>&1 | quiet 20
            timeout 150 $BENCH --gpus 2 --mbs 8 --threads 16 --policies "$P8" --plan-only --out "$OUT/plan.jsonl" 2>&1 | quiet 20 ;;
     b4) timeout 570 $BENCH --gpus 2 --mbs 4 --steps 6 --threads 16 --policies "$P4" --peers fsdp2-offload:none \

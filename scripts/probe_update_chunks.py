@@ -1,5 +1,6 @@
 """Host update cost by chunk size: AdamW then the bf16 delivery cast, per chunk, against one AdamW pass over the
-whole shard followed by a separate cast (how the engine worked before). Seconds per 1e9 parameters, medians.
+whole shard followed by a separate cast (what the engine does). Seconds per 1e9 parameters, medians. Chunking
+measured no faster on the GPU machine (docs/perf-notes.md), so the engine keeps whole passes.
 
     PYTHONPATH=runtime python3 scripts/probe_update_chunks.py [--numel 268435456] [--threads 16,32]
 """
@@ -13,7 +14,7 @@ import time
 
 import torch
 from slidedp.config import OptimizerConfig
-from slidedp.step.optimizer import update_shard_
+from slidedp.step.optimizer import adamw_, update_shard_
 
 OPT = OptimizerConfig(lr=1e-6, weight_decay=0.0, betas=(0.9, 0.95), eps=1e-8)
 
@@ -29,13 +30,17 @@ def main() -> None:
     deliver = torch.empty(n, dtype=torch.bfloat16)
 
     def separate() -> None:
-        update_shard_(p, g, m, v, None, 1, 1e-6, OPT, chunk=n)
-        deliver.copy_(p)
+        update_shard_(p, g, m, v, deliver, 1, 1e-6, OPT)
+
+    def chunked(c: int) -> None:
+        for lo in range(0, n, c):
+            hi = min(n, lo + c)
+            adamw_(p[lo:hi], g[lo:hi], m[lo:hi], v[lo:hi], 1, 1e-6, OPT)
+            deliver[lo:hi].copy_(p[lo:hi])
 
     variants = {"whole+separate cast": separate}
     for chunk in (1 << 18, 1 << 20, 1 << 22, 1 << 24):
-        variants[f"chunk {chunk >> 10}K"] = (lambda c: lambda: update_shard_(p, g, m, v, deliver, 1, 1e-6, OPT,
-                                                                             chunk=c))(chunk)
+        variants[f"chunk {chunk >> 10}K"] = (lambda c: lambda: chunked(c))(chunk)
     rows = []
     for t in (int(x) for x in args.threads.split(",")):
         torch.set_num_threads(t)

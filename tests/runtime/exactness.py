@@ -64,7 +64,8 @@ def read_rows(path: str) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def reference_run(model_dir: str, data_path: str, steps: int, global_batch: int, lr: float, betas, eps: float,
-                  weight_decay: float, max_grad_norm: float, device: str = "cpu", autocast: bool = False) -> dict:
+                  weight_decay: float, max_grad_norm: float, device: str = "cpu", autocast: bool = False,
+                  micro_batches: int = 1) -> dict:
     """Single-process AdamW (+ exact clipping) over file-order global batches; fp32 throughout, or with
     `autocast` the forward under bf16 autocast (fp32 master weights, fp32 loss): the reference for bf16 runs."""
     from transformers import AutoModelForCausalLM
@@ -80,14 +81,18 @@ def reference_run(model_dir: str, data_path: str, steps: int, global_batch: int,
     for step in range(steps):
         sl = slice(step * global_batch, (step + 1) * global_batch)
         x, y = ids[sl].to(device), labels[sl].to(device)
-        with torch.autocast(device_type=torch.device(device).type, dtype=torch.bfloat16, enabled=autocast):
-            logits = model(input_ids=x).logits
-        logits = logits.float()
-        targets = y[:, 1:].reshape(-1)
-        loss = torch.nn.functional.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]), targets,
-                                                 ignore_index=-100, reduction="sum") / (targets != -100).sum()
+        count = (y[:, 1:] != -100).sum()
         opt.zero_grad(set_to_none=True)
-        loss.backward()
+        loss = torch.zeros((), device=device)
+        for xs, ys in zip(x.chunk(micro_batches), y.chunk(micro_batches)):
+            with torch.autocast(device_type=torch.device(device).type, dtype=torch.bfloat16, enabled=autocast):
+                logits = model(input_ids=xs).logits
+            logits = logits.float()
+            targets = ys[:, 1:].reshape(-1)
+            part = torch.nn.functional.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]), targets,
+                                                     ignore_index=-100, reduction="sum") / count
+            part.backward()
+            loss += part.detach()
         norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm if max_grad_norm > 0 else math.inf)
         opt.step()
         losses.append(float(loss.detach()))

@@ -28,9 +28,9 @@ ALLOCATOR_SLACK = 0.10  # the caching allocator's rounding and fragmentation ove
 ACTIVATION_POLICIES = ("keep", "checkpoint", "offload")
 PHASES = ("data", "forward", "backward", "update_tail", "delivery_wait")
 # Host DRAM bytes per parameter of one host update (slidedp.step.optimizer.update_shard_): fused AdamW reads param,
-# grad, m, v and writes param, m, v (28); the bf16 delivery copy, cast chunk by chunk while the master is still in
-# cache, writes 2. The gradient norm costs the host nothing on the gpu route (reduced on the GPUs).
-UPDATE_DRAM_BYTES = {"bf16": 30, "fp32": 28}
+# grad, m, v and writes param, m, v (28); the bf16 delivery copy reads 4 and writes 2. The gradient norm costs the
+# host nothing on the gpu route (reduced on the GPUs).
+UPDATE_DRAM_BYTES = {"bf16": 34, "fp32": 28}
 STAGING_BYTES = 4  # the host staging of gradients is fp32 whatever reduce_dtype (slidedp.step.host_state)
 
 

@@ -71,7 +71,7 @@ def cpu_rates(cfg: JobConfig, topology: dict, max_unit: int, quick: bool, cuda: 
     def adamw() -> None:
         adamw_(p, g, m, v, 1, 1e-6, _BENCH_OPT)
 
-    def update() -> None:  # what the engine runs per shard: AdamW and the bf16 delivery copy, chunk by chunk
+    def update() -> None:  # what the engine runs per shard: AdamW and the bf16 delivery copy
         update_shard_(p, g, m, v, deliver if cfg.precision == "bf16" else None, 1, 1e-6, _BENCH_OPT)
 
     threads = thread_counts(cfg, topology)

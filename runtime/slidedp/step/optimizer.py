@@ -49,33 +49,23 @@ def lr_at(step: int, total: int, opt: OptimizerConfig, sched: ScheduleConfig) ->
 def adamw_(param: torch.Tensor, grad: torch.Tensor, exp_avg: torch.Tensor, exp_avg_sq: torch.Tensor,
            step: int, lr: float, opt: OptimizerConfig) -> None:
     """One AdamW step on flat fp32 host tensors (decoupled weight decay, bias correction)."""
-    update_shard_(param, grad, exp_avg, exp_avg_sq, None, step, lr, opt, chunk=param.numel() or 1)
-
-
-# Elements per pass of the host update. The update is bound by host DRAM traffic (../shared/HARDWARE.md): AdamW
-# moves 28 B/param and a separate fp32->bf16 pass over the whole shard would read the master again (+4 B/param).
-# Casting each chunk right after its AdamW reads the master from cache instead; the chunk is large enough that the
-# per-call overhead stays small against the ~0.1 ms a chunk takes (docs/perf-notes.md has the measurement).
-UPDATE_CHUNK = 1 << 20
+    step_t = torch.tensor(float(step))
+    torch._fused_adamw_([param], [grad], [exp_avg], [exp_avg_sq], [], [step_t], lr=lr, beta1=opt.betas[0],
+                        beta2=opt.betas[1], weight_decay=opt.weight_decay, eps=opt.eps, amsgrad=False,
+                        maximize=False)
 
 
 def update_shard_(master: torch.Tensor, grad: torch.Tensor, exp_avg: torch.Tensor, exp_avg_sq: torch.Tensor,
-                  delivery: torch.Tensor | None, step: int, lr: float, opt: OptimizerConfig,
-                  chunk: int = UPDATE_CHUNK) -> None:
-    """AdamW on one flat shard of the host state, then its bf16 delivery copy (when given), chunk by chunk.
+                  delivery: torch.Tensor | None, step: int, lr: float, opt: OptimizerConfig) -> None:
+    """The host update of one shard: AdamW, then its bf16 delivery copy (when given); calibration times this.
 
-    Elementwise, so the result is the same bits whatever the chunk: only where the master is read from changes.
+    The cast is a second pass over the master (AdamW 28 B/param + cast 6). Casting chunk by chunk right after each
+    chunk's AdamW, to read the master from cache, measured no faster on the GPU machine (0.322 vs 0.324 s per 1e9
+    params at 16 threads, chunks of 1M-16M elements: docs/perf-notes.md), so the passes stay whole.
     """
-    step_t = torch.tensor(float(step))
-    n = master.numel()
-    for lo in range(0, n, chunk):
-        hi = min(n, lo + chunk)
-        p = master[lo:hi]
-        torch._fused_adamw_([p], [grad[lo:hi]], [exp_avg[lo:hi]], [exp_avg_sq[lo:hi]], [], [step_t], lr=lr,
-                            beta1=opt.betas[0], beta2=opt.betas[1], weight_decay=opt.weight_decay, eps=opt.eps,
-                            amsgrad=False, maximize=False)
-        if delivery is not None:
-            delivery[lo:hi].copy_(p)
+    adamw_(master, grad, exp_avg, exp_avg_sq, step, lr, opt)
+    if delivery is not None:
+        delivery.copy_(master)
 
 
 @dataclass
