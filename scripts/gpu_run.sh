@@ -11,7 +11,7 @@
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export PYTHONPATH=$PWD/runtime:$PWD PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
-# Calibrations come back under $OUT; those of earlier runs (docs/results/calibration) seed the cache, named for
+# Calibrations come back under $OUT; those committed under docs/results/calibration (none while the schema is new) seed the cache, named for
 # this host, so a later command plans without measuring again.
 export SLIDEDP_CACHE_DIR=$OUT/calibration; mkdir -p "$SLIDEDP_CACHE_DIR"
 for f in docs/results/calibration/*.json; do

@@ -41,12 +41,22 @@ def nvlink_bs8(x2):
     return ap.plan_job(_cfg(), topo["nvlink"], cal["qwen3-8b_bs8_nvlink"])
 
 
-def test_nvlink_pair_gets_sharded_delivery_and_gpu_reduction(nvlink_bs8):
+def test_nvlink_pair_gets_gpu_reduction_and_host_reduction_ranks_last(nvlink_bs8):
     plan = nvlink_bs8
     assert plan["feasible"] and plan["calibration"] == "measured" and plan["errors"] == []
-    assert (plan["policy"]["delivery"], plan["policy"]["grad_reduce"]) == ("sharded", "gpu")
+    assert plan["policy"]["grad_reduce"] == "gpu"
     routes = {(c["policy"]["delivery"], c["policy"]["grad_reduce"]) for c in plan["candidates"]}
     assert routes == {("sharded", "gpu"), ("replicated", "gpu"), ("sharded", "host"), ("replicated", "host")}
+    best = {}
+    for c in plan["candidates"]:
+        key = (c["policy"]["delivery"], c["policy"]["grad_reduce"])
+        if c["fits"]:
+            best[key] = min(best.get(key, float("inf")), c["predicted"]["step_time_s"])
+    # measured on the x2 machine (docs/benchmarks.md, bs4): the two deliveries with GPU reduction 1.3% apart,
+    # host reduction 1.5x slower
+    assert abs(best[("sharded", "gpu")] / best[("replicated", "gpu")] - 1) < 0.05
+    assert min(best[("sharded", "host")], best[("replicated", "host")]) > 1.3 * max(
+        best[("sharded", "gpu")], best[("replicated", "gpu")])
     assert "NVLink" in plan["why"] and "by predicted step time" in plan["why"]
 
 
@@ -165,7 +175,7 @@ def test_more_gpus_than_the_host_has_is_refused(x2):
 
 def test_format_plan_and_the_metrics_prediction(nvlink_bs8):
     text = ap.format_plan(nvlink_bs8)
-    assert "policy: delivery=sharded grad_reduce=gpu" in text and "tokens/s" in text and "why:" in text
+    assert "grad_reduce=gpu" in text and "tokens/s" in text and "why:" in text
     assert len([ln for ln in text.splitlines() if ln.startswith(("sharded", "replicated"))]) == len(
         nvlink_bs8["candidates"]
     )

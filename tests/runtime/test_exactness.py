@@ -39,11 +39,12 @@ def workdir(tmp_path_factory):
 _REFERENCES: dict[tuple, dict] = {}
 
 
-def _reference(workdir, model: str, global_batch: int, clip: float, device: str = "cpu") -> dict:
-    key = (workdir[model], global_batch, clip, device)
+def _reference(workdir, model: str, global_batch: int, clip: float, device: str = "cpu",
+               micro_batches: int = 1) -> dict:
+    key = (workdir[model], global_batch, clip, device, micro_batches)
     if key not in _REFERENCES:
         _REFERENCES[key] = reference_run(workdir[model], workdir["data"], STEPS, global_batch, LR, BETAS, EPS, WD,
-                                         clip, device)
+                                         clip, device, micro_batches=micro_batches)
     return _REFERENCES[key]
 
 
@@ -71,8 +72,14 @@ def _run(workdir, model: str, ranks: int, delivery: str, grad: str, accum: int, 
 def _check(workdir, model: str, ranks: int, delivery: str, grad: str, accum: int, clip: float,
            gpus: int = 0, policy: dict | None = None) -> None:
     ours = _run(workdir, model, ranks if not gpus else 1, delivery, grad, accum, clip, gpus, policy)
-    # on GPUs the reference runs on a GPU too: the same fp32 kernels, TF32 off
-    ref = _reference(workdir, model, MBS * (gpus or ranks) * accum, clip, "cuda" if gpus else "cpu")
+    # On GPUs the reference runs on a GPU too (the same fp32 kernels, TF32 off) and, with 2 GPUs, accumulates the
+    # gradient over the GPUs' micro-batches: the sums the reduction forms. On the GPU test's wider model the
+    # full-batch reference's other summation order alone moves the embedding's 5-step weight change by 1.09e-4
+    # relative (measured on the CPU with 2 gloo ranks: Adam turns last-bit differences of near-zero gradients of
+    # rare tokens into whole-step differences), past the 1e-4 bar; with the micro-batched reference both routes
+    # pass there. Every CPU test keeps the full-batch reference.
+    ref = _reference(workdir, model, MBS * (gpus or ranks) * accum, clip, "cuda" if gpus else "cpu",
+                     micro_batches=gpus if gpus > 1 and accum == 1 else 1)
     metrics = ours["result"].metrics
     assert [m["step"] for m in metrics] == list(range(1, STEPS + 1))
     for m, loss, norm, fired in zip(metrics, ref["losses"], ref["norms"], ref["clipped"]):
