@@ -8,6 +8,8 @@
 #   b4      Qwen3-8B, 2 GPUs, micro-batch 4: every route, exact clipping, FSDP2 + CPUOffloadPolicy
 #   b8      Qwen3-8B, 2 GPUs, micro-batch 8: SlideDP and FSDP2 GPU-resident at its best
 #   one8    Qwen3-8B on one GPU, 20 steps on pattern data, and FSDP2 GPU-resident on that GPU
+#   cast8   Qwen3-8B, 2 GPUs, bs8 then bs4: the bf16 cast on the host against the fp32 master cast on the GPUs
+#   grid    the declared AutoPolicy grid (docs/benchmarks.md) for MODEL (qwen3-8b), MBS (8), K keep, M offload
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export PYTHONPATH=$PWD/runtime:$PWD PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -39,6 +41,13 @@ for part in "$@"; do
           --out "$OUT/bench.jsonl" 2>&1 | quiet 50 ;;
     one8) CUDA_VISIBLE_DEVICES=0 timeout 270 $BENCH --gpus 1 --mbs 4 --steps 20 --threads 32 --data pattern --lr 1e-4 \
           --policies replicated:host:checkpoint:0:36 --peers fsdp2:0 --out "$OUT/bench1.jsonl" 2>&1 | quiet 40 ;;
+    cast8) for mbs in 8 4; do timeout 280 $BENCH --gpus 2 --mbs $mbs --steps 6 --threads 16 \
+             --policies sharded:gpu:checkpoint:0:36:host,sharded:gpu:checkpoint:0:36:gpu --out "$OUT/bench-cast.jsonl" \
+             2>&1 | quiet 12; done ;;
+    grid) L=${L:-36}; G=""; for a in checkpoint:0:$L keep${K:-27}:0:auto off${M:-18}:0:auto; do
+            for r in sharded:gpu replicated:gpu sharded:host replicated:host; do G="$G,$r:$a"; done; done
+          timeout 580 python3 -m slidedp.cli bench --model ${MODEL:-qwen3-8b} --seq 2048 --gpus 2 --mbs ${MBS:-8} \
+            --steps 6 --threads 16 --policies "${G#,},auto:auto:auto:0:auto" --out "$OUT/grid.jsonl" 2>&1 | quiet 20 ;;
   esac
 done
 echo "===== end $(date +%T)"

@@ -3,8 +3,8 @@
     PYTHONPATH=runtime python3 -m slidedp.cli bench --model qwen3-8b --gpus 2 --mbs 4 --seq 2048 --steps 8 \\
         --policies sharded:gpu,replicated:gpu,sharded:host,replicated:host --peers fsdp2-offload:0 --out bench.jsonl
 
-Each policy is `delivery:grad_reduce[:activations[:clip[:resident layers]]]` (`auto` anywhere: AutoPolicy's
-choice). Each peer is `fsdp2[:keep[:clip]]` (FSDP2 GPU-resident, every decoder layer checkpointed but the first
+Each policy is `delivery:grad_reduce[:activations[:clip[:resident layers[:delivery_cast]]]]` (`auto` anywhere
+but the cast: AutoPolicy's choice; the cast is `host` unless given as `gpu`). Each peer is `fsdp2[:keep[:clip]]` (FSDP2 GPU-resident, every decoder layer checkpointed but the first
 `keep`; `none`: no checkpointing) or `fsdp2-offload[:keep[:clip]]` (FSDP2 + CPUOffloadPolicy); see
 slidedp.peers.fsdp2. Data are token ids written to a temporary jsonl: `random` ids, or `pattern` (each row repeats
 a short random motif over 1024 token ids, so a random-init model's loss visibly falls). All SlideDP policies of one command train on
@@ -45,12 +45,19 @@ def _write(path: str, rows: list[list[int]]) -> None:
 def parse_policy(policy: str) -> dict:
     parts = policy.split(":")
     if len(parts) < 2:
-        raise ValueError(f"policy {policy!r}: expected delivery:grad_reduce[:activations[:clip[:resident]]]")
+        raise ValueError(f"policy {policy!r}: expected delivery:grad_reduce[:activations[:clip[:resident[:cast]]]]")
     resident = parts[4] if len(parts) > 4 else "0"
-    return {"delivery": parts[0], "grad_reduce": parts[1],
-            "activations": parts[2] if len(parts) > 2 else "checkpoint",
+    acts = parts[2] if len(parts) > 2 else "checkpoint"
+    mix = {}
+    # keepN / offN: the first N layers keep / offload their activations, the rest are checkpointed
+    for prefix, key in (("keep", "keep_layers"), ("off", "offload_layers")):
+        if acts.startswith(prefix) and acts[len(prefix):].isdigit():
+            acts, mix = "auto", {key: int(acts[len(prefix):]), ("offload_layers" if key == "keep_layers"
+                                                                   else "keep_layers"): 0}
+    return {"delivery": parts[0], "grad_reduce": parts[1], "activations": acts, "mix": mix,
             "clip": float(parts[3]) if len(parts) > 3 else 0.0,
-            "resident_units": None if resident == "auto" else int(resident)}
+            "resident_units": None if resident == "auto" else int(resident),
+            "delivery_cast": parts[5] if len(parts) > 5 else "host"}
 
 
 def job_config(model: str, gpus: int, mbs: int, seq: int, steps: int, policy: str, data: str, out_dir: str,
@@ -61,7 +68,8 @@ def job_config(model: str, gpus: int, mbs: int, seq: int, steps: int, policy: st
            "output_dir": out_dir, "export": False, "optimizer": {"lr": lr, "max_grad_norm": pol["clip"]},
            "schedule": {"warmup_steps": 0, "decay": "constant"},
            "policy": {"delivery": pol["delivery"], "grad_reduce": pol["grad_reduce"],
-                      "activations": pol["activations"], "resident_units": pol["resident_units"]},
+                      "activations": pol["activations"], "resident_units": pol["resident_units"],
+                      "delivery_cast": pol["delivery_cast"], **pol["mix"]},
            "checkpoint": {"interval": 0}}
     if threads:
         cfg["cpu_threads"] = threads
@@ -69,8 +77,9 @@ def job_config(model: str, gpus: int, mbs: int, seq: int, steps: int, policy: st
 
 
 def _chosen(policy: dict) -> dict:
-    chosen = {k: policy.get(k) for k in ("delivery", "grad_reduce", "window")}
+    chosen = {k: policy.get(k) for k in ("delivery", "grad_reduce", "window", "delivery_cast")}
     chosen["keep_layers"] = sum(a == "keep" for a in policy.get("activations", []))
+    chosen["offload_layers"] = sum(a == "offload" for a in policy.get("activations", []))
     chosen["resident_layers"] = sum(bool(r) for r in policy.get("resident", []))
     return chosen
 

@@ -89,6 +89,12 @@ class PolicyConfig:
         "host: each rank returns the whole unit gradient and the host sums.",
     )
     reduce_dtype: Literal["fp32", "bf16"] = _f("fp32", doc="Dtype gradients are reduced and returned in.")
+    delivery_cast: Literal["host", "gpu"] = _f(
+        "host",
+        doc="Where bf16 weights are made from the fp32 master (bf16 precision). host: the update writes a bf16 "
+        "copy in host memory (2 B/param more host RAM, 6 B/param more host memory traffic per step) and 2 B/param "
+        "cross PCIe. gpu: the fp32 master itself crosses PCIe (4 B/param) and is cast on the GPU.",
+    )
     activations: Literal["auto", "checkpoint", "keep", "offload"] = _f(
         "auto",
         doc="Activation placement for every decoder layer. checkpoint: save the unit input, recompute in "

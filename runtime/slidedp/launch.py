@@ -176,6 +176,7 @@ def resolve_policy(cfg: JobConfig, num_layers: int, on_log=None) -> tuple[dict, 
         "delivery": delivery,
         "grad_reduce": grad,
         "reduce_dtype": p.reduce_dtype,
+        "delivery_cast": p.delivery_cast,
         "activations": acts,
         "resident": resident,
         # knobs at their defaults are the planner's to choose
@@ -205,7 +206,10 @@ def host_layout(cfg: JobConfig, unit_numels: list[int], policy: dict) -> HostLay
     staging = shard if (policy["grad_reduce"] == "gpu" and world > 1) else max(unit_numels)
     return HostLayout(run=f"slidedp-{os.getpid()}-{uuid.uuid4().hex[:8]}", directory=shm_dir(),
                       unit_numels=unit_numels, world=world,
-                      delivery_dtype="bfloat16" if cfg.precision == "bf16" else "float32",
+                      # with the cast on the GPU the master itself is delivered: no bf16 copy on the host
+                      delivery_dtype="bfloat16" if cfg.precision == "bf16" and policy.get("delivery_cast",
+                                                                                          "host") == "host"
+                      else "float32",
                       staging_slots=policy["staging_slots"], hold_gradient=cfg.optimizer.max_grad_norm > 0,
                       staging_numel=staging)
 

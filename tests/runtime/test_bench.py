@@ -34,3 +34,13 @@ def test_bench_rejects_a_malformed_policy_before_training(tmp_path):
     with pytest.raises(ValueError, match="delivery:grad_reduce"):
         bench.main(["--model", "tiny-qwen3", "--gpus", "0", "--policies", "sharded", "--out",
                     str(tmp_path / "x.jsonl")])
+
+
+def test_policy_strings_name_activation_mixes_and_the_cast():
+    p = bench.parse_policy("sharded:gpu:keep27:0:auto")
+    assert (p["activations"], p["mix"], p["resident_units"]) == ("auto", {"keep_layers": 27, "offload_layers": 0},
+                                                                 None)
+    p = bench.parse_policy("replicated:host:off18:1.0:0:gpu")
+    assert (p["mix"], p["clip"], p["resident_units"], p["delivery_cast"]) == (
+        {"offload_layers": 18, "keep_layers": 0}, 1.0, 0, "gpu")
+    assert bench.parse_policy("sharded:gpu")["activations"] == "checkpoint"

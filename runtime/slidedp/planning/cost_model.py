@@ -62,6 +62,7 @@ class Job:
     host_limit_source: str
     interconnect: str  # nvlink | pcie-p2p | pcie-host | none
     model_cfg: dict[str, Any] = field(repr=False, default_factory=dict)
+    delivery_cast: str = "host"  # policy.delivery_cast: where bf16 weights are made from the fp32 master
 
     @classmethod
     def from_config(cls, cfg: Any, topology: dict[str, Any], model_cfg: dict[str, Any] | None = None) -> Job:
@@ -97,6 +98,7 @@ class Job:
             host_limit_source=source,
             interconnect=job_interconnect(topology, cfg.gpus) if cfg.gpus else "none",
             model_cfg=mc,
+            delivery_cast=getattr(getattr(cfg, "policy", None), "delivery_cast", "host"),
         )
 
     @property
@@ -110,6 +112,20 @@ class Job:
     @property
     def pbytes(self) -> int:
         return 2 if self.precision == "bf16" else 4
+
+    @property
+    def host_cast(self) -> bool:
+        """bf16 precision with the bf16 copy made on the host by the update."""
+        return self.precision == "bf16" and self.delivery_cast == "host"
+
+    @property
+    def delivered_bytes(self) -> int:
+        """Bytes per parameter crossing PCIe host->GPU: the bf16 copy, or the fp32 master cast on the GPU."""
+        return 2 if self.host_cast else 4
+
+    @property
+    def update_dram_bytes(self) -> int:
+        return UPDATE_DRAM_BYTES["bf16" if self.host_cast else "fp32"]
 
     @property
     def tokens_per_micro_batch(self) -> int:
@@ -296,7 +312,7 @@ def host_parts(job: Job, pol: Policy, acts: ActivationSizes) -> dict[str, float]
     max_unit = max(job.padded(u) for u in range(len(job.units)))
     parts = {
         "master_and_moments": 12.0 * P,
-        "delivery_copy": 2.0 * P if job.precision == "bf16" else 0.0,
+        "delivery_copy": 2.0 * P if job.host_cast else 0.0,
         # a slot holds a whole unit on the host route, one shard on the gpu route (slidedp.launch.host_layout)
         "gradient_staging": float(N * staging_slots(pol.window) * (max_unit if (pol.grad_reduce == "host" or N == 1)
                                                                    else -(-max_unit // N)) * STAGING_BYTES),
@@ -347,7 +363,9 @@ class Rates:
         self.c, self.job = calibration, job
         cpu = calibration["cpu"]
         self.threads = [float(t) for t in cpu["threads"]]
-        self.update_per_param = [v / 1e9 for v in cpu["update_s_per_1e9"]]
+        # the update as the job runs it: AdamW and the bf16 cast, or AdamW alone when the GPU casts
+        key = "update_s_per_1e9" if job.host_cast or job.precision != "bf16" else "adamw_s_per_1e9"
+        self.update_per_param = [v / 1e9 for v in cpu[key]]
         self.copy_bps = [v * 1e9 for v in cpu["copy_GBps"]]
 
     # host work ---------------------------------------------------------------
@@ -429,11 +447,11 @@ def durations(job: Job, pol: Policy, rates: Rates, zero: frozenset = frozenset()
     fwd, bwd = rates.layer_s()
     if "recompute" in zero:
         bwd = dict(bwd, checkpoint=bwd["keep"])
-    deliver_bytes = [job.padded(u) * p / (N if sharded else 1) for u in range(n_units)]
+    deliver_bytes = [job.padded(u) * job.delivered_bytes / (N if sharded else 1) for u in range(n_units)]
     grad_bytes = [job.padded(u) * gbytes / (N if gpu_reduce else 1) for u in range(n_units)]
     coll_bytes = [float(job.padded(u) * p) for u in range(n_units)]
     update = [rates.update_s(job.units[u]) for u in range(n_units)]
-    upd_bytes = [float(job.units[u] * UPDATE_DRAM_BYTES[job.precision]) for u in range(n_units)]
+    upd_bytes = [float(job.units[u] * job.update_dram_bytes) for u in range(n_units)]
     if pol.grad_reduce == "host" and N > 1:
         # the host sums N copies of each shard before updating it (one copy and N-1 adds of fp32), then reads
         # the sum once more for the gradient norm

@@ -88,13 +88,26 @@ class Routes:
         self.grad_group = grad_group
         self.chunk_bytes = chunk_bytes
         self.bytes = ByteCounters()
+        self._cast_scratch: torch.Tensor | None = None
         # gpu route: the global sum of squares of the reduced gradient, accumulated where the shards are
         self.sumsq = torch.zeros((), dtype=torch.float64, device=streams.device)
 
     def _copy_chunked(self, dst: torch.Tensor, src: torch.Tensor) -> None:
         step = max(1, self.chunk_bytes // max(1, src.element_size()))
+        # fp32 master into a bf16 GPU buffer (delivery_cast: gpu): each chunk lands in an fp32 scratch buffer and
+        # is cast there, on the same stream, so the host never converts and the next chunk's copy waits for the
+        # cast that reads the scratch.
+        cast = dst.is_cuda and dst.dtype != src.dtype
+        if cast and (self._cast_scratch is None or self._cast_scratch.numel() < step):
+            self._cast_scratch = torch.empty(step, dtype=src.dtype, device=dst.device)
         for a in range(0, src.numel(), step):
-            dst[a : a + step].copy_(src[a : a + step], non_blocking=True)
+            part = src[a : a + step]
+            if cast:
+                tmp = self._cast_scratch[: part.numel()]
+                tmp.copy_(part, non_blocking=True)
+                dst[a : a + step].copy_(tmp)
+            else:
+                dst[a : a + step].copy_(part, non_blocking=True)
 
     # ------------------------------------------------------------------ parameters
     def deliver(self, u: int, host_unit: torch.Tensor, buf: torch.Tensor, buf_free, ready_event) -> None:
@@ -119,7 +132,7 @@ class Routes:
                 work = dist.all_gather_into_tensor(buf[: self.shards.padded[u]], buf[r0 : r0 + sl],
                                                    group=self.delivery_group, async_op=True)
                 work.wait()  # on CUDA: the h2d stream waits for the all-gather, the host does not
-                self.bytes.collective += (self.shards.padded[u] - sl) * esize
+                self.bytes.collective += (self.shards.padded[u] - sl) * buf.element_size()
             if s.cuda:
                 ready_event.record(s.h2d)
 
