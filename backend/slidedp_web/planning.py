@@ -64,22 +64,10 @@ def host_ram_bytes(host: Optional[Host]) -> Optional[int]:
 
 def job_shape(cfg: JobConfig) -> dict[str, Any]:
     """The shape a calibration was measured at (slidedp.planning.calibration's header "shape")."""
+    from slidedp.planning.cost_model import calibration_shape
     from slidedp.presets import model_config_dict
 
-    mc = model_config_dict(cfg.model)
-    return {
-        "model": cfg.model,
-        "arch": mc.get("model_type"),
-        "micro_batch": cfg.micro_batch_size,
-        "seq": cfg.seq_len,
-        "hidden": int(mc["hidden_size"]),
-        "intermediate": int(mc["intermediate_size"]),
-        "heads": int(mc["num_attention_heads"]),
-        "kv_heads": int(mc.get("num_key_value_heads") or mc["num_attention_heads"]),
-        "layers": int(mc["num_hidden_layers"]),
-        "vocab": int(mc["vocab_size"]),
-        "precision": cfg.precision,
-    }
+    return calibration_shape(cfg, model_config_dict(cfg.model))
 
 
 def pick_calibration(cfg: JobConfig, report: Optional[dict[str, Any]]) -> Optional[dict[str, Any]]:

@@ -41,6 +41,7 @@ from typing import Any
 import torch
 
 from slidedp.config import JobConfig
+from slidedp.planning.cost_model import calibration_shape
 from slidedp.planning.microbench import (
     MIB,
     compute_threads,
@@ -201,7 +202,7 @@ def calibration_key(cfg: JobConfig, topology: dict[str, Any]) -> str:
         "interconnect": job_interconnect(topology, cfg.gpus) if cfg.gpus else "none",
         "p2p_disabled": bool(topology.get("p2p_disabled")),
         "cores": topology.get("cpu", {}).get("cores"),
-        "shape": _shape(cfg, mc),
+        "shape": calibration_shape(cfg, mc),
         "torch": torch.__version__,
     }
     return hashlib.sha1(json.dumps(ident, sort_keys=True).encode()).hexdigest()[:16]
@@ -221,22 +222,6 @@ def save_calibration(calib: dict, path: str) -> None:
 
 
 # ---------------------------------------------------------------------------- header and shape
-def _shape(cfg: JobConfig, mc: dict[str, Any]) -> dict[str, Any]:
-    return {
-        "model": cfg.model,
-        "arch": mc.get("model_type"),
-        "micro_batch": cfg.micro_batch_size,
-        "seq": cfg.seq_len,
-        "hidden": int(mc["hidden_size"]),
-        "intermediate": int(mc["intermediate_size"]),
-        "heads": int(mc["num_attention_heads"]),
-        "kv_heads": int(mc["num_key_value_heads"]),
-        "layers": int(mc["num_hidden_layers"]),
-        "vocab": int(mc["vocab_size"]),
-        "precision": cfg.precision,
-    }
-
-
 def _header(cfg: JobConfig, topology: dict, mc: dict, quick: bool) -> dict[str, Any]:
     gpus = job_gpus(topology, cfg.gpus)
     return {
@@ -255,7 +240,7 @@ def _header(cfg: JobConfig, topology: dict, mc: dict, quick: bool) -> dict[str, 
             "cuda": torch.version.cuda,
             "python": sys.version.split()[0],
         },
-        "shape": _shape(cfg, mc),
+        "shape": calibration_shape(cfg, mc),
     }
 
 

@@ -251,6 +251,24 @@ def estimate_saved_bytes(job: Job) -> int:
     return int(per_tok * job.tokens_per_micro_batch)
 
 
+def calibration_shape(cfg: Any, mc: dict[str, Any]) -> dict[str, Any]:
+    """The job shape a calibration is measured at (its header's "shape"); the API matches a worker's calibrations
+    to a job by it, so it lives here, where no torch is imported."""
+    return {
+        "model": cfg.model,
+        "arch": mc.get("model_type"),
+        "micro_batch": cfg.micro_batch_size,
+        "seq": cfg.seq_len,
+        "hidden": int(mc["hidden_size"]),
+        "intermediate": int(mc["intermediate_size"]),
+        "heads": int(mc["num_attention_heads"]),
+        "kv_heads": int(mc.get("num_key_value_heads") or mc["num_attention_heads"]),
+        "layers": int(mc["num_hidden_layers"]),
+        "vocab": int(mc["vocab_size"]),
+        "precision": cfg.precision,
+    }
+
+
 def shape_matches(job: Job, calibration: dict[str, Any] | None) -> bool:
     if not calibration or not calibration.get("shape"):
         return False
