@@ -5,6 +5,8 @@
   naming `model` or `data.path`. The API reads what a job names (it validates the dataset, sizes the model), so
   without roots any file the server can read could be probed through it. Unset means unconfined, as on a laptop.
   The job process checks again with its own worker's settings: the worker may be configured more tightly.
+  SLIDEDP_OUTPUT_ROOTS does the same for a job's `output_dir` (which the job writes, and deleting the job
+  clears): inside one of them or the workbench's own data directory, or a 422 naming `output_dir`.
 * **Request size.** Bodies above SLIDEDP_MAX_REQUEST_BYTES are refused with 413 before they are read; a job config
   is a few kilobytes, and nothing else is uploaded.
 * **Resources.** Before the job process allocates anything it checks the job against its host as the worker
@@ -84,10 +86,12 @@ def path_error(value: str, roots: list[Path], kind: str, setting: str) -> Option
     return None
 
 
-def root_errors(model_roots: Optional[str], data_roots: Optional[str], config: Any) -> list[dict[str, str]]:
-    """[{"loc", "msg"}] for a job config (a raw request body or a stored config) whose model or dataset lies
-    outside the configured roots; [] when no roots are set or the paths are inside them. Values that are not
-    strings are left to the config's own validation."""
+def root_errors(model_roots: Optional[str], data_roots: Optional[str], config: Any,
+                output_roots: Optional[str] = None, data_dir: Optional[Path] = None) -> list[dict[str, str]]:
+    """[{"loc", "msg"}] for a job config (a raw request body or a stored config) whose model, dataset or output
+    directory lies outside the configured roots; [] when no roots are set or the paths are inside them. A
+    relative output_dir is judged where the API puts it, under data_dir, which is always allowed. Values that are
+    not strings are left to the config's own validation."""
     if not isinstance(config, dict):
         return []
     from slidedp.config import is_model_path
@@ -106,12 +110,23 @@ def root_errors(model_roots: Optional[str], data_roots: Optional[str], config: A
         msg = path_error(path, roots, "dataset", "SLIDEDP_DATA_ROOTS")
         if msg:
             errors.append({"loc": "data.path", "msg": msg})
+    roots = parse_roots(output_roots)
+    out = config.get("output_dir")
+    if roots and isinstance(out, str) and out:
+        target = Path(os.path.expanduser(out))
+        if data_dir is not None:
+            roots = roots + [Path(os.path.realpath(data_dir))]
+            if not target.is_absolute():
+                target = Path(data_dir) / target
+        msg = path_error(str(target), roots, "output directory", "SLIDEDP_OUTPUT_ROOTS")
+        if msg:
+            errors.append({"loc": "output_dir", "msg": msg})
     return errors
 
 
 def check_roots(settings: Any, body: Any) -> None:
     """Raise the API's 422 when the request names a model or dataset outside the configured roots."""
-    errors = root_errors(settings.model_roots, settings.data_roots, body)
+    errors = root_errors(settings.model_roots, settings.data_roots, body, settings.output_roots, settings.data_dir)
     if errors:
         from slidedp_web.job_schema import unprocessable
 
@@ -229,7 +244,8 @@ def preflight(
     """Everything the job process checks before it starts training: roots, then resources. [] = go."""
     from slidedp.config import ConfigError, JobConfig
 
-    errors = root_errors(settings.model_roots, settings.data_roots, config)
+    errors = root_errors(settings.model_roots, settings.data_roots, config, settings.output_roots,
+                         settings.data_dir)
     if errors:
         return errors
     try:

@@ -19,7 +19,7 @@ ROOTS_MSG = "outside the folders allowed"
 @pytest.fixture(scope="module")
 def roots(module_dir) -> dict[str, Path]:
     base = module_dir / "roots"
-    out = {name: base / name for name in ("models", "datasets", "elsewhere")}
+    out = {name: base / name for name in ("models", "datasets", "outputs", "elsewhere")}
     for path in out.values():
         path.mkdir(parents=True)
     return out
@@ -32,6 +32,7 @@ def settings(module_dir, redis_server, roots):
         redis_server.url,
         model_roots=f"{roots['models']}:{module_dir / 'no-such-folder'}",
         data_roots=str(roots["datasets"]),
+        output_roots=str(roots["outputs"]),
     )
 
 
@@ -94,6 +95,30 @@ def test_models_outside_the_model_roots_are_refused_naming_model(client, roots):
     resp = client.post("/api/jobs", json=tiny_job(roots["elsewhere"] / "x.jsonl", model=str(outside)))
     assert ROOTS_MSG in refused(resp, ["body", "model"])
     assert ROOTS_MSG in refused(resp, ["body", "data", "path"])
+
+
+def test_output_dirs_outside_the_output_roots_and_the_data_dir_are_refused(client, roots, settings):
+    data = tokens_dataset(roots["datasets"] / "o.jsonl")
+    ok = client.post("/api/jobs", json={**tiny_job(data), "output_dir": str(roots["outputs"] / "run1")})
+    assert ok.status_code == 201 and ok.json()["output_dir"] == str(roots["outputs"] / "run1")
+    relative = client.post("/api/jobs", json={**tiny_job(data), "output_dir": "runs/r2"})  # under the data dir
+    assert relative.status_code == 201, relative.text
+    msg = refused(client.post("/api/jobs", json={**tiny_job(data), "output_dir": str(roots["elsewhere"] / "r")}),
+                  ["body", "output_dir"])
+    assert ROOTS_MSG in msg and "SLIDEDP_OUTPUT_ROOTS" in msg and str(roots["outputs"]) in msg
+    msg = refused(client.post("/api/jobs", json={**tiny_job(data), "output_dir": "../../escape"}),
+                  ["body", "output_dir"])
+    assert "once '..' and symlinks are resolved" in msg
+
+
+def test_output_roots_judge_relative_dirs_under_the_data_dir(roots, tmp_path):
+    from slidedp_web.guards import root_errors
+
+    config = {"output_dir": "jobs/7"}
+    assert root_errors(None, None, config, str(roots["outputs"]), tmp_path) == []
+    assert root_errors(None, None, {"output_dir": "/tmp/anything"}, None, tmp_path) == []  # unset: unconfined
+    escape = root_errors(None, None, {"output_dir": "../x"}, str(roots["outputs"]), tmp_path)
+    assert [e["loc"] for e in escape] == ["output_dir"]
 
 
 def test_without_roots_any_readable_path_is_accepted_and_demo_data_always_is(roots):

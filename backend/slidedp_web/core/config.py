@@ -74,6 +74,11 @@ class Settings(BaseSettings):
         description="Colon-separated folders that dataset files must lie in (unset: anywhere the server "
         "can read).",
     )
+    output_roots: Optional[str] = Field(
+        None,
+        description="Colon-separated folders a job's output_dir must lie in, besides the data directory "
+        "(unset: anywhere the server can write).",
+    )
     log_format: str = Field(
         "text", description="'json': one JSON object per log record (ts, level, logger, msg, job_id)."
     )
@@ -157,6 +162,7 @@ class Settings(BaseSettings):
             "max_request_bytes",
             "model_roots",
             "data_roots",
+            "output_roots",
             "log_format",
         ):
             value = getattr(self, name)
