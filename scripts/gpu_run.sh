@@ -9,6 +9,8 @@
 #   b8      Qwen3-8B, 2 GPUs, micro-batch 8: SlideDP and FSDP2 GPU-resident at its best
 #   one8    Qwen3-8B on one GPU, 20 steps on pattern data, and FSDP2 GPU-resident on that GPU
 #   cast8   Qwen3-8B, 2 GPUs, bs8 then bs4: the bf16 cast on the host against the fp32 master cast on the GPUs
+#   pcie8   Qwen3-8B, 2 GPUs, bs8 as a PCIe-only workstation (NCCL_P2P_DISABLE=1): topology, plan, the four
+#           routes and AutoPolicy's choice, predicted beside measured
 #   grid    the declared AutoPolicy grid (docs/benchmarks.md) for MODEL (qwen3-8b), MBS (8), K keep, M offload
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export PYTHONPATH=$PWD/runtime:$PWD PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1
@@ -48,6 +50,10 @@ for part in "$@"; do
             for r in sharded:gpu replicated:gpu sharded:host replicated:host; do G="$G,$r:$a"; done; done
           timeout 580 python3 -m slidedp.cli bench --model ${MODEL:-qwen3-8b} --seq 2048 --gpus 2 --mbs ${MBS:-8} \
             --steps 6 --threads 16 --policies "${G#,},auto:auto:auto:0:auto" --out "$OUT/grid.jsonl" 2>&1 | quiet 20 ;;
+    pcie8) NCCL_P2P_DISABLE=1 python3 -m slidedp.cli topology > "$OUT/topology-pcie.json" 2>&1
+           NCCL_P2P_DISABLE=1 timeout 560 $BENCH --gpus 2 --mbs 8 --steps 6 --threads 16 --out "$OUT/bench-pcie.jsonl" \
+             --policies sharded:gpu:checkpoint:0:36,replicated:gpu:checkpoint:0:36,sharded:host:checkpoint:0:36,replicated:host:checkpoint:0:36,auto:auto:auto:0:auto \
+             2>&1 | quiet 14 ;;
   esac
 done
 echo "===== end $(date +%T)"
