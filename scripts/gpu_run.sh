@@ -11,6 +11,8 @@
 #   cast8   Qwen3-8B, 2 GPUs, bs8 then bs4: the bf16 cast on the host against the fp32 master cast on the GPUs
 #   pcie8   Qwen3-8B, 2 GPUs, bs8 as a PCIe-only workstation (NCCL_P2P_DISABLE=1): topology, plan, the four
 #           routes and AutoPolicy's choice, predicted beside measured
+#   ds4     Qwen3-8B, 2 GPUs, bs4, clipping at 1.0 on both sides: SlideDP against DeepSpeed ZeRO-2 and ZeRO-3 CPU
+#           offload (needs .device-wheels from scripts/build_peer_wheels.sh, carried with the working tree)
 #   grid    the declared AutoPolicy grid (docs/benchmarks.md) for MODEL (qwen3-8b), MBS (8), K keep, M offload
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export PYTHONPATH=$PWD/runtime:$PWD PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1
@@ -54,6 +56,10 @@ for part in "$@"; do
            NCCL_P2P_DISABLE=1 timeout 560 $BENCH --gpus 2 --mbs 8 --steps 6 --threads 16 --out "$OUT/bench-pcie.jsonl" \
              --policies sharded:gpu:checkpoint:0:36,replicated:gpu:checkpoint:0:36,sharded:host:checkpoint:0:36,replicated:host:checkpoint:0:36,auto:auto:auto:0:auto \
              2>&1 | quiet 14 ;;
+    ds4) python3 -m pip install -q --no-index --no-deps --target /tmp/peer-pkgs .device-wheels/*.whl 2>&1 | tail -2
+         PYTHONPATH=/tmp/peer-pkgs:$PYTHONPATH PATH=/tmp/peer-pkgs/bin:$PATH timeout 580 $BENCH --gpus 2 --mbs 4 \
+           --steps 6 --threads 16 --policies sharded:gpu:checkpoint:1.0:36 --peers ds-zero2:1.0,ds-zero3:1.0 \
+           --out "$OUT/bench-ds.jsonl" 2>&1 | quiet 20 ;;
   esac
 done
 echo "===== end $(date +%T)"

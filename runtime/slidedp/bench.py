@@ -5,8 +5,10 @@
 
 Each policy is `delivery:grad_reduce[:activations[:clip[:resident layers[:delivery_cast]]]]` (`auto` anywhere
 but the cast: AutoPolicy's choice; the cast is `host` unless given as `gpu`). Each peer is `fsdp2[:keep[:clip]]` (FSDP2 GPU-resident, every decoder layer checkpointed but the first
-`keep`; `none`: no checkpointing) or `fsdp2-offload[:keep[:clip]]` (FSDP2 + CPUOffloadPolicy); see
-slidedp.peers.fsdp2. Data are token ids written to a temporary jsonl: `random` ids, or `pattern` (each row repeats
+`keep`; `none`: no checkpointing) or `fsdp2-offload[:keep[:clip]]` (FSDP2 + CPUOffloadPolicy), see
+slidedp.peers.fsdp2; or `ds-zero2[:clip]` / `ds-zero3[:clip]` (DeepSpeed ZeRO-Offload: optimizer, or optimizer and
+parameters, on the CPU with DeepSpeedCPUAdam), see slidedp.peers.deepspeed_zero.
+Data are token ids written to a temporary jsonl: `random` ids, or `pattern` (each row repeats
 a short random motif over 1024 token ids, so a random-init model's loss visibly falls). All SlideDP policies of one command train on
 one host state (StateCache): weights are initialised once. The planner predicts each policy before it runs
 (SLIDEDP_PLAN_EXPLICIT), and the row carries the prediction beside the measurement. The first `--warmup` steps are
@@ -113,15 +115,25 @@ def run_one(model: str, gpus: int, mbs: int, seq: int, steps: int, policy: str, 
 
 def run_peer(spec: str, model: str, gpus: int, mbs: int, seq: int, steps: int, warmup: int, threads: int | None,
              lr: float, rows: list[list[int]]) -> dict:
-    from slidedp.peers.fsdp2 import run_fsdp2
-
+    """One peer's row. Specs: fsdp2[:keep[:clip]], fsdp2-offload[:keep[:clip]], ds-zero2[:clip], ds-zero3[:clip]."""
     parts = spec.split(":")
-    if parts[0] not in ("fsdp2", "fsdp2-offload"):
-        raise ValueError(f"peer {spec!r}: expected fsdp2[:keep[:clip]] or fsdp2-offload[:keep[:clip]]")
-    keep = None if len(parts) > 1 and parts[1] == "none" else int(parts[1]) if len(parts) > 1 else 0
-    clip = float(parts[2]) if len(parts) > 2 else 0.0
-    row = run_fsdp2(model, gpus, mbs, seq, steps, warmup, offload=parts[0] == "fsdp2-offload", keep_layers=keep,
-                    threads=threads, ranks=0 if gpus else 2, lr=lr, max_grad_norm=clip, data_rows=rows)
+    ranks = 0 if gpus else 2  # the CPU form of a peer runs two gloo ranks
+    if parts[0] in ("fsdp2", "fsdp2-offload") and len(parts) <= 3:
+        from slidedp.peers.fsdp2 import run_fsdp2
+
+        keep = None if len(parts) > 1 and parts[1] == "none" else int(parts[1]) if len(parts) > 1 else 0
+        clip = float(parts[2]) if len(parts) > 2 else 0.0
+        row = run_fsdp2(model, gpus, mbs, seq, steps, warmup, offload=parts[0] == "fsdp2-offload",
+                        keep_layers=keep, threads=threads, ranks=ranks, lr=lr, max_grad_norm=clip, data_rows=rows)
+    elif parts[0] in ("ds-zero2", "ds-zero3") and len(parts) <= 2:
+        from slidedp.peers.deepspeed_zero import run_deepspeed
+
+        clip = float(parts[1]) if len(parts) > 1 else 0.0
+        row = run_deepspeed(model, gpus, mbs, seq, steps, warmup, stage=int(parts[0][-1]), threads=threads,
+                            lr=lr, max_grad_norm=clip, data_rows=rows, ranks=ranks)
+    else:
+        raise ValueError(f"peer {spec!r}: expected fsdp2[:keep[:clip]], fsdp2-offload[:keep[:clip]], "
+                         "ds-zero2[:clip] or ds-zero3[:clip]")
     return {"policy": spec, **row}
 
 
@@ -167,6 +179,11 @@ def main(argv: list[str]) -> int:
     peers = [x for x in args.peers.split(",") if x]
     for policy in policies:
         parse_policy(policy)  # a typo fails before an hour of set-up, not after
+    for spec in peers:
+        name, _, rest = spec.partition(":")
+        if name not in ("fsdp2", "fsdp2-offload", "ds-zero2", "ds-zero3"):
+            raise ValueError(f"peer {spec!r}: expected fsdp2[:keep[:clip]], fsdp2-offload[:keep[:clip]], "
+                             "ds-zero2[:clip] or ds-zero3[:clip]")
     vocab = PRESETS[args.model]["vocab_size"] if args.model in PRESETS else 32000
     tmp = tempfile.mkdtemp(prefix="slidedp-bench-")
     data = os.path.join(tmp, "data.jsonl")

@@ -26,29 +26,33 @@ Every rank is a fresh interpreter (`python -m slidedp.peers.fsdp2 ARGS_FILE RANK
 fork do not mix, and a fresh process measures the peer as a user would run it. Ranks join through a file://
 rendezvous in a private temporary directory (NCCL, one process per GPU; gloo on loopback with `gpus=0`, which is
 for tests on a CPU-only machine: FSDP2, CPUOffloadPolicy and fused AdamW all run there too, only without pinning).
-Each rank writes its result as JSON next to the rendezvous file; the launching process imports no torch.
+Each rank writes its result as JSON next to the rendezvous file; the launching process imports no torch
+(slidedp.peers.launch does the launching, for every peer alike).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
-import statistics
-import subprocess
 import sys
-import tempfile
 import time
-import traceback
 from typing import Any
 
-# Set in the rank processes unless the caller already chose: NVLink multicast (NVLS) is off on the GPU machine.
-GPU_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
-ADAMW = {"betas": (0.9, 0.95), "eps": 1e-8, "weight_decay": 0.0}  # SlideDP's optimizer defaults
-DATA_SEED = 0
-INIT_SEED = 0
-FAILED_RANK_GRACE_S = 10.0  # after one rank fails, the others get this long to report before they are killed
-LOG_TAIL_CHARS = 3000
+from slidedp.peers.launch import (
+    ADAMW,
+    INIT_SEED,
+    check_shape,
+    cores,
+    data_table,
+    global_rows,
+    init_weights,
+    proc_status_gib,
+    random_rows,
+    rank_main,
+    run_ranks,
+)
+
+__all__ = ["apply_checkpointing", "global_rows", "random_rows", "run_fsdp2"]
 
 
 def run_fsdp2(model: str, gpus: int, mbs: int, seq: int, steps: int, warmup: int, *, offload: bool,
@@ -65,151 +69,18 @@ def run_fsdp2(model: str, gpus: int, mbs: int, seq: int, steps: int, warmup: int
     world = gpus if gpus > 0 else ranks
     if world < 1:
         raise ValueError("run_fsdp2 needs gpus > 0, or ranks > 0 for the CPU form")
-    if steps < 1 or mbs < 1 or seq < 2 or warmup < 0:
-        raise ValueError(f"bad shape: steps={steps} mbs={mbs} seq={seq} warmup={warmup}")
+    check_shape(steps, mbs, seq, warmup, data_rows)
     if keep_layers is not None and keep_layers < 0:
         raise ValueError(f"keep_layers must be >= 0 or None, got {keep_layers}")
-    if data_rows is not None:
-        bad = [i for i, row in enumerate(data_rows) if len(row) != seq]
-        if not data_rows or bad:
-            raise ValueError(f"data_rows must be non-empty rows of length seq={seq} (rows {bad[:5]} are not)")
     row: dict[str, Any] = {
         "peer": "fsdp2-offload" if offload else "fsdp2", "model": model, "gpus": gpus, "world": world,
         "mbs": mbs, "seq": seq, "steps": steps, "warmup": warmup, "offload": offload,
         "keep_layers": keep_layers, "threads": threads, "lr": lr, "max_grad_norm": max_grad_norm,
     }
-    with tempfile.TemporaryDirectory(prefix="slidedp-fsdp2-") as tmp:
-        args = dict(row, init_file=os.path.join(tmp, "rendezvous"), out_dir=tmp, data_rows=data_rows)
-        args_file = os.path.join(tmp, "args.json")
-        with open(args_file, "w", encoding="utf-8") as fh:
-            json.dump(args, fh)
-        t0 = time.perf_counter()
-        codes, timed_out = _launch_and_wait(args_file, world, tmp, timeout_s)
-        row["wall_s"] = time.perf_counter() - t0
-        reports = [_read_json(os.path.join(tmp, f"rank{r}.json")) for r in range(world)]
-        logs = [_tail(os.path.join(tmp, f"rank{r}.log")) for r in range(world)]
-    return _row(row, reports, codes, logs, timed_out, timeout_s)
-
-
-# ---------------------------------------------------------------------------------------------- launcher side
-def _rank_env() -> dict[str, str]:
-    env = dict(os.environ)
-    # the ranks must import this very slidedp, installed or not
-    runtime = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    env["PYTHONPATH"] = runtime + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-    env.setdefault("GLOO_SOCKET_IFNAME", "lo")
-    for key, value in GPU_ENV.items():
-        env.setdefault(key, value)
-    return env
-
-
-def _launch_and_wait(args_file: str, world: int, tmp: str, timeout_s: float) -> tuple[list[int | None], bool]:
-    """Start the ranks, wait for all of them; kill the rest once one failed (they wait in a collective forever)."""
-    env = _rank_env()
-    procs: list[subprocess.Popen] = []
-    try:
-        for r in range(world):
-            with open(os.path.join(tmp, f"rank{r}.log"), "wb") as log:
-                procs.append(subprocess.Popen(
-                    [sys.executable, "-m", "slidedp.peers.fsdp2", args_file, str(r), str(world)],
-                    env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT))
-        deadline = time.monotonic() + timeout_s
-        failed_at: float | None = None
-        timed_out = False
-        while True:
-            codes = [p.poll() for p in procs]
-            if all(c is not None for c in codes):
-                break
-            now = time.monotonic()
-            if failed_at is None and any(c not in (None, 0) for c in codes):
-                failed_at = now
-            if failed_at is not None and now - failed_at > FAILED_RANK_GRACE_S:
-                break
-            if now > deadline:
-                timed_out = True
-                break
-            time.sleep(0.1)
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-            p.wait()
-    return [p.returncode for p in procs], timed_out
-
-
-def _row(row: dict, reports: list[dict | None], codes: list[int | None], logs: list[str], timed_out: bool,
-         timeout_s: float) -> dict:
-    if any(r and r.get("status") == "oom" for r in reports):
-        return dict(row, error="OOM")
-    if timed_out:
-        return dict(row, error=f"timed out after {timeout_s:.0f} s; rank 0 log tail:\n{logs[0]}")
-    for rank, (rep, code) in enumerate(zip(reports, codes)):
-        if code != 0 or rep is None or rep.get("status") != "ok":
-            return dict(row, error=f"rank {rank} exited with code {code}:\n{logs[rank]}")
-    r0 = reports[0]
-    times = r0["times"]
-    timed = times[row["warmup"]:] or times
-    step_s = statistics.median(timed)
-    tokens_per_s = row["mbs"] * row["seq"] * row["world"] / step_s
-    row.update(
-        threads=r0["threads"], step_s=step_s, times=times, tokens_per_s=tokens_per_s,
-        tflops=_flops_per_token(row["model"], row["seq"]) * tokens_per_s / 1e12,
-        hbm_peak_gib=r0["hbm_peak_gib"], hbm_peak_gib_ranks=[r["hbm_peak_gib"] for r in reports],
-        host_rss_gib=sum(r["rss_gib"] for r in reports),
-        host_rss_peak_gib=sum(r["rss_peak_gib"] for r in reports),
-        losses=r0["losses"], params=r0["params"],
-    )
-    if r0.get("grad_norms") is not None:
-        row["grad_norms"] = r0["grad_norms"]
-    return row
-
-
-def _flops_per_token(model: str, seq: int) -> float:
-    from slidedp.presets import flops_per_token, model_config_dict
-
-    try:
-        return flops_per_token(model_config_dict(model), seq)
-    except (KeyError, OSError, ValueError):
-        return 0.0
-
-
-def _read_json(path: str) -> dict | None:
-    try:
-        with open(path, encoding="utf-8") as fh:
-            return json.load(fh)
-    except (OSError, ValueError):
-        return None
-
-
-def _tail(path: str) -> str:
-    try:
-        with open(path, "rb") as fh:
-            fh.seek(0, os.SEEK_END)
-            fh.seek(max(0, fh.tell() - LOG_TAIL_CHARS))
-            return fh.read().decode("utf-8", "replace")
-    except OSError:
-        return ""
+    return run_ranks("slidedp.peers.fsdp2", row, world, timeout_s, data_rows=data_rows)
 
 
 # ---------------------------------------------------------------------------------------------- rank side
-def global_rows(step: int, rank: int, world: int, mbs: int) -> list[int]:
-    """Indices of the data rows rank `rank` trains on at `step`: consecutive blocks of mbs, rank-major per step."""
-    start = (step * world + rank) * mbs
-    return list(range(start, start + mbs))
-
-
-def _cores() -> int:
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-
-
-def _proc_status_gib(key: str) -> float:
-    with open("/proc/self/status", encoding="ascii") as fh:
-        for line in fh:
-            if line.startswith(key + ":"):
-                return int(line.split()[1]) * 1024 / 2**30
-    return 0.0
-
-
 def apply_checkpointing(layers, keep_layers: int | None) -> None:
     """Recompute every decoder layer but the first `keep_layers` in backward (None: keep every layer's activations).
 
@@ -231,31 +102,6 @@ def apply_checkpointing(layers, keep_layers: int | None) -> None:
         layer.forward = checkpointed(layer.forward)
 
 
-def random_rows(n: int, seq: int, vocab: int):
-    """The peer's data when none is given: n rows of seq uniform token ids from a fixed seed (a torch tensor)."""
-    import torch
-
-    return torch.randint(0, vocab, (n, seq), generator=torch.Generator().manual_seed(DATA_SEED))
-
-
-def _init_weights(model, std: float) -> None:
-    """Random init as transformers does for these decoders: normal(0, std) matrices, unit norms, zero biases.
-
-    Drawn where the shards live (the GPU, or the host with offload), so the two forms start from different
-    random weights on a GPU machine; on the CPU they start from the same.
-    """
-    import torch
-
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if name.endswith(".bias"):
-                p.zero_()
-            elif p.dim() == 1:
-                p.fill_(1.0)
-            else:
-                p.normal_(0.0, std)
-
-
 def _train(a: dict, rank: int, world: int) -> dict:
     from slidedp.config import is_model_path
     from slidedp.presets import PRESETS
@@ -271,7 +117,7 @@ def _train(a: dict, rank: int, world: int) -> dict:
     from slidedp.step.model_adapter import load_hf_config
 
     cuda = a["gpus"] > 0
-    torch.set_num_threads(a["threads"] or max(1, _cores() // world))
+    torch.set_num_threads(a["threads"] or max(1, cores() // world))
     init = f"file://{a['init_file']}"
     if cuda:
         device = torch.device("cuda", rank)
@@ -298,17 +144,14 @@ def _train(a: dict, rank: int, world: int) -> dict:
     fully_shard(model, **shard)
     model.to_empty(device="cpu" if a["offload"] else device)
     torch.manual_seed(INIT_SEED + rank)
-    _init_weights(model, float(getattr(cfg, "initializer_range", 0.02)))
+    init_weights(model, float(getattr(cfg, "initializer_range", 0.02)))
     # to_empty left the rotary buffers (inv_freq) uninitialised: build them again, on the compute device
     model.model.rotary_emb = type(model.model.rotary_emb)(config=cfg).to(device)
     opt = torch.optim.AdamW(model.parameters(), lr=a["lr"], fused=True, **ADAMW)
     params = sum(p.numel() for p in model.parameters())  # DTensor numel is the global size
 
-    steps, mbs, seq, clip = a["steps"], a["mbs"], a["seq"], a["max_grad_norm"]
-    if a["data_rows"] is not None:
-        table = torch.tensor(a["data_rows"], dtype=torch.long)
-    else:
-        table = random_rows(steps * world * mbs, seq, cfg.vocab_size)
+    steps, mbs, clip = a["steps"], a["mbs"], a["max_grad_norm"]
+    table = data_table(a, world, cfg.vocab_size)
 
     def sync() -> None:
         if cuda:
@@ -344,45 +187,15 @@ def _train(a: dict, rank: int, world: int) -> dict:
         "threads": torch.get_num_threads(), "times": times, "losses": mean_loss.tolist(), "params": params,
         "grad_norms": grad_norms,
         "hbm_peak_gib": torch.cuda.max_memory_reserved(device) / 2**30 if cuda else 0.0,
-        "rss_gib": _proc_status_gib("VmRSS"), "rss_peak_gib": _proc_status_gib("VmHWM"),
+        "rss_gib": proc_status_gib("VmRSS"), "rss_peak_gib": proc_status_gib("VmHWM"),
     }
-
-
-def _is_oom(exc: BaseException) -> bool:
-    torch = sys.modules.get("torch")  # a failure before torch was imported is no OOM, and need not wait for it
-    oom_type = getattr(torch, "OutOfMemoryError", None) if torch is not None else None
-    return (oom_type is not None and isinstance(exc, oom_type)) or "out of memory" in str(exc).lower()
-
-
-def rank_main(args_file: str, rank: int, world: int) -> int:
-    """One rank: train, then write rank<r>.json next to the args file (also on failure)."""
-    with open(args_file, encoding="utf-8") as fh:
-        a = json.load(fh)
-    report: dict[str, Any] = {"rank": rank}
-    try:
-        report.update(_train(a, rank, world), status="ok")
-    except Exception as exc:
-        traceback.print_exc()
-        report.update(status="oom" if _is_oom(exc) else "error", error=f"{type(exc).__name__}: {exc}"[-2000:])
-    path = os.path.join(a["out_dir"], f"rank{rank}.json")
-    with open(path + ".tmp", "w", encoding="utf-8") as fh:
-        json.dump(report, fh)
-    os.replace(path + ".tmp", path)
-    sys.stdout.flush()
-    sys.stderr.flush()
-    if report["status"] != "ok":
-        os._exit(1)  # the other ranks may be blocked in a collective: a clean teardown would wait for them
-    import torch.distributed as dist
-
-    dist.destroy_process_group()
-    return 0
 
 
 # ---------------------------------------------------------------------------------------------- command line
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if len(argv) == 3 and not argv[0].startswith("-"):
-        return rank_main(argv[0], int(argv[1]), int(argv[2]))
+        return rank_main(argv[0], int(argv[1]), int(argv[2]), _train)
     p = argparse.ArgumentParser(prog="python -m slidedp.peers.fsdp2",
                                 description="FSDP2 peer baseline; prints one JSON row.")
     p.add_argument("--model", required=True, help="a preset name (slidedp.presets) or a local HF model directory")
