@@ -65,10 +65,7 @@ class RankEngine:
                              routes=self.routes, state=state, rank=rank, abort=abort)
         self.updater = Updater(state=state, shards=self.shards, grad_reduce=self.routes.grad_reduce,
                                opt=cfg.optimizer, sched=cfg.schedule, total_steps=cfg.steps,
-                               num_units=len(numels),
-                               delivery_dtype=torch.bfloat16 if state.layout.delivery_dtype == "bfloat16"
-                               else torch.float32,
-                               threads=torch.get_num_threads())
+                               num_units=len(numels), threads=torch.get_num_threads())
         self.rotary = adapter.rotary(device)
         max_layer = max(self.shards.padded[1 : self.head_unit], default=0)
         # Layer gradients land in a flat buffer per parity (bf16 in bf16 precision), then go out in fp32.

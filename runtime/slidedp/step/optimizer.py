@@ -89,7 +89,7 @@ class StepResult:
 
 class Updater(threading.Thread):
     def __init__(self, *, state: HostState, shards: ShardMap, grad_reduce: str, opt: OptimizerConfig,
-                 sched: ScheduleConfig, total_steps: int, num_units: int, delivery_dtype: torch.dtype,
+                 sched: ScheduleConfig, total_steps: int, num_units: int,
                  threads: int | None = None):
         super().__init__(name=f"slidedp-updater-{shards.rank}", daemon=True)
         self.state = state
@@ -102,7 +102,7 @@ class Updater(threading.Thread):
         self.threads = threads
         self.norm_on_device = grad_reduce == "gpu" or self.world == 1
         self.slots = state.layout.staging_slots
-        self.deliver_bf16 = delivery_dtype == torch.bfloat16
+        self.deliver_bf16 = state.delivery is not state.master  # a bf16 copy the update must write
         self.clip = opt.max_grad_norm > 0
         self._cond = threading.Condition()
         self._pending: deque[GradItem] = deque()
