@@ -113,27 +113,34 @@ def run_one(model: str, gpus: int, mbs: int, seq: int, steps: int, policy: str, 
             "chosen": _chosen(result.policy), "predicted_step_s": ((plan.get("predicted") or {}).get("step_time_s"))}
 
 
+def parse_peer(spec: str) -> dict:
+    """A peer spec: fsdp2[:keep[:clip]], fsdp2-offload[:keep[:clip]], ds-zero2[:clip] or ds-zero3[:clip]."""
+    parts = spec.split(":")
+    if parts[0] in ("fsdp2", "fsdp2-offload") and len(parts) <= 3:
+        keep = None if len(parts) > 1 and parts[1] == "none" else int(parts[1]) if len(parts) > 1 else 0
+        return {"name": parts[0], "keep": keep, "clip": float(parts[2]) if len(parts) > 2 else 0.0}
+    if parts[0] in ("ds-zero2", "ds-zero3") and len(parts) <= 2:
+        return {"name": parts[0], "clip": float(parts[1]) if len(parts) > 1 else 0.0}
+    raise ValueError(f"peer {spec!r}: expected fsdp2[:keep[:clip]], fsdp2-offload[:keep[:clip]], "
+                     "ds-zero2[:clip] or ds-zero3[:clip]")
+
+
 def run_peer(spec: str, model: str, gpus: int, mbs: int, seq: int, steps: int, warmup: int, threads: int | None,
              lr: float, rows: list[list[int]]) -> dict:
-    """One peer's row. Specs: fsdp2[:keep[:clip]], fsdp2-offload[:keep[:clip]], ds-zero2[:clip], ds-zero3[:clip]."""
-    parts = spec.split(":")
+    """One peer's row (spec as parse_peer reads it)."""
+    peer = parse_peer(spec)
     ranks = 0 if gpus else 2  # the CPU form of a peer runs two gloo ranks
-    if parts[0] in ("fsdp2", "fsdp2-offload") and len(parts) <= 3:
+    if peer["name"].startswith("fsdp2"):
         from slidedp.peers.fsdp2 import run_fsdp2
 
-        keep = None if len(parts) > 1 and parts[1] == "none" else int(parts[1]) if len(parts) > 1 else 0
-        clip = float(parts[2]) if len(parts) > 2 else 0.0
-        row = run_fsdp2(model, gpus, mbs, seq, steps, warmup, offload=parts[0] == "fsdp2-offload",
-                        keep_layers=keep, threads=threads, ranks=ranks, lr=lr, max_grad_norm=clip, data_rows=rows)
-    elif parts[0] in ("ds-zero2", "ds-zero3") and len(parts) <= 2:
+        row = run_fsdp2(model, gpus, mbs, seq, steps, warmup, offload=peer["name"] == "fsdp2-offload",
+                        keep_layers=peer["keep"], threads=threads, ranks=ranks, lr=lr, max_grad_norm=peer["clip"],
+                        data_rows=rows)
+    else:
         from slidedp.peers.deepspeed_zero import run_deepspeed
 
-        clip = float(parts[1]) if len(parts) > 1 else 0.0
-        row = run_deepspeed(model, gpus, mbs, seq, steps, warmup, stage=int(parts[0][-1]), threads=threads,
-                            lr=lr, max_grad_norm=clip, data_rows=rows, ranks=ranks)
-    else:
-        raise ValueError(f"peer {spec!r}: expected fsdp2[:keep[:clip]], fsdp2-offload[:keep[:clip]], "
-                         "ds-zero2[:clip] or ds-zero3[:clip]")
+        row = run_deepspeed(model, gpus, mbs, seq, steps, warmup, stage=int(peer["name"][-1]), threads=threads,
+                            lr=lr, max_grad_norm=peer["clip"], data_rows=rows, ranks=ranks)
     return {"policy": spec, **row}
 
 
@@ -180,10 +187,7 @@ def main(argv: list[str]) -> int:
     for policy in policies:
         parse_policy(policy)  # a typo fails before an hour of set-up, not after
     for spec in peers:
-        name, _, rest = spec.partition(":")
-        if name not in ("fsdp2", "fsdp2-offload", "ds-zero2", "ds-zero3"):
-            raise ValueError(f"peer {spec!r}: expected fsdp2[:keep[:clip]], fsdp2-offload[:keep[:clip]], "
-                             "ds-zero2[:clip] or ds-zero3[:clip]")
+        parse_peer(spec)
     vocab = PRESETS[args.model]["vocab_size"] if args.model in PRESETS else 32000
     tmp = tempfile.mkdtemp(prefix="slidedp-bench-")
     data = os.path.join(tmp, "data.jsonl")

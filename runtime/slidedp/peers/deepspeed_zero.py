@@ -59,12 +59,10 @@ from slidedp.peers.launch import (
     INIT_SEED,
     check_shape,
     cores,
-    data_table,
-    global_rows,
     init_weights,
-    proc_status_gib,
     rank_main,
     run_ranks,
+    timed_steps,
 )
 
 MISSING = "deepspeed is not installed: run scripts/build_peer_wheels.sh and install .device-wheels (see the script)"
@@ -191,45 +189,27 @@ def _train(a: dict, rank: int, world: int) -> dict:
     engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=a["ds_config"])
     setup_s = time.perf_counter() - setup_t0  # includes the CPU Adam op's build on a first run
 
-    steps, mbs, clip = a["steps"], a["mbs"], a["max_grad_norm"]
-    table = data_table(a, world, cfg.vocab_size)
-
-    def sync() -> None:
-        if cuda:
-            torch.cuda.synchronize(device)
-        dist.barrier()
-
+    clip = a["max_grad_norm"]
     if cuda:
         # the peak is the training's: under ZeRO-3 the whole bf16 model sat on the GPU until initialize
         # partitioned it, and the allocator would otherwise keep those blocks reserved
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats(device)
-    times: list[float] = []
-    losses: list = []
     norms: list[float] = []
-    for step in range(steps):
-        idx = torch.tensor(global_rows(step, rank, world, mbs)) % table.shape[0]
-        ids = table.index_select(0, idx).to(device)
-        sync()
-        t0 = time.perf_counter()
+
+    def step(ids):
         loss = engine(input_ids=ids, labels=ids).loss  # labels are shifted inside the model
         engine.backward(loss)
         engine.step()
-        sync()
-        times.append(time.perf_counter() - t0)
-        losses.append(loss.detach().float())
+        return loss
+
+    def read_norm() -> None:  # outside the timing, as before the step's figures are read
         if clip > 0:
             norms.append(float(engine.get_global_grad_norm()))
 
-    # the mean over ranks is the loss of the global batch, as SlideDP reports it (every row has seq tokens)
-    mean_loss = torch.stack(losses).to(device)
-    dist.all_reduce(mean_loss)
-    mean_loss /= world
+    out = timed_steps(a, rank, world, cfg.vocab_size, device, step, read_norm)
     return {
-        "threads": torch.get_num_threads(), "times": times, "losses": mean_loss.tolist(), "params": params,
-        "grad_norms": norms or None,
-        "hbm_peak_gib": torch.cuda.max_memory_reserved(device) / 2**30 if cuda else 0.0,
-        "rss_gib": proc_status_gib("VmRSS"), "rss_peak_gib": proc_status_gib("VmHWM"),
+        **out, "params": params, "grad_norms": norms or None,
         "extra": {"optimizer": type(engine.basic_optimizer).__name__, "deepspeed": deepspeed.__version__,
                   "grad_comm_dtype": str(engine.communication_data_type).removeprefix("torch."),
                   "setup_s": setup_s},

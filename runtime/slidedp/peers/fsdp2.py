@@ -35,7 +35,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import time
 from typing import Any
 
 from slidedp.peers.launch import (
@@ -43,13 +42,12 @@ from slidedp.peers.launch import (
     INIT_SEED,
     check_shape,
     cores,
-    data_table,
     global_rows,
     init_weights,
-    proc_status_gib,
     random_rows,
     rank_main,
     run_ranks,
+    timed_steps,
 )
 
 __all__ = ["apply_checkpointing", "global_rows", "random_rows", "run_fsdp2"]
@@ -150,45 +148,23 @@ def _train(a: dict, rank: int, world: int) -> dict:
     opt = torch.optim.AdamW(model.parameters(), lr=a["lr"], fused=True, **ADAMW)
     params = sum(p.numel() for p in model.parameters())  # DTensor numel is the global size
 
-    steps, mbs, clip = a["steps"], a["mbs"], a["max_grad_norm"]
-    table = data_table(a, world, cfg.vocab_size)
-
-    def sync() -> None:
-        if cuda:
-            torch.cuda.synchronize(device)
-        dist.barrier()
-
-    times: list[float] = []
-    losses: list = []
+    clip = a["max_grad_norm"]
     norms: list = []
-    for step in range(steps):
-        idx = torch.tensor(global_rows(step, rank, world, mbs)) % table.shape[0]
-        ids = table.index_select(0, idx).to(device)
-        sync()
-        t0 = time.perf_counter()
+
+    def step(ids):
         loss = model(input_ids=ids, labels=ids).loss  # labels are shifted inside the model
         loss.backward()
         if clip > 0:
             norms.append(torch.nn.utils.clip_grad_norm_(model.parameters(), clip))
         opt.step()
         opt.zero_grad(set_to_none=True)
-        sync()
-        times.append(time.perf_counter() - t0)
-        losses.append(loss.detach().float())
+        return loss
 
-    # the mean over ranks is the loss of the global batch, as SlideDP reports it (every row has seq tokens)
-    mean_loss = torch.stack(losses).to(device)
-    dist.all_reduce(mean_loss)
-    mean_loss /= world
+    out = timed_steps(a, rank, world, cfg.vocab_size, device, step)
     grad_norms = None
     if norms:
         grad_norms = [float(n.full_tensor() if hasattr(n, "full_tensor") else n) for n in norms]
-    return {
-        "threads": torch.get_num_threads(), "times": times, "losses": mean_loss.tolist(), "params": params,
-        "grad_norms": grad_norms,
-        "hbm_peak_gib": torch.cuda.max_memory_reserved(device) / 2**30 if cuda else 0.0,
-        "rss_gib": proc_status_gib("VmRSS"), "rss_peak_gib": proc_status_gib("VmHWM"),
-    }
+    return {**out, "params": params, "grad_norms": grad_norms}
 
 
 # ---------------------------------------------------------------------------------------------- command line

@@ -226,6 +226,48 @@ def init_weights(model, std: float) -> None:
                 p.normal_(0.0, std)
 
 
+def timed_steps(a: dict, rank: int, world: int, vocab: int, device, step: Callable[[Any], Any],
+                after_step: Callable[[], None] | None = None) -> dict:
+    """The peer's timed loop: `a["steps"]` optimizer steps, each `step(ids) -> loss` (forward, backward, update)
+    between a device synchronize and a barrier, on this rank's rows; `after_step` runs outside the timing.
+
+    Returns the rank's row part: step times, the loss of every global batch (mean over ranks, as SlideDP reports
+    it: every row has seq tokens), threads, peak reserved HBM and host RSS.
+    """
+    import torch
+    import torch.distributed as dist
+
+    cuda = device.type == "cuda"
+    table = data_table(a, world, vocab)
+
+    def sync() -> None:
+        if cuda:
+            torch.cuda.synchronize(device)
+        dist.barrier()
+
+    times: list[float] = []
+    losses: list = []
+    for k in range(a["steps"]):
+        idx = torch.tensor(global_rows(k, rank, world, a["mbs"])) % table.shape[0]
+        ids = table.index_select(0, idx).to(device)
+        sync()
+        t0 = time.perf_counter()
+        loss = step(ids)
+        sync()
+        times.append(time.perf_counter() - t0)
+        losses.append(loss.detach().float())
+        if after_step is not None:
+            after_step()
+    mean_loss = torch.stack(losses).to(device)
+    dist.all_reduce(mean_loss)
+    mean_loss /= world
+    return {
+        "threads": torch.get_num_threads(), "times": times, "losses": mean_loss.tolist(),
+        "hbm_peak_gib": torch.cuda.max_memory_reserved(device) / 2**30 if cuda else 0.0,
+        "rss_gib": proc_status_gib("VmRSS"), "rss_peak_gib": proc_status_gib("VmHWM"),
+    }
+
+
 def proc_status_gib(key: str) -> float:
     """A memory figure of this process from /proc/self/status (VmRSS: resident now, VmHWM: its peak), in GiB."""
     with open("/proc/self/status", encoding="ascii") as fh:
