@@ -104,6 +104,9 @@ def _train(settings: Any, job_id: int, attempt: int, stop: Any) -> dict[str, Any
             raise _StoppedBeforeFirstStep
         return "save" if stop.value == 2 else bool(stop.value)
 
+    if stop.value:  # cancelled while this process started: skip importing torch (seconds on a busy host)
+        _log(settings, job_id, "stopped before the first step of this attempt")
+        return {"status": "stopped", "steps_done": None}
     import slidedp
     from slidedp.config import ConfigError
 

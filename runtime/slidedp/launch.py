@@ -320,6 +320,9 @@ def train(config: dict | JobConfig, on_step: Callable[[dict], None] | None = Non
             layout = dataclasses.replace(layout, run=state_cache.layout.run)
         else:
             state_cache.close()  # free the old state before the new one is touched: both may not fit in RAM
+    if should_stop is not None and should_stop():  # asked while starting: nothing is allocated yet
+        _log(on_log, "stopped before the host state was allocated")
+        return TrainResult("stopped", 0, [], cfg.output_dir, None, None, {**policy, "plan": plan})
     state = HostState.create(layout, keep_state=reuse)
     if state_cache is not None:
         state_cache.layout = layout
@@ -363,6 +366,10 @@ def train(config: dict | JobConfig, on_step: Callable[[dict], None] | None = Non
         args_path = os.path.join(init_dir, "rank-args.pkl")
         with open(args_path, "wb") as fh:
             pickle.dump({"args": args, "address": channel.address, "authkey": channel.authkey}, fh)
+        if should_stop is not None and should_stop():  # asked while the host state was filled: no rank started
+            _log(on_log, "stopped before the ranks were started")
+            return TrainResult("stopped", start_step, [], cfg.output_dir, None,
+                               ckpt_root if os.path.isdir(ckpt_root) else None, {**policy, "plan": plan})
         for r in range(world):
             procs.append(subprocess.Popen([sys.executable, "-m", "slidedp.step.rank", args_path, str(r), str(world)],
                                           env=_rank_env()))
