@@ -95,6 +95,14 @@ class PolicyConfig:
         "copy in host memory (2 B/param more host RAM, 6 B/param more host memory traffic per step) and 2 B/param "
         "cross PCIe. gpu: the fp32 master itself crosses PCIe (4 B/param) and is cast on the GPU.",
     )
+    edge_update: Literal["host", "gpu", "auto"] = _f(
+        "host",
+        doc="Where the embedding and loss-head units (the two largest: 15% of Qwen3-8B) are updated. host: CPU "
+        "AdamW on the host state like every other unit. gpu: each rank keeps 1/N of their fp32 weights and AdamW "
+        "moments in GPU memory (16 B/param / N), reduces, updates and all-gathers them there: no host traffic for "
+        "them; needs grad_reduce gpu with several GPUs; the host state is written back before every checkpoint. "
+        "auto: AutoPolicy chooses (it needs a calibration with the device AdamW rate).",
+    )
     activations: Literal["auto", "checkpoint", "keep", "offload"] = _f(
         "auto",
         doc="Activation placement for every decoder layer. checkpoint: save the unit input, recompute in "
@@ -308,6 +316,9 @@ def _cross_checks(cfg: JobConfig, errors: list[dict[str, str]]) -> None:
         errors.append({"loc": "ranks", "msg": "is for CPU training (gpus = 0); with GPUs there is one rank per GPU"})
     if cfg.schedule.warmup_steps > cfg.steps:
         errors.append({"loc": "schedule.warmup_steps", "msg": f"is longer than the run ({cfg.steps} steps)"})
+    if cfg.policy.edge_update == "gpu" and cfg.world_size > 1 and cfg.policy.grad_reduce == "host":
+        errors.append({"loc": "policy.edge_update", "msg": "gpu reduces the embedding and head gradients on the "
+                       "GPUs: set policy.grad_reduce to gpu (or auto), or edge_update to host"})
     if cfg.policy.keep_layers is not None and cfg.policy.activations != "auto":
         errors.append({"loc": "policy.keep_layers", "msg": "only applies with policy.activations = auto"})
 

@@ -135,7 +135,7 @@ def resolve_policy(cfg: JobConfig, num_layers: int, on_log=None) -> tuple[dict, 
     p = cfg.policy
     defaults = PolicyConfig()
     plan: dict = {}
-    explicit = p.delivery != "auto" and p.grad_reduce != "auto" and p.activations != "auto" \
+    explicit = p.delivery != "auto" and p.grad_reduce != "auto" and p.activations != "auto" and p.edge_update != "auto" \
         and p.resident_units is not None
     try:
         from slidedp.planning import autopolicy, topology
@@ -162,6 +162,9 @@ def resolve_policy(cfg: JobConfig, num_layers: int, on_log=None) -> tuple[dict, 
     chosen = dict(plan.get("policy") or {})
     delivery = p.delivery if p.delivery != "auto" else chosen.get("delivery", "sharded" if world > 1 else "replicated")
     grad = p.grad_reduce if p.grad_reduce != "auto" else chosen.get("grad_reduce", "gpu" if world > 1 else "host")
+    edge = p.edge_update if p.edge_update != "auto" else chosen.get("edge_update", "host")
+    if edge == "gpu" and world > 1 and grad != "gpu":  # the user's gpu edge update outranks a planned route
+        grad = "gpu"
     if p.activations != "auto":
         acts = [p.activations] * num_layers
     else:
@@ -177,6 +180,7 @@ def resolve_policy(cfg: JobConfig, num_layers: int, on_log=None) -> tuple[dict, 
         "grad_reduce": grad,
         "reduce_dtype": p.reduce_dtype,
         "delivery_cast": p.delivery_cast,
+        "edge_update": edge,
         "activations": acts,
         "resident": resident,
         # knobs at their defaults are the planner's to choose

@@ -51,6 +51,14 @@ def test_gpu_routes_match_adamw(workdir, gpus, delivery, grad):
     exact._check(workdir, "untied", 1, delivery, grad, 1, exact.CLIP if grad == "gpu" else 0.0, gpus=gpus)
 
 
+@pytest.mark.parametrize("gpus", [1, 2])
+def test_gpu_edge_update_on_the_device_matches_adamw(workdir, gpus):
+    """policy.edge_update gpu: the embedding and head reduced, clipped and updated by CUDA's fused AdamW."""
+    if _gpus() < gpus:
+        pytest.skip(f"needs {gpus} GPUs")
+    exact._check(workdir, "untied", 1, "sharded", "gpu", 2, exact.CLIP, gpus=gpus, policy={"edge_update": "gpu"})
+
+
 BF16_STEPS, BF16_SEQ, BF16_LR = 20, 64, 1e-3
 
 

@@ -44,3 +44,5 @@ def test_policy_strings_name_activation_mixes_and_the_cast():
     assert (p["mix"], p["clip"], p["resident_units"], p["delivery_cast"]) == (
         {"offload_layers": 18, "keep_layers": 0}, 1.0, 0, "gpu")
     assert bench.parse_policy("sharded:gpu")["activations"] == "checkpoint"
+    assert bench.parse_policy("sharded:gpu")["edge_update"] == "host"
+    assert bench.parse_policy("sharded:gpu:checkpoint:0:36:gpu:gpu")["edge_update"] == "gpu"

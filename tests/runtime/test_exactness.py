@@ -119,6 +119,11 @@ def test_tied_embeddings_match_adamw(workdir):
     _check(workdir, "tied", 2, "sharded", "host", 1, CLIP)
 
 
+@pytest.mark.parametrize("model,ranks,delivery", [("tied", 3, "replicated"), ("untied", 1, "replicated")])
+def test_embedding_and_head_updated_on_the_device_match_adamw(workdir, model, ranks, delivery):
+    _check(workdir, model, ranks, delivery, "gpu", 2, CLIP, policy={"edge_update": "gpu"})
+
+
 @pytest.mark.parametrize("policy", [
     {"activations": "keep"},  # graphs kept across the window: weights come back by reference for backward
     {"activations": "auto", "keep_layers": 2, "resident_units": 1},  # a keep/checkpoint mix, one resident layer

@@ -90,7 +90,7 @@ class StepResult:
 class Updater(threading.Thread):
     def __init__(self, *, state: HostState, shards: ShardMap, grad_reduce: str, opt: OptimizerConfig,
                  sched: ScheduleConfig, total_steps: int, num_units: int,
-                 threads: int | None = None):
+                 threads: int | None = None, device_units: frozenset[int] = frozenset()):
         super().__init__(name=f"slidedp-updater-{shards.rank}", daemon=True)
         self.state = state
         self.board = state.board
@@ -99,6 +99,8 @@ class Updater(threading.Thread):
         self.host_route = grad_reduce == "host" and self.world > 1
         self.opt, self.sched, self.total_steps = opt, sched, total_steps
         self.num_units = num_units
+        # units updated on the devices (policy.edge_update: gpu): never handed to this thread
+        self.host_units = [u for u in range(num_units) if u not in device_units]
         self.threads = threads
         self.norm_on_device = grad_reduce == "gpu" or self.world == 1
         self.slots = state.layout.staging_slots
@@ -237,7 +239,7 @@ class Updater(threading.Thread):
             self._release(item)
         self._remove(item)
         self._done_units += 1
-        if self._done_units == self.num_units:
+        if self._done_units == len(self.host_units):
             self._finish_step(item.step)
 
     def _finish_step(self, step: int) -> None:
@@ -255,7 +257,7 @@ class Updater(threading.Thread):
         if self.clip:
             coef = min(1.0, self.opt.max_grad_norm / (norm + 1e-6))
             clipped = coef < 1.0
-            for u in range(self.num_units):  # forward order: unit 0 is the next forward's first need
+            for u in self.host_units:  # forward order: unit 0 is the next forward's first need
                 lo, hi = self.shards.own_range(u)
                 g = self.state.held_unit(u)[lo:hi]
                 if coef < 1.0:

@@ -136,14 +136,17 @@ class Routes:
             if s.cuda:
                 ready_event.record(s.h2d)
 
-    def finish_norm(self, pinned_out: torch.Tensor):
+    def finish_norm(self, pinned_out: torch.Tensor, keep=None):
         """All-reduce the step's sum of squares (gpu route / one rank) and start its copy to the host.
 
+        keep(): called on the d2h stream with the global value in place (the device-side edge update reads it).
         Returns the event after which pinned_out holds the global value; resets the accumulator."""
         s = self.streams
         with s.on(s.d2h):
             if self.grad_reduce == "gpu":
                 dist.all_reduce(self.sumsq, group=self.grad_group)
+            if keep is not None:
+                keep()
             pinned_out.copy_(self.sumsq, non_blocking=True)
             self.sumsq.zero_()
             done = s.event()

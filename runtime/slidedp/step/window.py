@@ -7,7 +7,9 @@ Order is kept with events only: a delivery waits for the event recorded after th
 buffer, and compute waits for the delivery's ready event. Eviction is decided from the schedule (the buffer whose
 unit is needed again furthest in the future goes first), never from timing, so every rank makes the same
 deliveries (and all-gathers); timing only decides how early each is issued. The embedding, the head and any resident layers have buffers of their own and are
-delivered once per step: a resident layer's weights stay between forward and backward, saving a transfer.
+delivered once per step: a resident layer's weights stay between forward and backward, saving a transfer. Kept
+units (the embedding and head under `policy.edge_update: gpu`) are never delivered: the device updates their
+buffers in place on the compute stream (slidedp.step.edge_update).
 
 Before the first delivery of a unit in step t the window waits until the host update of step t-1 has finished
 for that unit: for every shard with replicated delivery, for its own shard with sharded delivery. That wait is
@@ -26,7 +28,8 @@ from slidedp.step.routes import Routes
 
 class Window:
     def __init__(self, *, padded: list[int], dedicated: set[int], slots: int, dtype: torch.dtype,
-                 device: torch.device, routes: Routes, state: HostState, rank: int, abort=None):
+                 device: torch.device, routes: Routes, state: HostState, rank: int, abort=None,
+                 kept: frozenset[int] = frozenset()):
         self.padded = padded
         self.routes = routes
         self.streams = routes.streams
@@ -34,6 +37,8 @@ class Window:
         self.rank = rank
         self.abort = abort
         self.dedicated_units = set(dedicated)
+        self.kept = set(kept)
+        assert self.kept <= self.dedicated_units
         layer_sizes = [padded[u] for u in range(len(padded)) if u not in self.dedicated_units]
         slot_numel = max(layer_sizes) if layer_sizes else 0
         self.num_slots = slots if slot_numel else 0
@@ -55,6 +60,7 @@ class Window:
         self.plan, _ = window_plan(schedule, self.dedicated_units, self.num_slots)
         self._dedicated_ready: dict[int, object] = {}
         self._delivered: set[int] = set()  # units delivered at least once this step (their update is done)
+        self._kept_ready = self.streams.record(self.streams.compute)  # kept buffers are written on compute
 
     def _update_ready(self, u: int) -> bool:
         """Step t-1's host update of unit u has finished on every shard this rank's delivery reads."""
@@ -87,6 +93,9 @@ class Window:
         u = self.schedule[k]
         entry = self.plan[k]
         if entry[0] == "d":
+            if u in self.kept:
+                self.assign[k], self.ready[k] = ("d", u), self._kept_ready
+                return True
             if entry[1]:
                 if not block and not self._update_ready(u):
                     return False

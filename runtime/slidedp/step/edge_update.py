@@ -1,0 +1,127 @@
+"""The embedding and loss-head units updated on the ranks' devices (`policy.edge_update: gpu`).
+
+The embedding and the lm_head are the largest units of a decoder model (Qwen3-8B: 1.24B of 8.2B parameters in
+two units); updating them on the host costs 28-34 bytes of host memory traffic per parameter per step, and host
+memory is what bounds the update. With this policy each rank keeps its 1/N shard of those two units' fp32 master
+weights and AdamW moments in device memory (16 B per parameter / N, the gradient shard included), reduces their
+gradients with a reduce-scatter, applies AdamW there and all-gathers the rounded weights into the units' own
+window buffers: these two units are then never delivered from the host and their gradients never leave the GPU.
+
+The numerics are the host update's: the same fused AdamW on the same fp32 shard, the same learning rate, the
+gradient norm accumulated in the same order (the head's shard when the host route would send it, the embedding's
+last) and the clip factor computed in float64 as the host computes it. On the CPU (gloo) both paths run the same
+kernels and train to the same bits (tests/runtime/test_edge_update.py).
+
+The host state keeps its slots for these units: `write_back()` copies the shards (master, both moments and the
+bf16 copy when the host keeps one) into it before every checkpoint and at the end of the run, so checkpoints,
+resume and export read one authoritative host state as always; `load()` reads them from it at start (resume).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+from slidedp.config import OptimizerConfig, ScheduleConfig
+from slidedp.step.host_state import HostState
+from slidedp.step.optimizer import lr_at
+from slidedp.step.routes import Routes, ShardMap, sum_of_squares
+
+
+class EdgeUpdate:
+    def __init__(self, *, units: list[int], state: HostState, shards: ShardMap, routes: Routes,
+                 buffers: dict[int, torch.Tensor], opt: OptimizerConfig, sched: ScheduleConfig, total_steps: int,
+                 device: torch.device):
+        self.units = list(units)
+        self.state, self.shards, self.routes, self.buffers = state, shards, routes, buffers
+        self.opt, self.sched, self.total_steps = opt, sched, total_steps
+        self.device = device
+        self.world, self.rank = shards.world, shards.rank
+        self.streams = routes.streams
+        z = {u: shards.shard_len(u) for u in self.units}
+        # padding past the unit's end stays zero: zero gradient, zero weight, zero moments (weight decay keeps 0)
+        self.master = {u: torch.zeros(z[u], dtype=torch.float32, device=device) for u in self.units}
+        self.exp_avg = {u: torch.zeros(z[u], dtype=torch.float32, device=device) for u in self.units}
+        self.exp_avg_sq = {u: torch.zeros(z[u], dtype=torch.float32, device=device) for u in self.units}
+        self.grad = {u: torch.zeros(z[u], dtype=torch.float32, device=device) for u in self.units} \
+            if self.world > 1 else {}
+        self._reduced: dict[int, torch.Tensor] = {}
+        self._global_sumsq: torch.Tensor | None = None
+
+    def device_bytes(self) -> int:
+        return sum(t.numel() * 4 for d in (self.master, self.exp_avg, self.exp_avg_sq, self.grad) for t in d.values())
+
+    # ------------------------------------------------------------------ host state <-> device
+    def load(self) -> None:
+        """Read this rank's shards from the host state and fill the units' buffers (start and resume)."""
+        for u in self.units:
+            lo, hi = self.shards.own_range(u)
+            for dev, host in ((self.master[u], self.state.master_unit(u)), (self.exp_avg[u], self.state.exp_avg_unit(u)),
+                              (self.exp_avg_sq[u], self.state.exp_avg_sq_unit(u))):
+                dev[: hi - lo].copy_(host[lo:hi])
+            self._fill(u)
+
+    def write_back(self) -> None:
+        """Copy this rank's shards into the host state (before a checkpoint, at the end); returns when done."""
+        for u in self.units:
+            lo, hi = self.shards.own_range(u)
+            if hi <= lo:
+                continue
+            self.state.master_unit(u)[lo:hi].copy_(self.master[u][: hi - lo])
+            self.state.exp_avg_unit(u)[lo:hi].copy_(self.exp_avg[u][: hi - lo])
+            self.state.exp_avg_sq_unit(u)[lo:hi].copy_(self.exp_avg_sq[u][: hi - lo])
+            if self.state.delivery is not self.state.master:
+                self.state.delivery_unit(u)[lo:hi].copy_(self.state.master_unit(u)[lo:hi])
+
+    def _fill(self, u: int) -> None:
+        """The unit's buffer := the rounded master, from every rank's shard (compute stream)."""
+        buf, sl = self.buffers[u], self.shards.shard_len(u)
+        r0 = self.rank * sl
+        buf[r0 : r0 + sl].copy_(self.master[u])
+        if self.world > 1:
+            dist.all_gather_into_tensor(buf[: self.shards.padded[u]], buf[r0 : r0 + sl],
+                                        group=self.routes.delivery_group)
+            self.routes.bytes.collective += (self.shards.padded[u] - sl) * buf.element_size()
+
+    # ------------------------------------------------------------------ one step
+    def reduce(self, u: int, grad: torch.Tensor) -> None:
+        """Unit u's gradient (grad[:padded], fp32, complete on the compute stream) reduced to this rank's shard,
+        its sum of squares added to the step's norm; on the d2h stream, where the other units' sums are added."""
+        s = self.streams
+        lo, hi = self.shards.own_range(u)
+        with s.on(s.d2h):
+            s.d2h.wait_stream(s.compute)
+            if self.world > 1:
+                sl = self.shards.shard_len(u)
+                dist.reduce_scatter_tensor(self.grad[u], grad[: self.shards.padded[u]], op=dist.ReduceOp.SUM,
+                                           group=self.routes.grad_group)
+                self.routes.bytes.collective += (self.shards.padded[u] - sl) * 4
+                shard = self.grad[u]
+            else:
+                shard = grad[: self.shards.padded[u]]
+            if hi > lo:
+                self.routes.sumsq += sum_of_squares(shard[: hi - lo])
+        self._reduced[u] = shard
+
+    def keep_norm(self) -> None:
+        """Called by the routes as the step's sum of squares is complete (d2h stream), before it is reset."""
+        self._global_sumsq = self.routes.sumsq.clone()
+
+    def update(self, step: int) -> None:
+        """AdamW on both shards (clip factor from the step's global norm, on the device), then refill the
+        buffers: all on the compute stream, so the next step's first unit reads the new weights."""
+        s = self.streams
+        s.compute.wait_stream(s.d2h)  # the reduced shards and the global norm
+        lr = lr_at(step, self.total_steps, self.opt, self.sched)
+        coef = None
+        if self.opt.max_grad_norm > 0:
+            norm = self._global_sumsq.sqrt()
+            coef = (self.opt.max_grad_norm / (norm + 1e-6)).clamp(max=1.0).to(torch.float32)
+        step_t = torch.tensor(float(step), device=self.device)
+        for u in self.units:
+            g = self._reduced.pop(u)
+            if coef is not None:
+                g.mul_(coef)
+            torch._fused_adamw_([self.master[u]], [g], [self.exp_avg[u]], [self.exp_avg_sq[u]], [], [step_t],
+                                lr=lr, beta1=self.opt.betas[0], beta2=self.opt.betas[1],
+                                weight_decay=self.opt.weight_decay, eps=self.opt.eps, amsgrad=False, maximize=False)
+            self._fill(u)

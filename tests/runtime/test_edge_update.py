@@ -1,0 +1,106 @@
+"""policy.edge_update: gpu (embedding and head updated on the ranks' devices) trains the same bits as the host
+update, never delivers those two units from the host, and leaves the host state whole for checkpoints.
+
+CPU, real gloo ranks: the device is the CPU, so both paths run the same fused AdamW on the same fp32 shards and
+must agree bit for bit (losses, grad norms, clip decisions, master weights and both moments after the last step,
+as the final checkpoint holds them: written back from the devices). Cases: 2 ranks bf16 sharded delivery with
+clipping that fires and gradient accumulation; 1 rank fp32 (untied head) without clipping.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import slidedp
+import torch
+from slidedp.config import ConfigError, JobConfig
+from slidedp.presets import PRESETS, unit_param_counts
+
+from tests.runtime.exactness import make_model_dir, make_token_data, slidedp_tensors
+
+STEPS, SEQ, MBS = 3, 24, 2
+
+CASES = {
+    "2ranks-bf16-clip-accum": {"ranks": 2, "precision": "bf16", "grad_accum": 2, "max_grad_norm": 0.05,
+                               "delivery": "sharded", "preset": "tiny-qwen3-tied"},
+    "1rank-fp32": {"ranks": 1, "precision": "fp32", "grad_accum": 1, "max_grad_norm": 0.0,
+                   "delivery": "replicated", "preset": "tiny-llama"},
+}
+
+
+def edge_runs(root, case: dict, gpus: int = 0) -> dict:
+    """The same job with the embedding and head updated on the host and on the device."""
+    model = make_model_dir(str(root / "model"), case["preset"])
+    world = gpus or case["ranks"]
+    rows = MBS * world * case["grad_accum"] * STEPS
+    data = make_token_data(str(root / "data.jsonl"), rows=rows, seq_len=SEQ)
+    out = {}
+    for where in ("host", "gpu"):
+        d = str(root / where)
+        result = slidedp.train({
+            "model": model, "data": {"path": data, "format": "tokens", "shuffle": False}, "seq_len": SEQ,
+            "micro_batch_size": MBS, "grad_accum": case["grad_accum"], "steps": STEPS,
+            "ranks": 1 if gpus else case["ranks"], "gpus": gpus, "precision": case["precision"],
+            "output_dir": d, "export": False, "cpu_threads": 1,
+            "optimizer": {"lr": 3e-3, "weight_decay": 0.1, "max_grad_norm": case["max_grad_norm"]},
+            "schedule": {"warmup_steps": 1, "decay": "linear"},
+            "policy": {"delivery": case["delivery"], "grad_reduce": "gpu", "activations": "checkpoint",
+                       "resident_units": 0, "edge_update": where},
+            "checkpoint": {"interval": STEPS, "keep": 1},
+            "deterministic": bool(gpus),
+        })
+        assert result.status == "completed"
+        out[where] = {"result": result, "tensors": slidedp_tensors(
+            os.path.join(d, "checkpoints", f"step-{STEPS:08d}"), model)}
+    return out
+
+
+@pytest.fixture(scope="module", params=list(CASES), ids=list(CASES))
+def runs(request, tmp_path_factory):
+    case = CASES[request.param]
+    return {"case": case, **edge_runs(tmp_path_factory.mktemp("edge"), case)}
+
+
+def test_device_edge_update_trains_the_same_bits(runs):
+    assert_same_bits(runs)
+
+
+def assert_same_bits(runs: dict) -> None:
+    host, gpu = runs["host"], runs["gpu"]
+    assert len(host["result"].metrics) == len(gpu["result"].metrics) == STEPS
+    for a, b in zip(host["result"].metrics, gpu["result"].metrics):
+        assert (a["loss"], a["grad_norm"], a["clipped"]) == (b["loss"], b["grad_norm"], b["clipped"]), a["step"]
+    if runs["case"]["max_grad_norm"] > 0:
+        assert any(r["clipped"] for r in host["result"].metrics)  # the clip path ran
+    changed = 0
+    for kind in ("master", "exp_avg", "exp_avg_sq"):
+        for name, t in host["tensors"][kind].items():
+            assert torch.equal(t, gpu["tensors"][kind][name]), (kind, name)
+            changed += kind == "exp_avg" and bool(t.abs().sum() > 0)
+    assert changed > 0  # the moments were written back, not left at zero
+
+
+def test_embedding_and_head_are_not_delivered_from_the_host(runs):
+    case = runs["case"]
+    numels = unit_param_counts(PRESETS[case["preset"]])
+    world = case["ranks"]
+    esize = 2 if case["precision"] == "bf16" else 4
+    host_h2d = sum(runs["host"]["result"].metrics[-1]["bytes"]["h2d"])
+    gpu_h2d = sum(runs["gpu"]["result"].metrics[-1]["bytes"]["h2d"])
+    # each of the two units is delivered once per step on the host path: all of it (replicated, per rank) or
+    # one shard per rank (sharded: the ranks' shards add up to the unit)
+    per_rank = 1 if case["delivery"] == "sharded" else world
+    edges = (numels[0] + numels[-1]) * esize * per_rank
+    assert host_h2d - gpu_h2d == edges
+    assert runs["gpu"]["result"].policy["edge_update"] == "gpu"
+
+
+def test_edge_update_on_the_gpu_needs_the_gpu_gradient_route():
+    with pytest.raises(ConfigError) as exc:
+        JobConfig.from_dict({"model": "tiny-qwen3", "data": {"path": "x.jsonl"}, "ranks": 2,
+                             "policy": {"grad_reduce": "host", "edge_update": "gpu"}})
+    assert exc.value.errors[0]["loc"] == "policy.edge_update"
+    # one rank has no gradient route to choose: accepted
+    JobConfig.from_dict({"model": "tiny-qwen3", "data": {"path": "x.jsonl"}, "ranks": 1,
+                         "policy": {"grad_reduce": "host", "edge_update": "gpu"}})
