@@ -184,3 +184,52 @@ def test_format_plan_and_the_metrics_prediction(nvlink_bs8):
     assert pred["step_time_s"] == nvlink_bs8["predicted"]["step_time_s"]
     refused = ap.format_plan({"feasible": False, "errors": [{"loc": "gpus", "msg": "too many"}]})
     assert refused.splitlines() == ["NOT FEASIBLE", "  gpus: too many"]
+
+
+def _with_device_rate(cal: dict) -> dict:
+    # a test figure, not a measurement: fused AdamW + bf16 copy at ~30 B/param over ~4 TB/s of HBM
+    return {**cal, "device_update": {"params": 1 << 27, "adamw_cast_s_per_1e9": 0.0075}}
+
+
+def test_edge_update_auto_is_not_timed_without_the_device_rate(x2):
+    topo, cal = x2
+    plan = ap.plan_job(_cfg(policy={"edge_update": "auto"}), topo["nvlink"], cal["qwen3-8b_bs8_nvlink"])
+    assert plan["feasible"] and plan["policy"]["edge_update"] == "host"
+    assert "edge-gpu not timed" in plan["why"] and "device AdamW rate" in plan["why"]
+
+
+def test_edge_update_auto_weighs_the_host_bytes_it_saves_against_hbm(x2):
+    topo, cal = x2
+    job_cfg = _cfg(policy={"edge_update": "auto"})
+    plan = ap.plan_job(job_cfg, topo["nvlink"], _with_device_rate(cal["qwen3-8b_bs8_nvlink"]))
+    assert plan["feasible"] and plan["policy"]["edge_update"] == "gpu" and plan["policy"]["grad_reduce"] == "gpu"
+    best = {}
+    for c in plan["candidates"]:
+        if c["fits"]:
+            e = c["policy"]["edge_update"]
+            best[e] = min(best.get(e, float("inf")), c["predicted"]["step_time_s"])
+    # the host update bounds this step; the two units are 15% of its bytes
+    assert best["gpu"] < 0.97 * best["host"]
+    job = cm.Job.from_config(job_cfg, topo["nvlink"])
+    edge_gib = (job.padded(0) + job.padded(job.layers + 1)) / 2 * 16 / 2**30 * (1 + cm.ALLOCATOR_SLACK)
+    assert plan["predicted"]["hbm_parts_gib"]["edge_state"] == pytest.approx(edge_gib)
+    assert "embedding and head are updated on the GPUs" in plan["why"]
+    # with the host route asked for, a device edge update is not a candidate
+    host = ap.plan_job(_cfg(policy={"edge_update": "auto", "grad_reduce": "host"}), topo["nvlink"],
+                       _with_device_rate(cal["qwen3-8b_bs8_nvlink"]))
+    assert {c["policy"]["edge_update"] for c in host["candidates"]} == {"host"}
+
+
+def test_the_cost_model_moves_no_host_bytes_for_device_updated_units(x2):
+    topo, cal = x2
+    job = cm.Job.from_config(_cfg(), topo["nvlink"])
+    rates = cm.Rates(_with_device_rate(cal["qwen3-8b_bs8_nvlink"]), job)
+    host = cm.durations(job, cm.Policy.default(job, delivery="sharded", grad_reduce="gpu"), rates)
+    dev = cm.durations(job, cm.Policy.default(job, delivery="sharded", grad_reduce="gpu", edge_update="gpu"), rates)
+    head = job.layers + 1
+    for u in (0, head):
+        assert (dev.deliver_bytes[u], dev.grad_bytes[u], dev.update[u], dev.update_bytes[u]) == (0, 0, 0, 0)
+        assert host.deliver_bytes[u] > 0 and host.update[u] > 0 and dev.device_update[u] > 0
+    assert dev.update[1:head] == host.update[1:head]
+    saved = (host.update_bytes[0] + host.update_bytes[head]) / sum(host.update_bytes)
+    assert 0.14 < saved < 0.16  # embedding + lm_head of Qwen3-8B: 1.24B of 8.19B parameters

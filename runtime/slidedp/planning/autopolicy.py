@@ -179,12 +179,20 @@ class _Planner(MixSearch):
         return self.sims[pol]["step_time_s"]
 
     # ------------------------------------------------------------------ choices
-    def routes(self) -> list[tuple[str, str]]:
+    def edges(self) -> list[str]:
+        """Where the embedding and head may be updated: as configured, or both places under `auto`."""
+        choice = self.cfg.policy.edge_update
+        return ["host", "gpu"] if choice == "auto" else [choice]
+
+    def routes(self) -> list[tuple[str, str, str]]:
+        """(delivery, gradient route, edge update) triples to compare; a device edge update needs gpu reduction."""
         if self.job.world == 1:
-            return [("replicated", "host")]
+            return [("replicated", "host", e) for e in self.edges()]
         dl = [self.user["delivery"]] if "delivery" in self.user else ["sharded", "replicated"]
         gr = [self.user["grad_reduce"]] if "grad_reduce" in self.user else ["gpu", "host"]
-        return [(a, b) for a in dl for b in gr]
+        if self.cfg.policy.edge_update == "gpu":
+            gr = ["gpu"]
+        return [(a, b, e) for a in dl for b in gr for e in self.edges() if e == "host" or b == "gpu"]
 
     def knob(self, name: str, options: tuple[int, ...]) -> list[int]:
         if name in self.user:
@@ -208,7 +216,14 @@ class _Planner(MixSearch):
         return out
 
     def base(
-        self, delivery: str, grad: str, window: int, chunk: int, loss_chunk: int, mix: dict[str, int]
+        self,
+        delivery: str,
+        grad: str,
+        window: int,
+        chunk: int,
+        loss_chunk: int,
+        mix: dict[str, int],
+        edge: str = "host",
     ) -> Policy:
         fixed = self.fixed_mix()
         n = {k: fixed.get(k, mix.get(k, 0)) for k in ("keep", "offload", "resident")}
@@ -223,6 +238,7 @@ class _Planner(MixSearch):
             window=window,
             chunk_mb=chunk,
             loss_chunk_tokens=loss_chunk,
+            edge_update=edge,
         )
 
     # ------------------------------------------------------------------ the search
@@ -241,12 +257,12 @@ class _Planner(MixSearch):
         candidates: list[dict[str, Any]] = []
         best: tuple[float, Policy, dict] | None = None
         untimed = []
-        for delivery, grad in self.routes():
-            start = self.base(delivery, grad, default_window, default_chunk, default_loss, {})
+        for delivery, grad, edge in self.routes():
+            start = self.base(delivery, grad, default_window, default_chunk, default_loss, {}, edge)
             try:
                 pol, marginal = self.solve_mix(start)
             except Uncalibrated as exc:  # e.g. collectives not measured: this route cannot be priced
-                untimed.append(f"{delivery}/{grad} not timed ({exc})")
+                untimed.append(f"{delivery}/{grad}{'/edge-gpu' if edge == 'gpu' else ''} not timed ({exc})")
                 continue
             candidates.append(self.candidate(pol))
             if best is None or self.time(pol) < best[0]:
@@ -288,6 +304,7 @@ class _Planner(MixSearch):
             chunk,
             min(loss_chunks),
             {},
+            self.routes()[0][2],
         )
         why = self.fits(lean)
         if why is None:
@@ -413,7 +430,10 @@ class _Planner(MixSearch):
                 "delivery", "sharded" if j.interconnect in ("nvlink", "pcie-p2p") else "replicated"
             )
         )
-        pol = self.base(delivery, grad, window, chunk, loss_chunk, {})
+        edge = "gpu" if self.cfg.policy.edge_update == "gpu" else "host"
+        if edge == "gpu" and j.world > 1:
+            grad = "gpu"
+        pol = self.base(delivery, grad, window, chunk, loss_chunk, {}, edge)
         why_not = self.fits(pol)
         if why_not is not None:
             raise _Infeasible([self.hbm_error(pol, self.mem(pol))])
@@ -454,7 +474,8 @@ class _Planner(MixSearch):
             "pcie-p2p": "PCIe P2P",
             "pcie-host": "no P2P: collectives cross host memory",
         }.get(j.interconnect, j.interconnect)
-        return f"Routes ({link}): {pol.delivery} delivery, {pol.grad_reduce} gradient reduction, {src}."
+        edge = " The embedding and head are updated on the GPUs." if pol.edge_units_on_gpu else ""
+        return f"Routes ({link}): {pol.delivery} delivery, {pol.grad_reduce} gradient reduction, {src}.{edge}"
 
     def result(
         self, pol: Policy, candidates: list[dict], marginal: dict | None, why: list[str] | None = None
@@ -467,6 +488,7 @@ class _Planner(MixSearch):
             key = (
                 p["delivery"],
                 p["grad_reduce"],
+                p["edge_update"],
                 p["window"],
                 p["loss_chunk_tokens"],
                 tuple(p["activations"]),
@@ -494,7 +516,7 @@ class _Planner(MixSearch):
         routes = {}
         for c in cands:
             p = c["policy"]
-            key = (p["delivery"], p["grad_reduce"])
+            key = (p["delivery"], p["grad_reduce"] + ("/edge-gpu" if p["edge_update"] == "gpu" else ""))
             if c["fits"] and (key not in routes or c["predicted"]["step_time_s"] < routes[key]):
                 routes[key] = c["predicted"]["step_time_s"]
         why.append(self.route_why(pol, routes))
@@ -542,6 +564,7 @@ def _policy_out(pol: Policy) -> dict[str, Any]:
             "delivery",
             "grad_reduce",
             "reduce_dtype",
+            "edge_update",
             "activations",
             "resident",
             "window",

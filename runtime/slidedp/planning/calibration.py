@@ -46,6 +46,7 @@ from slidedp.planning.microbench import (
     MIB,
     compute_threads,
     cpu_rates,
+    device_update,
     host_dram,
     median_time,
     pinned_alloc,
@@ -84,6 +85,8 @@ def calibrate(
             torch.cuda.set_device(device)
         torch.set_num_threads(compute_threads(cfg, topology))
         dtype = torch.bfloat16 if cfg.precision == "bf16" else torch.float32
+        if cuda:
+            out["device_update"] = device_update(device, dtype, quick)
         parts = ModelParts(mc, device, dtype)
         out["unit"] = parts.decoder_layer(cfg.micro_batch_size, cfg.seq_len, reps=3 if quick else 8)
         out["embedding"] = parts.embedding(cfg.micro_batch_size, cfg.seq_len, reps=3 if quick else 8)

@@ -154,6 +154,11 @@ class Policy:
     window: int
     chunk_mb: int
     loss_chunk_tokens: int
+    edge_update: str = "host"  # host | gpu: where the embedding and head are updated (slidedp.step.edge_update)
+
+    @property
+    def edge_units_on_gpu(self) -> bool:
+        return self.edge_update == "gpu"
 
     @classmethod
     def default(cls, job: Job, **kw: Any) -> Policy:
@@ -321,6 +326,8 @@ def gpu_parts(
     # recompute of a checkpointed layer, or an offloaded layer fetched back, during backward
     backward_peak = acts.keep if (counts["checkpoint"] or n_off) else 0.0
     parts["transient"] = max(head_peak, backward_peak)
+    if pol.edge_units_on_gpu:  # fp32 master, both moments and (N > 1) the reduced gradient of 1/N of each edge
+        parts["edge_state"] = (job.padded(0) + job.padded(head)) / N * 4 * (4 if N > 1 else 3)
     return parts
 
 
@@ -432,6 +439,18 @@ class Rates:
             return big["s"] * nbytes / big["bytes"]
         return _interp(xs, [r["s"] for r in rows], nbytes)
 
+    def device_update_s(self, numel: int) -> float:
+        """One rank's device-side update of its 1/N of a unit (policy.edge_update: gpu): fused AdamW and the copy
+        into the unit's buffer, on the GPU at the calibrated rate; on the CPU in the rank's own threads."""
+        j = self.job
+        shard = numel / j.world
+        if not j.on_gpu:
+            return shard * self._cpu(self.update_per_param, j.cpu_threads)
+        rate = (self.c.get("device_update") or {}).get("adamw_cast_s_per_1e9")
+        if not rate:
+            raise Uncalibrated("the device AdamW rate (device_update: calibrated before edge_update existed)")
+        return shard * rate / 1e9
+
     def pools(self) -> tuple[float | None, float | None]:
         """(host DRAM capacity, one GPU link's both-direction capacity) in bytes/s; None when not measured."""
         if not self.job.on_gpu:
@@ -470,17 +489,25 @@ def durations(job: Job, pol: Policy, rates: Rates, zero: frozenset = frozenset()
     coll_bytes = [float(job.padded(u) * p) for u in range(n_units)]
     update = [rates.update_s(job.units[u]) for u in range(n_units)]
     upd_bytes = [float(job.units[u] * job.update_dram_bytes) for u in range(n_units)]
+    # policy.edge_update gpu: the embedding and head are reduce-scattered (fp32) and updated on the device, then
+    # all-gathered into their buffers; no delivery, no gradient copy, no host update
+    edges = (0, n_units - 1) if pol.edge_units_on_gpu else ()
+    device_update = [0.0] * n_units
+    for u in edges:
+        gather = rates.collective_s("all_gather", coll_bytes[u]) if N > 1 else 0.0
+        device_update[u] = rates.device_update_s(job.units[u]) + gather
+        deliver_bytes[u] = grad_bytes[u] = update[u] = upd_bytes[u] = 0.0
     if pol.grad_reduce == "host" and N > 1:
         # the host sums N copies of each shard before updating it (one copy and N-1 adds of fp32), then reads
         # the sum once more for the gradient norm
         sum_traffic = [job.units[u] * 4.0 * 3 * N for u in range(n_units)]
         update = [t + rates.copy_s(b) for t, b in zip(update, sum_traffic)]
         upd_bytes = [a + b for a, b in zip(upd_bytes, sum_traffic)]
-    hold_traffic = [job.units[u] * 12.0 for u in range(n_units)]  # clip: the norm reads, the copy into held
+    hold_traffic = [0.0 if u in edges else job.units[u] * 12.0 for u in range(n_units)]  # clip: norm, copy
     hold = [rates.copy_s(b) for b in hold_traffic]
     if job.clip:  # the clip factor scales the held gradient before the update
-        update = [t + rates.copy_s(job.units[u] * 8.0) for u, t in enumerate(update)]
-        upd_bytes = [b + job.units[u] * 8.0 for u, b in enumerate(upd_bytes)]
+        update = [t + (0.0 if u in edges else rates.copy_s(job.units[u] * 8.0)) for u, t in enumerate(update)]
+        upd_bytes = [b + (0.0 if u in edges else job.units[u] * 8.0) for u, b in enumerate(upd_bytes)]
     dram, pcie = rates.pools()
     # Without P2P a collective crosses host memory: every rank writes its part there and reads the others'.
     through_host = job.on_gpu and job.interconnect == "pcie-host"
@@ -502,14 +529,16 @@ def durations(job: Job, pol: Policy, rates: Rates, zero: frozenset = frozenset()
         head=rates.head_s(pol.loss_chunk_tokens),
         layer_fwd=fwd,
         layer_bwd=bwd,
-        deliver=[rates.transfer_s("h2d", b, pol.chunk_mb) for b in deliver_bytes],
+        deliver=[rates.transfer_s("h2d", b, pol.chunk_mb) if b else 0.0 for b in deliver_bytes],
         deliver_bytes=deliver_bytes,
         all_gather=[rates.collective_s("all_gather", b) if sharded else 0.0 for b in coll_bytes],
-        grad_d2h=[rates.transfer_s("d2h", b, pol.chunk_mb) for b in grad_bytes],
+        grad_d2h=[rates.transfer_s("d2h", b, pol.chunk_mb) if b else 0.0 for b in grad_bytes],
         grad_bytes=grad_bytes,
         reduce_scatter=[
-            rates.collective_s("reduce_scatter", b * gbytes / p) if gpu_reduce else 0.0 for b in coll_bytes
+            rates.collective_s("reduce_scatter", b * (4 if u in edges else gbytes) / p) if gpu_reduce else 0.0
+            for u, b in enumerate(coll_bytes)
         ],
+        device_update=device_update,
         act_d2h=rates.transfer_s("d2h", act_bytes, pol.chunk_mb) if "offload" in pol.activations else 0.0,
         act_h2d=rates.transfer_s("h2d", act_bytes, pol.chunk_mb) if "offload" in pol.activations else 0.0,
         act_bytes=act_bytes,

@@ -113,6 +113,7 @@ class MixSearch:
             window=pol.window,
             chunk_mb=pol.chunk_mb,
             loss_chunk_tokens=pol.loss_chunk_tokens,
+            edge_update=pol.edge_update,
         )
 
     def marginal(self, pol: Policy, free: list[str]) -> dict[str, Any]:

@@ -1,5 +1,6 @@
 """Host and link microbenchmarks for calibration: host update and copy rates by thread count, host DRAM shared
-between the update and DMA, PCIe copies by chunk size, pinned allocation. Medians after warm-up."""
+between the update and DMA, PCIe copies by chunk size, pinned allocation, and the device-side AdamW of the
+embedding and head (policy.edge_update: gpu). Medians after warm-up."""
 
 from __future__ import annotations
 
@@ -82,6 +83,27 @@ def cpu_rates(cfg: JobConfig, topology: dict, max_unit: int, quick: bool, cuda: 
         rows["update_s_per_1e9"].append(median_time(update, reps, False) * 1e9 / n)
         rows["copy_GBps"].append(2 * 4 * n / median_time(lambda: dst.copy_(src), reps, False) / 1e9)
     return {"threads": threads, "params": n, **rows}
+
+
+def device_update(device: torch.device, dtype: torch.dtype, quick: bool) -> dict[str, Any]:
+    """Seconds per 1e9 parameters of what slidedp.step.edge_update runs per shard on the GPU: fused AdamW on
+    fp32 master and moments, then the copy into the unit's buffer in the compute dtype (HBM-bound)."""
+    n = (1 << 25) if quick else (1 << 27)
+    p = torch.randn(n, device=device)
+    g = torch.randn(n, device=device)
+    m, v = torch.zeros(n, device=device), torch.zeros(n, device=device)
+    buf = torch.empty(n, dtype=dtype, device=device)
+    step = torch.tensor(1.0, device=device)
+
+    def run() -> None:
+        torch._fused_adamw_([p], [g], [m], [v], [], [step], lr=1e-6, beta1=0.9, beta2=0.95, weight_decay=0.0,
+                            eps=1e-8, amsgrad=False, maximize=False)
+        buf.copy_(p)
+
+    s = median_time(run, 3 if quick else 7, True, warmup=2)
+    del p, g, m, v, buf
+    torch.cuda.empty_cache()
+    return {"params": n, "adamw_cast_s_per_1e9": s * 1e9 / n}
 
 
 def host_dram(cfg: JobConfig, topology: dict) -> dict[str, Any]:

@@ -119,6 +119,7 @@ class Durations:
         default_factory=dict
     )  # pool bytes per collective byte (no P2P)
     coll_bytes: list[float] = field(default_factory=list)
+    device_update: list[float] = field(default_factory=list)  # per unit: updated on the device (edge_update gpu)
     dram_capacity: float | None = None  # bytes/s
     pcie_capacity: float | None = None  # bytes/s, both directions of one GPU's link
     cpu_mode: bool = False  # CPU training: one thread does compute, copies and collectives in order
@@ -216,6 +217,8 @@ class _Replay:
         self.end_backward: dict[int, _Task] = {}
         self.backward_last: dict[int, _Task] = {}
         self.cursor: _Task | None = None
+        # units updated on the device (policy.edge_update gpu): the embedding and head
+        self.edges = {u for u in (0, len(d.units) - 1) if d.device_update and d.device_update[u] > 0}
         self._build()
 
     # ------------------------------------------------------------------ task creation
@@ -287,6 +290,13 @@ class _Replay:
         self.submit[work.order] = submit
         state["released"][seq] = work
 
+    def _edge_reduce(self, u: int, s: int, src: _Task, state: dict) -> None:
+        """policy.edge_update gpu: the unit's gradient is reduce-scattered on the d2h stream and stays there."""
+        loads = {k: v * self.d.coll_bytes[u] * 2 for k, v in self.d.collective_loads.items()}
+        t = self._gpu("reduce_scatter", "d2h", self.d.reduce_scatter[u], [src], unit=u, step=s, loads=loads)
+        state["last_d2h"] = t
+        state.setdefault("edge_reduced", []).append(t)
+
     def _next_parity(self, state: dict) -> None:
         # the compute stream reuses a parity's gradient buffers only after their last transfer out
         state["parity"] ^= 1
@@ -311,6 +321,9 @@ class _Replay:
         for j in by_get.get(k, []):
             uj, p = schedule[j], plan[j]
             if p[0] == "d":
+                if uj in self.edges:  # updated in place on the compute stream: in order, nothing to wait for
+                    ready[j] = None
+                    continue
                 if p[1]:
                     dedicated_ready[uj] = self._deliver(uj, s, None)
                 ready[j] = dedicated_ready[uj]
@@ -378,7 +391,9 @@ class _Replay:
                     k += 1
                 h = self._compute("backward", d.head, [head_ready], head, s, state)
                 done[k_head] = h
-                if last:
+                if last and head in self.edges:
+                    self._edge_reduce(head, s, h, state)
+                elif last:
                     self._next_parity(state)
                     self._send(head, s, h, state)
                 for u in range(L, 0, -1):
@@ -405,13 +420,21 @@ class _Replay:
                 e = self._compute("backward", d.embed_bwd, [embed], 0, s, state)
                 if last:
                     self.backward_last[s] = e
-                    self._next_parity(state)
-                    self._send(0, s, e, state)
+                    if 0 in self.edges:
+                        self._edge_reduce(0, s, e, state)
+                    else:
+                        self._next_parity(state)
+                        self._send(0, s, e, state)
             self.end_backward[s] = self._new("host", "host", 0.0, [self.cursor])
             self.cursor = self.end_backward[s]
+            if self.edges:
+                # after the backward, on the compute stream: AdamW of both shards and the all-gathers; with clipping
+                # it waits for the global norm, i.e. for every gradient transfer of the step
+                deps = state.pop("edge_reduced", []) + ([state["last_d2h"]] if d.clip else [])
+                self._compute("backward", sum(d.device_update[u] for u in self.edges), deps, 0, s, state)
             self.final[s] = []
             if d.clip:
-                for u in range(len(d.units)):
+                for u in (u for u in range(len(d.units)) if u not in self.edges):
                     f = _Task("final", "cpu", 0.0 if "final" in d.zero else d.update[u], [], unit=u, step=s)
                     f.base = f.dur
                     f.loads = {"dram": d.update_bytes[u]}
