@@ -89,19 +89,17 @@ def device_update(device: torch.device, dtype: torch.dtype, quick: bool) -> dict
     """Seconds per 1e9 parameters of what slidedp.step.edge_update runs per shard on the GPU: fused AdamW on
     fp32 master and moments, then the copy into the unit's buffer in the compute dtype (HBM-bound)."""
     n = (1 << 25) if quick else (1 << 27)
-    p = torch.randn(n, device=device)
-    g = torch.randn(n, device=device)
-    m, v = torch.zeros(n, device=device), torch.zeros(n, device=device)
-    buf = torch.empty(n, dtype=dtype, device=device)
-    step = torch.tensor(1.0, device=device)
+    t = {"p": torch.randn(n, device=device), "g": torch.randn(n, device=device),
+         "m": torch.zeros(n, device=device), "v": torch.zeros(n, device=device),
+         "buf": torch.empty(n, dtype=dtype, device=device), "step": torch.tensor(1.0, device=device)}
 
     def run() -> None:
-        torch._fused_adamw_([p], [g], [m], [v], [], [step], lr=1e-6, beta1=0.9, beta2=0.95, weight_decay=0.0,
-                            eps=1e-8, amsgrad=False, maximize=False)
-        buf.copy_(p)
+        torch._fused_adamw_([t["p"]], [t["g"]], [t["m"]], [t["v"]], [], [t["step"]], lr=1e-6, beta1=0.9,
+                            beta2=0.95, weight_decay=0.0, eps=1e-8, amsgrad=False, maximize=False)
+        t["buf"].copy_(t["p"])
 
     s = median_time(run, 3 if quick else 7, True, warmup=2)
-    del p, g, m, v, buf
+    t.clear()
     torch.cuda.empty_cache()
     return {"params": n, "adamw_cast_s_per_1e9": s * 1e9 / n}
 
