@@ -354,7 +354,8 @@ def train(config: dict | JobConfig, on_step: Callable[[dict], None] | None = Non
         n_params = layout.total
         _log(on_log, f"host state: {n_params / 1e6:.1f} M params, {state.state_bytes() / 2**30:.2f} GiB shared "
                      f"({time.perf_counter() - t0:.1f} s); policy: delivery={policy['delivery']} "
-                     f"grad_reduce={policy['grad_reduce']} window={policy['window']} ranks={world}")
+                     f"grad_reduce={policy['grad_reduce']} window={policy['window']} ranks={world}"
+                     + (" edge_update=gpu" if policy.get("edge_update") == "gpu" else ""))
         interval = cfg.checkpoint.interval
         ckpt_steps = [s for s in range(start_step + 1, cfg.steps + 1) if interval and s % interval == 0]
         if interval and cfg.steps not in ckpt_steps:
