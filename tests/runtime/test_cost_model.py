@@ -12,7 +12,7 @@ import sys
 import pytest
 from slidedp.config import JobConfig
 from slidedp.planning import cost_model as cm
-from slidedp.planning import overlap
+from slidedp.planning import schedule
 from slidedp.presets import PRESETS, unit_param_counts
 
 FIX = os.path.join(os.path.dirname(__file__), "fixtures")
@@ -134,8 +134,8 @@ def test_exact_clipping_defers_the_updates_behind_the_whole_backward(x2):
 
 def test_window_plan_reuses_the_last_layers_at_the_turn():
     L, slots = 6, 3
-    sched = overlap.step_schedule(L, 1)
-    plan, issued = overlap.window_plan(sched, {0, L + 1}, slots)
+    sched = schedule.step_schedule(L, 1)
+    plan, issued = schedule.window_plan(sched, {0, L + 1}, slots)
     backward = [k for k in range(len(sched)) if k > sched.index(L + 1)]
     delivered = [sched[k] for k in backward if plan[k][2]]
     assert delivered == [3, 2, 1]  # layers 6, 5, 4 are still in the window when backward starts

@@ -33,6 +33,8 @@ import bisect
 from dataclasses import dataclass, field
 from typing import Any
 
+from slidedp.planning.schedule import step_schedule, window_plan
+
 IN_ORDER = ("host", "compute", "h2d", "d2h", "coll")
 UPDATE_KINDS = frozenset({"update", "hold", "final"})  # host-update work: waits on it are `update_tail`
 # Groups of task kinds that can be made free to measure a resource's exposure.
@@ -132,73 +134,6 @@ class Outcome:
     phases: dict[str, float]
     busy: dict[str, float]  # seconds each resource worked during the measured step
     tasks: int
-
-
-# ---------------------------------------------------------------------------- the engine's window
-def window_plan(schedule: list[int], dedicated: set[int], slots: int) -> tuple[list[tuple], list[int]]:
-    """Mirror of slidedp.step.window.Window for one step: per schedule item, where its unit is and whether it
-    is delivered, and the index of the item whose get() issues it.
-
-    Returns (plan, issued_at): plan[k] = ("d", first_use) | ("s", slot, deliver, prev_item_in_slot, source_k).
-    """
-    n = len(schedule)
-    plan: list[tuple] = [()] * n
-    issued_at = [0] * n
-    seen_dedicated: set[int] = set()
-    slot_unit: list[int | None] = [None] * slots
-    slot_last: list[int] = [-1] * slots
-    slot_src: list[int] = [-1] * slots
-    issued, released = -1, -1
-
-    def next_use(unit: int | None, after: int) -> int:
-        if unit is None:
-            return 1 << 31
-        for j in range(after + 1, n):
-            if schedule[j] == unit:
-                return j
-        return 1 << 30
-
-    def issue(j: int) -> bool:
-        u = schedule[j]
-        if u in dedicated:
-            plan[j] = ("d", u not in seen_dedicated)
-            seen_dedicated.add(u)
-            return True
-        for i in range(slots):
-            if slot_unit[i] == u:
-                plan[j] = ("s", i, False, slot_last[i], slot_src[i])
-                slot_last[i] = j
-                return True
-        free = [i for i in range(slots) if slot_last[i] <= released]
-        if not free:
-            return False
-        victim = max(free, key=lambda i: next_use(slot_unit[i], j))
-        plan[j] = ("s", victim, True, slot_last[victim], j)
-        slot_unit[victim], slot_last[victim], slot_src[victim] = u, j, j
-        return True
-
-    for k in range(n):
-        horizon = min(n - 1, k + max(1, slots - 1))
-        while issued < horizon and issue(issued + 1):
-            issued += 1
-            issued_at[issued] = k
-        if issued < k:
-            raise ValueError(f"a window of {slots} buffers cannot hold schedule item {k}")
-        released = k
-    return plan, issued_at
-
-
-def step_schedule(layers: int, micro_batches: int) -> list[int]:
-    """Units in the order the engine uses them: embedding, 1..L, head, L..1 (then 1..L, L..1 per micro-batch)."""
-    sched: list[int] = []
-    for m in range(micro_batches):
-        if m == 0:
-            sched.append(0)
-        sched.extend(range(1, layers + 1))
-        if m == 0:
-            sched.append(layers + 1)
-        sched.extend(range(layers, 0, -1))
-    return sched
 
 
 # ---------------------------------------------------------------------------- building the replay

@@ -45,6 +45,7 @@ class EdgeUpdate:
         self.grad = {u: torch.zeros(z[u], dtype=torch.float32, device=device) for u in self.units} \
             if self.world > 1 else {}
         self._reduced: dict[int, torch.Tensor] = {}
+        self._reduced_ev: dict[int, object] = {}
         self._global_sumsq: torch.Tensor | None = None
 
     def device_bytes(self) -> int:
@@ -100,6 +101,7 @@ class EdgeUpdate:
                 shard = grad[: self.shards.padded[u]]
             if hi > lo:
                 self.routes.sumsq += sum_of_squares(shard[: hi - lo])
+            self._reduced_ev[u] = s.record(s.d2h)
         self._reduced[u] = shard
 
     def keep_norm(self) -> None:
@@ -110,10 +112,13 @@ class EdgeUpdate:
         """AdamW on both shards (clip factor from the step's global norm, on the device), then refill the
         buffers: all on the compute stream, so the next step's first unit reads the new weights."""
         s = self.streams
-        s.compute.wait_stream(s.d2h)  # the reduced shards and the global norm
         lr = lr_at(step, self.total_steps, self.opt, self.sched)
         coef = None
-        if self.opt.max_grad_norm > 0:
+        if self.opt.max_grad_norm <= 0:
+            for u in self.units:  # the reduced shards only, not the other units' copies queued behind them
+                s.compute.wait_event(self._reduced_ev.pop(u))
+        else:
+            s.compute.wait_stream(s.d2h)  # the global norm: every unit's gradient of the step
             norm = self._global_sumsq.sqrt()
             coef = (self.opt.max_grad_norm / (norm + 1e-6)).clamp(max=1.0).to(torch.float32)
         step_t = torch.tensor(float(step), device=self.device)

@@ -23,6 +23,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from slidedp.config import JobConfig
+from slidedp.planning.schedule import step_schedule
 from slidedp.step.activations import SavedActivations
 from slidedp.step.devices import Streams
 from slidedp.step.edge_update import EdgeUpdate
@@ -103,16 +104,7 @@ class RankEngine:
 
     # ------------------------------------------------------------------ schedule
     def schedule(self, micro_batches: int) -> list[int]:
-        sched: list[int] = []
-        layers = list(range(1, self.head_unit))
-        for m in range(micro_batches):
-            if m == 0:
-                sched.append(0)
-            sched.extend(layers)
-            if m == 0:
-                sched.append(self.head_unit)
-            sched.extend(reversed(layers))
-        return sched
+        return step_schedule(self.L, micro_batches)
 
     # ------------------------------------------------------------------ gradient exit
     def _next_parity(self) -> int:
@@ -326,7 +318,7 @@ class RankEngine:
         ev["backward_end"] = s.record(s.compute, timing=True)
         if self.updater.norm_on_device:
             host_norm = self._norm_host[step % 2]
-            keep = self.edge.keep_norm if self.edge is not None else None
+            keep = self.edge.keep_norm if self.edge is not None and self.updater.clip else None
             self.updater.end_backward(step, (self.routes.finish_norm(host_norm, keep), host_norm))
         else:
             self.updater.end_backward(step)

@@ -21,7 +21,7 @@ from __future__ import annotations
 import time
 
 import torch
-from slidedp.planning.overlap import window_plan
+from slidedp.planning.schedule import window_plan
 from slidedp.step.host_state import HostState, wait_until
 from slidedp.step.routes import Routes
 
