@@ -101,6 +101,7 @@ def plan_one(cfg: dict) -> dict:
     pred = plan.get("predicted") or {}
     return {"chosen": _chosen(policy), "predicted_step_s": pred.get("step_time_s"),
             "predicted_phases": pred.get("phases"), "predicted_hbm_gib": pred.get("hbm_peak_gib"),
+            "bound_s": (pred.get("bound") or {}).get("step_time_s"),
             "calibration": plan.get("calibration"), "why": plan.get("why")}
 
 
@@ -113,7 +114,8 @@ def run_one(model: str, gpus: int, mbs: int, seq: int, steps: int, policy: str, 
     result = train(cfg, on_log=lambda line: print("   ", line, flush=True), state_cache=state_cache)
     plan = (result.policy or {}).get("plan") or {}
     return {"policy": policy, "wall_s": time.perf_counter() - t0, "metrics": result.metrics,
-            "chosen": _chosen(result.policy), "predicted_step_s": ((plan.get("predicted") or {}).get("step_time_s"))}
+            "chosen": _chosen(result.policy), "predicted_step_s": ((plan.get("predicted") or {}).get("step_time_s")),
+            "bound_s": ((plan.get("predicted") or {}).get("bound") or {}).get("step_time_s")}
 
 
 def parse_peer(spec: str) -> dict:
@@ -154,6 +156,7 @@ def summarise(row: dict, warmup: int) -> dict:
     pred = row.get("predicted_step_s")
     return {"policy": row["policy"], "chosen": row.get("chosen"), "step_s": med,
             "predicted_step_s": pred, "predicted_error": (pred / med - 1.0) if pred else None,
+            "bound_s": row.get("bound_s"), "of_bound": (row["bound_s"] / med) if row.get("bound_s") else None,
             "tokens_per_s": pick["tokens_per_s"],
             "tflops": pick["tflops"], "hbm_peak_gib": max(max(m["hbm_peak_gib"] or [0.0]) for m in ms),
             "host_rss_gib": pick["host_rss_gib"], "phases": pick["phases"], "bytes": pick["bytes"],

@@ -233,3 +233,18 @@ def test_the_cost_model_moves_no_host_bytes_for_device_updated_units(x2):
     assert dev.update[1:head] == host.update[1:head]
     saved = (host.update_bytes[0] + host.update_bytes[head]) / sum(host.update_bytes)
     assert 0.14 < saved < 0.16  # embedding + lm_head of Qwen3-8B: 1.24B of 8.19B parameters
+
+
+def test_the_plan_reports_the_physical_bound_under_its_prediction(x2):
+    topo, cal = x2
+    for raw in ({}, {"optimizer": {"max_grad_norm": 1.0}}, {"micro_batch_size": 4}):
+        plan = ap.plan_job(_cfg(**raw), topo["nvlink"], cal["qwen3-8b_bs8_nvlink" if "micro_batch_size" not in raw
+                                                            else "qwen3-8b_bs4_nvlink"])
+        b, pred = plan["predicted"]["bound"], plan["predicted"]
+        assert set(b["terms_s"]) == {"compute", "cpu_update", "h2d", "d2h", "host_dram"}
+        assert b["step_time_s"] == pytest.approx(b["terms_s"][b["binding"]] + b["unhidden_s"])
+        assert b["step_time_s"] <= pred["step_time_s"] * 1.01
+        assert pred["step_time_s"] < 1.5 * b["step_time_s"]  # the pipeline hides most of what is not bound
+        if raw.get("optimizer"):  # exact clipping: the update waits for the backward
+            assert b["terms_s"]["compute"] > pred["phases"]["backward"]
+    assert "bound:" in ap.format_plan(plan)

@@ -27,6 +27,7 @@ from slidedp.planning.cost_model import (
     Policy,
     Rates,
     Uncalibrated,
+    bound,
     memory,
     offload_backlog,
     predict,
@@ -405,6 +406,8 @@ class _Planner(MixSearch):
                 exposed=p.get("exposed", {}),
                 busy=p["busy"],
             )
+            if exposure:  # the chosen policy's: ARCHITECTURE.md's bound from the same ceilings
+                out["bound"] = bound(j, pol, self.rates)
         return out
 
     def candidate(self, pol: Policy) -> dict[str, Any]:

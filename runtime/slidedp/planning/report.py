@@ -17,7 +17,8 @@ def format_plan(plan: dict[str, Any]) -> str:
     c = {p: pol["activations"].count(p) for p in ("keep", "offload", "checkpoint")}
     lines.append(
         f"policy: delivery={pol['delivery']} grad_reduce={pol['grad_reduce']} reduce_dtype={pol['reduce_dtype']} "
-        f"window={pol['window']} chunk_mb={pol['chunk_mb']} loss_chunk_tokens={pol['loss_chunk_tokens']}"
+        f"edge_update={pol.get('edge_update', 'host')} window={pol['window']} chunk_mb={pol['chunk_mb']} "
+        f"loss_chunk_tokens={pol['loss_chunk_tokens']}"
     )
     lines.append(
         f"activations: keep {c['keep']}, offload {c['offload']}, checkpoint {c['checkpoint']}; "
@@ -30,6 +31,14 @@ def format_plan(plan: dict[str, Any]) -> str:
         lines.append("  phases: " + "  ".join(f"{k} {v:.3f}" for k, v in pred["phases"].items()))
         if pred.get("exposed"):
             lines.append("  exposed: " + "  ".join(f"{k} {v:.3f}" for k, v in pred["exposed"].items()))
+        b = pred.get("bound")
+        if b:
+            lines.append(
+                f"  bound: {b['step_time_s']:.3f} s/step ({b['binding']} binds; "
+                + "  ".join(f"{k} {v:.3f}" for k, v in b["terms_s"].items())
+                + f"; + {b['unhidden_s']:.3f} unhidden); the prediction is "
+                f"{pred['step_time_s'] / b['step_time_s']:.2f}x the bound"
+            )
     else:
         lines.append(f"predicted: no step time ({plan.get('calibration_note', 'no calibration')})")
     if plan.get("candidates"):
