@@ -103,6 +103,14 @@ class PolicyConfig:
         "them; needs grad_reduce gpu with several GPUs; the host state is written back before every checkpoint. "
         "auto: AutoPolicy chooses (it needs a calibration with the device AdamW rate).",
     )
+    device_layers: Optional[int] = _f(
+        0,
+        doc="Leading decoder layers updated on the GPUs like edge_update gpu does the embedding and head: 1/N of "
+        "their fp32 weights and AdamW moments per GPU (16 B/param / N), their bf16 weights resident, no host "
+        "traffic for them. Spare HBM spent on host bytes, the step's bottleneck when the host update binds. "
+        "0: none. None: AutoPolicy chooses (with edge_update auto).",
+        ge=0,
+    )
     activations: Literal["auto", "checkpoint", "keep", "offload"] = _f(
         "auto",
         doc="Activation placement for every decoder layer. checkpoint: save the unit input, recompute in "
@@ -316,6 +324,9 @@ def _cross_checks(cfg: JobConfig, errors: list[dict[str, str]]) -> None:
         errors.append({"loc": "ranks", "msg": "is for CPU training (gpus = 0); with GPUs there is one rank per GPU"})
     if cfg.schedule.warmup_steps > cfg.steps:
         errors.append({"loc": "schedule.warmup_steps", "msg": f"is longer than the run ({cfg.steps} steps)"})
+    if cfg.policy.device_layers and cfg.world_size > 1 and cfg.policy.grad_reduce == "host":
+        errors.append({"loc": "policy.device_layers", "msg": "layers updated on the GPUs reduce their gradients "
+                       "there: set policy.grad_reduce to gpu (or auto), or device_layers to 0"})
     if cfg.policy.edge_update == "gpu" and cfg.world_size > 1 and cfg.policy.grad_reduce == "host":
         errors.append({"loc": "policy.edge_update", "msg": "gpu reduces the embedding and head gradients on the "
                        "GPUs: set policy.grad_reduce to gpu (or auto), or edge_update to host"})

@@ -136,6 +136,7 @@ def resolve_policy(cfg: JobConfig, num_layers: int, on_log=None) -> tuple[dict, 
     defaults = PolicyConfig()
     plan: dict = {}
     explicit = p.delivery != "auto" and p.grad_reduce != "auto" and p.activations != "auto" and p.edge_update != "auto" \
+        and p.device_layers is not None \
         and p.resident_units is not None
     try:
         from slidedp.planning import autopolicy, topology
@@ -163,7 +164,9 @@ def resolve_policy(cfg: JobConfig, num_layers: int, on_log=None) -> tuple[dict, 
     delivery = p.delivery if p.delivery != "auto" else chosen.get("delivery", "sharded" if world > 1 else "replicated")
     grad = p.grad_reduce if p.grad_reduce != "auto" else chosen.get("grad_reduce", "gpu" if world > 1 else "host")
     edge = p.edge_update if p.edge_update != "auto" else chosen.get("edge_update", "host")
-    if edge == "gpu" and world > 1 and grad != "gpu":  # the user's gpu edge update outranks a planned route
+    device_layers = min(num_layers, p.device_layers if p.device_layers is not None
+                        else int(chosen.get("device_layers", 0)))
+    if (edge == "gpu" or device_layers) and world > 1 and grad != "gpu":  # outranks a planned route
         grad = "gpu"
     if p.activations != "auto":
         acts = [p.activations] * num_layers
@@ -175,12 +178,14 @@ def resolve_policy(cfg: JobConfig, num_layers: int, on_log=None) -> tuple[dict, 
         resident = [i < p.resident_units for i in range(num_layers)]
     else:
         resident = list(chosen.get("resident") or [False] * num_layers)
+    resident = [r or i < device_layers for i, r in enumerate(resident)]  # device-updated layers stay resident
     policy = {
         "delivery": delivery,
         "grad_reduce": grad,
         "reduce_dtype": p.reduce_dtype,
         "delivery_cast": p.delivery_cast,
         "edge_update": edge,
+        "device_layers": device_layers,
         "activations": acts,
         "resident": resident,
         # knobs at their defaults are the planner's to choose
@@ -355,7 +360,8 @@ def train(config: dict | JobConfig, on_step: Callable[[dict], None] | None = Non
         _log(on_log, f"host state: {n_params / 1e6:.1f} M params, {state.state_bytes() / 2**30:.2f} GiB shared "
                      f"({time.perf_counter() - t0:.1f} s); policy: delivery={policy['delivery']} "
                      f"grad_reduce={policy['grad_reduce']} window={policy['window']} ranks={world}"
-                     + (" edge_update=gpu" if policy.get("edge_update") == "gpu" else ""))
+                     + (" edge_update=gpu" if policy.get("edge_update") == "gpu" else "")
+                     + (f" device_layers={policy['device_layers']}" if policy.get("device_layers") else ""))
         interval = cfg.checkpoint.interval
         ckpt_steps = [s for s in range(start_step + 1, cfg.steps + 1) if interval and s % interval == 0]
         if interval and cfg.steps not in ckpt_steps:

@@ -53,10 +53,12 @@ def test_gpu_routes_match_adamw(workdir, gpus, delivery, grad):
 
 @pytest.mark.parametrize("gpus", [1, 2])
 def test_gpu_edge_update_on_the_device_matches_adamw(workdir, gpus):
-    """policy.edge_update gpu: the embedding and head reduced, clipped and updated by CUDA's fused AdamW."""
+    """edge_update gpu and device_layers: the embedding, head and first two layers reduced, clipped and updated by
+    CUDA's fused AdamW."""
     if _gpus() < gpus:
         pytest.skip(f"needs {gpus} GPUs")
-    exact._check(workdir, "untied", 1, "sharded", "gpu", 2, exact.CLIP, gpus=gpus, policy={"edge_update": "gpu"})
+    exact._check(workdir, "untied", 1, "sharded", "gpu", 2, exact.CLIP, gpus=gpus,
+                 policy={"edge_update": "gpu", "device_layers": 2})
 
 
 BF16_STEPS, BF16_SEQ, BF16_LR = 20, 64, 1e-3

@@ -121,7 +121,7 @@ def test_tied_embeddings_match_adamw(workdir):
 
 @pytest.mark.parametrize("model,ranks,delivery", [("tied", 3, "replicated"), ("untied", 1, "replicated")])
 def test_embedding_and_head_updated_on_the_device_match_adamw(workdir, model, ranks, delivery):
-    _check(workdir, model, ranks, delivery, "gpu", 2, CLIP, policy={"edge_update": "gpu"})
+    _check(workdir, model, ranks, delivery, "gpu", 2, CLIP, policy={"edge_update": "gpu", "device_layers": 2})
 
 
 @pytest.mark.parametrize("policy", [

@@ -4,8 +4,9 @@ Per micro-batch: embedding, decoder layers 1..L (each by its activation policy),
 and backward together in token chunks (full fp32 logits never exist), then layers L..1 backward, then the
 embedding's backward. Each unit's gradient leaves the GPU as soon as it exists (on the last micro-batch; earlier
 ones accumulate on the GPU in fp32) and the rank's updater thread applies AdamW to this rank's shard on the host.
-Under `policy.edge_update: gpu` the embedding and head stay on the device instead: reduced there, updated there
-after the backward (slidedp.step.edge_update), never delivered from the host.
+Under `policy.edge_update: gpu` the embedding and head stay on the device instead, and so do the leading
+`policy.device_layers` layers: reduced there, updated there after the backward (slidedp.step.device_update),
+never delivered from the host.
 
 Semantics are exactly synchronous data-parallel AdamW: the loss is the sum of token cross-entropies divided by
 the number of non-ignored targets of the whole global batch (all ranks, all micro-batches), gradients are summed
@@ -26,7 +27,7 @@ from slidedp.config import JobConfig
 from slidedp.planning.schedule import step_schedule
 from slidedp.step.activations import SavedActivations
 from slidedp.step.devices import Streams
-from slidedp.step.edge_update import EdgeUpdate
+from slidedp.step.device_update import DeviceUpdate
 from slidedp.step.host_state import HostState
 from slidedp.step.model_adapter import ModelAdapter
 from slidedp.step.optimizer import GradItem, Updater
@@ -63,22 +64,24 @@ class RankEngine:
         self.L = adapter.num_layers
         self.head_unit = self.L + 1
         self.activations: list[str] = list(policy["activations"])
-        resident = [i + 1 for i, r in enumerate(policy.get("resident", [False] * self.L)) if r]
-        edge_units = frozenset({0, self.head_unit}) if policy.get("edge_update", "host") == "gpu" else frozenset()
+        device_layers = set(range(1, 1 + min(self.L, int(policy.get("device_layers", 0)))))
+        device_units = frozenset(device_layers | ({0, self.head_unit} if policy.get("edge_update") == "gpu"
+                                                  else set()))
+        resident = {i + 1 for i, r in enumerate(policy.get("resident", [False] * self.L)) if r} | device_layers
         self.window = Window(padded=self.shards.padded, dedicated={0, self.head_unit, *resident},
                              slots=int(policy.get("window", 3)), dtype=self.dtype, device=device,
-                             routes=self.routes, state=state, rank=rank, abort=abort, kept=edge_units)
+                             routes=self.routes, state=state, rank=rank, abort=abort, kept=device_units)
         self.updater = Updater(state=state, shards=self.shards, grad_reduce=self.routes.grad_reduce,
                                opt=cfg.optimizer, sched=cfg.schedule, total_steps=cfg.steps,
-                               num_units=len(numels), threads=torch.get_num_threads(), device_units=edge_units)
-        self.edge: EdgeUpdate | None = None
-        if edge_units:
+                               num_units=len(numels), threads=torch.get_num_threads(), device_units=device_units)
+        self.device_update: DeviceUpdate | None = None
+        if device_units:
             if self.world > 1 and self.routes.grad_reduce != "gpu":
-                raise ValueError("policy.edge_update gpu reduces on the GPUs: it needs grad_reduce gpu")
-            self.edge = EdgeUpdate(units=sorted(edge_units), state=state, shards=self.shards, routes=self.routes,
-                                   buffers=self.window.dedicated, opt=cfg.optimizer, sched=cfg.schedule,
-                                   total_steps=cfg.steps, device=device)
-            self.edge.load()
+                raise ValueError("units updated on the GPUs reduce their gradients there: it needs grad_reduce gpu")
+            self.device_update = DeviceUpdate(units=sorted(device_units), state=state, shards=self.shards,
+                                              routes=self.routes, buffers=self.window.dedicated, opt=cfg.optimizer,
+                                              sched=cfg.schedule, total_steps=cfg.steps, device=device)
+            self.device_update.load()
         self.rotary = adapter.rotary(device)
         max_layer = max(self.shards.padded[1 : self.head_unit], default=0)
         # Layer gradients land in a flat buffer per parity (bf16 in bf16 precision), then go out in fp32.
@@ -141,6 +144,11 @@ class RankEngine:
         else:
             src = self.g32[parity][:n]
             src.copy_(gflat[:n])
+        dev = self.device_update
+        if dev is not None and u in dev.units:
+            dev.reduce(u, src)
+            self._gdone[parity] = dev.reduced_event(u)  # the parity's buffers are reused after the reduction
+            return
         self._send(u, src, parity, step)
 
     # ------------------------------------------------------------------ units
@@ -291,8 +299,8 @@ class RankEngine:
             del h
             if last:
                 self.window.release(k_head)
-                if self.edge is not None:
-                    self.edge.reduce(self.head_unit, self.gH)
+                if self.device_update is not None and self.head_unit in self.device_update.units:
+                    self.device_update.reduce(self.head_unit, self.gH)
                 else:
                     parity = self._next_parity()
                     self._send(self.head_unit, self.gH, parity, step)
@@ -310,20 +318,21 @@ class RankEngine:
             del grad_h
             if last:
                 self.window.release(k_embed)
-                if self.edge is not None:
-                    self.edge.reduce(0, self.gE)
+                if self.device_update is not None and 0 in self.device_update.units:
+                    self.device_update.reduce(0, self.gE)
                 else:
                     parity = self._next_parity()
                     self._send(0, self.gE, parity, step)
         ev["backward_end"] = s.record(s.compute, timing=True)
         if self.updater.norm_on_device:
             host_norm = self._norm_host[step % 2]
-            keep = self.edge.keep_norm if self.edge is not None and self.updater.clip else None
+            dev = self.device_update
+            keep = dev.keep_norm if dev is not None and self.updater.clip else None
             self.updater.end_backward(step, (self.routes.finish_norm(host_norm, keep), host_norm))
         else:
             self.updater.end_backward(step)
-        if self.edge is not None:
-            self.edge.update(step)
+        if self.device_update is not None:
+            self.device_update.update(step)
         dist.all_reduce(loss_sum, group=self.routes.grad_group)
         b = self.routes.bytes.take()
         peak = torch.cuda.max_memory_reserved(self.device) if s.cuda else 0

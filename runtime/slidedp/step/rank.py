@@ -124,13 +124,13 @@ def rank_main(rank: int, world: int, args: RankArgs, queue) -> None:
             # meet in different barriers.
             if step in args.checkpoint_steps:
                 _wait_step_updated(engine, step)
-                if engine.edge is not None:
-                    engine.edge.write_back()
+                if engine.device_update is not None:
+                    engine.device_update.write_back()
                 reporter.emit_ready(pending, final=True)
                 _checkpoint_barrier(board, rank, step, queue, pipeline.state_dict(), groups[1])
         _wait_step_updated(engine, last_done)
-        if engine.edge is not None:  # the host state is whole again: the stop's checkpoint and export read it
-            engine.edge.write_back()
+        if engine.device_update is not None:  # the host state is whole again for the stop's checkpoint and export
+            engine.device_update.write_back()
         reporter.emit_ready(pending, final=True)
         engine.updater.stop()
         engine.updater.join(timeout=60)

@@ -1,16 +1,18 @@
-"""The embedding and loss-head units updated on the ranks' devices (`policy.edge_update: gpu`).
+"""Units updated on the ranks' devices: the embedding and head (`policy.edge_update: gpu`) and the leading
+`policy.device_layers` decoder layers.
 
-The embedding and the lm_head are the largest units of a decoder model (Qwen3-8B: 1.24B of 8.2B parameters in
-two units); updating them on the host costs 28-34 bytes of host memory traffic per parameter per step, and host
-memory is what bounds the update. With this policy each rank keeps its 1/N shard of those two units' fp32 master
-weights and AdamW moments in device memory (16 B per parameter / N, the gradient shard included), reduces their
-gradients with a reduce-scatter, applies AdamW there and all-gathers the rounded weights into the units' own
-window buffers: these two units are then never delivered from the host and their gradients never leave the GPU.
+The host update is bound by host memory traffic (28-34 bytes per parameter per step); the embedding and the
+lm_head are the largest units of a decoder model (Qwen3-8B: 1.24B of 8.19B parameters in two units), and where
+HBM is spare, whole decoder layers can follow them. For each such unit every rank keeps its 1/N shard of the fp32
+master weights and AdamW moments in device memory (16 B per parameter / N, the reduced gradient included),
+reduces the unit's gradient with a reduce-scatter on the d2h stream, applies AdamW there after the backward and
+all-gathers the rounded weights into the unit's own buffer: these units are never delivered from the host and
+their gradients never leave the GPU. A device-updated layer is therefore always resident.
 
 The numerics are the host update's: the same fused AdamW on the same fp32 shard, the same learning rate, the
-gradient norm accumulated in the same order (the head's shard when the host route would send it, the embedding's
-last) and the clip factor computed in float64 as the host computes it. On the CPU (gloo) both paths run the same
-kernels and train to the same bits (tests/runtime/test_edge_update.py).
+gradient norm accumulated in the same order (each unit's sum of squares where the host route would send it) and
+the clip factor computed in float64 as the host computes it. On the CPU (gloo) both paths run the same kernels and
+train to the same bits (tests/runtime/test_device_update.py).
 
 The host state keeps its slots for these units: `write_back()` copies the shards (master, both moments and the
 bf16 copy when the host keeps one) into it before every checkpoint and at the end of the run, so checkpoints,
@@ -27,7 +29,7 @@ from slidedp.step.optimizer import lr_at
 from slidedp.step.routes import Routes, ShardMap, sum_of_squares
 
 
-class EdgeUpdate:
+class DeviceUpdate:
     def __init__(self, *, units: list[int], state: HostState, shards: ShardMap, routes: Routes,
                  buffers: dict[int, torch.Tensor], opt: OptimizerConfig, sched: ScheduleConfig, total_steps: int,
                  device: torch.device):
@@ -42,8 +44,11 @@ class EdgeUpdate:
         self.master = {u: torch.zeros(z[u], dtype=torch.float32, device=device) for u in self.units}
         self.exp_avg = {u: torch.zeros(z[u], dtype=torch.float32, device=device) for u in self.units}
         self.exp_avg_sq = {u: torch.zeros(z[u], dtype=torch.float32, device=device) for u in self.units}
-        self.grad = {u: torch.zeros(z[u], dtype=torch.float32, device=device) for u in self.units} \
-            if self.world > 1 else {}
+        # the reduced gradient's shard; with one rank a layer's gradient is copied out of the engine's parity
+        # buffers (reused two units later), while the embedding's and head's accumulators stay until the update
+        edges = {0, len(shards.numels) - 1}
+        self.grad = {u: torch.zeros(z[u], dtype=torch.float32, device=device) for u in self.units
+                     if self.world > 1 or u not in edges}
         self._reduced: dict[int, torch.Tensor] = {}
         self._reduced_ev: dict[int, object] = {}
         self._global_sumsq: torch.Tensor | None = None
@@ -97,12 +102,19 @@ class EdgeUpdate:
                                            group=self.routes.grad_group)
                 self.routes.bytes.collective += (self.shards.padded[u] - sl) * 4
                 shard = self.grad[u]
+            elif u in self.grad:
+                shard = self.grad[u]
+                shard.copy_(grad[: self.shards.padded[u]])
             else:
                 shard = grad[: self.shards.padded[u]]
             if hi > lo:
                 self.routes.sumsq += sum_of_squares(shard[: hi - lo])
             self._reduced_ev[u] = s.record(s.d2h)
         self._reduced[u] = shard
+
+    def reduced_event(self, u: int):
+        """After it, the device no longer reads the gradient buffer given to reduce(u)."""
+        return self._reduced_ev[u]
 
     def keep_norm(self) -> None:
         """Called by the routes as the step's sum of squares is complete (d2h stream), before it is reset."""

@@ -1,10 +1,12 @@
-"""policy.edge_update: gpu (embedding and head updated on the ranks' devices) trains the same bits as the host
-update, never delivers those two units from the host, and leaves the host state whole for checkpoints.
+"""Units updated on the ranks' devices (policy.edge_update: gpu for the embedding and head, policy.device_layers
+for leading decoder layers) train the same bits as the host update, are never delivered from the host, and leave
+the host state whole for checkpoints.
 
 CPU, real gloo ranks: the device is the CPU, so both paths run the same fused AdamW on the same fp32 shards and
 must agree bit for bit (losses, grad norms, clip decisions, master weights and both moments after the last step,
-as the final checkpoint holds them: written back from the devices). Cases: 2 ranks bf16 sharded delivery with
-clipping that fires and gradient accumulation; 1 rank fp32 (untied head) without clipping.
+as the final checkpoint holds them: written back from the devices). Cases: 2 ranks bf16 sharded delivery, tied
+embeddings, clipping that fires and gradient accumulation, edges and one layer on the device; 1 rank fp32 (untied
+head) with edges and two layers; 3 ranks fp32 replicated delivery with two layers and the edges on the host.
 """
 
 from __future__ import annotations
@@ -23,14 +25,17 @@ STEPS, SEQ, MBS = 3, 24, 2
 
 CASES = {
     "2ranks-bf16-clip-accum": {"ranks": 2, "precision": "bf16", "grad_accum": 2, "max_grad_norm": 0.05,
-                               "delivery": "sharded", "preset": "tiny-qwen3-tied"},
+                               "delivery": "sharded", "preset": "tiny-qwen3-tied", "edge": "gpu", "layers": 1},
     "1rank-fp32": {"ranks": 1, "precision": "fp32", "grad_accum": 1, "max_grad_norm": 0.0,
-                   "delivery": "replicated", "preset": "tiny-llama"},
+                   "delivery": "replicated", "preset": "tiny-llama", "edge": "gpu", "layers": 2},
+    "3ranks-layers-only": {"ranks": 3, "precision": "fp32", "grad_accum": 1, "max_grad_norm": 0.05,
+                           "delivery": "replicated", "preset": "tiny-qwen3", "edge": "host", "layers": 2},
 }
 
 
-def edge_runs(root, case: dict, gpus: int = 0) -> dict:
-    """The same job with the embedding and head updated on the host and on the device."""
+def device_runs(root, case: dict, gpus: int = 0) -> dict:
+    """The same job with every unit updated on the host, and with the case's units updated on the device (the
+    host run keeps the same layers resident, so both deliver them at most once per step)."""
     model = make_model_dir(str(root / "model"), case["preset"])
     world = gpus or case["ranks"]
     rows = MBS * world * case["grad_accum"] * STEPS
@@ -46,7 +51,8 @@ def edge_runs(root, case: dict, gpus: int = 0) -> dict:
             "optimizer": {"lr": 3e-3, "weight_decay": 0.1, "max_grad_norm": case["max_grad_norm"]},
             "schedule": {"warmup_steps": 1, "decay": "linear"},
             "policy": {"delivery": case["delivery"], "grad_reduce": "gpu", "activations": "checkpoint",
-                       "resident_units": 0, "edge_update": where},
+                       "resident_units": case["layers"], "edge_update": case["edge"] if where == "gpu" else "host",
+                       "device_layers": case["layers"] if where == "gpu" else 0},
             "checkpoint": {"interval": STEPS, "keep": 1},
             "deterministic": bool(gpus),
         })
@@ -59,7 +65,7 @@ def edge_runs(root, case: dict, gpus: int = 0) -> dict:
 @pytest.fixture(scope="module", params=list(CASES), ids=list(CASES))
 def runs(request, tmp_path_factory):
     case = CASES[request.param]
-    return {"case": case, **edge_runs(tmp_path_factory.mktemp("edge"), case)}
+    return {"case": case, **device_runs(tmp_path_factory.mktemp("device"), case)}
 
 
 def test_device_edge_update_trains_the_same_bits(runs):
@@ -81,19 +87,20 @@ def assert_same_bits(runs: dict) -> None:
     assert changed > 0  # the moments were written back, not left at zero
 
 
-def test_embedding_and_head_are_not_delivered_from_the_host(runs):
+def test_units_updated_on_the_device_are_not_delivered_from_the_host(runs):
     case = runs["case"]
     numels = unit_param_counts(PRESETS[case["preset"]])
     world = case["ranks"]
     esize = 2 if case["precision"] == "bf16" else 4
     host_h2d = sum(runs["host"]["result"].metrics[-1]["bytes"]["h2d"])
     gpu_h2d = sum(runs["gpu"]["result"].metrics[-1]["bytes"]["h2d"])
-    # each of the two units is delivered once per step on the host path: all of it (replicated, per rank) or
-    # one shard per rank (sharded: the ranks' shards add up to the unit)
+    # each such unit is delivered once per step on the host path (the layers are resident there): all of it
+    # (replicated, per rank) or one shard per rank (sharded: the ranks' shards add up to the unit)
     per_rank = 1 if case["delivery"] == "sharded" else world
-    edges = (numels[0] + numels[-1]) * esize * per_rank
-    assert host_h2d - gpu_h2d == edges
-    assert runs["gpu"]["result"].policy["edge_update"] == "gpu"
+    units = list(range(1, 1 + case["layers"])) + ([0, len(numels) - 1] if case["edge"] == "gpu" else [])
+    assert host_h2d - gpu_h2d == sum(numels[u] for u in units) * esize * per_rank
+    policy = runs["gpu"]["result"].policy
+    assert (policy["edge_update"], policy["device_layers"]) == (case["edge"], case["layers"])
 
 
 def test_edge_update_on_the_gpu_needs_the_gpu_gradient_route():
@@ -103,4 +110,8 @@ def test_edge_update_on_the_gpu_needs_the_gpu_gradient_route():
     assert exc.value.errors[0]["loc"] == "policy.edge_update"
     # one rank has no gradient route to choose: accepted
     JobConfig.from_dict({"model": "tiny-qwen3", "data": {"path": "x.jsonl"}, "ranks": 1,
-                         "policy": {"grad_reduce": "host", "edge_update": "gpu"}})
+                         "policy": {"grad_reduce": "host", "edge_update": "gpu", "device_layers": 2}})
+    with pytest.raises(ConfigError) as exc:
+        JobConfig.from_dict({"model": "tiny-qwen3", "data": {"path": "x.jsonl"}, "ranks": 2,
+                             "policy": {"grad_reduce": "host", "device_layers": 1}})
+    assert exc.value.errors[0]["loc"] == "policy.device_layers"
