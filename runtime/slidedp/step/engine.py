@@ -26,8 +26,8 @@ import torch.nn.functional as F
 from slidedp.config import JobConfig
 from slidedp.planning.schedule import step_schedule
 from slidedp.step.activations import SavedActivations
-from slidedp.step.devices import Streams
 from slidedp.step.device_update import DeviceUpdate
+from slidedp.step.devices import Streams
 from slidedp.step.host_state import HostState
 from slidedp.step.model_adapter import ModelAdapter
 from slidedp.step.optimizer import GradItem, Updater
