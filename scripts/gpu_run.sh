@@ -10,7 +10,8 @@
 #   one8    Qwen3-8B on one GPU, 20 steps on pattern data, and FSDP2 GPU-resident on that GPU
 #   cast8   Qwen3-8B, 2 GPUs, bs8 then bs4: the bf16 cast on the host against the fp32 master cast on the GPUs
 #   edge8   Qwen3-8B, 2 GPUs, bs8 then bs4: the embedding and head updated on the host against on the GPUs
-#           (policy.edge_update), with and without the cast on the GPU; FSDP2 GPU-resident at its best beside bs8
+#           (policy.edge_update), with and without the cast on the GPU, and AutoPolicy free to update leading
+#           layers on the GPUs too (device_layers auto); FSDP2 GPU-resident at its best beside bs8
 #   pcie8   Qwen3-8B, 2 GPUs, bs8 as a PCIe-only workstation (NCCL_P2P_DISABLE=1): topology, plan, the four
 #           routes and AutoPolicy's choice, predicted beside measured
 #   ds4     Qwen3-8B, 2 GPUs, bs4, clipping at 1.0 on both sides: SlideDP against DeepSpeed ZeRO-2 and ZeRO-3 CPU
@@ -52,9 +53,10 @@ for part in "$@"; do
              2>&1 | quiet 12; done ;;
     edge8) E=sharded:gpu:checkpoint:0:36
            timeout 330 $BENCH --gpus 2 --mbs 8 --steps 6 --threads 16 --peers fsdp2:8 --out "$OUT/bench-edge.jsonl" \
-             --policies $E:host:host,$E:host:gpu,$E:gpu:gpu,auto:auto:auto:0:auto:host:auto 2>&1 | quiet 16
+             --policies $E:host:host,$E:host:gpu,$E:gpu:gpu,auto:auto:auto:0:auto:host:auto:auto 2>&1 | quiet 16
            timeout 240 $BENCH --gpus 2 --mbs 4 --steps 6 --threads 16 --out "$OUT/bench-edge.jsonl" \
-             --policies $E:host:host,$E:host:gpu,sharded:gpu:checkpoint:1.0:36:host:gpu 2>&1 | quiet 12 ;;
+             --policies $E:host:host,$E:host:gpu,auto:auto:auto:0:auto:host:auto:auto,auto:auto:auto:1.0:auto:host:auto:auto \
+             2>&1 | quiet 12 ;;
     grid) L=${L:-36}; G=""; for a in checkpoint:0:$L keep${K:-27}:0:auto off${M:-18}:0:auto; do
             for r in sharded:gpu replicated:gpu sharded:host replicated:host; do G="$G,$r:$a"; done; done
           timeout 580 python3 -m slidedp.cli bench --model ${MODEL:-qwen3-8b} --seq 2048 --gpus 2 --mbs ${MBS:-8} \

@@ -3,9 +3,11 @@
     PYTHONPATH=runtime python3 -m slidedp.cli bench --model qwen3-8b --gpus 2 --mbs 4 --seq 2048 --steps 8 \\
         --policies sharded:gpu,replicated:gpu,sharded:host,replicated:host --peers fsdp2-offload:0 --out bench.jsonl
 
-Each policy is `delivery:grad_reduce[:activations[:clip[:resident layers[:delivery_cast[:edge_update]]]]]`
+Each policy is
+`delivery:grad_reduce[:activations[:clip[:resident layers[:delivery_cast[:edge_update[:device_layers]]]]]]`
 (`auto` anywhere but the cast: AutoPolicy's choice; the cast is `host` unless given as `gpu`; edge_update is where
-the embedding and head are updated, `host` unless given as `gpu` or `auto`). Each peer is `fsdp2[:keep[:clip]]` (FSDP2 GPU-resident, every decoder layer checkpointed but the first
+the embedding and head are updated, `host` unless given as `gpu` or `auto`; device_layers is how many leading layers
+are updated on the GPUs, 0 unless given as a count or `auto`). Each peer is `fsdp2[:keep[:clip]]` (FSDP2 GPU-resident, every decoder layer checkpointed but the first
 `keep`; `none`: no checkpointing) or `fsdp2-offload[:keep[:clip]]` (FSDP2 + CPUOffloadPolicy), see
 slidedp.peers.fsdp2; or `ds-zero2[:clip]` / `ds-zero3[:clip]` (DeepSpeed ZeRO-Offload: optimizer, or optimizer and
 parameters, on the CPU with DeepSpeedCPUAdam), see slidedp.peers.deepspeed_zero.
@@ -49,7 +51,7 @@ def parse_policy(policy: str) -> dict:
     parts = policy.split(":")
     if len(parts) < 2:
         raise ValueError(f"policy {policy!r}: expected "
-                         "delivery:grad_reduce[:activations[:clip[:resident[:cast[:edge]]]]]")
+                         "delivery:grad_reduce[:activations[:clip[:resident[:cast[:edge[:device_layers]]]]]]")
     resident = parts[4] if len(parts) > 4 else "0"
     acts = parts[2] if len(parts) > 2 else "checkpoint"
     mix = {}
@@ -62,7 +64,8 @@ def parse_policy(policy: str) -> dict:
             "clip": float(parts[3]) if len(parts) > 3 else 0.0,
             "resident_units": None if resident == "auto" else int(resident),
             "delivery_cast": parts[5] if len(parts) > 5 else "host",
-            "edge_update": parts[6] if len(parts) > 6 else "host"}
+            "edge_update": parts[6] if len(parts) > 6 else "host",
+            "device_layers": (None if parts[7] == "auto" else int(parts[7])) if len(parts) > 7 else 0}
 
 
 def job_config(model: str, gpus: int, mbs: int, seq: int, steps: int, policy: str, data: str, out_dir: str,
@@ -74,7 +77,8 @@ def job_config(model: str, gpus: int, mbs: int, seq: int, steps: int, policy: st
            "schedule": {"warmup_steps": 0, "decay": "constant"},
            "policy": {"delivery": pol["delivery"], "grad_reduce": pol["grad_reduce"],
                       "activations": pol["activations"], "resident_units": pol["resident_units"],
-                      "delivery_cast": pol["delivery_cast"], "edge_update": pol["edge_update"], **pol["mix"]},
+                      "delivery_cast": pol["delivery_cast"], "edge_update": pol["edge_update"],
+                      "device_layers": pol["device_layers"], **pol["mix"]},
            "checkpoint": {"interval": 0}}
     if threads:
         cfg["cpu_threads"] = threads
@@ -82,7 +86,8 @@ def job_config(model: str, gpus: int, mbs: int, seq: int, steps: int, policy: st
 
 
 def _chosen(policy: dict) -> dict:
-    chosen = {k: policy.get(k) for k in ("delivery", "grad_reduce", "window", "delivery_cast", "edge_update")}
+    chosen = {k: policy.get(k) for k in ("delivery", "grad_reduce", "window", "delivery_cast", "edge_update",
+                                         "device_layers")}
     chosen["keep_layers"] = sum(a == "keep" for a in policy.get("activations", []))
     chosen["offload_layers"] = sum(a == "offload" for a in policy.get("activations", []))
     chosen["resident_layers"] = sum(bool(r) for r in policy.get("resident", []))

@@ -212,8 +212,8 @@ def test_edge_update_auto_weighs_the_host_bytes_it_saves_against_hbm(x2):
     assert best["gpu"] < 0.97 * best["host"]
     job = cm.Job.from_config(job_cfg, topo["nvlink"])
     edge_gib = (job.padded(0) + job.padded(job.layers + 1)) / 2 * 16 / 2**30 * (1 + cm.ALLOCATOR_SLACK)
-    assert plan["predicted"]["hbm_parts_gib"]["edge_state"] == pytest.approx(edge_gib)
-    assert "embedding and head are updated on the GPUs" in plan["why"]
+    assert plan["predicted"]["hbm_parts_gib"]["device_state"] == pytest.approx(edge_gib)
+    assert "Updated on the GPUs: the embedding and head" in plan["why"]
     # with the host route asked for, a device edge update is not a candidate
     host = ap.plan_job(_cfg(policy={"edge_update": "auto", "grad_reduce": "host"}), topo["nvlink"],
                        _with_device_rate(cal["qwen3-8b_bs8_nvlink"]))
@@ -248,3 +248,27 @@ def test_the_plan_reports_the_physical_bound_under_its_prediction(x2):
         if raw.get("optimizer"):  # exact clipping: the update waits for the backward
             assert b["terms_s"]["compute"] > pred["phases"]["backward"]
     assert "bound:" in ap.format_plan(plan)
+
+
+def test_the_planner_spends_spare_hbm_on_layers_updated_on_the_gpus(x2):
+    topo, cal = x2
+    calib = _with_device_rate(cal["qwen3-8b_bs4_nvlink"])
+    plan = ap.plan_job(_cfg(micro_batch_size=4, policy={"edge_update": "auto", "device_layers": None}),
+                       topo["nvlink"], calib)
+    pol, pred = plan["policy"], plan["predicted"]
+    assert plan["feasible"] and pol["device_layers"] > 0 and pol["grad_reduce"] == "gpu"
+    assert all(pol["resident"][: pol["device_layers"]])  # device-updated layers keep their weights resident
+    assert pred["hbm_peak_gib"] * 2**30 <= cm.Job.from_config(_cfg(micro_batch_size=4), topo["nvlink"]).hbm_budget
+    host_only = min(c["predicted"]["step_time_s"] for c in plan["candidates"]
+                    if c["fits"] and c["policy"]["device_layers"] == 0 and c["policy"]["edge_update"] == "host")
+    assert pred["step_time_s"] < host_only
+    assert f"layers 1-{pol['device_layers']}" in plan["why"]
+    # every layer's device state next to every layer's activations does not fit: refused with the count that does
+    bad = ap.plan_job(_cfg(policy={"device_layers": 36, "activations": "keep", "resident_units": 36}),
+                      topo["nvlink"], _with_device_rate(cal["qwen3-8b_bs8_nvlink"]))
+    assert not bad["feasible"]
+    err = bad["errors"][0]
+    assert err["loc"] in ("policy.activations", "policy.device_layers") and "GiB" in err["msg"]
+    bad = ap.plan_job(_cfg(policy={"device_layers": 36, "keep_layers": 20, "activations": "auto"}),
+                      topo["nvlink"], _with_device_rate(cal["qwen3-8b_bs8_nvlink"]))
+    assert not bad["feasible"] and bad["errors"][0]["loc"] in ("policy.keep_layers", "policy.device_layers")

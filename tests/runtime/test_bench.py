@@ -46,3 +46,6 @@ def test_policy_strings_name_activation_mixes_and_the_cast():
     assert bench.parse_policy("sharded:gpu")["activations"] == "checkpoint"
     assert bench.parse_policy("sharded:gpu")["edge_update"] == "host"
     assert bench.parse_policy("sharded:gpu:checkpoint:0:36:gpu:gpu")["edge_update"] == "gpu"
+    assert bench.parse_policy("sharded:gpu:checkpoint:0:36:gpu:gpu")["device_layers"] == 0
+    assert bench.parse_policy("auto:auto:auto:0:auto:host:auto:auto")["device_layers"] is None
+    assert bench.parse_policy("sharded:gpu:keep18:0:auto:host:gpu:9")["device_layers"] == 9

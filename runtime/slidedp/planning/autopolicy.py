@@ -185,13 +185,24 @@ class _Planner(MixSearch):
         choice = self.cfg.policy.edge_update
         return ["host", "gpu"] if choice == "auto" else [choice]
 
+    def device_counts(self, grad: str) -> list[int]:
+        """How many leading layers to try updating on the GPUs: as configured, or (None: the planner's) a few
+        counts up to every layer when gradients are reduced on the GPUs and there are times to compare."""
+        n = self.cfg.policy.device_layers
+        L = self.job.layers
+        if n is not None:
+            return [min(n, L)]
+        if not self.rates or (self.job.world > 1 and grad != "gpu"):
+            return [0]
+        return sorted({0, L // 4, L // 2, (3 * L) // 4, L})
+
     def routes(self) -> list[tuple[str, str, str]]:
         """(delivery, gradient route, edge update) triples to compare; a device edge update needs gpu reduction."""
         if self.job.world == 1:
             return [("replicated", "host", e) for e in self.edges()]
         dl = [self.user["delivery"]] if "delivery" in self.user else ["sharded", "replicated"]
         gr = [self.user["grad_reduce"]] if "grad_reduce" in self.user else ["gpu", "host"]
-        if self.cfg.policy.edge_update == "gpu":
+        if self.cfg.policy.edge_update == "gpu" or self.cfg.policy.device_layers:
             gr = ["gpu"]
         return [(a, b, e) for a in dl for b in gr for e in self.edges() if e == "host" or b == "gpu"]
 
@@ -225,6 +236,7 @@ class _Planner(MixSearch):
         loss_chunk: int,
         mix: dict[str, int],
         edge: str = "host",
+        device_layers: int = 0,
     ) -> Policy:
         fixed = self.fixed_mix()
         n = {k: fixed.get(k, mix.get(k, 0)) for k in ("keep", "offload", "resident")}
@@ -240,6 +252,7 @@ class _Planner(MixSearch):
             chunk_mb=chunk,
             loss_chunk_tokens=loss_chunk,
             edge_update=edge,
+            device_layers=device_layers,
         )
 
     # ------------------------------------------------------------------ the search
@@ -259,15 +272,20 @@ class _Planner(MixSearch):
         best: tuple[float, Policy, dict] | None = None
         untimed = []
         for delivery, grad, edge in self.routes():
-            start = self.base(delivery, grad, default_window, default_chunk, default_loss, {}, edge)
-            try:
-                pol, marginal = self.solve_mix(start)
-            except Uncalibrated as exc:  # e.g. collectives not measured: this route cannot be priced
-                untimed.append(f"{delivery}/{grad}{'/edge-gpu' if edge == 'gpu' else ''} not timed ({exc})")
-                continue
-            candidates.append(self.candidate(pol))
-            if best is None or self.time(pol) < best[0]:
-                best = (self.time(pol), pol, marginal)
+            for n_dev in self.device_counts(grad):
+                start = self.base(delivery, grad, default_window, default_chunk, default_loss, {}, edge, n_dev)
+                if self.fits(start) is not None and n_dev:
+                    continue  # the layers' device state alone does not fit: fewer layers were tried
+                try:
+                    pol, marginal = self.solve_mix(start)
+                except Uncalibrated as exc:  # e.g. collectives not measured: this route cannot be priced
+                    label = f"{delivery}/{grad}{'/edge-gpu' if edge == 'gpu' else ''}"
+                    label += f"/{n_dev} device layers" if n_dev else ""
+                    untimed.append(f"{label} not timed ({exc})")
+                    continue
+                candidates.append(self.candidate(pol))
+                if best is None or self.time(pol) < best[0]:
+                    best = (self.time(pol), pol, marginal)
         if best is None:
             self.rates = None
             plan = self.memory_only(default_window, default_chunk, default_loss)
@@ -306,6 +324,7 @@ class _Planner(MixSearch):
             min(loss_chunks),
             {},
             self.routes()[0][2],
+            self.cfg.policy.device_layers or 0,
         )
         why = self.fits(lean)
         if why is None:
@@ -361,6 +380,16 @@ class _Planner(MixSearch):
                     "loc": f"policy.{key}",
                     "msg": f"{head}; set {key} to at most {n} (or leave it unset)",
                 }
+        if self.user.get("device_layers"):
+            n = pol.device_layers
+            while n > 0 and self.fits(dataclasses.replace(pol, device_layers=n - 1, resident=(False,) * j.layers)):
+                n -= 1
+            return {
+                "loc": "policy.device_layers",
+                "msg": f"{head} (the device state of {pol.device_layers} layers is "
+                f"{self.mem(pol)['hbm_parts'].get('device_state', 0) / GIB:.1f} GiB of it); set device_layers to at "
+                f"most {max(0, n - 1)}, or 0",
+            }
         for key in ("window", "loss_chunk_tokens"):
             if key in self.user:
                 return {"loc": f"policy.{key}", "msg": f"{head}; lower policy.{key}"}
@@ -434,9 +463,10 @@ class _Planner(MixSearch):
             )
         )
         edge = "gpu" if self.cfg.policy.edge_update == "gpu" else "host"
-        if edge == "gpu" and j.world > 1:
+        n_dev = self.cfg.policy.device_layers or 0
+        if (edge == "gpu" or n_dev) and j.world > 1:
             grad = "gpu"
-        pol = self.base(delivery, grad, window, chunk, loss_chunk, {}, edge)
+        pol = self.base(delivery, grad, window, chunk, loss_chunk, {}, edge, n_dev)
         why_not = self.fits(pol)
         if why_not is not None:
             raise _Infeasible([self.hbm_error(pol, self.mem(pol))])
@@ -477,7 +507,10 @@ class _Planner(MixSearch):
             "pcie-p2p": "PCIe P2P",
             "pcie-host": "no P2P: collectives cross host memory",
         }.get(j.interconnect, j.interconnect)
-        edge = " The embedding and head are updated on the GPUs." if pol.edge_units_on_gpu else ""
+        on_gpu = (["the embedding and head"] if pol.edge_units_on_gpu else []) + (
+            [f"layers 1-{pol.device_layers}"] if pol.device_layers else []
+        )
+        edge = f" Updated on the GPUs: {' and '.join(on_gpu)}." if on_gpu else ""
         return f"Routes ({link}): {pol.delivery} delivery, {pol.grad_reduce} gradient reduction, {src}.{edge}"
 
     def result(
@@ -492,6 +525,7 @@ class _Planner(MixSearch):
                 p["delivery"],
                 p["grad_reduce"],
                 p["edge_update"],
+                p["device_layers"],
                 p["window"],
                 p["loss_chunk_tokens"],
                 tuple(p["activations"]),
@@ -507,7 +541,7 @@ class _Planner(MixSearch):
             "feasible": True,
             "policy": _policy_out(pol),
             "predicted": pred,
-            "candidates": unique[:24],
+            "candidates": _shortlist(unique, 24),
             "why": " ".join(why),
             "errors": [],
             "marginal": marginal,
@@ -559,6 +593,23 @@ class _Planner(MixSearch):
         return why
 
 
+def _shortlist(cands: list[dict], n: int) -> list[dict]:
+    """The n fastest, plus the fastest of every route and device-update choice beyond them (the plan shows
+    what each choice would cost, not only variants of the winner)."""
+    out = cands[:n]
+    seen = {_variant(c) for c in out}
+    for c in cands[n:]:
+        if _variant(c) not in seen:
+            seen.add(_variant(c))
+            out.append(c)
+    return out
+
+
+def _variant(c: dict) -> tuple:
+    p = c["policy"]
+    return p["delivery"], p["grad_reduce"], p["edge_update"], p["device_layers"], c["fits"]
+
+
 def _policy_out(pol: Policy) -> dict[str, Any]:
     d = pol.to_dict()
     return {
@@ -568,6 +619,7 @@ def _policy_out(pol: Policy) -> dict[str, Any]:
             "grad_reduce",
             "reduce_dtype",
             "edge_update",
+            "device_layers",
             "activations",
             "resident",
             "window",

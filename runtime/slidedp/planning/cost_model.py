@@ -154,11 +154,22 @@ class Policy:
     window: int
     chunk_mb: int
     loss_chunk_tokens: int
-    edge_update: str = "host"  # host | gpu: where the embedding and head are updated (slidedp.step.edge_update)
+    edge_update: str = "host"  # host | gpu: where the embedding and head are updated (slidedp.step.device_update)
+    device_layers: int = 0  # leading decoder layers updated on the GPUs (always resident)
+
+    def __post_init__(self) -> None:
+        if self.device_layers:  # as the engine runs them: a device-updated layer keeps its weights resident
+            n = min(self.device_layers, len(self.resident))
+            object.__setattr__(self, "resident", tuple(r or i < n for i, r in enumerate(self.resident)))
 
     @property
     def edge_units_on_gpu(self) -> bool:
         return self.edge_update == "gpu"
+
+    def device_units(self, layers: int) -> set[int]:
+        """Units updated on the GPUs: the embedding and head (edge_update gpu), layers 1..device_layers."""
+        out = set(range(1, 1 + min(self.device_layers, layers)))
+        return out | ({0, layers + 1} if self.edge_units_on_gpu else set())
 
     @classmethod
     def default(cls, job: Job, **kw: Any) -> Policy:
@@ -326,8 +337,12 @@ def gpu_parts(
     # recompute of a checkpointed layer, or an offloaded layer fetched back, during backward
     backward_peak = acts.keep if (counts["checkpoint"] or n_off) else 0.0
     parts["transient"] = max(head_peak, backward_peak)
-    if pol.edge_units_on_gpu:  # fp32 master, both moments and (N > 1) the reduced gradient of 1/N of each edge
-        parts["edge_state"] = (job.padded(0) + job.padded(head)) / N * 4 * (4 if N > 1 else 3)
+    # units updated on the GPUs: fp32 master and both moments of 1/N of each, and its reduced gradient (with one
+    # rank the embedding's and head's accumulators serve, a layer's gradient is copied out of the parity buffers)
+    on_device = pol.device_units(L)
+    if on_device:
+        parts["device_state"] = sum(job.padded(u) / N * 4 * (4 if (N > 1 or u not in (0, head)) else 3)
+                                    for u in on_device)
     return parts
 
 
@@ -489,11 +504,11 @@ def durations(job: Job, pol: Policy, rates: Rates, zero: frozenset = frozenset()
     coll_bytes = [float(job.padded(u) * p) for u in range(n_units)]
     update = [rates.update_s(job.units[u]) for u in range(n_units)]
     upd_bytes = [float(job.units[u] * job.update_dram_bytes) for u in range(n_units)]
-    # policy.edge_update gpu: the embedding and head are reduce-scattered (fp32) and updated on the device, then
-    # all-gathered into their buffers; no delivery, no gradient copy, no host update
-    edges = (0, n_units - 1) if pol.edge_units_on_gpu else ()
+    # units updated on the GPUs (edge_update gpu, device_layers): reduce-scattered (fp32) and updated on the
+    # device, then all-gathered into their buffers; no delivery, no gradient copy, no host update
+    on_device = pol.device_units(job.layers)
     device_update = [0.0] * n_units
-    for u in edges:
+    for u in on_device:
         gather = rates.collective_s("all_gather", coll_bytes[u]) if N > 1 else 0.0
         device_update[u] = rates.device_update_s(job.units[u]) + gather
         deliver_bytes[u] = grad_bytes[u] = update[u] = upd_bytes[u] = 0.0
@@ -503,11 +518,11 @@ def durations(job: Job, pol: Policy, rates: Rates, zero: frozenset = frozenset()
         sum_traffic = [job.units[u] * 4.0 * 3 * N for u in range(n_units)]
         update = [t + rates.copy_s(b) for t, b in zip(update, sum_traffic)]
         upd_bytes = [a + b for a, b in zip(upd_bytes, sum_traffic)]
-    hold_traffic = [0.0 if u in edges else job.units[u] * 12.0 for u in range(n_units)]  # clip: norm, copy
+    hold_traffic = [0.0 if u in on_device else job.units[u] * 12.0 for u in range(n_units)]  # clip: norm, copy
     hold = [rates.copy_s(b) for b in hold_traffic]
     if job.clip:  # the clip factor scales the held gradient before the update
-        update = [t + (0.0 if u in edges else rates.copy_s(job.units[u] * 8.0)) for u, t in enumerate(update)]
-        upd_bytes = [b + (0.0 if u in edges else job.units[u] * 8.0) for u, b in enumerate(upd_bytes)]
+        update = [t + (0.0 if u in on_device else rates.copy_s(job.units[u] * 8.0)) for u, t in enumerate(update)]
+        upd_bytes = [b + (0.0 if u in on_device else job.units[u] * 8.0) for u, b in enumerate(upd_bytes)]
     dram, pcie = rates.pools()
     # Without P2P a collective crosses host memory: every rank writes its part there and reads the others'.
     through_host = job.on_gpu and job.interconnect == "pcie-host"
@@ -535,7 +550,7 @@ def durations(job: Job, pol: Policy, rates: Rates, zero: frozenset = frozenset()
         grad_d2h=[rates.transfer_s("d2h", b, pol.chunk_mb) if b else 0.0 for b in grad_bytes],
         grad_bytes=grad_bytes,
         reduce_scatter=[
-            rates.collective_s("reduce_scatter", b * (4 if u in edges else gbytes) / p) if gpu_reduce else 0.0
+            rates.collective_s("reduce_scatter", b * (4 if u in on_device else gbytes) / p) if gpu_reduce else 0.0
             for u, b in enumerate(coll_bytes)
         ],
         device_update=device_update,

@@ -114,6 +114,7 @@ class MixSearch:
             chunk_mb=pol.chunk_mb,
             loss_chunk_tokens=pol.loss_chunk_tokens,
             edge_update=pol.edge_update,
+            device_layers=pol.device_layers,
         )
 
     def marginal(self, pol: Policy, free: list[str]) -> dict[str, Any]:

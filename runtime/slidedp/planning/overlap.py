@@ -152,8 +152,8 @@ class _Replay:
         self.end_backward: dict[int, _Task] = {}
         self.backward_last: dict[int, _Task] = {}
         self.cursor: _Task | None = None
-        # units updated on the device (policy.edge_update gpu): the embedding and head
-        self.edges = {u for u in (0, len(d.units) - 1) if d.device_update and d.device_update[u] > 0}
+        # units updated on the device (policy.edge_update gpu, policy.device_layers)
+        self.edges = {u for u, t in enumerate(d.device_update) if t > 0}
         self._build()
 
     # ------------------------------------------------------------------ task creation
@@ -225,11 +225,14 @@ class _Replay:
         self.submit[work.order] = submit
         state["released"][seq] = work
 
-    def _edge_reduce(self, u: int, s: int, src: _Task, state: dict) -> None:
-        """policy.edge_update gpu: the unit's gradient is reduce-scattered on the d2h stream and stays there."""
+    def _edge_reduce(self, u: int, s: int, src: _Task, state: dict, parity: bool = False) -> None:
+        """A unit updated on the device: its gradient is reduce-scattered on the d2h stream and stays there (a
+        layer's comes from a parity buffer, reused after the reduction)."""
         loads = {k: v * self.d.coll_bytes[u] * 2 for k, v in self.d.collective_loads.items()}
         t = self._gpu("reduce_scatter", "d2h", self.d.reduce_scatter[u], [src], unit=u, step=s, loads=loads)
         state["last_d2h"] = t
+        if parity:
+            state["gdone"][state["parity"]] = t
         state.setdefault("edge_reduced", []).append(t)
 
     def _next_parity(self, state: dict) -> None:
@@ -349,7 +352,9 @@ class _Replay:
                             )
                         )
                     done[k] = self._compute("backward", d.layer_bwd[pol], deps, u, s, state)
-                    if last:
+                    if last and u in self.edges:
+                        self._edge_reduce(u, s, done[k], state, parity=True)
+                    elif last:
                         self._send(u, s, done[k], state)
                     k += 1
                 e = self._compute("backward", d.embed_bwd, [embed], 0, s, state)
