@@ -136,7 +136,7 @@ function present(o: Obj): Obj {
 }
 
 // Keys of a policy the runtime resolved (a job's policy carries them at the top level, next to its plan).
-const RESOLVED = ["stage", "delivery", "grad_reduce", "reduce_dtype", "delivery_cast", "edge_update", "activations", "resident", "keep_layers", "offload_layers", "resident_units", "window", "chunk_mb", "loss_chunk_tokens", "staging_slots"];
+const RESOLVED = ["stage", "delivery", "grad_reduce", "reduce_dtype", "delivery_cast", "edge_update", "device_layers", "activations", "resident", "keep_layers", "offload_layers", "resident_units", "window", "chunk_mb", "loss_chunk_tokens", "staging_slots"];
 
 function resolvedOf(o: Obj): Obj | null {
   const out: Obj = {};
