@@ -62,7 +62,11 @@ def device_runs(root, case: dict, gpus: int = 0) -> dict:
     return out
 
 
-@pytest.fixture(scope="module", params=list(CASES), ids=list(CASES))
+# the 2-rank case in the quick set; the others with the slow suites (make test-fast stays under 10 min)
+PARAMS = [pytest.param(name, marks=() if name.startswith("2ranks") else pytest.mark.slow) for name in CASES]
+
+
+@pytest.fixture(scope="module", params=PARAMS, ids=list(CASES))
 def runs(request, tmp_path_factory):
     case = CASES[request.param]
     return {"case": case, **device_runs(tmp_path_factory.mktemp("device"), case)}

@@ -119,7 +119,8 @@ def test_tied_embeddings_match_adamw(workdir):
     _check(workdir, "tied", 2, "sharded", "host", 1, CLIP)
 
 
-@pytest.mark.parametrize("model,ranks,delivery", [("tied", 3, "replicated"), ("untied", 1, "replicated")])
+@pytest.mark.parametrize("model,ranks,delivery", [pytest.param("tied", 3, "replicated", marks=pytest.mark.slow),
+                                                  ("untied", 1, "replicated")])
 def test_embedding_and_head_updated_on_the_device_match_adamw(workdir, model, ranks, delivery):
     _check(workdir, model, ranks, delivery, "gpu", 2, CLIP, policy={"edge_update": "gpu", "device_layers": 2})
 

@@ -58,7 +58,8 @@ from slidedp.presets import model_config_dict, unit_param_counts
 
 # 2: the host update is timed as the engine runs it (AdamW and the bf16 cast, no norm pass) and host_dram's DMA
 # threads no longer spin a core during the update; calibrations of version 1 are measured again.
-SCHEMA_VERSION = 2
+# 3: device_update (the device-side AdamW of units updated on the GPUs), without which AutoPolicy cannot time them.
+SCHEMA_VERSION = 3
 
 
 # ---------------------------------------------------------------------------- public entry points
