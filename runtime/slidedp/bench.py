@@ -246,12 +246,14 @@ def main(argv: list[str]) -> int:
         except Exception as exc:
             row = {"policy": spec, "error": f"{type(exc).__name__}: {str(exc)[-2000:]}"}
         record(row)
-    print(f"\n{'run':34s} {'step s':>8s} {'pred s':>7s} {'tok/s':>9s} {'HBM GiB':>8s} {'RSS GiB':>8s}")
+    print(f"\n{'run':34s} {'step s':>8s} {'pred s':>7s} {'bound s':>7s} {'tok/s':>9s} {'HBM GiB':>8s} "
+          f"{'RSS GiB':>8s}")
     for r in rows:
         if "error" in r:
             print(f"{r['policy']:34s} ERROR {r['error'][-300:]}")
         else:
             pred = f"{r['predicted_step_s']:7.3f}" if r.get("predicted_step_s") else f"{'-':>7s}"
-            print(f"{r['policy']:34s} {r['step_s']:8.3f} {pred} {r['tokens_per_s']:9.0f} "
+            bnd = f"{r['bound_s']:7.3f}" if r.get("bound_s") else f"{'-':>7s}"
+            print(f"{r['policy']:34s} {r['step_s']:8.3f} {pred} {bnd} {r['tokens_per_s']:9.0f} "
                   f"{r['hbm_peak_gib']:8.1f} {r['host_rss_gib']:8.1f}")
     return 0
