@@ -17,6 +17,7 @@ import dataclasses
 from typing import Any
 
 from slidedp.config import PolicyConfig
+from slidedp.planning.bound import bound
 from slidedp.planning.cost_model import (
     ALLOCATOR_SLACK,
     GIB,
@@ -27,13 +28,12 @@ from slidedp.planning.cost_model import (
     Policy,
     Rates,
     Uncalibrated,
-    bound,
     memory,
     offload_backlog,
     predict,
 )
 from slidedp.planning.marginal import MixSearch
-from slidedp.planning.report import format_plan
+from slidedp.planning.report import format_plan, shortlist
 
 WINDOWS = (2, 3, 4, 6)
 CHUNKS_MB = (16, 64, 256)
@@ -541,7 +541,7 @@ class _Planner(MixSearch):
             "feasible": True,
             "policy": _policy_out(pol),
             "predicted": pred,
-            "candidates": _shortlist(unique, 24),
+            "candidates": shortlist(unique, 24),
             "why": " ".join(why),
             "errors": [],
             "marginal": marginal,
@@ -591,23 +591,6 @@ class _Planner(MixSearch):
         if knobs:
             why.append("Planner-chosen " + ", ".join(f"{k}={getattr(pol, k)}" for k in knobs) + ".")
         return why
-
-
-def _shortlist(cands: list[dict], n: int) -> list[dict]:
-    """The n fastest, plus the fastest of every route and device-update choice beyond them (the plan shows
-    what each choice would cost, not only variants of the winner)."""
-    out = cands[:n]
-    seen = {_variant(c) for c in out}
-    for c in cands[n:]:
-        if _variant(c) not in seen:
-            seen.add(_variant(c))
-            out.append(c)
-    return out
-
-
-def _variant(c: dict) -> tuple:
-    p = c["policy"]
-    return p["delivery"], p["grad_reduce"], p["edge_update"], p["device_layers"], c["fits"]
 
 
 def _policy_out(pol: Policy) -> dict[str, Any]:

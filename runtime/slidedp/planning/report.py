@@ -75,3 +75,20 @@ def _runs(acts: list[str]) -> str:
             out.append(f"{start + 1}-{i} {acts[start]}" if i - start > 1 else f"{i} {acts[start]}")
             start = i
     return ", ".join(out)
+
+
+def shortlist(cands: list[dict], n: int) -> list[dict]:
+    """The n fastest, plus the fastest of every route and device-update choice beyond them (the plan shows
+    what each choice would cost, not only variants of the winner)."""
+    out = cands[:n]
+    seen = {_variant(c) for c in out}
+    for c in cands[n:]:
+        if _variant(c) not in seen:
+            seen.add(_variant(c))
+            out.append(c)
+    return out
+
+
+def _variant(c: dict) -> tuple:
+    p = c["policy"]
+    return p["delivery"], p["grad_reduce"], p["edge_update"], p["device_layers"], c["fits"]
