@@ -57,9 +57,11 @@ from typing import Any
 from slidedp.peers.launch import (
     ADAMW,
     INIT_SEED,
+    check_model,
     check_shape,
     cores,
     init_weights,
+    join_group,
     rank_main,
     run_ranks,
     timed_steps,
@@ -147,13 +149,8 @@ def deepspeed_site() -> str | None:
 
 # ---------------------------------------------------------------------------------------------- rank side
 def _train(a: dict, rank: int, world: int) -> dict:
-    from slidedp.config import is_model_path
-    from slidedp.presets import PRESETS
-
-    if not is_model_path(a["model"]) and a["model"] not in PRESETS:  # fail before the slow imports
-        raise KeyError(f"unknown model preset {a['model']!r}; presets: {', '.join(PRESETS)}")
+    check_model(a["model"])
     import torch
-    import torch.distributed as dist
     from transformers import AutoModelForCausalLM
 
     from slidedp.peers.fsdp2 import apply_checkpointing
@@ -161,14 +158,7 @@ def _train(a: dict, rank: int, world: int) -> dict:
 
     cuda = a["gpus"] > 0
     torch.set_num_threads(a["threads"])
-    init = f"file://{a['init_file']}"
-    if cuda:
-        device = torch.device("cuda", rank)
-        torch.cuda.set_device(device)
-        dist.init_process_group("nccl", init_method=init, rank=rank, world_size=world, device_id=device)
-    else:
-        device = torch.device("cpu")
-        dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
+    device = join_group(a, rank, world)
     # imported once the group exists: deepspeed.initialize then wraps it instead of starting its own rendezvous
     import deepspeed
 

@@ -40,10 +40,12 @@ from typing import Any
 from slidedp.peers.launch import (
     ADAMW,
     INIT_SEED,
+    check_model,
     check_shape,
     cores,
     global_rows,
     init_weights,
+    join_group,
     random_rows,
     rank_main,
     run_ranks,
@@ -101,13 +103,8 @@ def apply_checkpointing(layers, keep_layers: int | None) -> None:
 
 
 def _train(a: dict, rank: int, world: int) -> dict:
-    from slidedp.config import is_model_path
-    from slidedp.presets import PRESETS
-
-    if not is_model_path(a["model"]) and a["model"] not in PRESETS:  # fail before the slow imports
-        raise KeyError(f"unknown model preset {a['model']!r}; presets: {', '.join(PRESETS)}")
+    check_model(a["model"])
     import torch
-    import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
     from transformers import AutoModelForCausalLM
@@ -116,14 +113,7 @@ def _train(a: dict, rank: int, world: int) -> dict:
 
     cuda = a["gpus"] > 0
     torch.set_num_threads(a["threads"] or max(1, cores() // world))
-    init = f"file://{a['init_file']}"
-    if cuda:
-        device = torch.device("cuda", rank)
-        torch.cuda.set_device(device)
-        dist.init_process_group("nccl", init_method=init, rank=rank, world_size=world, device_id=device)
-    else:
-        device = torch.device("cpu")
-        dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
+    device = join_group(a, rank, world)
     mesh = init_device_mesh(device.type, (world,))
 
     cfg = load_hf_config(a["model"])  # sdpa attention, no KV cache

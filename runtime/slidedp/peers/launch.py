@@ -277,6 +277,32 @@ def proc_status_gib(key: str) -> float:
     return 0.0
 
 
+def check_model(model: str) -> None:
+    """A model that is neither a local directory nor a preset fails here, before the slow imports."""
+    from slidedp.config import is_model_path
+    from slidedp.presets import PRESETS
+
+    if not is_model_path(model) and model not in PRESETS:
+        raise KeyError(f"unknown model preset {model!r}; presets: {', '.join(PRESETS)}")
+
+
+def join_group(a: dict, rank: int, world: int):
+    """This rank's device, with the process group joined through the run's file:// rendezvous (NCCL on GPUs,
+    gloo on the CPU)."""
+    import torch
+    import torch.distributed as dist
+
+    init = f"file://{a['init_file']}"
+    if a["gpus"] > 0:
+        device = torch.device("cuda", rank)
+        torch.cuda.set_device(device)
+        dist.init_process_group("nccl", init_method=init, rank=rank, world_size=world, device_id=device)
+    else:
+        device = torch.device("cpu")
+        dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
+    return device
+
+
 def is_oom(exc: BaseException) -> bool:
     torch = sys.modules.get("torch")  # a failure before torch was imported is no OOM, and need not wait for it
     oom_type = getattr(torch, "OutOfMemoryError", None) if torch is not None else None
