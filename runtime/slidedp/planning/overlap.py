@@ -121,7 +121,8 @@ class Durations:
         default_factory=dict
     )  # pool bytes per collective byte (no P2P)
     coll_bytes: list[float] = field(default_factory=list)
-    device_update: list[float] = field(default_factory=list)  # per unit: updated on the device (edge_update gpu)
+    # per unit: AdamW and all-gather on the device (edge_update gpu, device_layers); 0 for host-updated units
+    device_update: list[float] = field(default_factory=list)
     dram_capacity: float | None = None  # bytes/s
     pcie_capacity: float | None = None  # bytes/s, both directions of one GPU's link
     cpu_mode: bool = False  # CPU training: one thread does compute, copies and collectives in order
@@ -153,7 +154,7 @@ class _Replay:
         self.backward_last: dict[int, _Task] = {}
         self.cursor: _Task | None = None
         # units updated on the device (policy.edge_update gpu, policy.device_layers)
-        self.edges = {u for u, t in enumerate(d.device_update) if t > 0}
+        self.on_device = {u for u, t in enumerate(d.device_update) if t > 0}
         self._build()
 
     # ------------------------------------------------------------------ task creation
@@ -225,7 +226,7 @@ class _Replay:
         self.submit[work.order] = submit
         state["released"][seq] = work
 
-    def _edge_reduce(self, u: int, s: int, src: _Task, state: dict, parity: bool = False) -> None:
+    def _device_reduce(self, u: int, s: int, src: _Task, state: dict, parity: bool = False) -> None:
         """A unit updated on the device: its gradient is reduce-scattered on the d2h stream and stays there (a
         layer's comes from a parity buffer, reused after the reduction)."""
         loads = {k: v * self.d.coll_bytes[u] * 2 for k, v in self.d.collective_loads.items()}
@@ -233,7 +234,7 @@ class _Replay:
         state["last_d2h"] = t
         if parity:
             state["gdone"][state["parity"]] = t
-        state.setdefault("edge_reduced", []).append(t)
+        state.setdefault("device_reduced", []).append(t)
 
     def _next_parity(self, state: dict) -> None:
         # the compute stream reuses a parity's gradient buffers only after their last transfer out
@@ -259,7 +260,7 @@ class _Replay:
         for j in by_get.get(k, []):
             uj, p = schedule[j], plan[j]
             if p[0] == "d":
-                if uj in self.edges:  # updated in place on the compute stream: in order, nothing to wait for
+                if uj in self.on_device:  # updated in place on the compute stream: in order, nothing to wait for
                     ready[j] = None
                     continue
                 if p[1]:
@@ -329,8 +330,8 @@ class _Replay:
                     k += 1
                 h = self._compute("backward", d.head, [head_ready], head, s, state)
                 done[k_head] = h
-                if last and head in self.edges:
-                    self._edge_reduce(head, s, h, state)
+                if last and head in self.on_device:
+                    self._device_reduce(head, s, h, state)
                 elif last:
                     self._next_parity(state)
                     self._send(head, s, h, state)
@@ -352,29 +353,29 @@ class _Replay:
                             )
                         )
                     done[k] = self._compute("backward", d.layer_bwd[pol], deps, u, s, state)
-                    if last and u in self.edges:
-                        self._edge_reduce(u, s, done[k], state, parity=True)
+                    if last and u in self.on_device:
+                        self._device_reduce(u, s, done[k], state, parity=True)
                     elif last:
                         self._send(u, s, done[k], state)
                     k += 1
                 e = self._compute("backward", d.embed_bwd, [embed], 0, s, state)
                 if last:
                     self.backward_last[s] = e
-                    if 0 in self.edges:
-                        self._edge_reduce(0, s, e, state)
+                    if 0 in self.on_device:
+                        self._device_reduce(0, s, e, state)
                     else:
                         self._next_parity(state)
                         self._send(0, s, e, state)
             self.end_backward[s] = self._new("host", "host", 0.0, [self.cursor])
             self.cursor = self.end_backward[s]
-            if self.edges:
-                # after the backward, on the compute stream: AdamW of both shards and the all-gathers; with clipping
-                # it waits for the global norm, i.e. for every gradient transfer of the step
-                deps = state.pop("edge_reduced", []) + ([state["last_d2h"]] if d.clip else [])
-                self._compute("backward", sum(d.device_update[u] for u in self.edges), deps, 0, s, state)
+            if self.on_device:
+                # after the backward, on the compute stream: AdamW of every device-updated shard and the
+                # all-gathers; with clipping it waits for the global norm, i.e. for every gradient transfer of the step
+                deps = state.pop("device_reduced", []) + ([state["last_d2h"]] if d.clip else [])
+                self._compute("backward", sum(d.device_update[u] for u in self.on_device), deps, 0, s, state)
             self.final[s] = []
             if d.clip:
-                for u in (u for u in range(len(d.units)) if u not in self.edges):
+                for u in (u for u in range(len(d.units)) if u not in self.on_device):
                     f = _Task("final", "cpu", 0.0 if "final" in d.zero else d.update[u], [], unit=u, step=s)
                     f.base = f.dur
                     f.loads = {"dram": d.update_bytes[u]}

@@ -53,9 +53,6 @@ class DeviceUpdate:
         self._reduced_ev: dict[int, object] = {}
         self._global_sumsq: torch.Tensor | None = None
 
-    def device_bytes(self) -> int:
-        return sum(t.numel() * 4 for d in (self.master, self.exp_avg, self.exp_avg_sq, self.grad) for t in d.values())
-
     # ------------------------------------------------------------------ host state <-> device
     def load(self) -> None:
         """Read this rank's shards from the host state and fill the units' buffers (start and resume)."""

@@ -67,7 +67,8 @@ class RankEngine:
         device_layers = set(range(1, 1 + min(self.L, int(policy.get("device_layers", 0)))))
         device_units = frozenset(device_layers | ({0, self.head_unit} if policy.get("edge_update") == "gpu"
                                                   else set()))
-        resident = {i + 1 for i, r in enumerate(policy.get("resident", [False] * self.L)) if r} | device_layers
+        # resolve_policy makes device-updated layers resident (the window checks: kept units are dedicated)
+        resident = {i + 1 for i, r in enumerate(policy.get("resident", [False] * self.L)) if r}
         self.window = Window(padded=self.shards.padded, dedicated={0, self.head_unit, *resident},
                              slots=int(policy.get("window", 3)), dtype=self.dtype, device=device,
                              routes=self.routes, state=state, rank=rank, abort=abort, kept=device_units)
@@ -144,12 +145,17 @@ class RankEngine:
         else:
             src = self.g32[parity][:n]
             src.copy_(gflat[:n])
-        dev = self.device_update
-        if dev is not None and u in dev.units:
-            dev.reduce(u, src)
-            self._gdone[parity] = dev.reduced_event(u)  # the parity's buffers are reused after the reduction
+        if self._reduced_on_device(u, src):
+            self._gdone[parity] = self.device_update.reduced_event(u)  # the parity is reused after the reduction
             return
         self._send(u, src, parity, step)
+
+    def _reduced_on_device(self, u: int, grad: torch.Tensor) -> bool:
+        """Unit u is updated on the device: its gradient is reduced there instead of leaving for the host."""
+        if self.device_update is None or u not in self.device_update.units:
+            return False
+        self.device_update.reduce(u, grad)
+        return True
 
     # ------------------------------------------------------------------ units
     def _leaves(self, u: int, buf: torch.Tensor, grad_flat: torch.Tensor | None) -> dict[str, torch.Tensor]:
@@ -299,9 +305,7 @@ class RankEngine:
             del h
             if last:
                 self.window.release(k_head)
-                if self.device_update is not None and self.head_unit in self.device_update.units:
-                    self.device_update.reduce(self.head_unit, self.gH)
-                else:
+                if not self._reduced_on_device(self.head_unit, self.gH):
                     parity = self._next_parity()
                     self._send(self.head_unit, self.gH, parity, step)
             # backward
@@ -318,9 +322,7 @@ class RankEngine:
             del grad_h
             if last:
                 self.window.release(k_embed)
-                if self.device_update is not None and 0 in self.device_update.units:
-                    self.device_update.reduce(0, self.gE)
-                else:
+                if not self._reduced_on_device(0, self.gE):
                     parity = self._next_parity()
                     self._send(0, self.gE, parity, step)
         ev["backward_end"] = s.record(s.compute, timing=True)

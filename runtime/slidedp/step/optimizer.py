@@ -99,7 +99,7 @@ class Updater(threading.Thread):
         self.host_route = grad_reduce == "host" and self.world > 1
         self.opt, self.sched, self.total_steps = opt, sched, total_steps
         self.num_units = num_units
-        # units updated on the devices (policy.edge_update: gpu): never handed to this thread
+        # units updated on the devices (slidedp.step.device_update): never handed to this thread
         self.host_units = [u for u in range(num_units) if u not in device_units]
         self.threads = threads
         self.norm_on_device = grad_reduce == "gpu" or self.world == 1

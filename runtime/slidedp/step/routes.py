@@ -139,7 +139,7 @@ class Routes:
     def finish_norm(self, pinned_out: torch.Tensor, keep=None):
         """All-reduce the step's sum of squares (gpu route / one rank) and start its copy to the host.
 
-        keep(): called on the d2h stream with the global value in place (the device-side edge update reads it).
+        keep(): called on the d2h stream with the global value in place (the device-side update's clip reads it).
         Returns the event after which pinned_out holds the global value; resets the accumulator."""
         s = self.streams
         with s.on(s.d2h):

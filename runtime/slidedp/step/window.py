@@ -8,8 +8,9 @@ buffer, and compute waits for the delivery's ready event. Eviction is decided fr
 unit is needed again furthest in the future goes first), never from timing, so every rank makes the same
 deliveries (and all-gathers); timing only decides how early each is issued. The embedding, the head and any resident layers have buffers of their own and are
 delivered once per step: a resident layer's weights stay between forward and backward, saving a transfer. Kept
-units (the embedding and head under `policy.edge_update: gpu`) are never delivered: the device updates their
-buffers in place on the compute stream (slidedp.step.edge_update).
+units (updated on the device: the embedding and head under `policy.edge_update: gpu`, the leading
+`policy.device_layers` layers) are never delivered: the device updates their buffers in place on the compute
+stream (slidedp.step.device_update).
 
 Before the first delivery of a unit in step t the window waits until the host update of step t-1 has finished
 for that unit: for every shard with replicated delivery, for its own shard with sharded delivery. That wait is
