@@ -16,6 +16,11 @@
 #           routes and AutoPolicy's choice, predicted beside measured
 #   ds4     Qwen3-8B, 2 GPUs, bs4, clipping at 1.0 on both sides: SlideDP against DeepSpeed ZeRO-2 and ZeRO-3 CPU
 #           offload (needs .device-wheels from scripts/build_peer_wheels.sh, carried with the working tree)
+#   plan1   on one GPU (nvidia-h200, 16 cores, 128 GiB: Qwen3-4B fits its host state): calibrate and write the
+#           planner's prediction for every one4 policy at micro-batch 4 and 8, before any of them runs
+#   one4    Qwen3-4B on one GPU at micro-batch MBS (8): host update only, the embedding/head on the GPU, AutoPolicy
+#           without and with device updates; FSDP2 GPU-resident (bs8: 16 layers keep; bs4: none checkpointed) and,
+#           at bs4, FSDP2 + CPUOffloadPolicy
 #   grid    the declared AutoPolicy grid (docs/benchmarks.md) for MODEL (qwen3-8b), MBS (8), K keep, M offload
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export PYTHONPATH=$PWD/runtime:$PWD PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1
@@ -31,17 +36,24 @@ done
 P4=${P4:-sharded:gpu:checkpoint:0:36,replicated:gpu:checkpoint:0:36,sharded:host:checkpoint:0:36,replicated:host:checkpoint:0:36,sharded:gpu:checkpoint:1.0:36}
 P8=${P8:-sharded:gpu:checkpoint:0:36,sharded:gpu:auto:0:36,auto:auto:auto:0:auto}
 BENCH="python3 -m slidedp.cli bench --model qwen3-8b --seq 2048"
+M1=${M1:-qwen3-4b}; L1=${L1:-36}
+P1=${P1:-replicated:gpu:checkpoint:0:$L1:host:host:0,replicated:gpu:checkpoint:0:$L1:host:gpu:0,auto:auto:auto:0:auto:host:host:0,auto:auto:auto:0:auto:host:auto:auto}
 quiet() { grep -vE "Warning|return func|warnings.warn" | tail -"${1:-40}"; }
 for part in "$@"; do
   echo "===== $part $(date +%T)"
   case $part in
     topo) python3 -m slidedp.cli topology > "$OUT/topology.json" 2>&1; nvidia-smi topo -m ;;
     chunks) timeout 90 python3 scripts/probe_update_chunks.py --threads 16,32 | tee "$OUT/update_chunks.jsonl" ;;
-    tests) timeout 560 python3 -m pytest -v -rfE --tb=short -p no:cacheprovider -m gpu tests/gpu/test_gpu_resume.py \
+    tests) timeout ${TESTS_S:-560} python3 -m pytest -v -rfE --tb=short -p no:cacheprovider -m gpu tests/gpu/test_gpu_resume.py \
              tests/gpu tests/runtime > "$OUT/gpu-tests.log" 2>&1; grep -E "PASSED|FAILED|ERROR|SKIPPED|passed|failed" \
              "$OUT/gpu-tests.log" | tail -30 ;;
     plan8) timeout 150 $BENCH --gpus 2 --mbs 4 --threads 16 --policies "$P4" --plan-only --out "$OUT/plan.jsonl" 2>&1 | quiet 20
            timeout 150 $BENCH --gpus 2 --mbs 8 --threads 16 --policies "$P8" --plan-only --out "$OUT/plan.jsonl" 2>&1 | quiet 20 ;;
+    plan1) for mbs in 4 8; do timeout 200 python3 -m slidedp.cli bench --model $M1 --seq 2048 --gpus 1 --mbs $mbs \
+             --threads 16 --policies "$P1" --plan-only --out "$OUT/plan1.jsonl" 2>&1 | quiet 12; done ;;
+    one4) mbs=${MBS:-8}; peers=fsdp2:16; [ "$mbs" = 4 ] && peers=fsdp2:none,fsdp2-offload:none
+          timeout 560 python3 -m slidedp.cli bench --model $M1 --seq 2048 --gpus 1 --mbs $mbs --steps 6 --threads 16 \
+            --policies "$P1" --peers $peers --out "$OUT/bench1-$mbs.jsonl" 2>&1 | quiet 30 ;;
     b4) timeout 570 $BENCH --gpus 2 --mbs 4 --steps 6 --threads 16 --policies "$P4" --peers fsdp2-offload:none \
           --out "$OUT/bench.jsonl" 2>&1 | quiet 60 ;;
     b8) timeout 330 $BENCH --gpus 2 --mbs 8 --steps 6 --threads 16 --policies "$P8" --peers fsdp2:8 \
