@@ -21,6 +21,8 @@
 #   one4    Qwen3-4B on one GPU at micro-batch MBS (8): host update only, the embedding/head on the GPU, AutoPolicy
 #           without and with device updates; FSDP2 GPU-resident (bs8: 16 layers keep; bs4: none checkpointed) and,
 #           at bs4, FSDP2 + CPUOffloadPolicy
+#   grid1   the declared one-GPU grid (docs/benchmarks.md) for M1 at MBS (8): activations x gradient route x where
+#           the update runs, offload rows last
 #   grid    the declared AutoPolicy grid (docs/benchmarks.md) for MODEL (qwen3-8b), MBS (8), K keep, M offload
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export PYTHONPATH=$PWD/runtime:$PWD PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1
@@ -54,6 +56,11 @@ for part in "$@"; do
     one4) mbs=${MBS:-8}; peers=fsdp2:16; [ "$mbs" = 4 ] && peers=fsdp2:none,fsdp2-offload:none
           timeout 560 python3 -m slidedp.cli bench --model $M1 --seq 2048 --gpus 1 --mbs $mbs --steps 6 --threads 16 \
             --policies "$P1" --peers $peers --out "$OUT/bench1-$mbs.jsonl" 2>&1 | quiet 30 ;;
+    grid1) D=host:gpu:18; G=auto:auto:auto:0:auto:host:auto:auto
+           for r in gpu:checkpoint:0:$L1 gpu:keep18:0:auto gpu:checkpoint:0:auto:$D gpu:keep12:0:auto:host:gpu:27 \
+                    gpu:off18:0:auto host:off18:0:auto gpu:off18:0:auto:$D; do G="$G,replicated:$r"; done
+           timeout ${GRID_S:-560} python3 -m slidedp.cli bench --model $M1 --seq 2048 --gpus 1 --mbs ${MBS:-8} --steps 6 \
+             --threads 16 --policies "$G" --out "$OUT/grid1.jsonl" 2>&1 | quiet 24 ;;
     b4) timeout 570 $BENCH --gpus 2 --mbs 4 --steps 6 --threads 16 --policies "$P4" --peers fsdp2-offload:none \
           --out "$OUT/bench.jsonl" 2>&1 | quiet 60 ;;
     b8) timeout 330 $BENCH --gpus 2 --mbs 8 --steps 6 --threads 16 --policies "$P8" --peers fsdp2:8 \
