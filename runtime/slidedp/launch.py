@@ -170,10 +170,12 @@ def resolve_policy(cfg: JobConfig, num_layers: int, on_log=None) -> tuple[dict, 
         grad = "gpu"
     if p.activations != "auto":
         acts = [p.activations] * num_layers
-    else:
-        acts = list(chosen.get("activations") or ["checkpoint"] * num_layers)
-        if p.keep_layers is not None:
-            acts = ["keep"] * min(p.keep_layers, num_layers) + ["checkpoint"] * max(0, num_layers - p.keep_layers)
+    else:  # the plan honours keep_layers / offload_layers; without one they are laid out as the planner does
+        acts = list(chosen.get("activations") or [])
+        if len(acts) != num_layers:
+            keep = min(p.keep_layers or 0, num_layers)
+            off = min(p.offload_layers or 0, num_layers - keep)
+            acts = ["keep"] * keep + ["offload"] * off + ["checkpoint"] * (num_layers - keep - off)
     if p.resident_units is not None:
         resident = [i < p.resident_units for i in range(num_layers)]
     else:
