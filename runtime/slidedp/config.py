@@ -96,19 +96,20 @@ class PolicyConfig:
         "cross PCIe. gpu: the fp32 master itself crosses PCIe (4 B/param) and is cast on the GPU.",
     )
     edge_update: Literal["host", "gpu", "auto"] = _f(
-        "host",
+        "auto",
         doc="Where the embedding and loss-head units (the two largest: 15% of Qwen3-8B) are updated. host: CPU "
         "AdamW on the host state like every other unit. gpu: each rank keeps 1/N of their fp32 weights and AdamW "
         "moments in GPU memory (16 B/param / N), reduces, updates and all-gathers them there: no host traffic for "
         "them; needs grad_reduce gpu with several GPUs; the host state is written back before every checkpoint. "
-        "auto: AutoPolicy chooses (it needs a calibration with the device AdamW rate).",
+        "auto (default): AutoPolicy chooses; without a calibration that has the device AdamW rate (CPU jobs, "
+        "`--no-calibration` plans) it stays host.",
     )
     device_layers: Optional[int] = _f(
-        0,
+        None,
         doc="Leading decoder layers updated on the GPUs like edge_update gpu does the embedding and head: 1/N of "
         "their fp32 weights and AdamW moments per GPU (16 B/param / N), their bf16 weights resident, no host "
         "traffic for them. Spare HBM spent on host bytes, the step's bottleneck when the host update binds. "
-        "0: none. None: AutoPolicy chooses (with edge_update auto).",
+        "0: none. None (default): AutoPolicy chooses, 0 without a calibration that has the device AdamW rate.",
         ge=0,
     )
     activations: Literal["auto", "checkpoint", "keep", "offload"] = _f(

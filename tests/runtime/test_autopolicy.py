@@ -193,14 +193,14 @@ def _with_device_rate(cal: dict) -> dict:
 
 def test_edge_update_auto_is_not_timed_without_the_device_rate(x2):
     topo, cal = x2
-    plan = ap.plan_job(_cfg(policy={"edge_update": "auto"}), topo["nvlink"], cal["qwen3-8b_bs8_nvlink"])
-    assert plan["feasible"] and plan["policy"]["edge_update"] == "host"
+    plan = ap.plan_job(_cfg(), topo["nvlink"], cal["qwen3-8b_bs8_nvlink"])  # the defaults: both auto
+    assert plan["feasible"] and plan["policy"]["edge_update"] == "host" and plan["policy"]["device_layers"] == 0
     assert "edge-gpu not timed" in plan["why"] and "device AdamW rate" in plan["why"]
 
 
 def test_edge_update_auto_weighs_the_host_bytes_it_saves_against_hbm(x2):
     topo, cal = x2
-    job_cfg = _cfg(policy={"edge_update": "auto"})
+    job_cfg = _cfg(policy={"edge_update": "auto", "device_layers": 0})  # the edges alone
     plan = ap.plan_job(job_cfg, topo["nvlink"], _with_device_rate(cal["qwen3-8b_bs8_nvlink"]))
     assert plan["feasible"] and plan["policy"]["edge_update"] == "gpu" and plan["policy"]["grad_reduce"] == "gpu"
     best = {}
@@ -215,7 +215,7 @@ def test_edge_update_auto_weighs_the_host_bytes_it_saves_against_hbm(x2):
     assert plan["predicted"]["hbm_parts_gib"]["device_state"] == pytest.approx(edge_gib)
     assert "Updated on the GPUs: the embedding and head" in plan["why"]
     # with the host route asked for, a device edge update is not a candidate
-    host = ap.plan_job(_cfg(policy={"edge_update": "auto", "grad_reduce": "host"}), topo["nvlink"],
+    host = ap.plan_job(_cfg(policy={"grad_reduce": "host"}), topo["nvlink"],
                        _with_device_rate(cal["qwen3-8b_bs8_nvlink"]))
     assert {c["policy"]["edge_update"] for c in host["candidates"]} == {"host"}
 
