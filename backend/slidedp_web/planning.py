@@ -64,7 +64,7 @@ def host_ram_bytes(host: Optional[Host]) -> Optional[int]:
 
 def job_shape(cfg: JobConfig) -> dict[str, Any]:
     """The shape a calibration was measured at (slidedp.planning.calibration's header "shape")."""
-    from slidedp.planning.cost_model import calibration_shape
+    from slidedp.planning.shape import calibration_shape
     from slidedp.presets import model_config_dict
 
     return calibration_shape(cfg, model_config_dict(cfg.model))

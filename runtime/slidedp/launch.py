@@ -196,7 +196,7 @@ def resolve_policy(cfg: JobConfig, num_layers: int, on_log=None) -> tuple[dict, 
         "loss_chunk_tokens": (chosen.get("loss_chunk_tokens", p.loss_chunk_tokens)
                               if p.loss_chunk_tokens == defaults.loss_chunk_tokens else p.loss_chunk_tokens),
     }
-    from slidedp.planning.cost_model import staging_slots
+    from slidedp.planning.memory_model import staging_slots
 
     policy["staging_slots"] = staging_slots(policy["window"])
     return policy, plan

@@ -10,6 +10,7 @@ import pytest
 from slidedp.config import JobConfig
 from slidedp.planning import autopolicy as ap
 from slidedp.planning import cost_model as cm
+from slidedp.planning import memory_model as mm
 
 FIX = os.path.join(os.path.dirname(__file__), "fixtures")
 
@@ -105,7 +106,7 @@ def test_a_14b_job_on_too_little_host_ram_is_refused_with_the_shortfall(x2):
     assert err["loc"] == "host_ram_gib"
     job = cm.Job.from_config(cfg, topo["nvlink"])
     lean = cm.Policy.default(job, delivery="sharded", grad_reduce="gpu", window=2, loss_chunk_tokens=1024)
-    need = cm.memory(job, lean, cm.ActivationSizes.of(job, None))["host_bytes"] / 2**30
+    need = mm.memory(job, lean, mm.ActivationSizes.of(job, None))["host_bytes"] / 2**30
     assert f"{need - 180:.1f} GiB more than the 180.0 GiB available" in err["msg"]
     assert ap.plan_job(_cfg(model="qwen3-14b"), topo["nvlink"], None)["feasible"]  # 256 GiB holds it
 
@@ -211,7 +212,7 @@ def test_edge_update_auto_weighs_the_host_bytes_it_saves_against_hbm(x2):
     # the host update bounds this step; the two units are 15% of its bytes
     assert best["gpu"] < 0.97 * best["host"]
     job = cm.Job.from_config(job_cfg, topo["nvlink"])
-    edge_gib = (job.padded(0) + job.padded(job.layers + 1)) / 2 * 16 / 2**30 * (1 + cm.ALLOCATOR_SLACK)
+    edge_gib = (job.padded(0) + job.padded(job.layers + 1)) / 2 * 16 / 2**30 * (1 + mm.ALLOCATOR_SLACK)
     assert plan["predicted"]["hbm_parts_gib"]["device_state"] == pytest.approx(edge_gib)
     assert "Updated on the GPUs: the embedding and head" in plan["why"]
     # with the host route asked for, a device edge update is not a candidate

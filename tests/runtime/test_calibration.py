@@ -12,6 +12,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 from slidedp.config import JobConfig  # noqa: E402
 from slidedp.planning import autopolicy, calibration, model_bench, topology  # noqa: E402
 from slidedp.planning import cost_model as cm  # noqa: E402
+from slidedp.planning import memory_model as mm  # noqa: E402
 from slidedp.presets import model_config_dict  # noqa: E402
 
 
@@ -44,11 +45,11 @@ def test_calibration_measures_one_decoder_layer_at_the_job_shape(tiny):
 
 def test_measured_saved_bytes_agree_with_the_structural_estimate(tiny, host):
     job = cm.Job.from_config(_cfg(), host)
-    assert tiny["unit"]["saved_keep_bytes"] == pytest.approx(cm.estimate_saved_bytes(job), rel=0.1)
+    assert tiny["unit"]["saved_keep_bytes"] == pytest.approx(mm.estimate_saved_bytes(job), rel=0.1)
     llama = _cfg(model="tiny-llama")
     parts = model_bench.ModelParts(model_config_dict("tiny-llama"), torch.device("cpu"), torch.bfloat16)
     measured = parts.decoder_layer(2, 32, reps=1)["saved_keep_bytes"]
-    assert measured == pytest.approx(cm.estimate_saved_bytes(cm.Job.from_config(llama, host)), rel=0.1)
+    assert measured == pytest.approx(mm.estimate_saved_bytes(cm.Job.from_config(llama, host)), rel=0.1)
 
 
 def test_host_rates_are_measured_for_the_threads_the_job_uses(tiny, host):

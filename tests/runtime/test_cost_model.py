@@ -12,6 +12,7 @@ import sys
 import pytest
 from slidedp.config import JobConfig
 from slidedp.planning import cost_model as cm
+from slidedp.planning import memory_model as mm
 from slidedp.planning import schedule
 from slidedp.presets import PRESETS, unit_param_counts
 
@@ -44,27 +45,27 @@ def test_host_memory_is_the_state_once_plus_per_rank_staging(x2):
     units = unit_param_counts(PRESETS["qwen3-8b"])
     P, max_unit = sum(units), max(units)
     job = _job(topo["nvlink"], optimizer={"max_grad_norm": 1.0})
-    acts = cm.ActivationSizes.of(job, cal["qwen3-8b_bs8_nvlink"])
+    acts = mm.ActivationSizes.of(job, cal["qwen3-8b_bs8_nvlink"])
     pol = cm.Policy.mix(job, 0, 3, 0, grad_reduce="host", window=5)
-    h = cm.host_parts(job, pol, acts)
+    h = mm.host_parts(job, pol, acts)
     assert h["master_and_moments"] == 12 * P and h["delivery_copy"] == 2 * P
     assert h["gradient_staging"] == 2 * cm.staging_slots(5) * max_unit * 4  # host route: whole units per slot
     assert h["held_gradient"] == 4 * P  # exact clipping holds the whole reduced gradient
     assert h["host_reduce_scratch"] == 2 * (max_unit // 2) * 4
     assert h["offloaded_activations"] == 2 * 3 * acts.keep
-    fp32 = cm.host_parts(_job(topo["nvlink"], precision="fp32"), cm.Policy.default(job), acts)
+    fp32 = mm.host_parts(_job(topo["nvlink"], precision="fp32"), cm.Policy.default(job), acts)
     assert fp32["delivery_copy"] == 0  # the fp32 master is delivered directly
 
 
 def test_each_kept_layer_costs_its_measured_activations_in_hbm(x2):
     topo, cal = x2
     job = _job(topo["nvlink"])
-    acts = cm.ActivationSizes.of(job, cal["qwen3-8b_bs8_nvlink"])
+    acts = mm.ActivationSizes.of(job, cal["qwen3-8b_bs8_nvlink"])
     assert acts.measured and acts.keep == cal["qwen3-8b_bs8_nvlink"]["unit"]["saved_keep_bytes"]
-    m = [cm.memory(job, cm.Policy.mix(job, k, 0, 0), acts)["hbm_peak_bytes"] for k in (5, 6)]
-    assert m[1] - m[0] == pytest.approx((acts.keep - acts.checkpoint) * (1 + cm.ALLOCATOR_SLACK))
-    r = [cm.memory(job, cm.Policy.mix(job, 0, 0, n), acts)["hbm_peak_bytes"] for n in (0, 1)]
-    assert r[1] - r[0] == pytest.approx(job.padded(1) * 2 * (1 + cm.ALLOCATOR_SLACK))
+    m = [mm.memory(job, cm.Policy.mix(job, k, 0, 0), acts)["hbm_peak_bytes"] for k in (5, 6)]
+    assert m[1] - m[0] == pytest.approx((acts.keep - acts.checkpoint) * (1 + mm.ALLOCATOR_SLACK))
+    r = [mm.memory(job, cm.Policy.mix(job, 0, 0, n), acts)["hbm_peak_bytes"] for n in (0, 1)]
+    assert r[1] - r[0] == pytest.approx(job.padded(1) * 2 * (1 + mm.ALLOCATOR_SLACK))
 
 
 def test_saved_activation_estimate_matches_the_measured_qwen3_8b_layer(x2):
@@ -72,8 +73,8 @@ def test_saved_activation_estimate_matches_the_measured_qwen3_8b_layer(x2):
     for bs in (4, 8):
         job = _job(topo["nvlink"], micro_batch_size=bs)
         measured = cal[f"qwen3-8b_bs{bs}_nvlink"]["unit"]["saved_keep_bytes"]
-        assert cm.estimate_saved_bytes(job) == pytest.approx(measured, rel=0.02)
-    assert not cm.ActivationSizes.of(job, None).measured
+        assert mm.estimate_saved_bytes(job) == pytest.approx(measured, rel=0.02)
+    assert not mm.ActivationSizes.of(job, None).measured
 
 
 def test_phases_partition_the_predicted_step(x2):

@@ -19,20 +19,17 @@ from typing import Any
 from slidedp.config import PolicyConfig
 from slidedp.planning.bound import bound
 from slidedp.planning.cost_model import (
-    ALLOCATOR_SLACK,
     GIB,
-    HBM_BUDGET_FRACTION,
     PHASES,
-    ActivationSizes,
     Job,
     Policy,
     Rates,
     Uncalibrated,
-    memory,
     offload_backlog,
     predict,
 )
 from slidedp.planning.marginal import MixSearch
+from slidedp.planning.memory_model import ALLOCATOR_SLACK, HBM_BUDGET_FRACTION, ActivationSizes, memory
 from slidedp.planning.report import format_plan, shortlist
 
 WINDOWS = (2, 3, 4, 6)

@@ -41,7 +41,6 @@ from typing import Any
 import torch
 
 from slidedp.config import JobConfig
-from slidedp.planning.cost_model import calibration_shape
 from slidedp.planning.microbench import (
     MIB,
     compute_threads,
@@ -53,6 +52,7 @@ from slidedp.planning.microbench import (
     transfers,
 )
 from slidedp.planning.model_bench import ModelParts
+from slidedp.planning.shape import calibration_shape
 from slidedp.planning.topology import job_gpus, job_interconnect
 from slidedp.presets import model_config_dict, unit_param_counts
 

@@ -19,7 +19,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from slidedp.planning.cost_model import ActivationSizes, Job, Policy
+from slidedp.planning.cost_model import Job, Policy
+from slidedp.planning.memory_model import ActivationSizes
 
 MIN_GAIN_S = 2e-4  # a switch must save at least this much per layer to be worth its memory
 
