@@ -21,6 +21,16 @@ describe("chart layouts follow the data", () => {
     expect(line?.dash).toBeDefined();
     expect(line?.get(rec(3, { predicted: { step_time_s: 0.9 } }))).toBe(0.9);
     expect(predicted.signature).not.toBe(plain.signature);
+    expect(predicted.lines.some((l) => l.label === "predicted forward")).toBe(false);
+  });
+
+  it("draws the predicted forward span over the measured forward band when the prediction has spans", () => {
+    const r = rec(1, { predicted: { step_time_s: 0.9, forward_span: 0.35, backward_span: 0.55 } });
+    const lay = stepTimeChart.layout([r]);
+    const line = lay.lines.find((l) => l.label === "predicted forward");
+    // stacked on the data band, as the measured forward is
+    expect(line?.get(r)).toBeCloseTo(0.36);
+    expect(lay.stacked).toBe(4);
   });
 
   it("draws one HBM line per GPU the records report, plus host RSS", () => {

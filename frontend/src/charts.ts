@@ -270,6 +270,9 @@ export const stepTimeChart: ChartSpec = {
     const phases = all.filter((p) => !isOverlapped(p));
     const overlapped = all.filter(isOverlapped);
     const hasPredicted = records.some((r) => typeof r.predicted?.step_time_s === "number");
+    // the model's forward cut where the engine cuts it: comparable with the top of the measured band below it
+    const below = phases.slice(0, Math.max(0, phases.indexOf("forward")));
+    const hasSpans = phases.includes("forward") && records.some((r) => typeof r.predicted?.forward_span === "number");
     const lines: Line[] = phases.map((p, i) => ({
       label: words(p),
       get: (r: MetricsRecord) => r.phases?.[p],
@@ -283,8 +286,15 @@ export const stepTimeChart: ChartSpec = {
     if (hasPredicted) {
       lines.push({ label: "predicted", get: (r) => r.predicted?.step_time_s, colour: "#9467bd", dash: [6, 4], width: 2, unit: "s" });
     }
+    if (hasSpans) {
+      const top = (r: MetricsRecord) => {
+        const f = r.predicted?.forward_span;
+        return typeof f === "number" ? below.reduce((sum, p) => sum + (r.phases?.[p] ?? 0), f) : undefined;
+      };
+      lines.push({ label: "predicted forward", get: top, colour: PHASE_COLOURS.forward ?? "#4e79a7", dash: [6, 4], width: 1.5, unit: "s" });
+    }
     return {
-      signature: `${all.join(",")}|${hasPredicted}`,
+      signature: `${all.join(",")}|${hasPredicted}|${hasSpans}`,
       lines,
       stacked: phases.length,
       axes: [{ scale: "y", label: "seconds", side: 3 }],

@@ -71,6 +71,10 @@ def test_the_chosen_policy_is_the_fastest_fitting_candidate(nvlink_bs8):
     assert sum(pred["phases"].values()) == pytest.approx(pred["step_time_s"])
     assert set(pred["exposed"]) >= {"h2d", "d2h", "collective", "cpu_update", "host_dram"}
     assert json.loads(json.dumps(plan)) == plan
+    # every metrics record carries the prediction in both cuts: the model's phases and the engine's spans
+    rec = ap.metrics_prediction(plan)
+    assert rec["forward_span"] + rec["backward_span"] == pytest.approx(rec["step_time_s"])
+    assert rec["forward_span"] == pytest.approx(pred["spans"]["forward"])
 
 
 def test_at_micro_batch_8_not_every_layer_keeps_its_activations(nvlink_bs8, x2):

@@ -89,6 +89,9 @@ def test_phases_partition_the_predicted_step(x2):
         u = cal["qwen3-8b_bs8_nvlink"]["unit"]
         fwd = sum(u["fwd_keep_s"] if a != "checkpoint" else u["fwd_checkpoint_s"] for a in pol.activations)
         assert p["phases"]["forward"] == pytest.approx(fwd + cal["qwen3-8b_bs8_nvlink"]["embedding"]["fwd_s"])
+        # the engine's cut of the same step (one micro-batch): each span holds its busy work and the waits in it
+        assert sum(p["spans"].values()) == pytest.approx(p["step_time_s"], rel=1e-9)
+        assert p["spans"]["forward"] >= p["phases"]["forward"] and p["spans"]["backward"] >= p["phases"]["backward"]
 
 
 def test_sharded_delivery_takes_one_nth_from_the_host(x2):
@@ -131,6 +134,8 @@ def test_exact_clipping_defers_the_updates_behind_the_whole_backward(x2):
     # every update waits for the norm, so the host works on them after the backward: the step is at least
     # the backward plus the updates of the units the next forward needs before it can run far
     assert p_on["phases"]["update_tail"] > p_off["phases"]["update_tail"]
+    # ...and the engine would see it in the next step's forward, which waits for those updates
+    assert p_on["spans"]["forward"] > p_off["spans"]["forward"] + 0.5
 
 
 def test_window_plan_reuses_the_last_layers_at_the_turn():

@@ -84,12 +84,15 @@ def plan_job(cfg: Any, topology: dict[str, Any], calibration: dict[str, Any] | N
 
 
 def metrics_prediction(plan: dict[str, Any]) -> dict[str, float]:
-    """The `predicted` entry of every metrics record: {phase: s, "step_time_s": s}, {} without times."""
+    """The `predicted` entry of every metrics record: {phase: s, "forward_span": s, "backward_span": s,
+    "step_time_s": s}, {} without times."""
     pred = (plan or {}).get("predicted") or {}
     if pred.get("step_time_s") is None:
         return {}
+    spans = pred.get("spans") or {}
     return {
         **{p: float(pred["phases"].get(p, 0.0)) for p in PHASES},
+        **{f"{k}_span": float(v) for k, v in spans.items()},
         "step_time_s": float(pred["step_time_s"]),
     }
 
@@ -330,6 +333,7 @@ class _Planner(MixSearch, Refusals):
             out.update(
                 step_time_s=p["step_time_s"],
                 phases=p["phases"],
+                spans=p["spans"],
                 tokens_per_s=p["tokens_per_s"],
                 exposed=p.get("exposed", {}),
                 busy=p["busy"],

@@ -404,6 +404,7 @@ def predict(job: Job, pol: Policy, rates: Rates, exposure: bool = False) -> dict
     out: dict[str, Any] = {
         "step_time_s": base.step_time_s,
         "phases": base.phases,
+        "spans": base.spans,
         "busy": base.busy,
         "tokens_per_s": job.tokens_per_step / base.step_time_s if base.step_time_s > 0 else None,
     }

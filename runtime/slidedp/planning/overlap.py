@@ -135,6 +135,9 @@ class Outcome:
     phases: dict[str, float]
     busy: dict[str, float]  # seconds each resource worked during the measured step
     tasks: int
+    # the step cut as the engine measures it (waits included): step start -> end of the first micro-batch's
+    # forward, then -> end of the last backward; comparable with a metrics record's measured phases
+    spans: dict[str, float] = field(default_factory=dict)
 
 
 # ---------------------------------------------------------------------------- building the replay
@@ -152,6 +155,7 @@ class _Replay:
         self.holds_per_step: dict[int, int] = {}
         self.end_backward: dict[int, _Task] = {}
         self.backward_last: dict[int, _Task] = {}
+        self.forward_first: dict[int, _Task] = {}  # each step's first micro-batch's last forward task
         self.cursor: _Task | None = None
         # units updated on the device (policy.edge_update gpu, policy.device_layers)
         self.on_device = {u for u, t in enumerate(d.device_update) if t > 0}
@@ -325,6 +329,7 @@ class _Replay:
                         )
                     k += 1
                 if m == 0:
+                    self.forward_first[s] = done[k - 1]
                     k_head = k
                     head_ready = get(k)
                     k += 1
@@ -557,7 +562,9 @@ def _measure(rep: _Replay) -> Outcome:
         lo, hi = max(t.start, b0), min(t.end, b1)
         if hi > lo and t.res != "host":
             busy[t.res] = busy.get(t.res, 0.0) + (hi - lo)
-    return Outcome(step_time_s=period, phases=phases, busy=busy, tasks=len(rep.tasks))
+    fwd = max(0.0, rep.forward_first[1].end - b0)
+    spans = {"forward": fwd, "backward": period - fwd}
+    return Outcome(step_time_s=period, phases=phases, busy=busy, tasks=len(rep.tasks), spans=spans)
 
 
 def _attribute(gap_start: float, gap_end: float, t: _Task | None, phases: dict[str, float]) -> None:
