@@ -185,7 +185,8 @@ def test_format_plan_and_the_metrics_prediction(nvlink_bs8):
         nvlink_bs8["candidates"]
     )
     pred = ap.metrics_prediction(nvlink_bs8)
-    assert set(pred) == {"data", "forward", "backward", "update_tail", "delivery_wait", "step_time_s"}
+    assert set(pred) == {"data", "forward", "backward", "update_tail", "delivery_wait", "forward_span",
+                         "backward_span", "step_time_s"}
     assert pred["step_time_s"] == nvlink_bs8["predicted"]["step_time_s"]
     refused = ap.format_plan({"feasible": False, "errors": [{"loc": "gpus", "msg": "too many"}]})
     assert refused.splitlines() == ["NOT FEASIBLE", "  gpus: too many"]
