@@ -7,7 +7,8 @@ Each policy is
 `delivery:grad_reduce[:activations[:clip[:resident layers[:delivery_cast[:edge_update[:device_layers]]]]]]`
 (`auto` anywhere but the cast: AutoPolicy's choice; the cast is `host` unless given as `gpu`; edge_update is where
 the embedding and head are updated, `host` unless given as `gpu` or `auto`; device_layers is how many leading layers
-are updated on the GPUs, 0 unless given as a count or `auto`). Each peer is `fsdp2[:keep[:clip]]` (FSDP2 GPU-resident, every decoder layer checkpointed but the first
+are updated on the GPUs, 0 unless given as a count or `auto`: unlike a job config, whose defaults are auto and
+null, a short string keeps every unit's update on the host). Each peer is `fsdp2[:keep[:clip]]` (FSDP2 GPU-resident, every decoder layer checkpointed but the first
 `keep`; `none`: no checkpointing) or `fsdp2-offload[:keep[:clip]]` (FSDP2 + CPUOffloadPolicy), see
 slidedp.peers.fsdp2; or `ds-zero2[:clip]` / `ds-zero3[:clip]` (DeepSpeed ZeRO-Offload: optimizer, or optimizer and
 parameters, on the CPU with DeepSpeedCPUAdam), see slidedp.peers.deepspeed_zero.
