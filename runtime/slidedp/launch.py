@@ -173,9 +173,9 @@ def resolve_policy(cfg: JobConfig, num_layers: int, on_log=None) -> tuple[dict, 
     else:  # the plan honours keep_layers / offload_layers; without one they are laid out as the planner does
         acts = list(chosen.get("activations") or [])
         if len(acts) != num_layers:
-            keep = min(p.keep_layers or 0, num_layers)
-            off = min(p.offload_layers or 0, num_layers - keep)
-            acts = ["keep"] * keep + ["offload"] * off + ["checkpoint"] * (num_layers - keep - off)
+            from slidedp.planning.cost_model import activation_layout
+
+            acts = list(activation_layout(num_layers, p.keep_layers or 0, p.offload_layers or 0))
     if p.resident_units is not None:
         resident = [i < p.resident_units for i in range(num_layers)]
     else:

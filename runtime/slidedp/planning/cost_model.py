@@ -189,10 +189,8 @@ class Policy:
         """Leading layers keep their activations, the next ones offload, the rest checkpoint; the leading
         `resident` layers stay resident (keep_layers in the config means leading layers too)."""
         L = job.layers
-        acts = ("keep",) * keep + ("offload",) * offload + ("checkpoint",) * (L - keep - offload)
-        return cls.default(
-            job, activations=acts, resident=(True,) * resident + (False,) * (L - resident), **kw
-        )
+        resident_flags = (True,) * resident + (False,) * (L - resident)
+        return cls.default(job, activations=activation_layout(L, keep, offload), resident=resident_flags, **kw)
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -201,6 +199,14 @@ class Policy:
 
     def counts(self) -> dict[str, int]:
         return {p: self.activations.count(p) for p in ACTIVATION_POLICIES}
+
+
+def activation_layout(layers: int, keep: int, offload: int) -> tuple[str, ...]:
+    """Per decoder layer: the first `keep` keep their activations, the next `offload` offload them, the rest are
+    checkpointed (how keep_layers / offload_layers counts are laid out, with a plan or without one)."""
+    keep = min(keep, layers)
+    offload = min(offload, layers - keep)
+    return ("keep",) * keep + ("offload",) * offload + ("checkpoint",) * (layers - keep - offload)
 
 
 # ---------------------------------------------------------------------------- rates from calibration
