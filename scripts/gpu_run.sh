@@ -23,6 +23,13 @@
 #           at bs4, FSDP2 + CPUOffloadPolicy
 #   grid1   the declared one-GPU grid (docs/benchmarks.md) for M1 at MBS (8): activations x gradient route x where
 #           the update runs, offload rows last
+#   otest   the offload GPU tests first (1 and 2 GPUs as present), then the one-GPU route test
+#   sweep1  Qwen3-1.7B on one GPU, micro-batch 4, host update only: the update's thread count 16, 15, 14, 12 (what
+#           the issuing thread's CPU time costs an update team on every core)
+#   ds1     Qwen3-1.7B on one GPU, micro-batch 4, clipping at 1.0 on both sides: SlideDP (host update only, and
+#           AutoPolicy) against DeepSpeed ZeRO-2 and ZeRO-3 CPU offload (needs .device-wheels, carried)
+#   grid17  the declared one-GPU grid for Qwen3-1.7B (docs/benchmarks.md) at MBS (8): activations (checkpoint,
+#           keep14, off14, all keep) x where the update runs
 #   grid    the declared AutoPolicy grid (docs/benchmarks.md) for MODEL (qwen3-8b), MBS (8), K keep, M offload
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export PYTHONPATH=$PWD/runtime:$PWD PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1
@@ -61,6 +68,23 @@ for part in "$@"; do
                     gpu:off18:0:auto host:off18:0:auto gpu:off18:0:auto:$D; do G="$G,replicated:$r"; done
            timeout ${GRID_S:-560} python3 -m slidedp.cli bench --model $M1 --seq 2048 --gpus 1 --mbs ${MBS:-8} --steps 6 \
              --threads 16 --policies "$G" --out "$OUT/grid1.jsonl" 2>&1 | quiet 24 ;;
+    otest) timeout ${TESTS_S:-300} python3 -m pytest -v -rfE --tb=short -p no:cacheprovider -m gpu \
+             tests/gpu/test_gpu_exactness.py -k "offload or routes_match_adamw" > "$OUT/gpu-otests.log" 2>&1
+           grep -E "PASSED|FAILED|ERROR|SKIPPED|passed|failed" "$OUT/gpu-otests.log" | tail -12 ;;
+    sweep1) for t in ${SWEEP_T:-16 15 14 12}; do timeout 150 python3 -m slidedp.cli bench --model qwen3-1.7b --seq 2048 \
+              --gpus 1 --mbs 4 --steps 6 --threads $t --policies replicated:gpu:checkpoint:0:28:host:host:0 \
+              --out "$OUT/sweep1.jsonl" 2>&1 | quiet 3; done ;;
+    ds1) python3 -m pip install -q --no-index --no-deps --target /tmp/peer-pkgs .device-wheels/*.whl 2>&1 | tail -2
+         PYTHONPATH=/tmp/peer-pkgs:$PYTHONPATH PATH=/tmp/peer-pkgs/bin:$PATH timeout ${DS_S:-400} python3 -m slidedp.cli \
+           bench --model qwen3-1.7b --seq 2048 --gpus 1 --mbs 4 --steps 6 --threads 16 \
+           --policies replicated:gpu:checkpoint:1.0:28,auto:auto:auto:1.0:auto:host:auto:auto \
+           --peers ds-zero2:1.0,ds-zero3:1.0 --out "$OUT/bench-ds1.jsonl" 2>&1 | quiet 30 ;;
+    grid17) G=auto:auto:auto:0:auto:host:auto:auto
+            for r in checkpoint:0:28 keep14:0:auto off14:0:auto checkpoint:0:auto:host:gpu:0 \
+                     checkpoint:0:auto:host:gpu:14 keep14:0:auto:host:gpu:14 off14:0:auto:host:gpu:14 \
+                     keep28:0:auto:host:gpu:28 off14:0:auto:host:gpu:28; do G="$G,replicated:gpu:$r"; done
+            timeout ${GRID_S:-560} python3 -m slidedp.cli bench --model qwen3-1.7b --seq 2048 --gpus 1 --mbs ${MBS:-8} \
+              --steps 6 --threads 16 --policies "$G" --out "$OUT/grid17-${MBS:-8}.jsonl" 2>&1 | quiet 24 ;;
     b4) timeout 570 $BENCH --gpus 2 --mbs 4 --steps 6 --threads 16 --policies "$P4" --peers fsdp2-offload:none \
           --out "$OUT/bench.jsonl" 2>&1 | quiet 60 ;;
     b8) timeout 330 $BENCH --gpus 2 --mbs 8 --steps 6 --threads 16 --policies "$P8" --peers fsdp2:8 \

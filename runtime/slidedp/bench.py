@@ -165,7 +165,8 @@ def summarise(row: dict, warmup: int) -> dict:
             "bound_s": row.get("bound_s"), "of_bound": (row["bound_s"] / med) if row.get("bound_s") else None,
             "tokens_per_s": pick["tokens_per_s"],
             "tflops": pick["tflops"], "hbm_peak_gib": max(max(m["hbm_peak_gib"] or [0.0]) for m in ms),
-            "host_rss_gib": pick["host_rss_gib"], "phases": pick["phases"], "bytes": pick["bytes"],
+            "host_rss_gib": pick["host_rss_gib"], "phases": pick["phases"], "cpu_s": pick.get("cpu_s"),
+            "bytes": pick["bytes"],
             "loss_first": row["metrics"][0]["loss"], "loss_last": row["metrics"][-1]["loss"],
             "losses": [m["loss"] for m in row["metrics"]], "times": [m["step_time_s"] for m in row["metrics"]],
             "grad_norm": pick.get("grad_norm"), "clipped": pick.get("clipped")}

@@ -61,6 +61,24 @@ def test_gpu_edge_update_on_the_device_matches_adamw(workdir, gpus):
                  policy={"edge_update": "gpu", "device_layers": 2})
 
 
+@pytest.mark.parametrize("gpus", [1, 2])
+def test_gpu_offloaded_activations_match_adamw(workdir, gpus):
+    """A keep / offload / checkpoint mix with accumulation and clipping: the offloaded layers' saved tensors go to
+    host memory during forward and come back one layer ahead of their backward. Exact against AdamW, and the
+    offloaded bytes really cross: the d2h and h2d counters exceed those of the same run without offload by the
+    same, non-zero amount on every rank and step (on the CPU offload is keep, so only a GPU checks this)."""
+    if _gpus() < gpus:
+        pytest.skip(f"needs {gpus} GPUs")
+    mix = {"activations": "auto", "keep_layers": 1, "offload_layers": 3, "resident_units": 0,
+           "edge_update": "host", "device_layers": 0}
+    ours = exact._check(workdir, "untied", 1, "sharded", "gpu", 2, exact.CLIP, gpus=gpus, policy=mix)
+    plain = exact._run(workdir, "untied", 1, "sharded", "gpu", 2, exact.CLIP, gpus, {**mix, "offload_layers": 0})
+    for a, b in zip(ours["result"].metrics, plain["result"].metrics):
+        out = [x - y for x, y in zip(a["bytes"]["d2h"], b["bytes"]["d2h"])]
+        back = [x - y for x, y in zip(a["bytes"]["h2d"], b["bytes"]["h2d"])]
+        assert out == back and min(out) > 0, (a["step"], out, back)
+
+
 BF16_STEPS, BF16_SEQ, BF16_LR = 20, 64, 1e-3
 
 

@@ -70,7 +70,7 @@ def _run(workdir, model: str, ranks: int, delivery: str, grad: str, accum: int, 
 
 
 def _check(workdir, model: str, ranks: int, delivery: str, grad: str, accum: int, clip: float,
-           gpus: int = 0, policy: dict | None = None) -> None:
+           gpus: int = 0, policy: dict | None = None) -> dict:
     ours = _run(workdir, model, ranks if not gpus else 1, delivery, grad, accum, clip, gpus, policy)
     # On GPUs the reference runs on a GPU too (the same fp32 kernels, TF32 off). With several ranks or accumulation
     # it accumulates the gradient over the ranks' micro-batches (rank r's micro-batch m is slice m*world + r): the
@@ -88,6 +88,7 @@ def _check(workdir, model: str, ranks: int, delivery: str, grad: str, accum: int
         assert abs(m["loss"] - loss) <= 1e-5 * abs(loss), (m["step"], m["loss"], loss)
         assert abs(m["grad_norm"] - norm) <= 1e-5 * abs(norm), (m["step"], m["grad_norm"], norm)
         assert m["clipped"] == fired
+        assert 0 < m["cpu_s"]["issue"] <= m["cpu_s"]["rank"] + 1e-3, m["cpu_s"]
     if clip > 0:
         assert all(m["clipped"] for m in metrics), "the test must exercise clipping that fires"
     w0 = load_file(os.path.join(workdir[model], "model.safetensors"))
@@ -97,6 +98,7 @@ def _check(workdir, model: str, ranks: int, delivery: str, grad: str, accum: int
         for kind in ("exp_avg", "exp_avg_sq"):
             err = rel_err(ours["tensors"][kind][name], ref[kind][name])
             assert err <= 1e-4, (kind, name, err)
+    return ours
 
 
 @pytest.mark.parametrize("accum,clip", [(1, 0.0), (2, CLIP)])

@@ -306,6 +306,15 @@ class _Replay:
             def get(k: int, win: tuple = win) -> _Task | None:
                 return self._get(k, *win)
 
+            sent: dict[int, _Task] = {}  # an offloaded layer's activations on their way out
+            fetched: dict[int, _Task] = {}  # ... and on their way back, fetched after their own copy out
+
+            def fetch(u: int, sent: dict = sent, fetched: dict = fetched, s: int = s) -> None:
+                if u >= 1 and u in sent:
+                    fetched[u] = self._gpu(
+                        "fetch", "h2d", d.act_h2d, [sent.pop(u)], unit=u, step=s, loads=self._dma(d.act_bytes)
+                    )
+
             for m in range(M):
                 last = m == M - 1
                 if m == 0:
@@ -318,16 +327,11 @@ class _Replay:
                     pol = d.activations[u - 1]
                     done[k] = self._compute("forward", d.layer_fwd[pol], [get(k)], u, s, state)
                     if pol == "offload":
-                        state["last_d2h"] = self._gpu(
-                            "act_out",
-                            "d2h",
-                            d.act_d2h,
-                            [done[k]],
-                            unit=u,
-                            step=s,
-                            loads=self._dma(d.act_bytes),
+                        sent[u] = self._gpu(
+                            "act_out", "d2h", d.act_d2h, [done[k]], unit=u, step=s, loads=self._dma(d.act_bytes)
                         )
                     k += 1
+                fetch(L)  # the first layer back comes home under the loss head
                 if m == 0:
                     self.forward_first[s] = done[k - 1]
                     k_head = k
@@ -344,19 +348,8 @@ class _Replay:
                     r = get(k)
                     self._next_parity(state)
                     pol = d.activations[u - 1]
-                    deps = [r]
-                    if pol == "offload":  # fetched back on the h2d stream, after everything sent out so far
-                        deps.append(
-                            self._gpu(
-                                "fetch",
-                                "h2d",
-                                d.act_h2d,
-                                [state["last_d2h"]],
-                                unit=u,
-                                step=s,
-                                loads=self._dma(d.act_bytes),
-                            )
-                        )
+                    fetch(u - 1)  # one layer ahead, behind this layer's delivery on the h2d stream
+                    deps = [r] + ([fetched.pop(u)] if u in fetched else [])
                     done[k] = self._compute("backward", d.layer_bwd[pol], deps, u, s, state)
                     if last and u in self.on_device:
                         self._device_reduce(u, s, done[k], state, parity=True)

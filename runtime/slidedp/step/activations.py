@@ -2,8 +2,9 @@
 
 checkpoint  the forward runs without a graph and saves only the unit's input; backward recomputes the unit.
 keep        the forward keeps its autograd graph on the GPU: no recompute, more HBM.
-offload     like keep, but the saved activations go to host memory during forward and come back before the
-            unit's backward (no recompute and no HBM, paid in PCIe traffic).
+offload     like keep, but the saved activations go to host memory during forward (d2h stream) and come back
+            on the h2d stream while the layer above runs its backward (no recompute and no HBM, paid in PCIe
+            traffic, counted in the rank's h2d / d2h bytes).
 
 A kept graph would pin the window buffer its weights came from. Saved-tensor hooks therefore store weights by
 reference (unit, offset, shape, stride) instead of by value, and hand back a view of whichever window buffer holds
@@ -24,20 +25,27 @@ class SavedActivations:
     """Saved-tensor hooks for one kept or offloaded layer of one micro-batch."""
 
     def __init__(self, unit: int, weight_buf: torch.Tensor, lookup: Callable[[int], torch.Tensor],
-                 offload: bool, d2h_stream=None, streams=None):
+                 offload: bool, streams=None, counters=None):
         self.unit = unit
         self.lookup = lookup
         self.offload = offload
         self.streams = streams
+        self.counters = counters  # ByteCounters of the rank: offloaded bytes are PCIe traffic like any copy
         self._storage = weight_buf.untyped_storage().data_ptr()
         self._device = weight_buf.device
         self.host: list[tuple[torch.Tensor, torch.Tensor]] = []  # (host copy, device copy after prefetch)
         self._fetched = False
+        # Autograd saves one tensor for several ops (a layer's normed input feeds q, k and v): copied once. The
+        # tensors are held until end_forward, so that no new tensor can take a key's memory meanwhile.
+        self._seen: dict[tuple, tuple[int, torch.Tensor]] = {}
 
     def pack(self, t: torch.Tensor) -> Any:
         if t.device == self._device and t.untyped_storage().data_ptr() == self._storage:
             return ("weight", t.storage_offset(), tuple(t.shape), tuple(t.stride()))
         if self.offload and t.device.type == "cuda" and t.numel() >= 4096:
+            key = (t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape), tuple(t.stride()), t.dtype)
+            if key in self._seen:
+                return ("host", self._seen[key][0])
             s = self.streams
             host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
             s.d2h.wait_stream(s.compute)
@@ -45,19 +53,30 @@ class SavedActivations:
                 host.copy_(t, non_blocking=True)
                 t.record_stream(s.d2h)
             self.host.append((host, None))
+            self._sent = s.record(s.d2h)  # the fetch waits for this layer's copies, not the whole d2h queue
+            if self.counters is not None:
+                self.counters.d2h += t.numel() * t.element_size()
+            self._seen[key] = (len(self.host) - 1, t)
             return ("host", len(self.host) - 1)
         return t
 
+    def end_forward(self) -> None:
+        """The layer's forward is over: its GPU tensors may go (each freed once its copy out has run)."""
+        self._seen.clear()
+
     def prefetch(self) -> None:
-        """Bring offloaded activations back on the h2d stream ahead of this unit's backward."""
+        """Bring offloaded activations back on the h2d stream; the engine calls it one layer ahead of this
+        layer's backward (and unpack does, at the latest)."""
         if not self.host or self._fetched:
             return
         s = self.streams
         with torch.cuda.stream(s.h2d):
-            s.h2d.wait_stream(s.d2h)
+            s.h2d.wait_event(self._sent)
             self.host = [(h, h.to(self._device, non_blocking=True)) for h, _ in self.host]
         self._ready = s.record(s.h2d)
         self._fetched = True
+        if self.counters is not None:
+            self.counters.h2d += sum(h.numel() * h.element_size() for h, _ in self.host)
 
     def unpack(self, packed: Any) -> torch.Tensor:
         if isinstance(packed, torch.Tensor):

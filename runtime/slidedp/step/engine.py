@@ -47,6 +47,7 @@ class StepTiming:
     loss_sum: Any = None
     target_tokens: Any = None
     stats: Any = None  # device tensor gathered from every rank: bytes and peak HBM
+    cpu_start: tuple[float, float] = (0.0, 0.0)  # CPU seconds so far: the issuing thread's, the whole process's
 
 
 class RankEngine:
@@ -174,12 +175,20 @@ class RankEngine:
                 params = self.adapter.param_views(self.adapter.units[u], buf)
                 out = self.adapter.layer_forward(params, h, ctx)
             return out, ("checkpoint", h)
-        saved = SavedActivations(u, buf, self._lookup, offload=(policy == "offload"), streams=self.streams)
+        saved = SavedActivations(u, buf, self._lookup, offload=(policy == "offload"), streams=self.streams,
+                                 counters=self.routes.bytes)
         h_in = h.detach().requires_grad_(True)
         leaves = self._leaves(u, buf, None)
         with torch.enable_grad(), saved.hooks():
             out = self.adapter.layer_forward(leaves, h_in, ctx)
+        saved.end_forward()
         return out.detach(), ("graph", out, h_in, leaves, saved)
+
+    @staticmethod
+    def _prefetch_activations(saved: dict[int, tuple], u: int) -> None:
+        entry = saved.get(u)
+        if entry is not None and entry[0] == "graph" and entry[4].offload:
+            entry[4].prefetch()
 
     def _lookup(self, u: int) -> torch.Tensor:
         return self.window.buffer(self._current_item)
@@ -197,8 +206,6 @@ class RankEngine:
             _, out, h_in, leaves, acts = saved
             for p in self.adapter.units[u].params:
                 leaves[p.name].grad = gflat[p.offset : p.offset + p.numel].view(p.shape)
-            if acts.offload:
-                acts.prefetch()
             torch.autograd.backward(out, grad_out)
         return h_in.grad
 
@@ -238,6 +245,7 @@ class RankEngine:
     # ------------------------------------------------------------------ one step
     def run_step(self, step: int, micro_batches: list, data_s: float) -> StepTiming:
         t_start = time.perf_counter()
+        cpu_start = (time.thread_time(), time.process_time())
         s = self.streams
         ev = {"start": s.record(s.compute, timing=True)}
         self.window.update_wait_s = 0.0
@@ -295,6 +303,7 @@ class RankEngine:
                 h, saved[u] = self._layer_forward(u, buf, h, ctx)
                 self.window.release(k)
                 k += 1
+            self._prefetch_activations(saved, self.head_unit - 1)  # the first layer back, under the loss head
             if m == 0:
                 ev["forward_end"] = s.record(s.compute, timing=True)
                 hbuf = self.window.get(k)
@@ -314,7 +323,9 @@ class RankEngine:
                 buf = self.window.get(k)
                 parity = self._next_parity()
                 gflat = self.gbuf[parity]
-                grad_h = self._layer_backward(u, buf, saved.pop(u), grad_h, ctx, gflat)
+                here = saved.pop(u)
+                self._prefetch_activations(saved, u - 1)  # its H2D runs while this layer's backward computes
+                grad_h = self._layer_backward(u, buf, here, grad_h, ctx, gflat)
                 self.window.release(k)
                 self._layer_gradient_out(u, gflat, parity, last, step)
                 k += 1
@@ -345,4 +356,4 @@ class RankEngine:
         dist.all_gather_into_tensor(gathered, stats, group=self.routes.grad_group)
         ev["stats"] = s.record(s.compute)
         return StepTiming(step, t_start, data_s, self.window.update_wait_s, self.staging_wait_s, tokens, ev,
-                          loss_sum, n_targets, gathered)
+                          loss_sum, n_targets, gathered, cpu_start)

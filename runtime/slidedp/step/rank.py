@@ -193,11 +193,12 @@ class _Reporter:
                 return
             pending.popleft()
             end = pending[0].t_start if pending else res.finished_at
+            cpu_end = pending[0].cpu_start if pending else (time.thread_time(), time.process_time())
             if self.rank == 0:
-                self.queue.put(("record", 0, self._record(t, res, end)))
+                self.queue.put(("record", 0, self._record(t, res, end, cpu_end)))
             del self.results[t.step]
 
-    def _record(self, t, res, end: float) -> dict:
+    def _record(self, t, res, end: float, cpu_end: tuple[float, float]) -> dict:
         ev = t.events
         ev["stats"].synchronize()
         step_time = max(end - t.t_start, 1e-9)
@@ -223,6 +224,7 @@ class _Reporter:
             "data_time_s": t.data_s,
             "phases": {"data": t.data_s, "forward": fwd, "backward": bwd, "update_tail": t.update_tail_s,
                        "staging_wait": t.staging_wait_s, "update_busy": res.update_busy_s},
+            "cpu_s": {"issue": cpu_end[0] - t.cpu_start[0], "rank": cpu_end[1] - t.cpu_start[1]},
             "predicted": self.predicted,
             "bytes": {"h2d": [row[0] for row in stats], "d2h": [row[1] for row in stats],
                       "collective": [row[2] for row in stats]},
