@@ -30,6 +30,8 @@
 #           AutoPolicy) against DeepSpeed ZeRO-2 and ZeRO-3 CPU offload (needs .device-wheels, carried)
 #   grid17  the declared one-GPU grid for Qwen3-1.7B (docs/benchmarks.md) at MBS (8): activations (checkpoint,
 #           keep14, off14, all keep) x where the update runs
+#   again1  huge-page settings of host memory; the offload GPU test; then Qwen3-1.7B bs8 on one GPU (a fresh
+#           calibration): AutoPolicy, host update only, the grid's best row and its offload twin
 #   grid    the declared AutoPolicy grid (docs/benchmarks.md) for MODEL (qwen3-8b), MBS (8), K keep, M offload
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export PYTHONPATH=$PWD/runtime:$PWD PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1
@@ -85,6 +87,13 @@ for part in "$@"; do
                      keep28:0:auto:host:gpu:28 off14:0:auto:host:gpu:28; do G="$G,replicated:gpu:$r"; done
             timeout ${GRID_S:-560} python3 -m slidedp.cli bench --model qwen3-1.7b --seq 2048 --gpus 1 --mbs ${MBS:-8} \
               --steps 6 --threads 16 --policies "$G" --out "$OUT/grid17-${MBS:-8}.jsonl" 2>&1 | quiet 24 ;;
+    again1) cat /sys/kernel/mm/transparent_hugepage/enabled /sys/kernel/mm/transparent_hugepage/shmem_enabled
+            mount | grep -E " /dev/shm " ; grep -i huge /proc/meminfo | head -4
+            timeout 150 python3 -m pytest -v -rfE --tb=short -p no:cacheprovider -m gpu tests/gpu/test_gpu_exactness.py \
+              -k offload > "$OUT/gpu-otests2.log" 2>&1; grep -E "PASSED|FAILED|ERROR|passed|failed" "$OUT/gpu-otests2.log" | tail -4
+            timeout ${AGAIN_S:-300} python3 -m slidedp.cli bench --model qwen3-1.7b --seq 2048 --gpus 1 --mbs 8 --steps 6 \
+              --threads 16 --policies auto:auto:auto:0:auto:host:auto:auto,replicated:gpu:checkpoint:0:28,replicated:gpu:keep14:0:auto:host:gpu:14,replicated:gpu:off14:0:auto:host:gpu:14 \
+              --out "$OUT/again1.jsonl" 2>&1 | quiet 12 ;;
     b4) timeout 570 $BENCH --gpus 2 --mbs 4 --steps 6 --threads 16 --policies "$P4" --peers fsdp2-offload:none \
           --out "$OUT/bench.jsonl" 2>&1 | quiet 60 ;;
     b8) timeout 330 $BENCH --gpus 2 --mbs 8 --steps 6 --threads 16 --policies "$P8" --peers fsdp2:8 \

@@ -35,29 +35,31 @@ class SavedActivations:
         self._device = weight_buf.device
         self.host: list[tuple[torch.Tensor, torch.Tensor]] = []  # (host copy, device copy after prefetch)
         self._fetched = False
-        # Autograd saves one tensor for several ops (a layer's normed input feeds q, k and v): copied once. The
-        # tensors are held until end_forward, so that no new tensor can take a key's memory meanwhile.
-        self._seen: dict[tuple, tuple[int, torch.Tensor]] = {}
+        # Autograd saves one storage under several views and for several ops (a layer's normed input feeds q, k
+        # and v, once as it is and once flattened): each storage is copied once, as the calibration counts saved
+        # bytes. The tensors are held until end_forward, so that no new tensor can take a storage's memory meanwhile.
+        self._seen: dict[int, tuple[int, torch.Tensor]] = {}  # storage address -> (host copy, a view of it)
 
     def pack(self, t: torch.Tensor) -> Any:
         if t.device == self._device and t.untyped_storage().data_ptr() == self._storage:
             return ("weight", t.storage_offset(), tuple(t.shape), tuple(t.stride()))
         if self.offload and t.device.type == "cuda" and t.numel() >= 4096:
-            key = (t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape), tuple(t.stride()), t.dtype)
-            if key in self._seen:
-                return ("host", self._seen[key][0])
-            s = self.streams
-            host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
-            s.d2h.wait_stream(s.compute)
-            with torch.cuda.stream(s.d2h):
-                host.copy_(t, non_blocking=True)
-                t.record_stream(s.d2h)
-            self.host.append((host, None))
-            self._sent = s.record(s.d2h)  # the fetch waits for this layer's copies, not the whole d2h queue
-            if self.counters is not None:
-                self.counters.d2h += t.numel() * t.element_size()
-            self._seen[key] = (len(self.host) - 1, t)
-            return ("host", len(self.host) - 1)
+            st = t.untyped_storage()
+            key = st.data_ptr()
+            if key not in self._seen:
+                s = self.streams
+                whole = torch.empty(0, dtype=torch.uint8, device=t.device).set_(st)
+                host = torch.empty(st.nbytes(), dtype=torch.uint8, pin_memory=True)
+                s.d2h.wait_stream(s.compute)
+                with torch.cuda.stream(s.d2h):
+                    host.copy_(whole, non_blocking=True)
+                    whole.record_stream(s.d2h)
+                self.host.append((host, None))
+                self._sent = s.record(s.d2h)  # the fetch waits for this layer's copies, not the whole d2h queue
+                if self.counters is not None:
+                    self.counters.d2h += st.nbytes()
+                self._seen[key] = (len(self.host) - 1, t)
+            return ("host", self._seen[key][0], t.dtype, t.storage_offset(), tuple(t.shape), tuple(t.stride()))
         return t
 
     def end_forward(self) -> None:
@@ -86,9 +88,10 @@ class SavedActivations:
             return self.lookup(self.unit).as_strided(shape, stride, offset)
         self.prefetch()
         self.streams.compute.wait_event(self._ready)
-        dev = self.host[packed[1]][1]
+        _, index, dtype, offset, shape, stride = packed
+        dev = self.host[index][1]
         dev.record_stream(self.streams.compute)
-        return dev
+        return torch.empty(0, dtype=dtype, device=dev.device).set_(dev.untyped_storage(), offset, shape, stride)
 
     def hooks(self):
         return torch.autograd.graph.saved_tensors_hooks(self.pack, self.unpack)

@@ -117,6 +117,7 @@ class Updater(threading.Thread):
         self._unit_sumsq: dict[int, float] = {}
         self._done_units = 0
         self._busy = 0.0
+        self._waited = 0.0  # seconds this thread waited inside _process (running total)
         self.last_step = 0  # last step whose every unit is updated on this rank's shards
 
     # ------------------------------------------------------------------ main-thread side
@@ -159,9 +160,10 @@ class Updater(threading.Thread):
                 item = self._next_item()
                 if item is None:
                     return
-                t0 = time.perf_counter()
+                t0, waited = time.perf_counter(), self._waited
                 self._process(item)
-                self._busy += time.perf_counter() - t0
+                # busy = working: the waits for a gradient to land, for other ranks and for the norm are not
+                self._busy += time.perf_counter() - t0 - (self._waited - waited)
         except BaseException as exc:  # surfaced to the main thread through check()
             self.error = exc
 
@@ -194,16 +196,18 @@ class Updater(threading.Thread):
 
     def _reduced_gradient(self, item: GradItem) -> torch.Tensor:
         lo, hi = self.shards.own_range(item.unit)
+        t0 = time.perf_counter()
         item.event.synchronize()
+        self._waited += time.perf_counter() - t0
         if not item.published:
             item.published = True
             self.board.set_grad_seq(self.rank, item.slot, item.seq)
         if not self.host_route:
             # gpu route: this rank's shard, already summed, at the start of its slot
             return self.state.staging_slot(self.rank, item.slot)[: hi - lo]
-        wait_until(lambda: (self._publish_ready() or True)
-                   and all(self.board.grad_seq(o, item.slot) >= item.seq for o in range(self.world)),
-                   f"gradients of unit {item.unit} from every rank")
+        self._waited += wait_until(lambda: (self._publish_ready() or True)
+                                   and all(self.board.grad_seq(o, item.slot) >= item.seq for o in range(self.world)),
+                                   f"gradients of unit {item.unit} from every rank")
         g = self._scratch[: hi - lo]
         g.copy_(self.state.staging_slot(0, item.slot)[lo:hi])
         for o in range(1, self.world):
@@ -245,13 +249,16 @@ class Updater(threading.Thread):
     def _finish_step(self, step: int) -> None:
         board = self.board
         if self.norm_on_device:
+            t0 = time.perf_counter()
             wait_until(lambda: step in self._device_norm, "the end of backward")
             event, host_scalar = self._device_norm.pop(step)
             event.synchronize()
+            self._waited += time.perf_counter() - t0
             norm = math.sqrt(float(host_scalar))
         else:
             board.publish_norm(self.rank, step, sum(self._unit_sumsq[u] for u in sorted(self._unit_sumsq)))
-            wait_until(lambda: all(board.norm_seq(r) >= step for r in range(self.world)), "the gradient norm")
+            self._waited += wait_until(lambda: all(board.norm_seq(r) >= step for r in range(self.world)),
+                                       "the gradient norm")
             norm = math.sqrt(sum(board.norms(step)))
         clipped = False
         if self.clip:
