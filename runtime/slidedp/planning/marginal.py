@@ -83,20 +83,36 @@ class MixSearch:
         free = [f for f in ("keep", "offload", "resident") if f not in fixed]
         if not j.on_gpu:
             free = [f for f in free if f != "resident"]  # nothing to keep resident on the CPU
-        pol = self.shrink_to_fit(pol) or pol
+        start = self.shrink_to_fit(pol) or pol
+        # Two starting points: every free layer checkpointed and streamed, and every free layer keeping its
+        # activations and weights (trimmed to fit). The marginal costs are local: where the step waits on the host,
+        # one more kept layer saves nothing at the first point while many together shorten the backward that the
+        # host update waits on (Qwen3-1.7B bs8 on one GPU: 0.670 s from the first point alone, 0.604 s with 14
+        # kept layers, which the second point finds).
+        n = self.counts(start)
+        full = {f: (self.job.layers if f in free and f != "offload" else n[f]) for f in n}
+        starts = [start] + [p for p in [self.shrink_to_fit(self.with_counts(start, full))] if p and p != start]
         marginal: dict[str, Any] = {}
-        visited = [pol]
-        for _ in range(3):
-            if not free:
-                break
-            marginal = self.marginal(pol, free)
-            nxt = self.best_counts(pol, marginal, free)
-            if nxt is None or nxt == pol or nxt in visited:
-                break
-            visited.append(nxt)
-            pol = nxt
-        best = min((p for p in visited if self.fits(p) is None), key=self.time, default=pol)
-        return best, marginal
+        visited: list[Policy] = []
+        best_marginal: dict[str, Any] = {}
+        for pol in starts:
+            visited.append(pol)
+            for _ in range(3):
+                if not free:
+                    break
+                marginal = self.marginal(pol, free)
+                nxt = self.best_counts(pol, marginal, free)
+                if nxt is None or nxt == pol or nxt in visited:
+                    break
+                visited.append(nxt)
+                pol = nxt
+            if not best_marginal:
+                best_marginal = marginal
+        fitting = [p for p in visited if self.fits(p) is None]
+        best = min(fitting, key=self.time, default=start)
+        if best is not starts[0] and free:
+            best_marginal = self.marginal(best, free)  # the costs as they stand at the chosen mix
+        return best, best_marginal
 
     def counts(self, pol: Policy) -> dict[str, int]:
         c = pol.counts()

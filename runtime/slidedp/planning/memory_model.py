@@ -115,10 +115,10 @@ def gpu_parts(
         "hidden_states": 4 * boundary,  # the layer input/output, the head's gradient and its flat view
     }
     head_peak = acts.head_fixed + min(pol.loss_chunk_tokens, job.tokens_per_micro_batch) * acts.head_per_token
-    # during backward: a checkpointed layer's recompute or an offloaded layer fetched back, and the next offloaded
-    # layer's activations, fetched one layer ahead
-    ahead = n_off >= 2 or (n_off >= 1 and counts["checkpoint"] >= 1)
-    backward_peak = acts.keep * (2 if ahead else 1 if (counts["checkpoint"] or n_off) else 0)
+    # offloaded activations come back into two slots the engine keeps for the run (one with a single such layer)
+    parts["offload_fetch_slots"] = min(2, n_off) * acts.keep
+    # during backward: a checkpointed layer's recompute
+    backward_peak = acts.keep if counts["checkpoint"] else 0.0
     parts["transient"] = max(head_peak, backward_peak)
     # units updated on the GPUs: fp32 master and both moments of 1/N of each, and its reduced gradient (with one
     # rank the embedding's and head's accumulators serve, a layer's gradient is copied out of the parity buffers)

@@ -309,10 +309,13 @@ class _Replay:
             sent: dict[int, _Task] = {}  # an offloaded layer's activations on their way out
             fetched: dict[int, _Task] = {}  # ... and on their way back, fetched after their own copy out
 
-            def fetch(u: int, sent: dict = sent, fetched: dict = fetched, s: int = s) -> None:
+            def fetch(u: int, after: _Task | None = None, sent: dict = sent, fetched: dict = fetched,
+                      s: int = s) -> None:
+                # into the slot the backward two layers up read last (`after`): rewritten once that is done
                 if u >= 1 and u in sent:
+                    deps = [sent.pop(u)] + ([after] if after is not None else [])
                     fetched[u] = self._gpu(
-                        "fetch", "h2d", d.act_h2d, [sent.pop(u)], unit=u, step=s, loads=self._dma(d.act_bytes)
+                        "fetch", "h2d", d.act_h2d, deps, unit=u, step=s, loads=self._dma(d.act_bytes)
                     )
 
             for m in range(M):
@@ -348,7 +351,7 @@ class _Replay:
                     r = get(k)
                     self._next_parity(state)
                     pol = d.activations[u - 1]
-                    fetch(u - 1)  # one layer ahead, behind this layer's delivery on the h2d stream
+                    fetch(u - 1, done[k - 1] if u < L else None)  # one layer ahead, behind this delivery
                     deps = [r] + ([fetched.pop(u)] if u in fetched else [])
                     done[k] = self._compute("backward", d.layer_bwd[pol], deps, u, s, state)
                     if last and u in self.on_device:

@@ -58,6 +58,10 @@ class RankEngine:
         self.abort = abort
         self.dtype = torch.bfloat16 if cfg.precision == "bf16" else torch.float32
         self.streams = Streams(device)
+        # two device slots that offloaded activations come back into, and the compute-stream event after the
+        # backward that last read each (slidedp.step.activations)
+        self._act_slots: list[torch.Tensor | None] = [None, None]
+        self._act_free: list = [None, None]
         numels = [u.numel for u in adapter.units]
         self.shards = ShardMap(numels, world, rank)
         self.routes = Routes(policy["delivery"], policy["grad_reduce"], self.shards, self.streams,
@@ -184,11 +188,25 @@ class RankEngine:
         saved.end_forward()
         return out.detach(), ("graph", out, h_in, leaves, saved)
 
-    @staticmethod
-    def _prefetch_activations(saved: dict[int, tuple], u: int) -> None:
+    def _prefetch_activations(self, saved: dict[int, tuple], u: int) -> None:
+        """Fetch layer u's offloaded activations into slot u % 2; its last reader was the backward two layers up
+        (or an earlier micro-batch's), whose end the copy waits for on the GPU."""
         entry = saved.get(u)
-        if entry is not None and entry[0] == "graph" and entry[4].offload:
-            entry[4].prefetch()
+        if entry is None or entry[0] != "graph" or not entry[4].offload:
+            return
+        acts, i = entry[4], u % 2
+        need = acts.nbytes()
+        if self._act_slots[i] is None or self._act_slots[i].numel() < need:
+            if self._act_free[i] is not None:
+                self._act_free[i].synchronize()  # the old slot's last reader, before it goes (first use, or larger)
+            self._act_slots[i] = None
+            self._act_slots[i] = torch.empty(need, dtype=torch.uint8, device=self.device)
+        acts.prefetch(self._act_slots[i], self._act_free[i])
+
+    def _activations_read(self, saved: tuple, u: int) -> None:
+        """After layer u's backward is queued: its slot may be rewritten once the compute stream gets there."""
+        if saved[0] == "graph" and saved[4].offload and saved[4].host:
+            self._act_free[u % 2] = self.streams.record(self.streams.compute)
 
     def _lookup(self, u: int) -> torch.Tensor:
         return self.window.buffer(self._current_item)
@@ -326,6 +344,7 @@ class RankEngine:
                 here = saved.pop(u)
                 self._prefetch_activations(saved, u - 1)  # its H2D runs while this layer's backward computes
                 grad_h = self._layer_backward(u, buf, here, grad_h, ctx, gflat)
+                self._activations_read(here, u)
                 self.window.release(k)
                 self._layer_gradient_out(u, gflat, parity, last, step)
                 k += 1
