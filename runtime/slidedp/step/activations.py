@@ -43,14 +43,14 @@ class SavedActivations:
         # Autograd saves one storage under several views and for several ops (a layer's normed input feeds q, k
         # and v, once as it is and once flattened): each storage is copied once, as the calibration counts saved
         # bytes. The tensors are held until end_forward, so that no new tensor can take a storage's memory meanwhile.
-        self._seen: dict[int, tuple[int, torch.Tensor]] = {}  # storage address -> (host copy, a view of it)
+        self._seen: dict[tuple[int, int], tuple[int, torch.Tensor]] = {}  # (storage, version) -> (copy, a view)
 
     def pack(self, t: torch.Tensor) -> Any:
         if t.device == self._device and t.untyped_storage().data_ptr() == self._storage:
             return ("weight", t.storage_offset(), tuple(t.shape), tuple(t.stride()))
         if self.offload and t.numel() >= 4096:
             st = t.untyped_storage()
-            key = st.data_ptr()
+            key = (st.data_ptr(), t._version)  # written in place since an earlier save: copied again
             if key not in self._seen:
                 s = self.streams
                 whole = torch.empty(0, dtype=torch.uint8, device=t.device).set_(st)
