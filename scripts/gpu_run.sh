@@ -32,6 +32,12 @@
 #           keep14, off14, all keep) x where the update runs
 #   again1  huge-page settings of host memory; the offload GPU test; then Qwen3-1.7B bs8 on one GPU (a fresh
 #           calibration): AutoPolicy, host update only, the grid's best row and its offload twin
+#   facts   what bounds a host state on this machine: /dev/shm, RAM, the cgroup limit, huge-page settings
+#   grid17b Qwen3-1.7B on one GPU at MBS (8): AutoPolicy (its mix search also starts from every layer kept) against
+#           the declared grid's best row, the row that did not run (everything on the GPU, every layer keeps),
+#           offload into two reused slots, and the host-update base row
+#   one8x1  Qwen3-8B on the one-GPU machine (128 GiB RAM): the fp32 master delivered and cast on the GPU (no bf16
+#           host copy), AutoPolicy for the rest, micro-batch 8, 20 steps on pattern data; FSDP2 GPU-resident beside
 #   grid    the declared AutoPolicy grid (docs/benchmarks.md) for MODEL (qwen3-8b), MBS (8), K keep, M offload
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export PYTHONPATH=$PWD/runtime:$PWD PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1
@@ -81,6 +87,15 @@ for part in "$@"; do
            bench --model qwen3-1.7b --seq 2048 --gpus 1 --mbs 4 --steps 6 --threads 16 \
            --policies replicated:gpu:checkpoint:1.0:28,auto:auto:auto:1.0:auto:host:auto:auto \
            --peers ds-zero2:1.0,ds-zero3:1.0 --out "$OUT/bench-ds1.jsonl" 2>&1 | quiet 30 ;;
+    facts) df -h /dev/shm /tmp; free -g; nproc; cat /sys/fs/cgroup/memory.max 2>/dev/null
+           cat /sys/kernel/mm/transparent_hugepage/enabled /sys/kernel/mm/transparent_hugepage/shmem_enabled ;;
+    grid17b) G=auto:auto:auto:0:auto:host:auto:auto
+             for r in keep28:0:auto:host:gpu:28 keep14:0:auto:host:gpu:14 off14:0:auto:host:gpu:14 checkpoint:0:28; do
+               G="$G,replicated:gpu:$r"; done
+             timeout ${GRID_S:-420} python3 -m slidedp.cli bench --model qwen3-1.7b --seq 2048 --gpus 1 --mbs ${MBS:-8} \
+               --steps 6 --threads 16 --policies "$G" --out "$OUT/grid17b-${MBS:-8}.jsonl" 2>&1 | quiet 24 ;;
+    one8x1) timeout ${ONE_S:-560} $BENCH --gpus 1 --mbs 8 --steps 20 --threads 16 --data pattern --lr 1e-4 \
+              --policies auto:auto:auto:0:auto:gpu:auto:auto --peers fsdp2:0 --out "$OUT/bench-8b-x1.jsonl" 2>&1 | quiet 40 ;;
     grid17) G=auto:auto:auto:0:auto:host:auto:auto
             for r in checkpoint:0:28 keep14:0:auto off14:0:auto checkpoint:0:auto:host:gpu:0 \
                      checkpoint:0:auto:host:gpu:14 keep14:0:auto:host:gpu:14 off14:0:auto:host:gpu:14 \

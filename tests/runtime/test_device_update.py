@@ -6,7 +6,8 @@ CPU, real gloo ranks: the device is the CPU, so both paths run the same fused Ad
 must agree bit for bit (losses, grad norms, clip decisions, master weights and both moments after the last step,
 as the final checkpoint holds them: written back from the devices). Cases: 2 ranks bf16 sharded delivery, tied
 embeddings, clipping that fires and gradient accumulation, edges and one layer on the device; 1 rank fp32 (untied
-head) with edges and two layers; 3 ranks fp32 replicated delivery with two layers and the edges on the host.
+head) with edges and two layers; 3 ranks fp32 replicated delivery with two layers and the edges on the host; 1 rank
+bf16 with every unit on the device (the host update has nothing to do, yet every step must finish).
 """
 
 from __future__ import annotations
@@ -30,6 +31,10 @@ CASES = {
                    "delivery": "replicated", "preset": "tiny-llama", "edge": "gpu", "layers": 2},
     "3ranks-layers-only": {"ranks": 3, "precision": "fp32", "grad_accum": 1, "max_grad_norm": 0.05,
                            "delivery": "replicated", "preset": "tiny-qwen3", "edge": "host", "layers": 2},
+    # no unit left to the host update: the updater still reports each step's norm and clip decision
+    "1rank-everything-on-the-device": {"ranks": 1, "precision": "bf16", "grad_accum": 2, "max_grad_norm": 0.05,
+                                       "delivery": "replicated", "preset": "tiny-qwen3", "edge": "gpu",
+                                       "layers": 4},
 }
 
 
@@ -63,7 +68,8 @@ def device_runs(root, case: dict, gpus: int = 0) -> dict:
 
 
 # the 2-rank case in the quick set; the others with the slow suites (make test-fast stays under 10 min)
-PARAMS = [pytest.param(name, marks=() if name.startswith("2ranks") else pytest.mark.slow) for name in CASES]
+QUICK = ("2ranks-bf16-clip-accum", "1rank-everything-on-the-device")
+PARAMS = [pytest.param(name, marks=() if name in QUICK else pytest.mark.slow) for name in CASES]
 
 
 @pytest.fixture(scope="module", params=PARAMS, ids=list(CASES))

@@ -109,6 +109,8 @@ class Updater(threading.Thread):
         self._cond = threading.Condition()
         self._pending: deque[GradItem] = deque()
         self._backward_ended: set[int] = set()
+        # steps whose every unit is updated on the devices: nothing arrives, yet the step's norm and result must
+        self._empty_steps: deque[int] = deque()
         self._device_norm: dict[int, tuple] = {}
         self._stopping = False
         self.error: BaseException | None = None
@@ -133,6 +135,8 @@ class Updater(threading.Thread):
             self._backward_ended.add(step)
             if device_norm is not None:
                 self._device_norm[step] = device_norm
+            if not self.host_units:
+                self._empty_steps.append(step)
             self._cond.notify()
 
     def stop(self) -> None:
@@ -160,6 +164,9 @@ class Updater(threading.Thread):
                 item = self._next_item()
                 if item is None:
                     return
+                if isinstance(item, int):  # a step with no unit to update here
+                    self._finish_step(item)
+                    continue
                 t0, waited = time.perf_counter(), self._waited
                 self._process(item)
                 # busy = working: the waits for a gradient to land, for other ranks and for the norm are not
@@ -177,10 +184,12 @@ class Updater(threading.Thread):
                 it.published = True
                 self.board.set_grad_seq(self.rank, it.slot, it.seq)
 
-    def _next_item(self) -> GradItem | None:
+    def _next_item(self) -> GradItem | int | None:
         with self._cond:
-            while not self._pending and not self._stopping:
+            while not self._pending and not self._empty_steps and not self._stopping:
                 self._cond.wait(timeout=0.05)
+            if self._empty_steps:
+                return self._empty_steps.popleft()
             if not self._pending:
                 return None
             if self._pending[0].step in self._backward_ended:
