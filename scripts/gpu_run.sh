@@ -90,7 +90,7 @@ for part in "$@"; do
     facts) df -h /dev/shm /tmp; free -g; nproc; cat /sys/fs/cgroup/memory.max 2>/dev/null
            cat /sys/kernel/mm/transparent_hugepage/enabled /sys/kernel/mm/transparent_hugepage/shmem_enabled ;;
     grid17b) G=auto:auto:auto:0:auto:host:auto:auto
-             for r in keep28:0:auto:host:gpu:28 keep14:0:auto:host:gpu:14 off14:0:auto:host:gpu:14 checkpoint:0:28; do
+             for r in ${G17B_ROWS:-keep28:0:auto:host:gpu:28 keep14:0:auto:host:gpu:14 off14:0:auto:host:gpu:14 checkpoint:0:28}; do
                G="$G,replicated:gpu:$r"; done
              timeout ${GRID_S:-420} python3 -m slidedp.cli bench --model qwen3-1.7b --seq 2048 --gpus 1 --mbs ${MBS:-8} \
                --steps 6 --threads 16 --policies "$G" --out "$OUT/grid17b-${MBS:-8}.jsonl" 2>&1 | quiet 24 ;;

@@ -204,13 +204,12 @@ def shm_free_bytes(directory: str) -> Optional[int]:
 
 def shared_state_bytes(cfg: Any) -> int:
     """Bytes the job's host state takes in shared memory: fp32 master weights and AdamW moments (12 B/param),
-    the bf16 delivery copy in bf16 (2 B/param), and the gradient staging buffers."""
-    from slidedp.presets import model_config_dict, unit_param_counts
+    the bf16 delivery copy where one is made (2 B/param), and the gradient staging buffers."""
+    from slidedp.presets import model_config_dict
     from slidedp.validation import host_state_bytes
 
-    params = sum(unit_param_counts(model_config_dict(cfg.model)))
-    _, staging = host_state_bytes(cfg, model_config_dict(cfg.model))
-    return params * (12 + (2 if cfg.precision == "bf16" else 0)) + staging
+    state, staging = host_state_bytes(cfg, model_config_dict(cfg.model))
+    return state + staging
 
 
 def resource_errors(cfg: Any, topology: Optional[dict[str, Any]], shm_directory: str) -> list[dict[str, str]]:

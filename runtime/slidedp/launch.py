@@ -211,10 +211,16 @@ def _metrics_prediction(plan: dict) -> dict:
 
 
 def host_layout(cfg: JobConfig, unit_numels: list[int], policy: dict) -> HostLayout:
-    """Shared-memory layout of a job: the state, plus gradient staging sized by the gradient route."""
+    """Shared-memory layout of a job: the state, plus gradient staging sized by the gradient route and by the
+    units that send their gradients to the host (a unit updated on the GPUs never does: with the embedding and
+    head there, a Qwen3-8B slot holds a 0.2B-param layer instead of the 0.62B-param head)."""
+    from slidedp.planning.schedule import device_units
+
     world = cfg.world_size
-    shard = max(-(-n // world) for n in unit_numels)
-    staging = shard if (policy["grad_reduce"] == "gpu" and world > 1) else max(unit_numels)
+    on_device = device_units(len(unit_numels) - 2, policy.get("edge_update", "host"), policy.get("device_layers", 0))
+    sent = [n for u, n in enumerate(unit_numels) if u not in on_device] or [1]
+    shard = max(-(-n // world) for n in sent)
+    staging = shard if (policy["grad_reduce"] == "gpu" and world > 1) else max(sent)
     return HostLayout(run=f"slidedp-{os.getpid()}-{uuid.uuid4().hex[:8]}", directory=shm_dir(),
                       unit_numels=unit_numels, world=world,
                       # with the cast on the GPU the master itself is delivered: no bf16 copy on the host
@@ -289,6 +295,7 @@ def train(config: dict | JobConfig, on_step: Callable[[dict], None] | None = Non
     import torch
 
     from slidedp.persist import checkpoint as ckpt
+    from slidedp.step import host_state
     from slidedp.step.host_state import HostState, cleanup_orphans, unlink
     from slidedp.step.model_adapter import ModelAdapter, load_hf_config
     from slidedp.step.rank import CKPT_DONE, RankArgs
@@ -334,6 +341,9 @@ def train(config: dict | JobConfig, on_step: Callable[[dict], None] | None = Non
     if should_stop is not None and should_stop():  # asked while starting: nothing is allocated yet
         _log(on_log, "stopped before the host state was allocated")
         return TrainResult("stopped", 0, [], cfg.output_dir, None, None, {**policy, "plan": plan})
+    short = host_state.space_error(layout, keep_state=reuse)
+    if short is not None:
+        raise ConfigError([short])
     state = HostState.create(layout, keep_state=reuse)
     if state_cache is not None:
         state_cache.layout = layout

@@ -9,7 +9,8 @@ the same structured error (slidedp.data.DataError, a ConfigError).
     check_job(cfg)                    # raises slidedp.ConfigError with those errors
 
 Host RAM: the host state takes HOST_STATE_BYTES_PER_PARAM bytes per parameter (fp32 master weights and AdamW
-moments, 12 B, plus the bf16 copy delivered to the GPUs, 2 B) and gradients are staged through a few unit
+moments, 12 B, plus the bf16 copy delivered to the GPUs, 2 B; 12 B when the master itself is delivered: fp32
+precision or policy.delivery_cast gpu) and gradients are staged through a few unit
 buffers per rank. The RAM available is ``cfg.host_ram_gib`` when set, else the cgroup memory limit, else
 MemTotal. The cgroup or configured figure is preferred because MemTotal is not a limit everywhere: on the GPU
 machine it starts small and grows as memory is touched, so it understates what a job may use.
@@ -119,7 +120,9 @@ def host_state_bytes(cfg: JobConfig, model_cfg: dict[str, Any]) -> tuple[int, in
     units = unit_param_counts(model_cfg)
     grad_bytes = 2 if cfg.policy.reduce_dtype == "bf16" else 4
     staging = cfg.world_size * STAGED_UNITS_PER_RANK * max(units) * grad_bytes
-    return HOST_STATE_BYTES_PER_PARAM * sum(units), staging
+    # no bf16 copy when the master itself is delivered (fp32 precision, or the cast on the GPU)
+    per_param = HOST_STATE_BYTES_PER_PARAM if cfg.precision == "bf16" and cfg.policy.delivery_cast == "host" else 12
+    return per_param * sum(units), staging
 
 
 def _check_host_ram(
@@ -141,7 +144,7 @@ def _check_host_ram(
             {
                 "loc": "host_ram_gib" if cfg.host_ram_gib is not None else "model",
                 "msg": f"host RAM too small: the host state needs {need / GIB:.1f} GiB "
-                f"({params / 1e9:.2f}B params x {HOST_STATE_BYTES_PER_PARAM} B = {state / GIB:.1f} GiB, plus "
+                f"({params / 1e9:.2f}B params x {state // params} B = {state / GIB:.1f} GiB, plus "
                 f"{staging / GIB:.1f} GiB of gradient staging for {cfg.world_size} rank(s)) but "
                 f"{available / GIB:.1f} GiB is available ({source}); use a smaller model, fewer ranks or a "
                 "host with more memory",

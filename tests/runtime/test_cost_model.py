@@ -169,3 +169,28 @@ def test_planning_modules_import_no_torch():
     env = dict(os.environ, PYTHONPATH="runtime")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60)
     assert out.stdout.strip() == "False", out.stderr
+
+
+@pytest.mark.parametrize("gpus,route,edge,layers", [(1, "host", "gpu", 0), (1, "host", "gpu", 36),
+                                                     (2, "gpu", "gpu", 9), (2, "gpu", "host", 9), (2, "host", "host", 0)])
+def test_staging_holds_only_the_gradients_the_host_updates(x2, gpus, route, edge, layers):
+    """A unit updated on the GPUs never stages its gradient on the host: with the embedding and head there a slot
+    is sized by the largest decoder layer, not by the 0.62B-param head. The memory model's staging figure is the
+    layout's, byte for byte (slidedp.launch.host_layout)."""
+    from slidedp.launch import host_layout
+
+    topo, cal = x2
+    numels = unit_param_counts(PRESETS["qwen3-8b"])
+    job = _job(topo["nvlink"], gpus=gpus)
+    pol = cm.Policy.mix(job, 0, 0, 0, grad_reduce=route, edge_update=edge, device_layers=layers)
+    modelled = mm.host_parts(job, pol, mm.ActivationSizes.of(job, cal["qwen3-8b_bs8_nvlink"]))["gradient_staging"]
+    cfg = JobConfig.from_dict({"model": "qwen3-8b", "data": {"path": "x.jsonl"}, "gpus": gpus})
+    layout = host_layout(cfg, numels, {"grad_reduce": route, "staging_slots": mm.staging_slots(pol.window),
+                                       "edge_update": edge, "device_layers": layers})
+    assert modelled == layout.world * layout.staging_slots * layout.slot_numel * mm.STAGING_BYTES
+    edges = (0, len(numels) - 1) if edge == "gpu" else ()
+    sent = max((n for u, n in enumerate(numels) if u not in edges and not 1 <= u <= layers), default=1)
+    per_slot = sent if route == "host" or gpus == 1 else -(-sent // gpus)
+    assert layout.slot_numel == per_slot
+    if edge == "gpu":
+        assert layout.slot_numel <= numels[1]  # a decoder layer, whatever the head's size

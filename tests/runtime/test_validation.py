@@ -241,6 +241,35 @@ def test_host_ram_too_small_states_needed_and_available_gib(tmp_path):
     with pytest.raises(ConfigError) as err:
         check_job(cfg, host_ram_bytes=GIB)
     assert err.value.errors[0]["loc"] == "model"
+    # the master delivered itself (cast on the GPU, or fp32 precision): no bf16 copy, 12 B/param
+    for extra in ({"policy": {"delivery_cast": "gpu"}}, {"precision": "fp32"}):
+        lean, _ = host_state_bytes(cfg_for(model="qwen3-8b", path=tokens, fmt="tokens", ranks=2, **extra),
+                                   PRESETS["qwen3-8b"])
+        assert lean == 12 * param_count(PRESETS["qwen3-8b"]), extra
+
+
+def test_a_host_state_too_large_for_shared_memory_is_refused_before_anything_is_created(tmp_path, monkeypatch):
+    """The segments are sparse files: a tmpfs too small would show only as a SIGBUS on first touch, mid-start.
+    train() compares the layout's bytes with the folder's free space first and names what to change."""
+    import slidedp
+    from slidedp.step import host_state
+
+    shm = tmp_path / "shm"
+    shm.mkdir()
+    monkeypatch.setenv("SLIDEDP_SHM_DIR", str(shm))
+    monkeypatch.setattr(host_state, "free_bytes", lambda directory: 1 << 20)  # a 1 MiB tmpfs
+    tokens = tmp_path / "t.jsonl"
+    tokens.write_text("".join(json.dumps({"input_ids": list(range(1, 17))}) + "\n" for _ in range(8)))
+    job = {"model": "tiny-qwen3", "data": {"path": str(tokens), "format": "tokens"}, "seq_len": 16, "steps": 1,
+           "ranks": 1, "output_dir": str(tmp_path / "out")}
+    with pytest.raises(ConfigError) as err:
+        slidedp.train(job)
+    msg = err.value.errors[0]["msg"]
+    assert err.value.errors[0]["loc"] == "model"
+    assert f"in {shm}" in msg and "only 0.0 GiB is free" in msg and "SLIDEDP_SHM_DIR" in msg
+    assert os.listdir(shm) == []  # no segment, no manifest
+    monkeypatch.setattr(host_state, "free_bytes", lambda directory: None)  # unknown: left to the run
+    assert slidedp.train(job).status == "completed"
 
 
 def test_host_ram_limit_prefers_configured_then_cgroup_then_memtotal(tmp_path):

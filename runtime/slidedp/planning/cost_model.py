@@ -19,6 +19,7 @@ from typing import Any
 
 from slidedp.planning import overlap
 from slidedp.planning.memory_model import HBM_BUDGET_FRACTION, ActivationSizes, staging_slots
+from slidedp.planning.schedule import device_units as units_on_the_devices
 from slidedp.planning.shape import shape_matches
 from slidedp.presets import model_config_dict, unit_param_counts
 
@@ -165,8 +166,7 @@ class Policy:
 
     def device_units(self, layers: int) -> set[int]:
         """Units updated on the GPUs: the embedding and head (edge_update gpu), layers 1..device_layers."""
-        out = set(range(1, 1 + min(self.device_layers, layers)))
-        return out | ({0, layers + 1} if self.edge_units_on_gpu else set())
+        return set(units_on_the_devices(layers, self.edge_update, self.device_layers))
 
     @classmethod
     def default(cls, job: Job, **kw: Any) -> Policy:

@@ -133,12 +133,15 @@ def host_parts(job: Job, pol: Policy, acts: ActivationSizes) -> dict[str, float]
     """Bytes of host RAM the whole job holds (all ranks), by part."""
     P, N = job.params, job.world
     max_unit = max(job.padded(u) for u in range(len(job.units)))
+    on_device = pol.device_units(job.layers)
+    # staging holds only gradients the host updates (slidedp.launch.host_layout)
+    max_sent = max((job.padded(u) for u in range(len(job.units)) if u not in on_device), default=1)
     parts = {
         "master_and_moments": 12.0 * P,
         "delivery_copy": 2.0 * P if job.host_cast else 0.0,
         # a slot holds a whole unit on the host route, one shard on the gpu route (slidedp.launch.host_layout)
-        "gradient_staging": float(N * staging_slots(pol.window) * (max_unit if (pol.grad_reduce == "host" or N == 1)
-                                                                   else -(-max_unit // N)) * STAGING_BYTES),
+        "gradient_staging": float(N * staging_slots(pol.window) * (max_sent if (pol.grad_reduce == "host" or N == 1)
+                                                                   else -(-max_sent // N)) * STAGING_BYTES),
         "held_gradient": 4.0 * P if job.clip else 0.0,
         "host_reduce_scratch": float(N * -(-max_unit // N) * 4)
         if pol.grad_reduce == "host" and N > 1

@@ -11,6 +11,13 @@ the schedule alone, so every rank plans the same deliveries and all-gathers what
 from __future__ import annotations
 
 
+def device_units(layers: int, edge_update: str, device_layers: int) -> frozenset[int]:
+    """Units updated on the GPUs (slidedp.step.device_update): the embedding and head (units 0 and layers + 1)
+    with edge_update gpu, and decoder layers 1..device_layers. None of them sends a gradient to the host."""
+    out = set(range(1, 1 + min(int(device_layers or 0), layers)))
+    return frozenset(out | ({0, layers + 1} if edge_update == "gpu" else set()))
+
+
 def window_plan(schedule: list[int], dedicated: set[int], slots: int) -> tuple[list[tuple], list[int]]:
     """Mirror of slidedp.step.window.Window for one step: per schedule item, where its unit is and whether it
     is delivered, and the index of the item whose get() issues it.

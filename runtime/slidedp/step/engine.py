@@ -24,6 +24,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from slidedp.config import JobConfig
+from slidedp.planning.schedule import device_units as planned_device_units
 from slidedp.planning.schedule import step_schedule
 from slidedp.step.activations import SavedActivations
 from slidedp.step.device_update import DeviceUpdate
@@ -69,9 +70,7 @@ class RankEngine:
         self.L = adapter.num_layers
         self.head_unit = self.L + 1
         self.activations: list[str] = list(policy["activations"])
-        device_layers = set(range(1, 1 + min(self.L, int(policy.get("device_layers", 0)))))
-        device_units = frozenset(device_layers | ({0, self.head_unit} if policy.get("edge_update") == "gpu"
-                                                  else set()))
+        device_units = planned_device_units(self.L, policy.get("edge_update", "host"), policy.get("device_layers", 0))
         # resolve_policy makes device-updated layers resident (the window checks: kept units are dedicated)
         resident = {i + 1 for i, r in enumerate(policy.get("resident", [False] * self.L)) if r}
         self.window = Window(padded=self.shards.padded, dedicated={0, self.head_unit, *resident},

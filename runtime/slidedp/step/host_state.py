@@ -111,6 +111,36 @@ class HostLayout:
     def path(self, kind: str) -> str:
         return os.path.join(self.directory, f"{self.run}.{kind}")
 
+    def shared_bytes(self, keep_state: bool = False) -> int:
+        """Bytes the run's segments take once touched (keep_state: the state exists already, only the per-run
+        segments are new). The files are sparse, so a folder too small shows only when a page is first
+        written — as a SIGBUS that kills the process — which is why this is checked before creating them."""
+        state = self.total * (12 + (2 if self.delivery_dtype == "bfloat16" else 0))
+        staging = self.world * self.staging_slots * self.slot_numel * 4
+        held = self.total * 4 if self.hold_gradient else 0
+        return (0 if keep_state else state) + staging + held
+
+
+def free_bytes(directory: str) -> int | None:
+    """Free space of the folder the segments live in (None: it cannot be read)."""
+    try:
+        st = os.statvfs(directory)
+    except OSError:
+        return None
+    return st.f_bavail * st.f_frsize
+
+
+def space_error(layout: HostLayout, keep_state: bool = False) -> dict[str, str] | None:
+    """The config error to refuse a run with when its segments do not fit their folder, else None."""
+    need, free = layout.shared_bytes(keep_state), free_bytes(layout.directory)
+    if free is None or need <= free:
+        return None
+    gib = 2**30
+    return {"loc": "model", "msg": f"shared memory too small: the host state needs {need / gib:.1f} GiB in "
+            f"{layout.directory} but only {free / gib:.1f} GiB is free there; enlarge that tmpfs (e.g. mount -o "
+            "remount,size=... it), in Docker give the container a larger shm_size or ipc: host, or point "
+            "SLIDEDP_SHM_DIR at a larger tmpfs"}
+
 
 class Board:
     """Cross-process progress counters in shared memory (int64), polled by the rank processes.
