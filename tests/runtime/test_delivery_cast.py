@@ -69,6 +69,13 @@ def assert_fp32_crosses(runs: dict) -> None:
     assert runs["gpu"]["result"].policy["delivery_cast"] == "gpu"
 
 
+def test_the_host_cast_is_reported_as_part_of_the_update(runs):
+    """phases.update_cast_busy: the seconds of update_busy spent writing the bf16 copy; none without a copy."""
+    for rec in runs["host"]["result"].metrics:
+        assert 0 < rec["phases"]["update_cast_busy"] < rec["phases"]["update_busy"], rec["phases"]
+    assert all(rec["phases"]["update_cast_busy"] == 0 for rec in runs["gpu"]["result"].metrics)
+
+
 def test_host_state_without_the_bf16_copy_is_12_bytes_per_param():
     from slidedp.config import JobConfig
     from slidedp.launch import host_layout

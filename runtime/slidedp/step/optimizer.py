@@ -56,16 +56,20 @@ def adamw_(param: torch.Tensor, grad: torch.Tensor, exp_avg: torch.Tensor, exp_a
 
 
 def update_shard_(master: torch.Tensor, grad: torch.Tensor, exp_avg: torch.Tensor, exp_avg_sq: torch.Tensor,
-                  delivery: torch.Tensor | None, step: int, lr: float, opt: OptimizerConfig) -> None:
+                  delivery: torch.Tensor | None, step: int, lr: float, opt: OptimizerConfig) -> float:
     """The host update of one shard: AdamW, then its bf16 delivery copy (when given); calibration times this.
 
     The cast is a second pass over the master (AdamW 28 B/param + cast 6). Casting chunk by chunk right after each
     chunk's AdamW, to read the master from cache, measured no faster on the GPU machine (0.322 vs 0.324 s per 1e9
     params at 16 threads, chunks of 1M-16M elements: docs/perf-notes.md), so the passes stay whole.
+    Returns the seconds the cast took (0 without one), which the metrics report apart from the AdamW pass.
     """
     adamw_(master, grad, exp_avg, exp_avg_sq, step, lr, opt)
-    if delivery is not None:
-        delivery.copy_(master)
+    if delivery is None:
+        return 0.0
+    t0 = time.perf_counter()
+    delivery.copy_(master)
+    return time.perf_counter() - t0
 
 
 @dataclass
@@ -84,6 +88,7 @@ class StepResult:
     grad_norm: float
     clipped: bool
     update_busy_s: float
+    cast_busy_s: float  # of update_busy_s: writing the bf16 delivery copy
     finished_at: float  # perf_counter when the last unit of the step was updated
 
 
@@ -119,6 +124,7 @@ class Updater(threading.Thread):
         self._unit_sumsq: dict[int, float] = {}
         self._done_units = 0
         self._busy = 0.0
+        self._cast = 0.0  # seconds of _busy spent in the delivery cast
         self._waited = 0.0  # seconds this thread waited inside _process (running total)
         self.last_step = 0  # last step whose every unit is updated on this rank's shards
 
@@ -233,8 +239,9 @@ class Updater(threading.Thread):
         if hi > lo:
             lr = lr_at(step, self.total_steps, self.opt, self.sched)
             delivery = self.state.delivery_unit(unit)[lo:hi] if self.deliver_bf16 else None
-            update_shard_(self.state.master_unit(unit)[lo:hi], grad, self.state.exp_avg_unit(unit)[lo:hi],
-                          self.state.exp_avg_sq_unit(unit)[lo:hi], delivery, step, lr, self.opt)
+            self._cast += update_shard_(self.state.master_unit(unit)[lo:hi], grad,
+                                        self.state.exp_avg_unit(unit)[lo:hi], self.state.exp_avg_sq_unit(unit)[lo:hi],
+                                        delivery, step, lr, self.opt)
         self.board.set_updated(unit, self.rank, step)
 
     def _process(self, item: GradItem) -> None:
@@ -279,6 +286,6 @@ class Updater(threading.Thread):
                 if coef < 1.0:
                     g.mul_(coef)
                 self._update_unit(u, g, step)
-        self.results.append(StepResult(step, norm, clipped, self._busy, time.perf_counter()))
+        self.results.append(StepResult(step, norm, clipped, self._busy, self._cast, time.perf_counter()))
         self.last_step = step
-        self._unit_sumsq, self._done_units, self._busy = {}, 0, 0.0
+        self._unit_sumsq, self._done_units, self._busy, self._cast = {}, 0, 0.0, 0.0

@@ -223,7 +223,8 @@ class _Reporter:
             "host_rss_gib": None,  # filled by the launcher, which sees every rank process
             "data_time_s": t.data_s,
             "phases": {"data": t.data_s, "forward": fwd, "backward": bwd, "update_tail": t.update_tail_s,
-                       "staging_wait": t.staging_wait_s, "update_busy": res.update_busy_s},
+                       "staging_wait": t.staging_wait_s, "update_busy": res.update_busy_s,
+                       "update_cast_busy": res.cast_busy_s},
             "cpu_s": {"issue": cpu_end[0] - t.cpu_start[0], "rank": cpu_end[1] - t.cpu_start[1]},
             "predicted": self.predicted,
             "bytes": {"h2d": [row[0] for row in stats], "d2h": [row[1] for row in stats],
