@@ -35,18 +35,36 @@ def shm_tensor(directory: str, name: str, numel: int) -> torch.Tensor:
     return t
 
 
-class Dma:
+class Background:
+    """GPU activity in a thread of its own while the update is timed: `with Load(...) as load:`."""
+
+    def __init__(self):
+        self.stop = threading.Event()
+        self.moved = 0  # bytes copied so far
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        raise NotImplementedError
+
+    def __enter__(self):
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.stop.set()
+        self.thread.join()
+
+
+class Dma(Background):
     """Copies between pinned host buffers and the GPU in one or both directions, at a duty cycle."""
 
     def __init__(self, nbytes: int, h2d: bool, d2h: bool, duty: float):
+        super().__init__()
         self.h2d, self.d2h, self.duty = h2d, d2h, duty
         n = nbytes // 2
         self.host = [torch.empty(n, dtype=torch.bfloat16).pin_memory() for _ in range(2)]
         self.dev = [torch.empty(n, dtype=torch.bfloat16, device="cuda") for _ in range(2)]
         self.streams = [torch.cuda.Stream(), torch.cuda.Stream()]
-        self.stop = threading.Event()
-        self.moved = 0
-        self.thread = threading.Thread(target=self._run, daemon=True)
 
     def _run(self) -> None:
         while not self.stop.is_set():
@@ -69,23 +87,13 @@ class Dma:
             if self.duty < 1.0:
                 time.sleep(busy * (1.0 / self.duty - 1.0))
 
-    def __enter__(self):
-        self.thread.start()
-        return self
 
-    def __exit__(self, *exc):
-        self.stop.set()
-        self.thread.join()
-
-
-class GemmLoad:
+class GemmLoad(Background):
     """The GPU computing (bf16 matrix products) while copying nothing: what the issuing thread's launches cost."""
 
     def __init__(self):
+        super().__init__()
         self.a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
-        self.stop = threading.Event()
-        self.thread = threading.Thread(target=self._run, daemon=True)
-        self.moved = 0
 
     def _run(self) -> None:
         while not self.stop.is_set():
@@ -94,14 +102,6 @@ class GemmLoad:
             e = torch.cuda.Event(blocking=True)
             e.record()
             e.synchronize()
-
-    def __enter__(self):
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc):
-        self.stop.set()
-        self.thread.join()
 
 
 def timed_update(bufs: dict, chunk: int, threads: int, passes: int) -> float:
