@@ -26,7 +26,7 @@ import tempfile
 import time
 import traceback
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NoReturn
 
 # Set in the rank processes unless the caller already chose: NVLink multicast (NVLS) is off on the GPU machine.
 GPU_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
@@ -309,8 +309,8 @@ def is_oom(exc: BaseException) -> bool:
     return (oom_type is not None and isinstance(exc, oom_type)) or "out of memory" in str(exc).lower()
 
 
-def rank_main(args_file: str, rank: int, world: int, train: Callable[[dict, int, int], dict]) -> int:
-    """One rank: run `train`, then write rank<r>.json next to the args file (also on failure)."""
+def rank_main(args_file: str, rank: int, world: int, train: Callable[[dict, int, int], dict]) -> NoReturn:
+    """One rank: run `train`, write rank<r>.json next to the args file (also on failure), and end the process."""
     with open(args_file, encoding="utf-8") as fh:
         a = json.load(fh)
     report: dict[str, Any] = {"rank": rank}
@@ -331,4 +331,12 @@ def rank_main(args_file: str, rank: int, world: int, train: Callable[[dict, int,
 
     if dist.is_initialized():
         dist.destroy_process_group()
-    return 0
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # Not a return into interpreter shutdown: destroy_process_group only unregisters a group that is still
+    # held (FSDP2's DeviceMesh stays in torch's DTensor caches, and the mesh holds the group), so the gloo
+    # worker threads outlive it. One may still be dropping the tensors of the last collective, which takes the
+    # GIL; once finalization has begun CPython ends such a thread with pthread_exit, whose unwind through a
+    # noexcept C++ destructor calls std::terminate: the rank dies with SIGABRT after writing its report.
+    # What the rank leaves behind (its report, its log) is on disk; the OS ends the rest at once.
+    os._exit(0)
