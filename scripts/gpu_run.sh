@@ -38,6 +38,9 @@
 #           offload into two reused slots, and the host-update base row
 #   one8x1  Qwen3-8B on the one-GPU machine (128 GiB RAM): the fp32 master delivered and cast on the GPU (no bf16
 #           host copy), AutoPolicy for the rest, micro-batch 8, 20 steps on pattern data; FSDP2 GPU-resident beside
+#   cast17  Qwen3-1.7B on one GPU at MBS (8): the embedding/head + 7 layers on the GPU, every layer keeps (AutoPolicy's
+#           choice on the third day), with the bf16 cast on the host and on the GPU: does the in-step host update
+#           slow down with the cast (phases.update_cast_busy) or with the unit size?
 #   grid    the declared AutoPolicy grid (docs/benchmarks.md) for MODEL (qwen3-8b), MBS (8), K keep, M offload
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export PYTHONPATH=$PWD/runtime:$PWD PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1
@@ -96,6 +99,9 @@ for part in "$@"; do
                --steps 6 --threads 16 --policies "$G" --out "$OUT/grid17b-${MBS:-8}.jsonl" 2>&1 | quiet 24 ;;
     one8x1) timeout ${ONE_S:-560} $BENCH --gpus 1 --mbs 8 --steps 20 --threads 16 --data pattern --lr 1e-4 \
               --policies auto:auto:auto:0:auto:gpu:auto:auto --peers fsdp2:0 --out "$OUT/bench-8b-x1.jsonl" 2>&1 | quiet 40 ;;
+    cast17) R=replicated:gpu:keep28:0:7
+            timeout ${CAST_S:-300} python3 -m slidedp.cli bench --model qwen3-1.7b --seq 2048 --gpus 1 --mbs ${MBS:-8} \
+              --steps 8 --threads 16 --policies $R:host:gpu:7,$R:gpu:gpu:7 --out "$OUT/cast17.jsonl" 2>&1 | quiet 6 ;;
     grid17) G=auto:auto:auto:0:auto:host:auto:auto
             for r in checkpoint:0:28 keep14:0:auto off14:0:auto checkpoint:0:auto:host:gpu:0 \
                      checkpoint:0:auto:host:gpu:14 keep14:0:auto:host:gpu:14 off14:0:auto:host:gpu:14 \
