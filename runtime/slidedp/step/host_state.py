@@ -137,9 +137,9 @@ def space_error(layout: HostLayout, keep_state: bool = False) -> dict[str, str] 
         return None
     gib = 2**30
     return {"loc": "model", "msg": f"shared memory too small: the host state needs {need / gib:.1f} GiB in "
-            f"{layout.directory} but only {free / gib:.1f} GiB is free there; enlarge that tmpfs (e.g. mount -o "
-            "remount,size=... it), in Docker give the container a larger shm_size or ipc: host, or point "
-            "SLIDEDP_SHM_DIR at a larger tmpfs"}
+            f"{layout.directory} but only {free / gib:.1f} GiB is free there; enlarge that tmpfs (mount -o "
+            f"remount,size={-(-need // gib) + 1}g {layout.directory}), in Docker give the container a larger shm_size "
+            "or ipc: host, or point SLIDEDP_SHM_DIR at a larger tmpfs"}
 
 
 class Board:

@@ -114,7 +114,8 @@ class Updater(threading.Thread):
         self._cond = threading.Condition()
         self._pending: deque[GradItem] = deque()
         self._backward_ended: set[int] = set()
-        # steps whose every unit is updated on the devices: nothing arrives, yet the step's norm and result must
+        # steps whose every unit is updated on the devices: no gradient arrives here, yet each step's norm and
+        # result must still be produced, or the rank waits for them forever
         self._empty_steps: deque[int] = deque()
         self._device_norm: dict[int, tuple] = {}
         self._stopping = False
