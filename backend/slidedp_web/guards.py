@@ -194,14 +194,6 @@ async def _json_response(send: Send, status: int, body: dict[str, Any]) -> None:
 
 
 # -------------------------------------------------------------------------------------------- resources
-def shm_free_bytes(directory: str) -> Optional[int]:
-    try:
-        st = os.statvfs(directory)
-    except OSError:
-        return None
-    return st.f_bavail * st.f_frsize
-
-
 def shared_state_bytes(cfg: Any) -> int:
     """Bytes the job's host state takes in shared memory: fp32 master weights and AdamW moments (12 B/param),
     the bf16 delivery copy where one is made (2 B/param), and the gradient staging buffers."""
@@ -224,7 +216,9 @@ def resource_errors(cfg: Any, topology: Optional[dict[str, Any]], shm_directory:
         need = shared_state_bytes(cfg)
     except (OSError, KeyError, ValueError, TypeError):
         return []  # a model that cannot be sized is reported by the runtime's own validation
-    free = shm_free_bytes(shm_directory)
+    from slidedp.validation import free_bytes
+
+    free = free_bytes(shm_directory)
     if free is not None and need > free:
         return [
             {

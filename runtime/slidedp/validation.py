@@ -115,6 +115,15 @@ def cgroup_memory_limit(root: str = "/sys/fs/cgroup", proc_cgroup: str = "/proc/
     return min(limits) if limits else None
 
 
+def free_bytes(directory: str) -> int | None:
+    """Free space of a folder, as the shared-memory segments of a host state would find it (None: unreadable)."""
+    try:
+        st = os.statvfs(directory)
+    except OSError:
+        return None
+    return st.f_bavail * st.f_frsize
+
+
 def host_state_bytes(cfg: JobConfig, model_cfg: dict[str, Any]) -> tuple[int, int]:
     """(host state bytes, gradient staging bytes) for the job's model and ranks."""
     units = unit_param_counts(model_cfg)

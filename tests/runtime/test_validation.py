@@ -252,12 +252,12 @@ def test_a_host_state_too_large_for_shared_memory_is_refused_before_anything_is_
     """The segments are sparse files: a tmpfs too small would show only as a SIGBUS on first touch, mid-start.
     train() compares the layout's bytes with the folder's free space first and names what to change."""
     import slidedp
-    from slidedp.step import host_state
+    from slidedp import validation
 
     shm = tmp_path / "shm"
     shm.mkdir()
     monkeypatch.setenv("SLIDEDP_SHM_DIR", str(shm))
-    monkeypatch.setattr(host_state, "free_bytes", lambda directory: 1 << 20)  # a 1 MiB tmpfs
+    monkeypatch.setattr(validation, "free_bytes", lambda directory: 1 << 20)  # a 1 MiB tmpfs
     tokens = tmp_path / "t.jsonl"
     tokens.write_text("".join(json.dumps({"input_ids": list(range(1, 17))}) + "\n" for _ in range(8)))
     job = {"model": "tiny-qwen3", "data": {"path": str(tokens), "format": "tokens"}, "seq_len": 16, "steps": 1,
@@ -268,7 +268,7 @@ def test_a_host_state_too_large_for_shared_memory_is_refused_before_anything_is_
     assert err.value.errors[0]["loc"] == "model"
     assert f"in {shm}" in msg and "only 0.0 GiB is free" in msg and "SLIDEDP_SHM_DIR" in msg
     assert os.listdir(shm) == []  # no segment, no manifest
-    monkeypatch.setattr(host_state, "free_bytes", lambda directory: None)  # unknown: left to the run
+    monkeypatch.setattr(validation, "free_bytes", lambda directory: None)  # unknown: left to the run
     assert slidedp.train(job).status == "completed"
 
 

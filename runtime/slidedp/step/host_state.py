@@ -121,18 +121,11 @@ class HostLayout:
         return (0 if keep_state else state) + staging + held
 
 
-def free_bytes(directory: str) -> int | None:
-    """Free space of the folder the segments live in (None: it cannot be read)."""
-    try:
-        st = os.statvfs(directory)
-    except OSError:
-        return None
-    return st.f_bavail * st.f_frsize
-
-
 def space_error(layout: HostLayout, keep_state: bool = False) -> dict[str, str] | None:
     """The config error to refuse a run with when its segments do not fit their folder, else None."""
-    need, free = layout.shared_bytes(keep_state), free_bytes(layout.directory)
+    from slidedp import validation
+
+    need, free = layout.shared_bytes(keep_state), validation.free_bytes(layout.directory)
     if free is None or need <= free:
         return None
     gib = 2**30
