@@ -41,6 +41,10 @@
 #   cast17  Qwen3-1.7B on one GPU at MBS (8): the embedding/head + 7 layers on the GPU, every layer keeps (AutoPolicy's
 #           choice on the third day), with the bf16 cast on the host and on the GPU: does the in-step host update
 #           slow down with the cast (phases.update_cast_busy) or with the unit size?
+#   gil17   the GIL and the host update: the contention probe (a thread running Python at two switch intervals), then
+#           Qwen3-1.7B at MBS (8) on one GPU, AutoPolicy's third-day choice and the host-update base row at the
+#           engine's switch interval and at CPython's 5 ms (SLIDEDP_GIL_SWITCH_S), then AutoPolicy and the grid's
+#           best row (everything on the GPU, every layer keeps)
 #   grid    the declared AutoPolicy grid (docs/benchmarks.md) for MODEL (qwen3-8b), MBS (8), K keep, M offload
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export PYTHONPATH=$PWD/runtime:$PWD PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1
@@ -102,6 +106,15 @@ for part in "$@"; do
     cast17) R=replicated:gpu:keep28:0:7
             timeout ${CAST_S:-300} python3 -m slidedp.cli bench --model qwen3-1.7b --seq 2048 --gpus 1 --mbs ${MBS:-8} \
               --steps 8 --threads 16 --policies $R:host:gpu:7,$R:gpu:gpu:7 --out "$OUT/cast17.jsonl" 2>&1 | quiet 6 ;;
+    gil17) timeout 120 python3 scripts/probe_update_contention.py --threads 16 --out "$OUT/update_contention.jsonl" \
+             2>&1 | quiet 14
+           R=replicated:gpu:keep28:0:7:host:gpu:7,replicated:gpu:checkpoint:0:28
+           for sw in 0.0002 0.005; do SLIDEDP_GIL_SWITCH_S=$sw timeout ${GIL_S:-200} python3 -m slidedp.cli bench \
+             --model qwen3-1.7b --seq 2048 --gpus 1 --mbs ${MBS:-8} --steps 8 --threads 16 --policies $R \
+             --out "$OUT/gil17-$sw.jsonl" 2>&1 | quiet 4; done
+           timeout ${GIL_S:-200} python3 -m slidedp.cli bench --model qwen3-1.7b --seq 2048 --gpus 1 --mbs ${MBS:-8} \
+             --steps 8 --threads 16 --policies auto:auto:auto:0:auto:host:auto:auto,replicated:gpu:keep28:0:auto:host:gpu:28 \
+             --out "$OUT/gil17-auto.jsonl" 2>&1 | quiet 4 ;;
     grid17) G=auto:auto:auto:0:auto:host:auto:auto
             for r in checkpoint:0:28 keep14:0:auto off14:0:auto checkpoint:0:auto:host:gpu:0 \
                      checkpoint:0:auto:host:gpu:14 keep14:0:auto:host:gpu:14 off14:0:auto:host:gpu:14 \

@@ -1,4 +1,4 @@
-"""What slows the host update inside a training step? Time the engine's AdamW on shared-memory buffers under
+"""What slows the host update inside a training step? Time the engine's host update (AdamW and the bf16 cast) on shared-memory buffers under
 each kind of concurrent GPU activity, one at a time.
 
     PYTHONPATH=runtime python3 scripts/probe_update_contention.py --threads 16 --out update_contention.jsonl
@@ -7,8 +7,10 @@ The update runs in its own thread with its own OpenMP team, as the engine's upda
 (--chunk-m million params) of buffers mapped from /dev/shm like the host state. Conditions: nothing else; a GPU
 busy with matrix products but copying nothing; H2D alone, D2H alone and both directions without pause; both
 directions at a duty cycle (each copy followed by an idle gap, as a step's deliveries and gradients come in bursts).
-Copies wait on blocking events, so no waiting thread spins on a core. Each line: condition, update seconds per 1e9
-params, DMA GB/s achieved while it ran.
+Copies wait on blocking events, so no waiting thread spins on a core. Then a thread running Python without pause,
+as the engine's issuing thread does (pure bytecode, or bytecode with a small CUDA launch every few dozen
+microseconds), at CPython's default GIL switch interval and at the engine's: the update's thread needs the GIL back
+after each GIL-free call. Each line: condition, update seconds per 1e9 params, DMA GB/s achieved while it ran.
 """
 
 from __future__ import annotations
@@ -17,20 +19,21 @@ import argparse
 import json
 import os
 import statistics
+import sys
 import tempfile
 import threading
 import time
 
 import torch
 from slidedp.config import OptimizerConfig
-from slidedp.step.optimizer import adamw_
+from slidedp.step.optimizer import update_shard_
 
 
-def shm_tensor(directory: str, name: str, numel: int) -> torch.Tensor:
+def shm_tensor(directory: str, name: str, numel: int, dtype=torch.float32) -> torch.Tensor:
     path = os.path.join(directory, name)
     with open(path, "wb") as fh:
-        fh.truncate(numel * 4)
-    t = torch.from_file(path, shared=True, size=numel, dtype=torch.float32)
+        fh.truncate(numel * dtype.itemsize)
+    t = torch.from_file(path, shared=True, size=numel, dtype=dtype)
     os.unlink(path)  # the mapping keeps the pages; nothing is left behind
     return t
 
@@ -104,8 +107,35 @@ class GemmLoad(Background):
             e.synchronize()
 
 
+class PythonLoad(Background):
+    """A thread holding the GIL between (optional) small launches, at a given switch interval."""
+
+    def __init__(self, switch_s: float, launches: bool):
+        super().__init__()
+        self.switch_s, self.launches = switch_s, launches
+        self.before = sys.getswitchinterval()
+        self.x = torch.zeros(1024, device="cuda" if launches else "cpu")
+
+    def _run(self) -> None:
+        while not self.stop.is_set():
+            for _ in range(200):
+                sum(i * i for i in range(40))  # ~ tens of microseconds of bytecode, as a hook or a window step
+                if self.launches:
+                    self.x.add_(1.0)
+            if self.launches:
+                torch.cuda.synchronize()
+
+    def __enter__(self):
+        sys.setswitchinterval(self.switch_s)
+        return super().__enter__()
+
+    def __exit__(self, *exc):
+        super().__exit__(*exc)
+        sys.setswitchinterval(self.before)
+
+
 def timed_update(bufs: dict, chunk: int, threads: int, passes: int) -> float:
-    """Seconds per 1e9 params of the engine's AdamW over the buffers in layer-sized chunks, in a thread of its own."""
+    """Seconds per 1e9 params of the engine's host update (AdamW, then the bf16 cast) over the buffers in layer-sized chunks, in a thread of its own."""
     opt = OptimizerConfig()
     out: list[float] = []
 
@@ -117,7 +147,8 @@ def timed_update(bufs: dict, chunk: int, threads: int, passes: int) -> float:
             t0 = time.perf_counter()
             for lo in range(0, total, chunk):
                 hi = min(total, lo + chunk)
-                adamw_(bufs["p"][lo:hi], bufs["g"][lo:hi], bufs["m"][lo:hi], bufs["v"][lo:hi], k + 1, 1e-5, opt)
+                update_shard_(bufs["p"][lo:hi], bufs["g"][lo:hi], bufs["m"][lo:hi], bufs["v"][lo:hi],
+                              bufs["d"][lo:hi], k + 1, 1e-5, opt)
             if k:  # the first pass warms up
                 times.append(time.perf_counter() - t0)
         out.append(statistics.median(times) * 1e9 / total)
@@ -140,11 +171,14 @@ def main() -> None:
     n = args.params_m * 1_000_000
     directory = "/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir()
     bufs = {k: shm_tensor(directory, f"slidedp-probe-{os.getpid()}-{k}", n) for k in ("p", "g", "m", "v")}
+    bufs["d"] = shm_tensor(directory, f"slidedp-probe-{os.getpid()}-d", n, torch.bfloat16)  # the bf16 copy
     for k, t in bufs.items():
-        t.normal_() if k in ("p", "g") else t.zero_()
+        t.normal_() if k in ("p", "g", "d") else t.zero_()
     chunk = args.chunk_m * 1_000_000
     cuda = torch.cuda.is_available()
     conditions = [("alone", None)]
+    for switch in (0.005, 2e-4):
+        conditions.append((f"python_busy_switch_{switch:g}", lambda s=switch: PythonLoad(s, False)))
     if cuda:
         nbytes = args.copy_mb * 1_000_000
         conditions += [
@@ -155,6 +189,8 @@ def main() -> None:
             ("both_duty_0.5", lambda: Dma(nbytes, True, True, 0.5)),
             ("both_duty_0.3", lambda: Dma(nbytes, True, True, 0.3)),
             ("both_duty_0.1", lambda: Dma(nbytes, True, True, 0.1)),
+            ("python_launches_switch_0.005", lambda: PythonLoad(0.005, True)),
+            ("python_launches_switch_0.0002", lambda: PythonLoad(2e-4, True)),
             ("alone_again", None),
         ]
     lines = []

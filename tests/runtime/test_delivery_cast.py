@@ -70,7 +70,10 @@ def assert_fp32_crosses(runs: dict) -> None:
 
 
 def test_the_host_cast_is_reported_as_part_of_the_update(runs):
-    """phases.update_cast_busy: the seconds of update_busy spent writing the bf16 copy; none without a copy."""
+    """phases.update_cast_busy: the seconds of update_busy spent writing the bf16 copy; none without a copy.
+    phases.update_offcpu, the part of update_busy the updater lost off the CPU, is a part of it too."""
+    for rec in runs["host"]["result"].metrics + runs["gpu"]["result"].metrics:
+        assert 0 <= rec["phases"]["update_offcpu"] <= rec["phases"]["update_busy"], rec["phases"]
     for rec in runs["host"]["result"].metrics:
         assert 0 < rec["phases"]["update_cast_busy"] < rec["phases"]["update_busy"], rec["phases"]
     assert all(rec["phases"]["update_cast_busy"] == 0 for rec in runs["gpu"]["result"].metrics)

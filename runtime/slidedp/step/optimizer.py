@@ -89,6 +89,7 @@ class StepResult:
     clipped: bool
     update_busy_s: float
     cast_busy_s: float  # of update_busy_s: writing the bf16 delivery copy
+    offcpu_s: float  # of update_busy_s: the updater thread off the CPU inside AdamW and the cast (e.g. the GIL)
     finished_at: float  # perf_counter when the last unit of the step was updated
 
 
@@ -126,6 +127,7 @@ class Updater(threading.Thread):
         self._done_units = 0
         self._busy = 0.0
         self._cast = 0.0  # seconds of _busy spent in the delivery cast
+        self._offcpu = 0.0  # seconds of _busy in update_shard_ this thread spent off the CPU
         self._waited = 0.0  # seconds this thread waited inside _process (running total)
         self.last_step = 0  # last step whose every unit is updated on this rank's shards
 
@@ -240,9 +242,13 @@ class Updater(threading.Thread):
         if hi > lo:
             lr = lr_at(step, self.total_steps, self.opt, self.sched)
             delivery = self.state.delivery_unit(unit)[lo:hi] if self.deliver_bf16 else None
+            # This thread is a member of the update's OpenMP team, so it is on a CPU for the whole call but for
+            # blocking: the rest of the wall time is what the call lost waiting (to get the GIL back, mostly).
+            t0, c0 = time.perf_counter(), time.thread_time()
             self._cast += update_shard_(self.state.master_unit(unit)[lo:hi], grad,
                                         self.state.exp_avg_unit(unit)[lo:hi], self.state.exp_avg_sq_unit(unit)[lo:hi],
                                         delivery, step, lr, self.opt)
+            self._offcpu += max(0.0, (time.perf_counter() - t0) - (time.thread_time() - c0))
         self.board.set_updated(unit, self.rank, step)
 
     def _process(self, item: GradItem) -> None:
@@ -287,6 +293,7 @@ class Updater(threading.Thread):
                 if coef < 1.0:
                     g.mul_(coef)
                 self._update_unit(u, g, step)
-        self.results.append(StepResult(step, norm, clipped, self._busy, self._cast, time.perf_counter()))
+        self.results.append(StepResult(step, norm, clipped, self._busy, self._cast, self._offcpu,
+                                       time.perf_counter()))
         self.last_step = step
-        self._unit_sumsq, self._done_units, self._busy, self._cast = {}, 0, 0.0, 0.0
+        self._unit_sumsq, self._done_units, self._busy, self._cast, self._offcpu = {}, 0, 0.0, 0.0, 0.0

@@ -8,6 +8,7 @@ t; the other ranks read it once rank 0 has passed that boundary.
 from __future__ import annotations
 
 import os
+import sys
 import time
 import traceback
 from collections import deque
@@ -24,6 +25,12 @@ from slidedp.step.optimizer import lr_at
 
 # Dense bf16 peak per GPU for MFU (vendor figures); SLIDEDP_PEAK_TFLOPS overrides.
 PEAK_TFLOPS = {"H200": 989.4, "H100": 989.4, "A100": 312.0, "L40S": 362.0, "RTX 4090": 165.2}
+
+# The updater thread needs the GIL for a few bytecodes between GIL-free calls of milliseconds (AdamW, the cast)
+# while the issuing thread runs Python almost without pause (hooks, launches, the window). A thread that wants
+# the GIL waits for the holder's switch interval before it may take it (CPython's default: 5 ms), so each
+# return from a long call could cost the update up to 5 ms. SLIDEDP_GIL_SWITCH_S overrides (measurements).
+GIL_SWITCH_S = 2e-4
 
 # Board decisions (slots above Board.FIXED are counters)
 STOP_BEFORE = Board.STOP_STEP
@@ -45,6 +52,7 @@ class RankArgs:
 
 def _setup(rank: int, world: int, args: RankArgs) -> torch.device:
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    sys.setswitchinterval(float(os.environ.get("SLIDEDP_GIL_SWITCH_S", GIL_SWITCH_S)))
     torch.set_num_threads(args.cpu_threads)
     cfg = JobConfig.from_dict(args.config)
     if cfg.gpus > 0:
@@ -224,7 +232,7 @@ class _Reporter:
             "data_time_s": t.data_s,
             "phases": {"data": t.data_s, "forward": fwd, "backward": bwd, "update_tail": t.update_tail_s,
                        "staging_wait": t.staging_wait_s, "update_busy": res.update_busy_s,
-                       "update_cast_busy": res.cast_busy_s},
+                       "update_cast_busy": res.cast_busy_s, "update_offcpu": res.offcpu_s},
             "cpu_s": {"issue": cpu_end[0] - t.cpu_start[0], "rank": cpu_end[1] - t.cpu_start[1]},
             "predicted": self.predicted,
             "bytes": {"h2d": [row[0] for row in stats], "d2h": [row[1] for row in stats],
@@ -256,6 +264,4 @@ def main(argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
-    import sys
-
     main(sys.argv)
