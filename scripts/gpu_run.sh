@@ -45,6 +45,9 @@
 #           Qwen3-1.7B at MBS (8) on one GPU, AutoPolicy's third-day choice and the host-update base row at the
 #           engine's switch interval and at CPython's 5 ms (SLIDEDP_GIL_SWITCH_S), then AutoPolicy and the grid's
 #           best row (everything on the GPU, every layer keeps)
+#   ins17   CPU facts (lscpu); Qwen3-1.7B at MBS (8) on one GPU with a calibration of schema 5 (update_in_step):
+#           AutoPolicy, its third-day choice (embedding/head + 7 layers on the GPU), everything on the GPU, and the
+#           host-update base row; then the GPU calibration test
 #   grid    the declared AutoPolicy grid (docs/benchmarks.md) for MODEL (qwen3-8b), MBS (8), K keep, M offload
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export PYTHONPATH=$PWD/runtime:$PWD PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1
@@ -115,6 +118,12 @@ for part in "$@"; do
            timeout ${GIL_S:-200} python3 -m slidedp.cli bench --model qwen3-1.7b --seq 2048 --gpus 1 --mbs ${MBS:-8} \
              --steps 8 --threads 16 --policies auto:auto:auto:0:auto:host:auto:auto,replicated:gpu:keep28:0:auto:host:gpu:28 \
              --out "$OUT/gil17-auto.jsonl" 2>&1 | quiet 4 ;;
+    ins17) lscpu | grep -E "Model name|^CPU\(s\)|Thread|Core|Socket|NUMA|L2|L3"
+           timeout ${INS_S:-330} python3 -m slidedp.cli bench --model qwen3-1.7b --seq 2048 --gpus 1 --mbs ${MBS:-8} \
+             --steps 8 --threads 16 --out "$OUT/ins17.jsonl" --policies auto:auto:auto:0:auto:host:auto:auto,replicated:gpu:keep28:0:7:host:gpu:7,replicated:gpu:keep28:0:auto:host:gpu:28,replicated:gpu:checkpoint:0:28 \
+             2>&1 | quiet 8
+           timeout 120 python3 -m pytest -q -rfE --tb=short -p no:cacheprovider -m gpu tests/runtime/test_calibration.py \
+             2>&1 | tail -3 ;;
     grid17) G=auto:auto:auto:0:auto:host:auto:auto
             for r in checkpoint:0:28 keep14:0:auto off14:0:auto checkpoint:0:auto:host:gpu:0 \
                      checkpoint:0:auto:host:gpu:14 keep14:0:auto:host:gpu:14 off14:0:auto:host:gpu:14 \

@@ -93,13 +93,42 @@ def test_collectives_are_timed_inside_real_gloo_ranks():
     merged = calibration.merge_collectives({"schema": 1}, got)
     assert merged["collectives"] is got
 
+def test_the_update_is_timed_beside_the_issuing_threads_load(host):
+    """update_in_step runs the engine's update in a thread of its own, unit-sized chunk by chunk, alone and while
+    the calling thread runs the load until the timing ends (a failing update ends the load too)."""
+    from slidedp.planning import microbench
+
+    cfg = _cfg(cpu_threads=1)
+    parts = model_bench.ModelParts(model_config_dict("tiny-qwen3"), torch.device("cpu"), torch.bfloat16)
+    loops = []
+
+    def load(stop):
+        loops.append(0)
+        parts.issue_loop(2, 32)(stop)
+
+    got = microbench.update_in_step(cfg, host, 1 << 18, load, "tiny layer", params=1 << 20)
+    assert got["chunk"] == 1 << 18 and got["threads"] == 1 and got["cast"]
+    assert got["alone_s_per_1e9"] > 0 and got["beside_load_s_per_1e9"] > 0 and loops == [0]
+
+    def broken(*_args, **_kw):
+        raise ValueError("update failed")
+
+    orig, microbench.update_shard_ = microbench.update_shard_, broken
+    try:
+        with pytest.raises(ValueError):
+            microbench.update_in_step(cfg, host, 1 << 18, lambda stop: stop.wait(30), "idle", params=1 << 20)
+    finally:
+        microbench.update_shard_ = orig
+
 
 @pytest.mark.gpu
 def test_gpu_calibration_sees_pcie_and_the_loss_head_peak(host):
     if not torch.cuda.is_available():
         pytest.skip("needs CUDA")
     cfg = _cfg(model="qwen3-0.6b", gpus=min(2, torch.cuda.device_count()), micro_batch_size=1, seq_len=512)
-    got = calibration.calibrate(cfg, host, quick=True)
+    got = calibration.calibrate(cfg, host, quick=False)
+    ins = got["update_in_step"]
+    assert ins["alone_s_per_1e9"] > 0 and ins["beside_load_s_per_1e9"] > 0
     t = got["transfers"]
     assert min(t["h2d_GBps"]) > 1 and min(t["d2h_GBps"]) > 1 and t["bidir_GBps"] > max(t["h2d_GBps"])
     assert got["loss_head"]["peak_bytes_per_token"] > 0

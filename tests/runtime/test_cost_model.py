@@ -124,6 +124,27 @@ def test_recompute_is_free_when_the_host_update_binds_and_exposed_when_compute_b
     assert p["step_time_s"] < measured["step_time_s"]
 
 
+def test_the_host_update_is_priced_at_its_rate_beside_the_issuing_thread(x2):
+    """calibration.update_in_step scales every thread count's host update rate by what the update measured beside
+    a thread issuing a layer's forward and backward, against `cpu` at the same thread count; without it (schema
+    4 and older, CPU calibrations) the rates stand."""
+    topo, cal = x2
+    job = _job(topo["nvlink"])
+    base = cal["qwen3-8b_bs8_nvlink"]
+    slow = copy.deepcopy(base)
+    cpu = slow["cpu"]
+    at = cpu["threads"][-1]
+    slow["update_in_step"] = {"threads": at, "cast": True, "alone_s_per_1e9": cpu["update_s_per_1e9"][-1],
+                              "beside_load_s_per_1e9": 1.5 * cpu["update_s_per_1e9"][-1]}
+    one, scaled = cm.Rates(base, job), cm.Rates(slow, job)
+    assert scaled.update_s(10**8) == pytest.approx(1.5 * one.update_s(10**8))
+    pol = cm.Policy.default(job, delivery="sharded", grad_reduce="gpu")
+    before = cm.predict(job, pol, one, exposure=True)
+    after = cm.predict(job, pol, scaled, exposure=True)
+    assert after["busy"]["cpu"] == pytest.approx(1.5 * before["busy"]["cpu"], rel=0.02)
+    assert after["step_time_s"] > before["step_time_s"]
+
+
 def test_exact_clipping_defers_the_updates_behind_the_whole_backward(x2):
     topo, cal = x2
     off, on = _job(topo["nvlink"]), _job(topo["nvlink"], optimizer={"max_grad_norm": 1.0})

@@ -11,6 +11,8 @@ What is measured (docs/interfaces.md §5 has the JSON):
   cpu          fused AdamW and the engine's whole per-unit host update (norm, AdamW, bf16 delivery copy) in
                seconds per 1e9 parameters, and host memory copy bandwidth, by thread count
   host_dram    the host update while every GPU copies both ways: how much host memory they share
+  update_in_step  the host update unit by unit on cold buffers in a thread of its own, alone and while this
+               thread issues a decoder layer's forward and backward, as the engine's issuing thread does
   unit         one decoder layer of the job's model (transformers' own class) at the job's (micro-batch, seq):
                forward and backward keeping activations, forward without graph and recompute+backward
                (checkpoint), and the bytes each keeps for backward
@@ -50,6 +52,7 @@ from slidedp.planning.microbench import (
     median_time,
     pinned_alloc,
     transfers,
+    update_in_step,
 )
 from slidedp.planning.model_bench import ModelParts
 from slidedp.planning.shape import calibration_shape
@@ -61,7 +64,9 @@ from slidedp.presets import model_config_dict, unit_param_counts
 # 3: device_update (the device-side AdamW of units updated on the GPUs), without which AutoPolicy cannot time them.
 # 4: the host update is timed on buffers mapped as the host state is (shared files in /dev/shm), not on private
 # memory that the kernel may back with huge pages: the engine's update ran ~20% slower than version 3 said.
-SCHEMA_VERSION = 4
+# 5: update_in_step, the host update beside a thread issuing a decoder layer's forward and backward, unit by unit
+# on cold buffers: the updater ran 20-40% slower in steps than the `cpu` rates alone.
+SCHEMA_VERSION = 5
 
 
 # ---------------------------------------------------------------------------- public entry points
@@ -96,6 +101,11 @@ def calibrate(
         out["loss_head"] = parts.loss_head(
             cfg.policy.loss_chunk_tokens, cfg.micro_batch_size * cfg.seq_len, reps=3 if quick else 6
         )
+        if cuda and not quick:
+            out["update_in_step"] = update_in_step(
+                cfg, topology, max(units), parts.issue_loop(cfg.micro_batch_size, cfg.seq_len),
+                "a decoder layer's forward and backward issued from Python",
+            )
         del parts
         if cuda:
             torch.cuda.empty_cache()

@@ -238,8 +238,19 @@ class Rates:
         self.threads = [float(t) for t in cpu["threads"]]
         # the update as the job runs it: AdamW and the bf16 cast, or AdamW alone when the GPU casts
         key = "update_s_per_1e9" if job.host_cast or job.precision != "bf16" else "adamw_s_per_1e9"
-        self.update_per_param = [v / 1e9 for v in cpu[key]]
+        self.update_per_param = [v / 1e9 * self.in_step_factor(calibration) for v in cpu[key]]
         self.copy_bps = [v * 1e9 for v in cpu["copy_GBps"]]
+
+    def in_step_factor(self, calibration: dict[str, Any]) -> float:
+        """How much slower the host update runs in a step than `cpu` times it alone: update_in_step's rate beside
+        the issuing thread's load over the `cpu` update rate at the same thread count (1 when not measured, as in
+        calibrations before schema 5 and on the CPU, where the ranks' compute has cores of its own)."""
+        ins = calibration.get("update_in_step")
+        if not ins or not ins.get("beside_load_s_per_1e9"):
+            return 1.0
+        cpu = calibration["cpu"]
+        table = cpu["update_s_per_1e9"] if ins.get("cast", True) else cpu["adamw_s_per_1e9"]
+        return ins["beside_load_s_per_1e9"] / _interp(self.threads, table, float(ins["threads"]))
 
     # host work ---------------------------------------------------------------
     def _cpu(self, table: list[float], threads: float) -> float:

@@ -103,6 +103,52 @@ def cpu_rates(cfg: JobConfig, topology: dict, max_unit: int, quick: bool, cuda: 
     return {"threads": threads, "params": n, **rows}
 
 
+def update_in_step(cfg: JobConfig, topology: dict, max_unit: int, load: Callable[[threading.Event], None],
+                   load_name: str, params: int = 1 << 27) -> dict[str, Any]:
+    """The host update as the step runs it: in a thread of its own with the rank's thread count, unit by unit
+    (unit-sized chunks, each touched once per pass: nothing comes back warm from the caches), alone and while
+    the calling thread runs `load` (the issuing thread's work: slidedp.planning.model_bench.issue_loop). The
+    cost model scales its per-thread-count rates to the second figure: in the engine the update shares the cores
+    with the thread that issues the forward and backward, and the rates of `cpu`, timed on one warm buffer with
+    nothing else running, were 20-40% faster than the updater measured in steps."""
+    threads = compute_threads(cfg, topology)
+    n = params  # by default 128 Mi params, as host_dram: 2.5 GiB of state
+    chunk = max(1, min(max_unit, n // 4))
+    p, g, m, v = (state_like(n) for _ in range(4))
+    p.normal_()
+    g.normal_()
+    deliver = state_like(n, torch.bfloat16) if cfg.precision == "bf16" else None
+    bounds = [(lo, min(n, lo + chunk)) for lo in range(0, n, chunk)]
+
+    def one_pass() -> None:
+        for lo, hi in bounds:
+            update_shard_(p[lo:hi], g[lo:hi], m[lo:hi], v[lo:hi], None if deliver is None else deliver[lo:hi], 1,
+                          1e-6, _BENCH_OPT)
+
+    def timed(out: list[Any]) -> None:
+        try:
+            torch.set_num_threads(threads)  # per calling thread, as the engine's updater sets it
+            out.append(median_time(one_pass, 3, False) * 1e9 / n)
+        except BaseException as exc:  # re-raised in the calling thread
+            out.append(exc)
+
+    def in_thread(during: Callable[[threading.Event], None]) -> float:
+        out: list[Any] = []
+        done = threading.Event()
+        worker = threading.Thread(target=lambda: (timed(out), done.set()))
+        worker.start()
+        during(done)  # returns once the timing is over
+        worker.join()
+        if isinstance(out[0], BaseException):
+            raise out[0]
+        return out[0]
+
+    alone = in_thread(lambda done: done.wait())
+    beside = in_thread(load)
+    return {"threads": threads, "params": n, "chunk": chunk, "load": load_name, "alone_s_per_1e9": alone,
+            "beside_load_s_per_1e9": beside, "cast": deliver is not None}
+
+
 def device_update(device: torch.device, dtype: torch.dtype, quick: bool) -> dict[str, Any]:
     """Seconds per 1e9 parameters of what slidedp.step.edge_update runs per shard on the GPU: fused AdamW on
     fp32 master and moments, then the copy into the unit's buffer in the compute dtype (HBM-bound)."""

@@ -90,6 +90,28 @@ class ModelParts:
             "saved_source": "saved-tensor hooks (parameters excluded)",
         }
 
+    def issue_loop(self, mb: int, seq: int) -> Callable[[Any], None]:
+        """A load for timing the host update inside a step: run(stop) issues one decoder layer's forward and
+        backward from the calling thread, over and over until stop is set, waiting for the GPU on a blocking
+        event after each pair — the issuing thread's pattern in the engine (Python launching kernels, the GIL
+        held between launches, then a wait that spins no core)."""
+        layer = self.layer_cls(self.config, layer_idx=0).to(device=self.device, dtype=self.dtype)
+        x, pos, pe = self._inputs(mb, seq)
+        grad = torch.randn_like(x) * 1e-3
+
+        def run(stop: Any) -> None:
+            while not stop.is_set():
+                h = x.detach().requires_grad_(True)
+                out = layer(h, position_ids=pos, position_embeddings=pe)
+                (out[0] if isinstance(out, tuple) else out).backward(grad)
+                if self.cuda:
+                    done = torch.cuda.Event(blocking=True)
+                    done.record()
+                    done.synchronize()
+            layer.zero_grad(set_to_none=True)
+
+        return run
+
     def _alternating(
         self, first: Callable[[], None], second: Callable[[], None], reps: int
     ) -> tuple[float, float]:
