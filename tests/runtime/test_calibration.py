@@ -109,6 +109,7 @@ def test_the_update_is_timed_beside_the_issuing_threads_load(host):
     got = microbench.update_in_step(cfg, host, 1 << 18, load, "tiny layer", params=1 << 20)
     assert got["chunk"] == 1 << 18 and got["threads"] == 1 and got["cast"]
     assert got["alone_s_per_1e9"] > 0 and got["beside_load_s_per_1e9"] > 0 and loops == [0]
+    assert 0 <= got["offcpu_alone"] < 1 and 0 <= got["offcpu_beside_load"] < 1
 
     def broken(*_args, **_kw):
         raise ValueError("update failed")

@@ -128,11 +128,15 @@ def update_in_step(cfg: JobConfig, topology: dict, max_unit: int, load: Callable
     def timed(out: list[Any]) -> None:
         try:
             torch.set_num_threads(threads)  # per calling thread, as the engine's updater sets it
-            out.append(median_time(one_pass, 3, False) * 1e9 / n)
+            w0, c0 = time.perf_counter(), time.thread_time()
+            rate = median_time(one_pass, 3, False) * 1e9 / n
+            # the share of the wall time this thread (an OpenMP team member) was off the CPU, as the metrics
+            # record's phases.update_offcpu measures it in the engine
+            out.append((rate, max(0.0, 1.0 - (time.thread_time() - c0) / (time.perf_counter() - w0))))
         except BaseException as exc:  # re-raised in the calling thread
             out.append(exc)
 
-    def in_thread(during: Callable[[threading.Event], None]) -> float:
+    def in_thread(during: Callable[[threading.Event], None]) -> tuple[float, float]:
         out: list[Any] = []
         done = threading.Event()
         worker = threading.Thread(target=lambda: (timed(out), done.set()))
@@ -143,10 +147,11 @@ def update_in_step(cfg: JobConfig, topology: dict, max_unit: int, load: Callable
             raise out[0]
         return out[0]
 
-    alone = in_thread(lambda done: done.wait())
-    beside = in_thread(load)
+    alone, alone_off = in_thread(lambda done: done.wait())
+    beside, beside_off = in_thread(load)
     return {"threads": threads, "params": n, "chunk": chunk, "load": load_name, "alone_s_per_1e9": alone,
-            "beside_load_s_per_1e9": beside, "cast": deliver is not None}
+            "beside_load_s_per_1e9": beside, "offcpu_alone": alone_off, "offcpu_beside_load": beside_off,
+            "cast": deliver is not None}
 
 
 def device_update(device: torch.device, dtype: torch.dtype, quick: bool) -> dict[str, Any]:
