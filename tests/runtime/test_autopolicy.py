@@ -281,8 +281,9 @@ def test_the_planner_spends_spare_hbm_on_layers_updated_on_the_gpus(x2):
 
 
 # ---------------------------------------------------------------------------- one GPU, a measured calibration
-# tests/runtime/fixtures/h200x1_qwen3-1.7b.json: the calibration the 1-GPU machine measured for Qwen3-1.7B at
-# micro-batch 8 (schema 4, 2026-12-01, docs/results/s5/calibration) and that machine's shape as a topology.
+# tests/runtime/fixtures/h200x1_qwen3-1.7b.json: two calibrations the 1-GPU machine measured for Qwen3-1.7B at
+# micro-batch 8 (schema 4, docs/results/s5/calibration; schema 5, docs/results/s7/ins17-repeat) and that
+# machine's shape as a topology.
 ONE_GPU_GRID = {  # the declared one-GPU grid of docs/benchmarks.md, as job settings
     "host update, all checkpointed and resident": {"activations": "checkpoint", "resident_units": 28,
                                                    "edge_update": "host", "device_layers": 0},
@@ -301,11 +302,13 @@ ONE_GPU_GRID = {  # the declared one-GPU grid of docs/benchmarks.md, as job sett
 }
 
 
-@pytest.fixture(scope="module")
-def one_gpu():
+@pytest.fixture(scope="module", params=["calibration_qwen3-1.7b_bs8", "calibration_qwen3-1.7b_bs8_schema5"])
+def one_gpu(request):
+    """Schema 4 (2026-12-01, second day) and schema 5 (fourth day, docs/results/s7/ins17-repeat: with
+    update_in_step, the host update priced 1.13x the `cpu` rate)."""
     with open(os.path.join(FIX, "h200x1_qwen3-1.7b.json")) as fh:
         fix = json.load(fh)
-    return fix["topology"], fix["calibration_qwen3-1.7b_bs8"]
+    return fix["topology"], fix[request.param]
 
 
 def _plan_1gpu(one_gpu, **policy):
