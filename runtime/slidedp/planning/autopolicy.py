@@ -78,6 +78,8 @@ def plan_job(cfg: Any, topology: dict[str, Any], calibration: dict[str, Any] | N
         return out
     if rates and not planner.rates:
         note = "the calibration lacks figures every route needs: memory fit only, no step times"
+    if planner.rates:
+        plan["host_update"] = planner.rates.host_update_summary()
     plan["calibration"] = "measured" if planner.rates else "missing"
     plan["calibration_note"] = note
     return plan

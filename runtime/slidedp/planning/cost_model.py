@@ -238,8 +238,17 @@ class Rates:
         self.threads = [float(t) for t in cpu["threads"]]
         # the update as the job runs it: AdamW and the bf16 cast, or AdamW alone when the GPU casts
         key = "update_s_per_1e9" if job.host_cast or job.precision != "bf16" else "adamw_s_per_1e9"
-        self.update_per_param = [v / 1e9 * self.in_step_factor(calibration) for v in cpu[key]]
+        self.in_step = self.in_step_factor(calibration)
+        self.update_per_param = [v / 1e9 * self.in_step for v in cpu[key]]
         self.copy_bps = [v * 1e9 for v in cpu["copy_GBps"]]
+
+    def host_update_summary(self) -> dict[str, float]:
+        """The host update rate the plan charges, for the plan's reader: per 1e9 params at the rank's threads,
+        the `cpu` figure it comes from and the factor update_in_step applied to it."""
+        t = self.job.cpu_threads
+        charged = self._cpu(self.update_per_param, t) * 1e9
+        return {"threads": t, "s_per_1e9": charged, "cpu_s_per_1e9": charged / self.in_step,
+                "in_step_factor": self.in_step}
 
     def in_step_factor(self, calibration: dict[str, Any]) -> float:
         """How much slower the host update runs in a step than `cpu` times it alone: update_in_step's rate beside

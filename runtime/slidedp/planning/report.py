@@ -17,7 +17,8 @@ def format_plan(plan: dict[str, Any]) -> str:
     c = {p: pol["activations"].count(p) for p in ("keep", "offload", "checkpoint")}
     lines.append(
         f"policy: delivery={pol['delivery']} grad_reduce={pol['grad_reduce']} reduce_dtype={pol['reduce_dtype']} "
-        f"edge_update={pol.get('edge_update', 'host')} window={pol['window']} chunk_mb={pol['chunk_mb']} "
+        f"edge_update={pol.get('edge_update', 'host')} device_layers={pol.get('device_layers', 0)} "
+        f"window={pol['window']} chunk_mb={pol['chunk_mb']} "
         f"loss_chunk_tokens={pol['loss_chunk_tokens']}"
     )
     lines.append(
@@ -31,6 +32,13 @@ def format_plan(plan: dict[str, Any]) -> str:
         lines.append("  phases: " + "  ".join(f"{k} {v:.3f}" for k, v in pred["phases"].items()))
         if pred.get("exposed"):
             lines.append("  exposed: " + "  ".join(f"{k} {v:.3f}" for k, v in pred["exposed"].items()))
+        hu = plan.get("host_update")
+        if hu:
+            lines.append(
+                f"  host update: {hu['s_per_1e9']:.3f} s per 1e9 params at {hu['threads']} threads "
+                f"(calibrated {hu['cpu_s_per_1e9']:.3f} x {hu['in_step_factor']:.2f} measured beside the issuing "
+                "thread)"
+            )
         b = pred.get("bound")
         if b:
             lines.append(
