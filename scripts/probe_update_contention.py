@@ -17,25 +17,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import sys
-import tempfile
 import threading
 import time
 
 import torch
 from slidedp.config import OptimizerConfig
+from slidedp.planning.microbench import update_buffers
 from slidedp.step.optimizer import update_shard_
-
-
-def shm_tensor(directory: str, name: str, numel: int, dtype=torch.float32) -> torch.Tensor:
-    path = os.path.join(directory, name)
-    with open(path, "wb") as fh:
-        fh.truncate(numel * dtype.itemsize)
-    t = torch.from_file(path, shared=True, size=numel, dtype=dtype)
-    os.unlink(path)  # the mapping keeps the pages; nothing is left behind
-    return t
 
 
 class Background:
@@ -169,11 +159,7 @@ def main() -> None:
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     n = args.params_m * 1_000_000
-    directory = "/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir()
-    bufs = {k: shm_tensor(directory, f"slidedp-probe-{os.getpid()}-{k}", n) for k in ("p", "g", "m", "v")}
-    bufs["d"] = shm_tensor(directory, f"slidedp-probe-{os.getpid()}-d", n, torch.bfloat16)  # the bf16 copy
-    for k, t in bufs.items():
-        t.normal_() if k in ("p", "g", "d") else t.zero_()
+    bufs = dict(zip("pgmvd", update_buffers(n)))  # mapped as the host state is; d: the bf16 copy
     chunk = args.chunk_m * 1_000_000
     cuda = torch.cuda.is_available()
     conditions = [("alone", None)]

@@ -259,7 +259,7 @@ class Rates:
             return 1.0
         cpu = calibration["cpu"]
         table = cpu["update_s_per_1e9"] if ins.get("cast", True) else cpu["adamw_s_per_1e9"]
-        return ins["beside_load_s_per_1e9"] / _interp(self.threads, table, float(ins["threads"]))
+        return ins["beside_load_s_per_1e9"] / self._cpu(table, float(ins["threads"]))
 
     # host work ---------------------------------------------------------------
     def _cpu(self, table: list[float], threads: float) -> float:

@@ -68,6 +68,15 @@ def state_like(n: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
     return t
 
 
+def update_buffers(n: int, cast: bool = True) -> tuple[torch.Tensor, ...]:
+    """What the host update of n params works on, mapped as the host state is: the fp32 master and gradient
+    (random), the two moments (zero: new files), and the bf16 delivery copy (None without the cast)."""
+    p, g, m, v = (state_like(n) for _ in range(4))
+    p.normal_()
+    g.normal_()
+    return p, g, m, v, (state_like(n, torch.bfloat16) if cast else None)
+
+
 def thread_counts(cfg: JobConfig, topology: dict) -> list[int]:
     cores = int(topology.get("cpu", {}).get("cores") or os.cpu_count() or 1)
     per_rank = compute_threads(cfg, topology)
@@ -80,10 +89,7 @@ def cpu_rates(cfg: JobConfig, topology: dict, max_unit: int, quick: bool, cuda: 
     (bytes read + written per second), by thread count, on buffers larger than the caches."""
     cap = (1 << 24) if quick else (1 << 25)
     n = max(1 << 20, min(cap, max_unit)) if cuda else max(1 << 18, min(1 << 21, max_unit))
-    p, g, m, v = (state_like(n) for _ in range(4))
-    p.normal_()
-    g.normal_()
-    deliver = state_like(n, torch.bfloat16)
+    p, g, m, v, deliver = update_buffers(n)
     src, dst = torch.randn(n), torch.empty(n)
     reps = 3 if quick else 5
 
@@ -114,10 +120,7 @@ def update_in_step(cfg: JobConfig, topology: dict, max_unit: int, load: Callable
     threads = compute_threads(cfg, topology)
     n = params  # by default 128 Mi params, as host_dram: 2.5 GiB of state
     chunk = max(1, min(max_unit, n // 4))
-    p, g, m, v = (state_like(n) for _ in range(4))
-    p.normal_()
-    g.normal_()
-    deliver = state_like(n, torch.bfloat16) if cfg.precision == "bf16" else None
+    p, g, m, v, deliver = update_buffers(n, cast=cfg.precision == "bf16")
     bounds = [(lo, min(n, lo + chunk)) for lo in range(0, n, chunk)]
 
     def one_pass() -> None:
@@ -182,10 +185,7 @@ def host_dram(cfg: JobConfig, topology: dict) -> dict[str, Any]:
     )
     torch.set_num_threads(threads)
     n = 1 << 27  # 128 Mi params: 2.5 GiB of state, far beyond the caches
-    p, g, m, v = (state_like(n) for _ in range(4))
-    p.normal_()
-    g.normal_()
-    deliver = state_like(n, torch.bfloat16)
+    p, g, m, v, deliver = update_buffers(n)
 
     def update() -> None:
         update_shard_(p, g, m, v, deliver, 1, 1e-6, _BENCH_OPT)

@@ -89,7 +89,7 @@ class StepResult:
     clipped: bool
     update_busy_s: float
     cast_busy_s: float  # of update_busy_s: writing the bf16 delivery copy
-    offcpu_s: float  # of update_busy_s: the updater thread off the CPU inside AdamW and the cast (e.g. the GIL)
+    offcpu_s: float  # of update_busy_s: the updater thread off the CPU inside AdamW and the cast
     finished_at: float  # perf_counter when the last unit of the step was updated
 
 
@@ -243,7 +243,8 @@ class Updater(threading.Thread):
             lr = lr_at(step, self.total_steps, self.opt, self.sched)
             delivery = self.state.delivery_unit(unit)[lo:hi] if self.deliver_bf16 else None
             # This thread is a member of the update's OpenMP team, so it is on a CPU for the whole call but for
-            # blocking: the rest of the wall time is what the call lost waiting (to get the GIL back, mostly).
+            # blocking: the rest of the wall time is what the call lost waiting — at the team's barrier for a
+            # slower member, or to get the GIL back (on the GPU machine the former: docs/perf-notes.md).
             t0, c0 = time.perf_counter(), time.thread_time()
             self._cast += update_shard_(self.state.master_unit(unit)[lo:hi], grad,
                                         self.state.exp_avg_unit(unit)[lo:hi], self.state.exp_avg_sq_unit(unit)[lo:hi],
