@@ -5,6 +5,10 @@ and the GPU machine has no pydantic. Every key is a dataclass field whose ``doc`
 documentation that docs/interfaces.md, ``slidedp config-schema`` and the OpenAPI schema show.
 
     cfg = JobConfig.from_dict(yaml.safe_load(open("job.yaml")))   # raises ConfigError
+
+Every value is bounded so that nothing the config accepts fails later with a raw error: integers fit a signed
+64-bit integer (and most keys have a tighter `le` a real job never reaches), numbers are finite, and strings
+hold neither a NUL character nor a lone UTF-16 surrogate (which cannot be written as UTF-8).
 """
 
 from __future__ import annotations
@@ -16,6 +20,14 @@ import types
 import typing
 from dataclasses import dataclass, field
 from typing import Any, Literal, Optional, get_args, get_origin
+
+
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+MAX_STEPS = 10**9  # steps, warmup, checkpoint interval
+MAX_WORLD = 4096  # ranks, GPUs, CPU threads: the web API applies tighter limits for its hosts
+MAX_TOKENS = 2**24  # seq_len, loss_chunk_tokens
+MAX_LAYERS = 65536  # per-layer counts (device_layers, keep_layers, offload_layers, resident_units)
+MAX_HOST_RAM_GIB = 2**20  # 1 PiB
 
 
 class ConfigError(ValueError):
@@ -46,7 +58,7 @@ class DataConfig:
         "prompt_completion / chat / alpaca: supervised examples, loss on the answer only.",
     )
     shuffle: bool = _f(True, doc="Shuffle sequences each epoch with `seed` (off: file order).")
-    seed: int = _f(0, doc="Seed of the data order.")
+    seed: int = _f(0, doc="Seed of the data order.", ge=0, le=INT64_MAX)
     text_field: str = _f("text", doc="Field holding the text for format=text in json/jsonl/parquet files.")
     pack: bool = _f(
         True,
@@ -71,7 +83,8 @@ class OptimizerConfig:
 
 @dataclass
 class ScheduleConfig:
-    warmup_steps: int = _f(0, doc="Linear warmup from 0 to optimizer.lr over this many steps.", ge=0)
+    warmup_steps: int = _f(0, doc="Linear warmup from 0 to optimizer.lr over this many steps.", ge=0,
+                           le=MAX_STEPS)
     decay: Literal["constant", "linear", "cosine"] = _f("constant", doc="Shape after warmup.")
     min_lr_ratio: float = _f(0.0, doc="Floor of linear/cosine decay as a fraction of lr.", ge=0.0, le=1.0)
 
@@ -111,6 +124,7 @@ class PolicyConfig:
         "traffic for them. Spare HBM spent on host bytes, the step's bottleneck when the host update binds. "
         "0: none. None (default): AutoPolicy chooses, 0 without a calibration that has the device AdamW rate.",
         ge=0,
+        le=MAX_LAYERS,
     )
     activations: Literal["auto", "checkpoint", "keep", "offload"] = _f(
         "auto",
@@ -119,27 +133,50 @@ class PolicyConfig:
         "mixes them per unit (checkpoint where no plan is available).",
     )
     keep_layers: Optional[int] = _f(
-        None, doc="With activations=auto: force how many leading layers keep activations (None: planner).", ge=0
+        None, doc="With activations=auto: force how many leading layers keep activations (None: planner).", ge=0,
+        le=MAX_LAYERS,
     )
     offload_layers: Optional[int] = _f(
-        None, doc="With activations=auto: force how many layers offload activations (None: planner).", ge=0
+        None, doc="With activations=auto: force how many layers offload activations (None: planner).", ge=0,
+        le=MAX_LAYERS,
     )
-    window: int = _f(3, doc="GPU unit buffers in the working window (>= 2: one computing, one arriving).", ge=2)
-    chunk_mb: int = _f(64, doc="Transfer chunk size in MiB for host<->GPU copies.", ge=1)
+    window: int = _f(3, doc="GPU unit buffers in the working window (>= 2: one computing, one arriving).", ge=2,
+                     le=1024)
+    chunk_mb: int = _f(64, doc="Transfer chunk size in MiB for host<->GPU copies.", ge=1, le=65536)
     loss_chunk_tokens: int = _f(
-        4096, doc="Tokens per chunk of the lm_head + cross-entropy (full fp32 logits never exist).", ge=1
+        4096, doc="Tokens per chunk of the lm_head + cross-entropy (full fp32 logits never exist).", ge=1,
+        le=MAX_TOKENS,
     )
     resident_units: Optional[int] = _f(
         None,
         doc="Decoder layers whose bf16 weights stay on the GPU between forward and backward (None: planner).",
         ge=0,
+        le=MAX_LAYERS,
     )
 
 
 @dataclass
 class CheckpointConfig:
-    interval: int = _f(0, doc="Save host state every K steps (and at the end). 0 turns checkpointing off.", ge=0)
-    keep: int = _f(2, doc="Keep the last M checkpoints.", ge=1)
+    interval: int = _f(0, doc="Save host state every K steps (and at the end). 0 turns checkpointing off.", ge=0,
+                       le=MAX_STEPS)
+    keep: int = _f(2, doc="Keep the last M checkpoints.", ge=1, le=1_000_000)
+
+
+@dataclass
+class InitFromConfig:
+    job: Optional[int] = _f(
+        None,
+        doc="Workbench job id whose newest checkpoint to start from. The web service resolves it into "
+        "`checkpoint` before the job runs; slidedp.train() itself needs the checkpoint path.",
+        ge=1,
+    )
+    checkpoint: Optional[str] = _f(
+        None,
+        doc="A complete checkpoint directory of an earlier run (its output_dir/checkpoints/step-NNNNNNNN) of the "
+        "same model shape. Its fp32 master weights are this run's initial weights; AdamW moments start at zero, "
+        "the step count at 0 and the data from the start. Only read, never written or removed; it must lie "
+        "outside this job's output_dir.",
+    )
 
 
 @dataclass
@@ -149,28 +186,37 @@ class JobConfig:
         "or a preset name (see `slidedp presets`; random init)."
     )
     data: DataConfig = _f(doc="The dataset.")
-    seq_len: int = _f(2048, doc="Tokens per sequence.", gt=0)
-    micro_batch_size: int = _f(1, doc="Sequences per rank per micro-batch.", gt=0)
-    grad_accum: int = _f(1, doc="Micro-batches per optimizer step.", gt=0)
-    steps: int = _f(10, doc="Optimizer steps to run.", gt=0)
+    seq_len: int = _f(2048, doc="Tokens per sequence.", gt=0, le=MAX_TOKENS)
+    micro_batch_size: int = _f(1, doc="Sequences per rank per micro-batch.", gt=0, le=65536)
+    grad_accum: int = _f(1, doc="Micro-batches per optimizer step.", gt=0, le=65536)
+    steps: int = _f(10, doc="Optimizer steps to run.", gt=0, le=MAX_STEPS)
     optimizer: OptimizerConfig = _f(factory=OptimizerConfig, doc="AdamW hyperparameters.")
     schedule: ScheduleConfig = _f(factory=ScheduleConfig, doc="Learning-rate schedule.")
-    gpus: int = _f(0, doc="GPUs to use, one rank each. 0: train on the CPU (gloo) with `ranks` processes.", ge=0)
-    ranks: int = _f(1, doc="CPU ranks when gpus = 0 (development and CI).", gt=0)
+    gpus: int = _f(0, doc="GPUs to use, one rank each. 0: train on the CPU (gloo) with `ranks` processes.", ge=0,
+                   le=MAX_WORLD)
+    ranks: int = _f(1, doc="CPU ranks when gpus = 0 (development and CI).", gt=0, le=MAX_WORLD)
     precision: Literal["bf16", "fp32"] = _f(
         "bf16", doc="bf16: bf16 weights delivered and computed, fp32 master. fp32: fp32 throughout."
     )
     policy: PolicyConfig = _f(factory=PolicyConfig, doc="Execution policy (routes, window, activations).")
     checkpoint: CheckpointConfig = _f(factory=CheckpointConfig, doc="Host-state checkpoints for resume.")
     output_dir: str = _f("runs/job", doc="Where metrics.jsonl, checkpoints/ and final/ are written.")
-    seed: int = _f(0, doc="Seed of random initialisation (presets) and of dropout-free training RNG.")
+    seed: int = _f(0, doc="Seed of random initialisation (presets) and of dropout-free training RNG.", ge=0,
+                   le=INT64_MAX)
     cpu_threads: Optional[int] = _f(
-        None, doc="CPU threads per rank for the host update (None: the host's cores split over ranks).", gt=0
+        None, doc="CPU threads per rank for the host update (None: the host's cores split over ranks).", gt=0,
+        le=MAX_WORLD,
     )
     host_ram_gib: Optional[float] = _f(
-        None, doc="Host RAM available to the job in GiB (None: the cgroup limit, else MemTotal).", gt=0
+        None, doc="Host RAM available to the job in GiB (None: the cgroup limit, else MemTotal).", gt=0,
+        le=MAX_HOST_RAM_GIB,
     )
     resume: bool = _f(False, doc="Continue from the newest checkpoint in output_dir/checkpoints.")
+    init_from: Optional[InitFromConfig] = _f(
+        None,
+        doc="Start from the weights of an earlier run's checkpoint instead of `model`'s: {job, checkpoint}. With "
+        "resume true and a checkpoint of this job's own in output_dir, resuming that wins.",
+    )
     export: bool = _f(True, doc="Write output_dir/final/ (Hugging Face directory) at the end.")
     deterministic: bool = _f(False, doc="Deterministic kernels on GPU (slower); for bit-exact resume tests.")
 
@@ -221,6 +267,15 @@ def is_model_path(model: str) -> bool:
 
 
 # ---------------------------------------------------------------------------- internals
+def _optional_section(tp: Any) -> Any:
+    """The dataclass of an Optional[Section] type, else None."""
+    if get_origin(tp) in (typing.Union, types.UnionType):
+        inner = [a for a in get_args(tp) if a is not type(None)]
+        if len(inner) == 1 and dataclasses.is_dataclass(inner[0]):
+            return inner[0]
+    return None
+
+
 def _type_name(tp: Any) -> str:
     origin = get_origin(tp)
     if origin is Literal:
@@ -230,6 +285,34 @@ def _type_name(tp: Any) -> str:
     if origin is tuple:
         return "a list of " + str(len(get_args(tp))) + " numbers"
     return {int: "an integer", float: "a number", bool: "true or false", str: "a string"}.get(tp, str(tp))
+
+
+def _show(value: Any) -> str:
+    """A value for an error message: short, and printable whatever it is (a huge int has no cheap str)."""
+    if isinstance(value, int) and not isinstance(value, bool) and abs(value) > 2**64:
+        return f"an integer of {value.bit_length()} bits"
+    try:
+        text = repr(value)  # escapes NUL and lone surrogates, so the message itself encodes as UTF-8
+    except ValueError:
+        return f"a {type(value).__name__} too large to show"
+    return text if len(text) <= 200 else text[:200] + "..."
+
+
+def bad_character(text: str) -> str | None:
+    """Why a string cannot be a config value (a NUL byte, a lone UTF-16 surrogate), or None when it can."""
+    if "\x00" not in text:
+        try:
+            text.encode("utf-8")
+            return None
+        except UnicodeEncodeError:
+            pass
+    for i, ch in enumerate(text):
+        if ch == "\x00":
+            return f"contains a NUL character (\\x00) at position {i}"
+        if "\ud800" <= ch <= "\udfff":
+            return (f"contains a lone UTF-16 surrogate U+{ord(ch):04X} at position {i}, which is not a character "
+                    "and cannot be encoded as UTF-8")
+    return None
 
 
 def _coerce(tp: Any, value: Any, loc: str, errors: list[dict[str, str]]) -> Any:
@@ -243,34 +326,49 @@ def _coerce(tp: Any, value: Any, loc: str, errors: list[dict[str, str]]) -> Any:
         return _coerce(inner, value, loc, errors)
     if origin is Literal:
         if value not in get_args(tp):
-            errors.append({"loc": loc, "msg": f"must be {_type_name(tp)}, got {value!r}"})
+            errors.append({"loc": loc, "msg": f"must be {_type_name(tp)}, got {_show(value)}"})
         return value
     if origin is tuple:
         args = get_args(tp)
         if not isinstance(value, (list, tuple)) or len(value) != len(args):
-            errors.append({"loc": loc, "msg": f"must be {_type_name(tp)}, got {value!r}"})
+            errors.append({"loc": loc, "msg": f"must be {_type_name(tp)}, got {_show(value)}"})
             return value
         return tuple(_coerce(a, v, f"{loc}[{i}]", errors) for i, (a, v) in enumerate(zip(args, value)))
     if tp is bool:
         if not isinstance(value, bool):
-            errors.append({"loc": loc, "msg": f"must be true or false, got {value!r}"})
+            errors.append({"loc": loc, "msg": f"must be true or false, got {_show(value)}"})
         return value
     if tp is int:
         if isinstance(value, bool) or not isinstance(value, int):
             if isinstance(value, float) and value.is_integer():
-                return int(value)
-            errors.append({"loc": loc, "msg": f"must be an integer, got {value!r}"})
+                value = int(value)
+            else:
+                errors.append({"loc": loc, "msg": f"must be an integer, got {_show(value)}"})
+                return value
+        if not INT64_MIN <= value <= INT64_MAX:  # every integer key fits a signed 64-bit integer
+            errors.append({"loc": loc, "msg": f"must be an integer between {INT64_MIN} and {INT64_MAX} (signed "
+                                              f"64-bit), got {_show(value)}"})
+            return None  # no range message on top, and nothing downstream sees it
         return value
     if tp is float:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
-            errors.append({"loc": loc, "msg": f"must be a number, got {value!r}"})
+            errors.append({"loc": loc, "msg": f"must be a number, got {_show(value)}"})
             return value
-        if value != value or value in (float("inf"), float("-inf")):
-            errors.append({"loc": loc, "msg": f"must be a finite number, got {value!r}"})
-        return float(value)
+        try:
+            number = float(value)
+        except OverflowError:  # an integer beyond the largest float
+            number = float("inf")
+        if number != number or number in (float("inf"), float("-inf")):
+            errors.append({"loc": loc, "msg": f"must be a finite number, got {_show(value)}"})
+            return None
+        return number
     if tp is str:
         if not isinstance(value, str):
-            errors.append({"loc": loc, "msg": f"must be a string, got {value!r}"})
+            errors.append({"loc": loc, "msg": f"must be a string, got {_show(value)}"})
+            return value
+        problem = bad_character(value)
+        if problem:
+            errors.append({"loc": loc, "msg": problem})
         return value
     return value
 
@@ -295,9 +393,10 @@ def _build(cls: Any, raw: Any, prefix: str, errors: list[dict[str, str]]) -> Any
     fields = {f.name: f for f in dataclasses.fields(cls)}
     for key in raw:
         if key not in fields:
-            close = [n for n in fields if n.startswith(str(key)[:3])]
+            name = key if isinstance(key, str) and bad_character(key) is None else _show(key)
+            close = [n for n in fields if n.startswith(name[:3])]
             hint = f" (did you mean {close[0]!r}?)" if close else ""
-            errors.append({"loc": prefix + str(key), "msg": f"unknown key{hint}; allowed: {', '.join(fields)}"})
+            errors.append({"loc": prefix + name, "msg": f"unknown key{hint}; allowed: {', '.join(fields)}"})
     kwargs: dict[str, Any] = {}
     for name, f in fields.items():
         loc = prefix + name
@@ -333,6 +432,13 @@ def _cross_checks(cfg: JobConfig, errors: list[dict[str, str]]) -> None:
                        "GPUs: set policy.grad_reduce to gpu (or auto), or edge_update to host"})
     if cfg.policy.keep_layers is not None and cfg.policy.activations != "auto":
         errors.append({"loc": "policy.keep_layers", "msg": "only applies with policy.activations = auto"})
+    init = cfg.init_from
+    if init is not None:
+        if init.checkpoint is not None and not init.checkpoint.strip():
+            errors.append({"loc": "init_from.checkpoint", "msg": "must name a checkpoint directory (or be null)"})
+        elif init.job is None and init.checkpoint is None:
+            errors.append({"loc": "init_from", "msg": "names no source: set init_from.checkpoint to a checkpoint "
+                                                      "directory, or init_from.job to a workbench job id"})
 
 
 def schema_doc(cls: Any = JobConfig, prefix: str = "") -> list[tuple[str, str, str, str]]:
@@ -344,6 +450,11 @@ def schema_doc(cls: Any = JobConfig, prefix: str = "") -> list[tuple[str, str, s
         if dataclasses.is_dataclass(tp):
             rows.append((prefix + f.name, "mapping", "", f.metadata.get("doc", "")))
             rows.extend(schema_doc(tp, prefix + f.name + "."))
+            continue
+        section = _optional_section(tp)
+        if section is not None:  # an optional section: null, or a mapping of its own keys
+            rows.append((prefix + f.name, "mapping or null", "null", f.metadata.get("doc", "")))
+            rows.extend(schema_doc(section, prefix + f.name + "."))
             continue
         if f.default is not dataclasses.MISSING:
             default = json.dumps(list(f.default) if isinstance(f.default, tuple) else f.default)
