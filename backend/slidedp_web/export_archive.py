@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gzip
+import os
 import queue
 import tarfile
 import threading
@@ -29,10 +30,12 @@ class _QueueWriter:
             self.buf.clear()
 
 
-def stream_tar_gz(directory: Path, arcname: str) -> Iterator[bytes]:
-    """Yield the gzip'd tar of `directory` (entries under `arcname/`) chunk by chunk.
+def stream_tar_gz(files: list[tuple[Path, int]], arcname: str) -> Iterator[bytes]:
+    """Yield the gzip'd tar of these files (entries `arcname/<file name>`) chunk by chunk.
 
-    Weights compress poorly, so gzip runs at level 1: the archive is for transport, not for size.
+    Each file is opened without following links and sent with the size it was listed with: a file that changes
+    under the download ends it with an error rather than send something else. Weights compress poorly, so gzip
+    runs at level 1: the archive is for transport, not for size.
     """
     q: queue.Queue = queue.Queue(maxsize=8)
     done = object()
@@ -42,7 +45,18 @@ def stream_tar_gz(directory: Path, arcname: str) -> Iterator[bytes]:
         try:
             with gzip.GzipFile(fileobj=writer, mode="wb", compresslevel=1, mtime=0) as gz:
                 with tarfile.open(fileobj=gz, mode="w|") as tar:
-                    tar.add(str(directory), arcname=arcname)
+                    folder = tarfile.TarInfo(arcname)
+                    folder.type, folder.mode = tarfile.DIRTYPE, 0o755
+                    tar.addfile(folder)
+                    for path, size in files:
+                        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+                        with os.fdopen(fd, "rb") as fh:
+                            if os.fstat(fh.fileno()).st_size != size:
+                                raise OSError(f"{path} changed while it was being sent")
+                            info = tarfile.TarInfo(f"{arcname}/{path.name}")
+                            info.size, info.mode = size, 0o644
+                            info.mtime = int(os.fstat(fh.fileno()).st_mtime)
+                            tar.addfile(info, fh)
             writer.flush()
         except BaseException as exc:  # noqa: BLE001 - handed to the consumer
             q.put(exc)

@@ -5,8 +5,9 @@
   naming `model` or `data.path`. The API reads what a job names (it validates the dataset, sizes the model), so
   without roots any file the server can read could be probed through it. Unset means unconfined, as on a laptop.
   The job process checks again with its own worker's settings: the worker may be configured more tightly.
-  SLIDEDP_OUTPUT_ROOTS does the same for a job's `output_dir` (which the job writes, and deleting the job
-  clears): inside one of them or the workbench's own data directory, or a 422 naming `output_dir`.
+  SLIDEDP_OUTPUT_ROOTS does the same for a job's `output_dir` (a relative one is taken under the first root);
+  the data folder is not exempt, except a job's own folder there, which the API picks when output_dir is left
+  out. A refusal reads the same whether or not the path exists. Who owns a folder is slidedp_web/outputs.py.
 * **Request size.** Bodies above SLIDEDP_MAX_REQUEST_BYTES are refused with 413 before they are read; a job config
   is a few kilobytes, and nothing else is uploaded.
 * **Resources.** Before the job process allocates anything it checks the job against its host as the worker
@@ -60,38 +61,45 @@ def _escaping_link(directory: Path, roots: list[Path]) -> Optional[tuple[Path, P
 
 
 def path_error(value: str, roots: list[Path], kind: str, setting: str) -> Optional[str]:
-    """Why `value` (a `kind` path: model or dataset) may not be used under these roots, or None when it may."""
+    """Why `value` (a `kind` path: model or dataset) may not be used under these roots, or None when it may.
+
+    A refusal says the same whether or not the path exists and never shows where its symlinks lead: the
+    answer must not let a client map files outside the roots."""
+    allowed = f"{':'.join(str(r) for r in roots)} ({setting})"
+    refusal = (
+        f"{value!r} is not inside the folders allowed for {kind}s: {allowed}; paths are judged after "
+        f"'~', '..' and symlinks are resolved. Put the {kind} in one of them, or ask the operator to add "
+        "its folder."
+    )
     try:
         real = Path(os.path.realpath(os.path.expanduser(value)))
-    except (ValueError, OSError) as exc:  # a NUL byte, a loop of symlinks
-        return f"{value!r} is not a usable path ({exc}); give the {kind}'s path on the worker host"
-    allowed = f"{':'.join(str(r) for r in roots)} ({setting})"
+    except (ValueError, OSError):  # a NUL byte, a loop of symlinks
+        return refusal
     if not _inside(real, roots):
-        literal = Path.cwd() / os.path.expanduser(value)  # not normalised: '..' still in it
-        through = ""
-        if _inside(literal, roots) or real != Path(os.path.normpath(literal)):
-            through = f" once '..' and symlinks are resolved: it is {str(real)!r}"
-        return (
-            f"{value!r} is outside the folders allowed for {kind}s{through}; allowed: {allowed}. "
-            f"Put the {kind} in one of them, or ask the operator to add its folder."
-        )
+        return refusal
     if real.is_dir():
         escape = _escaping_link(real, roots)
         if escape is not None:
-            link, target = escape
+            link, _target = escape
             return (
-                f"{value!r} holds a symlink {str(link)!r} to {str(target)!r}, outside the folders allowed for "
-                f"{kind}s; allowed: {allowed}. Copy the file into the {kind} directory instead."
+                f"{value!r} holds a symlink {str(link)!r} that leads outside the folders allowed for {kind}s "
+                f"({allowed}). Copy the file into the {kind} directory instead."
             )
     return None
 
 
-def root_errors(model_roots: Optional[str], data_roots: Optional[str], config: Any,
-                output_roots: Optional[str] = None, data_dir: Optional[Path] = None) -> list[dict[str, str]]:
+def root_errors(
+    model_roots: Optional[str],
+    data_roots: Optional[str],
+    config: Any,
+    output_roots: Optional[str] = None,
+    data_dir: Optional[Path] = None,
+) -> list[dict[str, str]]:
     """[{"loc", "msg"}] for a job config (a raw request body or a stored config) whose model, dataset or output
-    directory lies outside the configured roots; [] when no roots are set or the paths are inside them. A
-    relative output_dir is judged where the API puts it, under data_dir, which is always allowed. Values that are
-    not strings are left to the config's own validation."""
+    folder lies outside the configured roots; [] when no roots are set or the paths are inside them. A relative
+    output_dir is taken under the first output root (slidedp_web.outputs.resolve). The data folder is not
+    exempt: only a job's own folder there, which the API chooses when output_dir is left out, is never judged
+    here. Values that are not strings are left to the config's own validation."""
     if not isinstance(config, dict):
         return []
     from slidedp.config import is_model_path
@@ -112,13 +120,11 @@ def root_errors(model_roots: Optional[str], data_roots: Optional[str], config: A
             errors.append({"loc": "data.path", "msg": msg})
     roots = parse_roots(output_roots)
     out = config.get("output_dir")
-    if roots and isinstance(out, str) and out:
+    if roots and isinstance(out, str) and out and "\x00" not in out:
         target = Path(os.path.expanduser(out))
-        if data_dir is not None:
-            roots = roots + [Path(os.path.realpath(data_dir))]
-            if not target.is_absolute():
-                target = Path(data_dir) / target
-        msg = path_error(str(target), roots, "output directory", "SLIDEDP_OUTPUT_ROOTS")
+        if not target.is_absolute():
+            target = roots[0] / target
+        msg = path_error(str(target), roots, "output folder", "SLIDEDP_OUTPUT_ROOTS")
         if msg:
             errors.append({"loc": "output_dir", "msg": msg})
     return errors
@@ -126,7 +132,9 @@ def root_errors(model_roots: Optional[str], data_roots: Optional[str], config: A
 
 def check_roots(settings: Any, body: Any) -> None:
     """Raise the API's 422 when the request names a model or dataset outside the configured roots."""
-    errors = root_errors(settings.model_roots, settings.data_roots, body, settings.output_roots, settings.data_dir)
+    errors = root_errors(
+        settings.model_roots, settings.data_roots, body, settings.output_roots, settings.data_dir
+    )
     if errors:
         from slidedp_web.job_schema import unprocessable
 
@@ -232,31 +240,58 @@ def resource_errors(cfg: Any, topology: Optional[dict[str, Any]], shm_directory:
 
 
 def preflight(
-    settings: Any, config: dict[str, Any], topology: Optional[dict[str, Any]]
+    settings: Any, config: dict[str, Any], topology: Optional[dict[str, Any]], job_id: Optional[int] = None
 ) -> list[dict[str, str]]:
     """Everything the job process checks before it starts training: roots, then resources. [] = go."""
     from slidedp.config import ConfigError, JobConfig
 
-    errors = root_errors(settings.model_roots, settings.data_roots, config, settings.output_roots,
-                         settings.data_dir)
+    from slidedp_web.outputs import default_folder, real
+
+    judged = config
+    if (
+        job_id is not None
+        and isinstance(config.get("output_dir"), str)
+        and real(config["output_dir"]) == default_folder(settings, job_id)
+    ):
+        judged = {k: v for k, v in config.items() if k != "output_dir"}  # the job's own folder
+    errors = root_errors(
+        settings.model_roots, settings.data_roots, judged, settings.output_roots, settings.data_dir
+    )
     if errors:
         return errors
     try:
         cfg = JobConfig.from_dict(config)
     except ConfigError as exc:
         return list(exc.errors)
+    from slidedp_web.hosts import basic_topology, host_ram_bytes
+
     if topology is None or not topology.get("gpus") and "basic probe" in str(topology.get("source", "")):
         # No detector report for this host: its RAM is known here, its GPUs are not. A GPU job is left to the
         # runtime, which counts the GPUs itself before it allocates anything.
-        from slidedp_web.hosts import basic_topology
-
         topology = None if cfg.gpus > 0 else basic_topology(settings)
+    raised = host_ram_error(cfg, host_ram_bytes(topology or basic_topology(settings)))
+    if raised:
+        return [raised]
     from slidedp.step.host_state import shm_dir
 
     return resource_errors(cfg, topology, shm_dir())
 
 
-def job_refusal(settings: Any, config: dict[str, Any]) -> Optional[dict[str, Any]]:
+def host_ram_error(cfg: Any, detected: Optional[int]) -> Optional[dict[str, str]]:
+    """A job's host_ram_gib may lower the host's RAM limit (to leave room for other work), never raise it: the
+    limit is what keeps a host state the machine cannot hold from being started."""
+    if cfg.host_ram_gib is None or detected is None or cfg.host_ram_gib * GIB <= detected:
+        return None
+    return {
+        "loc": "host_ram_gib",
+        "msg": f"{cfg.host_ram_gib:g} GiB is more than this host's limit of {detected / GIB:.1f} GiB; host_ram_gib "
+        "may only lower the limit: leave it out, or give at most that",
+    }
+
+
+def job_refusal(
+    settings: Any, config: dict[str, Any], job_id: Optional[int] = None
+) -> Optional[dict[str, Any]]:
     """The job error to fail a job with before it starts on this worker's host, or None when it may start.
 
     The host is taken as its worker reported it (hosts table: GPUs, HBM, the host RAM a job may use, with
@@ -270,7 +305,7 @@ def job_refusal(settings: Any, config: dict[str, Any]) -> Optional[dict[str, Any
     with read_session(settings) as session:
         host = session.get(Host, settings.host_name)
         topology = host.topology if host is not None and host.topology else None
-    errors = preflight(settings, config, topology)
+    errors = preflight(settings, config, topology, job_id)
     if not errors:
         return None
     reasons = "; ".join(f"{e['loc']}: {e['msg']}" for e in errors)

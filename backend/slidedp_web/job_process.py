@@ -63,8 +63,22 @@ def _train(settings: Any, job_id: int, attempt: int, stop: Any) -> dict[str, Any
     with read_session(settings) as session:
         job = session.get(Job, job_id)
         config = dict(job.config)
-        output_dir = job.output_dir
+        output_dir, action = job.output_dir, job.action or "train"
     config["output_dir"] = output_dir
+    from slidedp_web.guards import job_refusal
+
+    refused = job_refusal(
+        settings, config, job_id
+    )  # before anything is allocated: a clear error, not an OOM kill
+    if refused is None:
+        refused = _claim_folder(settings, job_id)  # before anything is written
+    if refused is None and config.get("init_from"):
+        refused = _resolve_init_from(settings, config)
+    if refused is not None:
+        _log(settings, job_id, refused["message"])
+        return {"status": "failed", "error": refused}
+    if action == "export":
+        return _export(settings, job_id, output_dir)
     resume = bool(config.get("resume")) or attempt > 1
     if resume and not has_checkpoint(output_dir):
         if attempt > 1:
@@ -82,12 +96,6 @@ def _train(settings: Any, job_id: int, attempt: int, stop: Any) -> dict[str, Any
         + ("resuming from the newest checkpoint" if resume else "starting")
         + f"; output in {output_dir}",
     )
-    from slidedp_web.guards import job_refusal
-
-    refused = job_refusal(settings, config)  # before anything is allocated: a clear error, not an OOM kill
-    if refused is not None:
-        _log(settings, job_id, refused["message"])
-        return {"status": "failed", "error": refused}
     _watch_parent(settings, job_id, stop)
 
     steps = [0]  # steps this attempt has finished
@@ -130,12 +138,123 @@ def _train(settings: Any, job_id: int, attempt: int, stop: Any) -> dict[str, Any
         _log(settings, job_id, f"{type(exc).__name__}: {text}")
         first = text.strip().splitlines()[-1] if text.strip() else type(exc).__name__
         return {"status": "failed", "error": {"message": f"{type(exc).__name__}: {first}", "errors": []}}
+    if result.final_dir:
+        _record_outputs(settings, job_id, export=list(getattr(result, "exported_files", None) or []))
     return {
         "status": result.status,
         "steps_done": result.steps_done,
         "policy": getattr(result, "policy", None),
         "final_dir": getattr(result, "final_dir", None),
         "checkpoint_dir": getattr(result, "checkpoint_dir", None),
+    }
+
+
+def _refusal(settings: Any, message: str, loc: str = "output_dir") -> dict[str, Any]:
+    return {
+        "message": f"refused before start on {settings.host_name}: {message}",
+        "errors": [{"loc": loc, "msg": message}],
+    }
+
+
+def _claim_folder(settings: Any, job_id: int) -> dict[str, Any] | None:
+    """Check the job's folder against every other job's recorded one, then claim it with the owner marker and
+    record the folders that claim created (slidedp_web/outputs.py). None: the folder is the job's."""
+    from pathlib import Path
+
+    from slidedp_web import outputs
+    from slidedp_web.core.db import write_session
+    from slidedp_web.models import Job
+
+    with write_session(settings) as session:
+        outputs.lock_jobs(session)
+        job = session.get(Job, job_id)
+        folder = Path(job.output_dir)
+        # Rows that overlap (written by an older workbench, or behind the API's back): the job recorded first
+        # owns the folder; of jobs recorded later, the marker lets in only the first to claim it.
+        owner = outputs.owner_of(
+            outputs.real(folder), outputs.recorded_folders(session), job_id, older_only=True
+        )
+        if owner is not None:
+            return _refusal(settings, outputs.conflict_message(outputs.real(folder), owner))
+        legacy = job.owner_token is None
+        token = job.owner_token or f"legacy-{job_id}"
+        try:
+            created = outputs.claim(folder, job_id, token, legacy=legacy)
+        except outputs.FolderRefused as exc:
+            return _refusal(settings, str(exc))
+        except OSError as exc:
+            return _refusal(settings, f"cannot write {str(folder)!r}: {exc.strerror or exc}")
+        if legacy:
+            job.owner_token = token
+        before = dict(job.outputs or {})
+        made = list(before.get("created_dirs") or []) + [
+            d for d in created if d not in (before.get("created_dirs") or [])
+        ]
+        job.outputs = {**before, "claimed": True, "created_dirs": made}
+        session.add(job)
+    return None
+
+
+def _resolve_init_from(settings: Any, config: dict[str, Any]) -> dict[str, Any] | None:
+    """init_from {job, checkpoint NAME} becomes the checkpoint's path for the runtime, read-only there."""
+    from slidedp_web.core.db import read_session
+    from slidedp_web.jobs import checkpoint_path
+
+    source = config["init_from"]
+    if source.get("job") is None:
+        return None
+    try:
+        with read_session(settings) as session:
+            path = checkpoint_path(session, int(source["job"]), str(source.get("checkpoint") or "latest"))
+    except FileNotFoundError as exc:
+        return _refusal(settings, str(exc), "init_from")
+    config["init_from"] = {"job": None, "checkpoint": path}
+    return None
+
+
+def _record_outputs(settings: Any, job_id: int, **values: Any) -> None:
+    from slidedp_web.core.db import write_session
+    from slidedp_web.models import Job
+
+    with write_session(settings) as session:
+        job = session.get(Job, job_id)
+        if job is not None:
+            job.outputs = {**(job.outputs or {}), **values}
+            session.add(job)
+
+
+def _export(settings: Any, job_id: int, output_dir: str) -> dict[str, Any]:
+    """Write final/ from the newest checkpoint (POST /api/jobs/{id}/export)."""
+    from slidedp.persist.export import export_checkpoint
+
+    from slidedp_web.jobs import list_checkpoints
+
+    found = list_checkpoints(output_dir)
+    if not found:
+        return {
+            "status": "failed",
+            "error": {"message": f"no checkpoint in {output_dir}/checkpoints to export", "errors": []},
+        }
+    _log(settings, job_id, f"exporting {found[-1].path} to {output_dir}/final")
+    try:
+        result = export_checkpoint(found[-1].path, os.path.join(output_dir, "final"))
+    except Exception as exc:  # noqa: BLE001 - the export's own message says what it needs
+        _log(settings, job_id, f"{type(exc).__name__}: {exc}")
+        return {
+            "status": "failed",
+            "error": {
+                "message": f"export failed: {exc}; every checkpoint is kept: free "
+                "room, then POST /api/jobs/{id}/export again".replace("{id}", str(job_id)),
+                "errors": [],
+            },
+        }
+    files = list(result.get("files") or [])
+    _record_outputs(settings, job_id, export=files)
+    _log(settings, job_id, f"exported a Hugging Face model to {output_dir}/final ({len(files)} files)")
+    return {
+        "status": "completed",
+        "steps_done": found[-1].step,
+        "final_dir": os.path.join(output_dir, "final"),
     }
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
+import types
 import typing
 from functools import lru_cache
 from typing import Any, Optional
@@ -30,6 +31,16 @@ EXTRA_KEYS = {
 }
 
 
+INT64_MAX = 2**63 - 1
+
+
+def _is_int(tp: Any) -> bool:
+    """int, or Optional[int]."""
+    if tp is int:
+        return True
+    return typing.get_origin(tp) in (typing.Union, types.UnionType) and int in typing.get_args(tp)
+
+
 def _model_for(cls: Any, prefix: str) -> type[pydantic.BaseModel]:
     hints = typing.get_type_hints(cls)
     fields: dict[str, Any] = {}
@@ -37,6 +48,12 @@ def _model_for(cls: Any, prefix: str) -> type[pydantic.BaseModel]:
         tp = hints[f.name]
         meta = dict(f.metadata)
         limits = {k: meta[k] for k in ("gt", "ge", "lt", "le") if k in meta}
+        if _is_int(tp):  # what the config accepts: 64-bit integers (the database's INTEGER)
+            limits.setdefault("le", INT64_MAX)
+            if "gt" not in limits:
+                limits.setdefault("ge", -INT64_MAX - 1)
+        if tp is str and f.default is dataclasses.MISSING:
+            limits["pattern"] = r"\S"  # a required path or name may not be blank
         doc = meta.get("doc") or None
         if dataclasses.is_dataclass(tp):
             tp = _model_for(tp, prefix + tp.__name__)
@@ -122,8 +139,10 @@ def split_body(body: Any) -> tuple[dict[str, Any], dict[str, Any]]:
                 }
             ]
         )
+    errors = text_errors(body, "")
+    if errors:
+        raise unprocessable(errors)
     extra = {k: body[k] for k in EXTRA_KEYS if k in body}
-    errors = []
     for key, value in extra.items():
         if value is not None and not isinstance(value, str):
             errors.append({"loc": key, "msg": f"must be a string or null, got {value!r}"})
@@ -132,6 +151,37 @@ def split_body(body: Any) -> tuple[dict[str, Any], dict[str, Any]]:
     if errors:
         raise unprocessable(errors)
     return {k: v for k, v in body.items() if k not in EXTRA_KEYS}, extra
+
+
+def _bad_character(text: str) -> Optional[str]:
+    if "\x00" in text:
+        return "a NUL character (\\u0000)"
+    for ch in text:
+        if "\ud800" <= ch <= "\udfff":
+            return f"a lone UTF-16 surrogate (\\u{ord(ch):04x}), which is not a character"
+    return None
+
+
+def text_errors(value: Any, loc: str, depth: int = 0) -> list[dict[str, Any]]:
+    """[{"loc", "msg"}] for every string (keys too) in a request body that a database, a path or a UTF-8 log line
+    cannot hold: a NUL character or a lone surrogate. The message never repeats the string itself."""
+    if depth > 32:
+        return [{"loc": loc or "body", "msg": "is nested too deeply"}]
+    if isinstance(value, str):
+        bad = _bad_character(value)
+        return [{"loc": loc or "body", "msg": f"contains {bad}; send plain text"}] if bad else []
+    out: list[dict[str, Any]] = []
+    if isinstance(value, dict):
+        for key, item in value.items():
+            bad = _bad_character(str(key))
+            if bad:
+                out.append({"loc": loc or "body", "msg": f"has a key that contains {bad}"})
+                continue
+            out += text_errors(item, f"{loc}.{key}" if loc else str(key), depth + 1)
+    elif isinstance(value, list):
+        for i, item in enumerate(value):
+            out += text_errors(item, f"{loc}[{i}]", depth + 1)
+    return out
 
 
 def parse_config(raw: dict[str, Any], host_ram_bytes: Optional[int] = None) -> JobConfig:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import logging
 import os
 import re
-import shutil
+import secrets
 from datetime import timedelta
 from pathlib import Path
 from typing import Any, Optional
@@ -16,7 +16,7 @@ import sqlalchemy as sa
 from fastapi import HTTPException
 from sqlmodel import Session, func, select
 
-from slidedp_web import celery_app, live, planning
+from slidedp_web import celery_app, live, outputs, planning
 from slidedp_web.core.config import Settings
 from slidedp_web.core.db import read_session, write_session
 from slidedp_web.guards import check_roots
@@ -69,26 +69,19 @@ def public(job: Job) -> JobPublic:
 
 
 def list_checkpoints(output_dir: str) -> list[CheckpointPublic]:
-    """Checkpoints the runtime kept in output_dir/checkpoints, oldest first (the step is read from the name)."""
+    """Complete checkpoints the runtime kept in output_dir/checkpoints, oldest first: step-N folders whose
+    meta.json, written last, exists (a checkpoint still being written is a hidden temporary folder)."""
     root = Path(output_dir) / "checkpoints"
-    if not root.is_dir():
+    if not output_dir or not root.is_dir():
         return []
     items = []
     for entry in root.iterdir():
-        if entry.name.startswith(".") or entry.name.endswith((".tmp", ".partial")):
-            continue  # a checkpoint still being written (saved atomically by rename)
-        digits = re.findall(r"\d+", entry.name)
-        size = (
-            entry.stat().st_size
-            if entry.is_file()
-            else sum(p.stat().st_size for p in entry.rglob("*") if p.is_file())
-        )
-        items.append(
-            CheckpointPublic(
-                name=entry.name, step=int(digits[-1]) if digits else None, bytes=size, path=str(entry)
-            )
-        )
-    return sorted(items, key=lambda c: (c.step is None, c.step or 0, c.name))
+        m = re.fullmatch(r"step-(\d+)", entry.name)
+        if m is None or entry.is_symlink() or not (entry / "meta.json").is_file():
+            continue
+        size = sum(p.stat().st_size for p in entry.iterdir() if p.is_file() and not p.is_symlink())
+        items.append(CheckpointPublic(name=entry.name, step=int(m.group(1)), bytes=size, path=str(entry)))
+    return sorted(items, key=lambda c: (c.step or 0, c.name))
 
 
 def get_or_404(session: Session, job_id: int) -> Job:
@@ -118,6 +111,21 @@ def create(settings: Settings, session: Session, body: Any) -> Job:
     check_roots(settings, raw)  # before anything reads the paths it names
     host = planning.choose_host(session, settings, extra.get("host"))
     cfg = parse_config(raw, host_ram_bytes=planning.host_ram_bytes(host))
+    check_host_limits(settings, cfg, host)
+    source = resolve_init_from(session, cfg)
+    folder = None
+    if "output_dir" in raw:
+        folder = outputs.resolve(settings, cfg.output_dir)
+        reserved = outputs.reserved_error(settings, folder, None)
+        if reserved:
+            raise outputs.conflict("output_dir", reserved)
+        if folder.is_dir() and outputs.read_marker(folder) is None and any(folder.iterdir()):
+            raise outputs.conflict(
+                "output_dir",
+                f"{str(folder)!r} already holds files no job of this workbench wrote; name an empty or new folder "
+                "(resume continues a job in its own folder; init_from starts from another job's checkpoint)",
+            )
+    check_room(folder or real_jobs_dir(settings), cfg)
     live.require(settings, "job creation")
     queued = session.exec(select(func.count()).select_from(Job).where(Job.status == "queued")).one()
     if queued >= settings.max_queued_jobs:
@@ -139,6 +147,9 @@ def create(settings: Settings, session: Session, body: Any) -> Job:
     config["model"] = _absolute_if_local(config["model"])
     queue = host.queue if host else settings.queue
     with write_session(settings) as ws:
+        # The folder check and the insert are one transaction under the write lock: of two requests naming one
+        # folder, the second sees the first's row.
+        outputs.lock_jobs(ws)
         job = Job(
             name=extra.get("name"),
             status="queued",
@@ -148,14 +159,18 @@ def create(settings: Settings, session: Session, body: Any) -> Job:
             created_at=utcnow(),
             steps=cfg.steps,
             output_dir="",
+            owner_token=secrets.token_hex(16),
+            outputs={"claimed": False},
+            init_from_job=source,
         )
         ws.add(job)
         ws.flush()
-        if "output_dir" in raw:
-            out = Path(cfg.output_dir)
-            job.output_dir = str(out if out.is_absolute() else (settings.data_dir / out).resolve())
-        else:
-            job.output_dir = str(settings.jobs_dir / str(job.id))
+        target = folder or outputs.default_folder(settings, job.id)
+        owner = outputs.owner_of(target, outputs.recorded_folders(ws), job.id)
+        if owner is not None:
+            ws.rollback()
+            raise outputs.conflict("output_dir", outputs.conflict_message(target, owner), owner[0])
+        job.output_dir = str(target)
         job.config = {**config, "output_dir": job.output_dir}
         event = status_event(ws, job, "queued", message="created")
     try:
@@ -166,6 +181,128 @@ def create(settings: Settings, session: Session, body: Any) -> Job:
         raise live.unavailable(settings, "job creation") from exc
     live.publish(settings, job.id, event)
     return job
+
+
+def real_jobs_dir(settings: Settings) -> Path:
+    settings.jobs_dir.mkdir(parents=True, exist_ok=True)
+    return outputs.real(settings.jobs_dir)
+
+
+def host_cores(settings: Settings, host: Any) -> int:
+    """Cores of the job's target host as its worker reported them (this machine's when none has)."""
+    topology = host.topology if host is not None and host.topology else planning.basic_topology(settings)
+    cpu = topology.get("cpu") if isinstance(topology, dict) else None
+    cpu = cpu if isinstance(cpu, dict) else {}
+    for key in ("cores", "logical_cores", "logical_cpus"):
+        if isinstance(cpu.get(key), int) and cpu[key] > 0:
+            return int(cpu[key])
+    return os.cpu_count() or 1
+
+
+def check_host_limits(settings: Settings, cfg: Any, host: Any) -> None:
+    """Limits that depend on the target host: threads and CPU ranks by its cores, host RAM by its limit."""
+    from slidedp_web.guards import host_ram_error
+
+    cores = host_cores(settings, host)
+    where = f"host {host.name}" if host is not None else "this host"
+    errors = []
+    if cfg.cpu_threads is not None and cfg.cpu_threads > cores:
+        errors.append(
+            {
+                "loc": "cpu_threads",
+                "msg": f"must be at most {cores}, the cores of {where}; leave it out "
+                "to split the cores over the ranks",
+            }
+        )
+    if cfg.gpus == 0 and cfg.ranks > 4 * cores:
+        errors.append(
+            {
+                "loc": "ranks",
+                "msg": f"must be at most {4 * cores} (4 x the {cores} cores of {where}): "
+                "CPU ranks are for development and tests",
+            }
+        )
+    detected = planning.host_ram_bytes(host)
+    if detected is None:
+        detected = hosts_ram_here(settings)
+    raised = host_ram_error(cfg, detected)
+    if raised:
+        errors.append(raised)
+    if errors:
+        raise unprocessable(errors)
+
+
+def hosts_ram_here(settings: Settings) -> Optional[int]:
+    from slidedp_web.hosts import host_ram_bytes
+
+    return host_ram_bytes(planning.basic_topology(settings))
+
+
+def check_room(folder: Path, cfg: Any) -> None:
+    """422 naming output_dir when the job could not write its checkpoints and export there."""
+    try:
+        need = outputs.needed_bytes(cfg)
+    except (OSError, KeyError, ValueError, TypeError):
+        need = None  # a model that cannot be sized was reported by validation already
+    msg = outputs.writable_error(folder, need)
+    if msg:
+        raise unprocessable([{"loc": "output_dir", "msg": msg}])
+
+
+def resolve_init_from(session: Session, cfg: Any) -> Optional[int]:
+    """The id of the job whose checkpoint init_from names (422 when there is none such). The API takes a job
+    and a checkpoint name; a checkpoint path is for the command line, where the user owns the files."""
+    source = getattr(cfg, "init_from", None)
+    if source is None:
+        return None
+    if source.job is None:
+        raise unprocessable(
+            [
+                {
+                    "loc": "init_from.job",
+                    "msg": "name the job to start from: init_from: {job: ID, "
+                    "checkpoint: NAME or latest}; the API does not take checkpoint paths",
+                }
+            ]
+        )
+    other = session.get(Job, source.job)
+    if other is None:
+        raise unprocessable([{"loc": "init_from.job", "msg": f"job {source.job} does not exist"}])
+    names = [c.name for c in list_checkpoints(other.output_dir) if c.step is not None]
+    if not names:
+        raise unprocessable(
+            [
+                {
+                    "loc": "init_from.checkpoint",
+                    "msg": f"job {source.job} has no checkpoint (it keeps them with checkpoint.interval > 0)",
+                }
+            ]
+        )
+    if source.checkpoint != "latest" and source.checkpoint not in names:
+        raise unprocessable(
+            [
+                {
+                    "loc": "init_from.checkpoint",
+                    "msg": f"job {source.job} has no checkpoint "
+                    f"{source.checkpoint!r}; it has: {', '.join(names)} (or say latest)",
+                }
+            ]
+        )
+    return int(source.job)
+
+
+def checkpoint_path(session: Session, job_id: int, name: str) -> str:
+    """The directory of a job's checkpoint by name ('latest': its newest complete one)."""
+    other = session.get(Job, job_id)
+    if other is None:
+        raise FileNotFoundError(f"job {job_id}, whose checkpoint this job starts from, was deleted")
+    found = [c for c in list_checkpoints(other.output_dir) if c.step is not None]
+    if name == "latest" and found:
+        return found[-1].path
+    for c in found:
+        if c.name == name:
+            return c.path
+    raise FileNotFoundError(f"job {job_id} no longer has checkpoint {name!r}")
 
 
 # ------------------------------------------------------------------------------------- cancel / resume
@@ -203,6 +340,7 @@ def resume(settings: Settings, job_id: int) -> Job:
                 409, f"job {job_id} is {job.status}: only {', '.join(RESUMABLE_STATUSES)} jobs can be resumed"
             )
         job.attempt += 1
+        job.action = "train"
         job.error, job.finished_at, job.cancel_request, job.heartbeat_at = None, None, None, None
         event = status_event(ws, job, "queued", message=f"resumed (attempt {job.attempt})")
     try:
@@ -214,14 +352,53 @@ def resume(settings: Settings, job_id: int) -> Job:
     return job
 
 
+def request_export(settings: Settings, job_id: int) -> Job:
+    """Queue an export of the job's last step from its newest checkpoint: a retry after an export failed (a full
+    disk), or a new final/ after the old one was removed. It runs on the job's host, behind a running job."""
+    live.require(settings, "export")
+    with write_session(settings) as ws:
+        job = ws.get(Job, job_id, with_for_update=True)
+        if job is None:
+            raise HTTPException(404, f"job {job_id} does not exist")
+        if job.status in ("queued", "running"):
+            raise HTTPException(409, f"job {job_id} is {job.status}: export it once it has ended")
+        found = list_checkpoints(job.output_dir)
+        if not found or found[-1].step != job.steps:
+            newest = f"its newest checkpoint is {found[-1].name}" if found else "it has no checkpoint"
+            raise HTTPException(
+                409,
+                f"job {job_id} cannot be exported: {newest}, and an export needs the state of its last step "
+                f"({job.steps}); resume the job to train to the end (it exports when it completes)",
+            )
+        job.attempt += 1
+        job.action = "export"
+        job.error, job.finished_at, job.cancel_request, job.heartbeat_at = None, None, None, None
+        event = status_event(ws, job, "queued", message=f"export of {found[-1].name} (attempt {job.attempt})")
+    try:
+        celery_app.enqueue(settings, job.id, job.attempt, job.queue)
+    except Exception as exc:  # noqa: BLE001 - left queued: the watchdog sends it again when Redis is back
+        log.warning("enqueue of the export of job %s failed: %s", job.id, exc)
+    live.publish(settings, job_id, event)
+    return job
+
+
 # ---------------------------------------------------------------------------------------------- delete
 def delete(settings: Settings, job_id: int) -> None:
     with read_session(settings) as session:
         job = get_or_404(session, job_id)
+        users = session.exec(
+            select(Job.id).where(Job.init_from_job == job_id, Job.status.in_(("queued", "running")))
+        ).all()
     if job.status == "running":
         raise HTTPException(409, f"job {job_id} is running: cancel it first, then delete it")
+    if users:
+        raise HTTPException(
+            409,
+            f"job {job_id}'s checkpoint is where job(s) {', '.join(map(str, users))} start from (init_from), and "
+            "they have not started yet: delete it once they run, or cancel them first",
+        )
     _delete_rows(settings, job_id)
-    _delete_outputs(settings, job.output_dir)
+    _delete_outputs(settings, job)
 
 
 def _delete_rows(settings: Settings, job_id: int) -> None:
@@ -231,26 +408,24 @@ def _delete_rows(settings: Settings, job_id: int) -> None:
         ws.execute(sa.delete(Job).where(Job.id == job_id))
 
 
-def _delete_outputs(settings: Settings, output_dir: str) -> None:
-    """The whole directory when the workbench owns it (under the data directory); elsewhere only what a job
-    writes there, so a user's output_dir pointing at a shared folder loses nothing else."""
-    out = Path(output_dir)
-    if not out.exists():
-        return
-    data = settings.data_dir.resolve()
-    if out.resolve().is_relative_to(data) and out.resolve() != data:
-        shutil.rmtree(out, ignore_errors=True)
-        return
-    for name in ("metrics.jsonl", "checkpoints", "final", "plan.json", "topology.json"):
-        path = out / name
-        if path.is_dir():
-            shutil.rmtree(path, ignore_errors=True)
-        elif path.exists():
-            path.unlink()
+def _delete_outputs(settings: Settings, job: Job) -> list[str]:
+    """What the job wrote in its folder, nothing else (slidedp_web/outputs.py); its rows are gone already, so
+    every folder still recorded belongs to another job and is left alone."""
+    if not job.output_dir:
+        return []
+    folder = Path(job.output_dir)
+    recorded = job.outputs
+    if job.owner_token is None and outputs.real(folder) == outputs.default_folder(settings, job.id):
+        recorded = {
+            "created_dirs": [str(folder)]
+        }  # recorded before ownership: its default folder was its own
+    with read_session(settings) as session:
+        others = [d for _, d in outputs.recorded_folders(session)]
     try:
-        out.rmdir()
-    except OSError:
-        pass
+        return outputs.remove(folder, job.owner_token, recorded, others)
+    except OSError as exc:
+        log.warning("deleting the outputs of job %s in %s: %s", job.id, folder, exc)
+        return []
 
 
 # ------------------------------------------------------------------------------------ recovery sweeps

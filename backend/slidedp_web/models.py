@@ -69,6 +69,16 @@ class Job(SQLModel, table=True):
     cancel_requested_at: Optional[datetime] = _ts()
     event_seq: int = 0  # last SSE id handed out for this job
     log_seq: int = 0  # last log line number
+    # Ownership of the output folder (slidedp_web/outputs.py): the token the worker writes into the folder's
+    # owner marker, and what the job created there (folders, the export's files), which is all DELETE removes
+    # and all the export download serves. None: a job recorded before ownership was (its folder is unmarked).
+    owner_token: Optional[str] = Field(default=None, max_length=64)
+    outputs: Optional[dict] = _json()
+    # The job whose checkpoint this one starts from (init_from), so that the source is not deleted under it.
+    init_from_job: Optional[int] = Field(default=None, index=True)
+    # What the next attempt does: "train" (train, or resume from the newest checkpoint) or "export" (write
+    # final/ from the newest checkpoint, which holds the last step: POST /api/jobs/{id}/export).
+    action: str = Field(default="train", max_length=16)
 
 
 class StatusChange(SQLModel, table=True):

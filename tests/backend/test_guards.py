@@ -13,7 +13,7 @@ import pytest
 from backend_support import ApiServer, WorkerProcess, make_settings, tiny_job, tokens_dataset, wait_status
 from fault_support import NamespacedWorker, segments, userns_mounts_work
 
-ROOTS_MSG = "outside the folders allowed"
+ROOTS_MSG = "is not inside the folders allowed"
 
 
 @pytest.fixture(scope="module")
@@ -63,11 +63,17 @@ def test_datasets_outside_the_data_roots_are_refused_naming_data_path(client, ro
     assert ROOTS_MSG in msg and str(roots["datasets"]) in msg and "SLIDEDP_DATA_ROOTS" in msg
     dotdot = f"{roots['datasets']}/../elsewhere/train.jsonl"
     msg = refused(client.post("/api/jobs", json=tiny_job(dotdot)), ["body", "data", "path"])
-    assert f"once '..' and symlinks are resolved: it is '{outside}'" in msg
-    msg = refused(
-        client.post("/api/jobs", json=tiny_job(roots["datasets"] / "link.jsonl")), ["body", "data", "path"]
-    )
-    assert f"it is '{outside}'" in msg
+    assert ROOTS_MSG in msg and "after '~', '..' and symlinks are resolved" in msg
+    link = roots["datasets"] / "link.jsonl"
+    msg = refused(client.post("/api/jobs", json=tiny_job(link)), ["body", "data", "path"])
+    assert ROOTS_MSG in msg and str(outside) not in msg  # where the link leads is not told
+    # A refusal reads the same whether the path outside exists or not: it cannot be used to map files.
+    missing = roots["elsewhere"] / "no-such.jsonl"
+    answers = [
+        refused(client.post("/api/jobs", json=tiny_job(p)), ["body", "data", "path"])
+        for p in (outside, missing)
+    ]
+    assert answers[0].replace(str(outside), "P") == answers[1].replace(str(missing), "P")
     # The plan preview reads the same files: refused the same way.
     refused(client.post("/api/plan", json=tiny_job(outside)), ["body", "data", "path"])
     assert client.get("/api/jobs").json()["total"] == 1
@@ -86,11 +92,11 @@ def test_models_outside_the_model_roots_are_refused_naming_model(client, roots):
     msg = refused(client.post("/api/jobs", json=tiny_job(data, model=str(outside))), ["body", "model"])
     assert ROOTS_MSG in msg and "SLIDEDP_MODEL_ROOTS" in msg
     escape = f"{roots['models']}/../elsewhere/tiny"
-    assert "once '..'" in refused(
+    assert ROOTS_MSG in refused(
         client.post("/api/jobs", json=tiny_job(data, model=escape)), ["body", "model"]
     )
     msg = refused(client.post("/api/jobs", json=tiny_job(data, model=str(leaky))), ["body", "model"])
-    assert "holds a symlink" in msg and "secret.json" in msg
+    assert "holds a symlink" in msg and "tokenizer.json" in msg and "secret.json" not in msg
     # Both fields at once, each named.
     resp = client.post("/api/jobs", json=tiny_job(roots["elsewhere"] / "x.jsonl", model=str(outside)))
     assert ROOTS_MSG in refused(resp, ["body", "model"])
@@ -101,24 +107,42 @@ def test_output_dirs_outside_the_output_roots_and_the_data_dir_are_refused(clien
     data = tokens_dataset(roots["datasets"] / "o.jsonl")
     ok = client.post("/api/jobs", json={**tiny_job(data), "output_dir": str(roots["outputs"] / "run1")})
     assert ok.status_code == 201 and ok.json()["output_dir"] == str(roots["outputs"] / "run1")
-    relative = client.post("/api/jobs", json={**tiny_job(data), "output_dir": "runs/r2"})  # under the data dir
+    relative = client.post(
+        "/api/jobs", json={**tiny_job(data), "output_dir": "runs/r2"}
+    )  # under the first root
     assert relative.status_code == 201, relative.text
-    msg = refused(client.post("/api/jobs", json={**tiny_job(data), "output_dir": str(roots["elsewhere"] / "r")}),
-                  ["body", "output_dir"])
+    assert relative.json()["output_dir"] == str(roots["outputs"] / "runs" / "r2")
+    default = client.post("/api/jobs", json=tiny_job(data))  # the job's own folder in the data folder
+    assert default.json()["output_dir"] == str(settings.jobs_dir / str(default.json()["id"]))
+    msg = refused(
+        client.post("/api/jobs", json={**tiny_job(data), "output_dir": str(roots["elsewhere"] / "r")}),
+        ["body", "output_dir"],
+    )
     assert ROOTS_MSG in msg and "SLIDEDP_OUTPUT_ROOTS" in msg and str(roots["outputs"]) in msg
-    msg = refused(client.post("/api/jobs", json={**tiny_job(data), "output_dir": "../../escape"}),
-                  ["body", "output_dir"])
-    assert "once '..' and symlinks are resolved" in msg
+    msg = refused(
+        client.post("/api/jobs", json={**tiny_job(data), "output_dir": "../../escape"}),
+        ["body", "output_dir"],
+    )
+    assert ROOTS_MSG in msg
+    # The data folder is no longer exempt from the roots: not even a folder of the jobs root.
+    for inside_data in (str(settings.data_dir / "mine"), str(settings.jobs_dir / "999")):
+        refused(
+            client.post("/api/jobs", json={**tiny_job(data), "output_dir": inside_data}),
+            ["body", "output_dir"],
+        )
 
 
-def test_output_roots_judge_relative_dirs_under_the_data_dir(roots, tmp_path):
+def test_output_roots_take_relative_dirs_under_the_first_root(roots, tmp_path):
     from slidedp_web.guards import root_errors
 
-    config = {"output_dir": "jobs/7"}
-    assert root_errors(None, None, config, str(roots["outputs"]), tmp_path) == []
+    assert root_errors(None, None, {"output_dir": "jobs/7"}, str(roots["outputs"]), tmp_path) == []
     assert root_errors(None, None, {"output_dir": "/tmp/anything"}, None, tmp_path) == []  # unset: unconfined
     escape = root_errors(None, None, {"output_dir": "../x"}, str(roots["outputs"]), tmp_path)
     assert [e["loc"] for e in escape] == ["output_dir"]
+    data_dir = root_errors(
+        None, None, {"output_dir": str(tmp_path / "jobs" / "7")}, str(roots["outputs"]), tmp_path
+    )
+    assert [e["loc"] for e in data_dir] == ["output_dir"]
 
 
 def test_without_roots_any_readable_path_is_accepted_and_demo_data_always_is(roots):

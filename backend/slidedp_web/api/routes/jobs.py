@@ -8,7 +8,7 @@ from fastapi.responses import StreamingResponse
 from sqlmodel import func, select
 from starlette.concurrency import run_in_threadpool
 
-from slidedp_web import jobs
+from slidedp_web import jobs, outputs
 from slidedp_web.api.deps import DB_INT_MAX, JobId, SessionDep, SettingsDep
 from slidedp_web.export_archive import stream_tar_gz
 from slidedp_web.job_schema import request_body_openapi
@@ -134,23 +134,53 @@ async def job_checkpoints(job_id: JobId, session: SessionDep) -> CheckpointList:
     "/{job_id}/export",
     response_class=StreamingResponse,
     responses={
-        200: {"content": {"application/gzip": {}}, "description": "final/ as .tar.gz"},
-        404: {"description": "No final/ directory (yet)"},
+        200: {
+            "content": {"application/gzip": {}},
+            "description": "The files the export wrote in final/, as .tar.gz",
+        },
+        404: {"description": "The job does not exist, or has no export (yet)"},
+        409: {"description": "final/ no longer holds what the export wrote"},
     },
 )
 def export_job(job_id: JobId, session: SessionDep) -> StreamingResponse:
-    """The exported Hugging Face directory (output_dir/final) as a .tar.gz download."""
+    """The exported Hugging Face directory (output_dir/final) as a .tar.gz download: only the files the job's
+    export wrote, each as it wrote it."""
     job = jobs.get_or_404(session, job_id)
-    final = Path(job.output_dir) / "final"
-    if not final.is_dir():
+    try:
+        files = outputs.export_listing(Path(job.output_dir), job.outputs)
+    except FileNotFoundError:
         raise HTTPException(
             404,
-            f"job {job_id} has no export yet ({final} does not exist); it is written when "
-            "the job completes with export: true",
-        )
+            f"job {job_id} has no export yet; it is written when the job completes with export: true "
+            "(POST /api/jobs/{id}/export writes it again from a checkpoint of the last step)".replace(
+                "{id}", str(job_id)
+            ),
+        ) from None
+    except ValueError as exc:
+        raise HTTPException(
+            409,
+            f"job {job_id}'s export cannot be sent: {exc}; POST /api/jobs/{job_id}/export "
+            "writes it again from a checkpoint of the last step",
+        ) from None
     name = f"slidedp-job-{job_id}"
     return StreamingResponse(
-        stream_tar_gz(final, name),
+        stream_tar_gz(files, name),
         media_type="application/gzip",
         headers={"Content-Disposition": f'attachment; filename="{name}.tar.gz"'},
     )
+
+
+@router.post(
+    "/{job_id}/export",
+    status_code=202,
+    response_model=JobPublic,
+    responses={
+        404: {"description": "The job does not exist"},
+        409: {"description": "The job is queued or running, or has no checkpoint of its last step"},
+        503: {"description": "Redis is unreachable; nothing was queued"},
+    },
+)
+def request_export(job_id: JobId, settings: SettingsDep) -> JobPublic:
+    """Write final/ again from the job's newest checkpoint, which must hold its last step: the retry after an
+    export failed (a full disk), on the job's host, queued behind any running job."""
+    return jobs.public(jobs.request_export(settings, job_id))

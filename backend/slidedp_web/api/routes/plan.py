@@ -6,7 +6,7 @@ from fastapi import APIRouter, Body
 from fastapi.exceptions import RequestValidationError
 from slidedp.config import ConfigError, JobConfig
 
-from slidedp_web import planning
+from slidedp_web import jobs, planning
 from slidedp_web.api.deps import SessionDep, SettingsDep
 from slidedp_web.guards import check_roots
 from slidedp_web.job_schema import request_body_openapi, run_job_checks, split_body, unprocessable
@@ -30,6 +30,7 @@ def plan(session: SessionDep, settings: SettingsDep, body: Any = Body(...)) -> d
     except ConfigError as exc:
         raise unprocessable(exc.errors) from exc
     host = planning.choose_host(session, settings, extra.get("host"))
+    jobs.check_host_limits(settings, cfg, host)
     findings = run_job_checks(cfg, planning.host_ram_bytes(host))
     model_errors = [e for e in findings if e["loc"] in ("model", "seq_len")]
     if model_errors:

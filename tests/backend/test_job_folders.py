@@ -1,0 +1,214 @@
+"""Jobs own their folders: against the real API, a real Redis and a real worker training the tiny model on the CPU.
+
+Each case is one a user or a client on a shared workstation could trigger: a job that names the jobs root or the
+data folder, two jobs on one folder (also sent at the same moment, and queued together before either folder
+exists), DELETE of a job whose recorded folder overlaps others (rows from before folders were owned), files put
+into an export by hand, and a job whose folder was claimed by another."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import tarfile
+import threading
+from pathlib import Path
+
+import pytest
+from backend_support import tiny_job, wait_status
+
+pytestmark = pytest.mark.timeout(300)
+
+
+def conflict(resp) -> dict:
+    assert resp.status_code == 409, resp.text
+    [item] = resp.json()["detail"]
+    assert item["loc"] == ["body", "output_dir"] and item["type"] == "conflict", item
+    return item
+
+
+def insert_legacy_job(settings, output_dir: str, status: str = "completed") -> int:
+    """A row as the workbench wrote it before folders were owned (no owner token, nothing recorded)."""
+    from slidedp_web.core.db import write_session
+    from slidedp_web.models import Job, utcnow
+
+    with write_session(settings) as ws:
+        job = Job(
+            status=status,
+            config={"model": "tiny-qwen3", "output_dir": output_dir},
+            queue=settings.queue,
+            created_at=utcnow(),
+            steps=4,
+            output_dir=output_dir,
+        )
+        ws.add(job)
+        ws.flush()
+        return int(job.id)
+
+
+def test_the_data_folder_and_the_jobs_root_are_no_job_s_folder(client, dataset, settings):
+    for value in ("jobs", ".", str(settings.data_dir), "jobs/123", str(Path(settings.data_dir).parent)):
+        item = conflict(client.post("/api/jobs", json={**tiny_job(dataset), "output_dir": value}))
+        assert "leave output_dir out" in item["msg"], item
+    assert client.get("/api/jobs").json()["total"] == 0
+
+
+def test_a_folder_another_job_recorded_is_refused_naming_that_job(client, dataset, tmp_path):
+    first = client.post("/api/jobs", json={**tiny_job(dataset), "output_dir": str(tmp_path / "run")}).json()
+    for value in (tmp_path / "run", tmp_path / "run" / "inner", tmp_path):
+        item = conflict(client.post("/api/jobs", json={**tiny_job(dataset), "output_dir": str(value)}))
+        assert item["job_id"] == first["id"] and f"belongs to job {first['id']}" in item["msg"]
+        assert "init_from" in item["msg"]
+    own = client.post("/api/jobs", json=tiny_job(dataset)).json()  # the default folder is the job's own
+    item = conflict(client.post("/api/jobs", json={**tiny_job(dataset), "output_dir": own["output_dir"]}))
+    assert "leave output_dir out" in item["msg"]
+
+
+def test_two_requests_for_one_new_folder_at_once_create_one_job(client, dataset, tmp_path, settings):
+    folder = str(tmp_path / "race" / "run")
+    answers: list[int] = []
+    barrier = threading.Barrier(6)
+
+    def submit() -> None:
+        import httpx
+
+        with httpx.Client(base_url=str(client.base_url), timeout=60) as c:
+            barrier.wait()
+            answers.append(c.post("/api/jobs", json={**tiny_job(dataset), "output_dir": folder}).status_code)
+
+    threads = [threading.Thread(target=submit) for _ in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(answers) == [201] + [409] * 5, answers
+    assert not Path(folder).exists()  # nothing is written before a worker claims it
+
+
+def test_a_folder_with_files_no_job_wrote_is_refused(client, dataset, tmp_path):
+    folder = tmp_path / "someone"
+    folder.mkdir()
+    (folder / "notes.txt").write_text("mine")
+    resp = client.post("/api/jobs", json={**tiny_job(dataset), "output_dir": str(folder)})
+    assert resp.status_code == 409 and "already holds files" in resp.json()["detail"][0]["msg"]
+    assert (folder / "notes.txt").read_text() == "mine"
+
+
+def test_delete_removes_only_what_the_job_wrote_even_when_its_recorded_folder_overlaps(
+    client, dataset, settings, worker, tmp_path
+):
+    # Two real jobs: one in its own folder, one in a folder the user named, holding a file of the user's.
+    own = client.post("/api/jobs", json={**tiny_job(dataset), "checkpoint": {"interval": 2}}).json()
+    named_dir = tmp_path / "named"
+    named = client.post("/api/jobs", json={**tiny_job(dataset), "output_dir": str(named_dir)}).json()
+    for job in (own, named):
+        assert wait_status(client, job["id"], ("completed", "failed"))["status"] == "completed"
+    (named_dir / "user-notes.txt").write_text("keep me")
+    own_files = sorted(p.relative_to(own["output_dir"]) for p in Path(own["output_dir"]).rglob("*"))
+    assert Path("checkpoints") in own_files and Path("final") in own_files
+
+    # Rows written before folders were owned: one job recorded the jobs root, one the data folder itself.
+    for legacy_dir in (settings.jobs_dir, settings.data_dir):
+        legacy = insert_legacy_job(settings, str(legacy_dir))
+        assert client.delete(f"/api/jobs/{legacy}").status_code == 204
+        assert (
+            sorted(p.relative_to(own["output_dir"]) for p in Path(own["output_dir"]).rglob("*")) == own_files
+        )
+        assert (Path(settings.data_dir) / "slidedp.db").exists()
+
+    assert client.delete(f"/api/jobs/{named['id']}").status_code == 204
+    assert sorted(os.listdir(named_dir)) == ["user-notes.txt"]  # the user's file and the folder stay
+    assert client.delete(f"/api/jobs/{own['id']}").status_code == 204
+    assert not Path(own["output_dir"]).exists()  # the job created its folder: it goes once empty
+    assert Path(settings.jobs_dir).is_dir()  # never a parent
+
+
+def test_jobs_queued_on_one_folder_before_either_exists_run_one_and_refuse_the_other(
+    client, dataset, settings, worker, tmp_path
+):
+    """Rows that share a folder (written by an older workbench, or by a second API on the same database that
+    does not lock): the worker checks the rows again and claims the folder with a marker before writing."""
+    from slidedp_web.core.db import write_session
+    from slidedp_web.models import Job
+
+    folder = tmp_path / "shared-late"
+    a = client.post("/api/jobs", json={**tiny_job(dataset), "output_dir": str(folder / "a")}).json()
+    b = client.post("/api/jobs", json={**tiny_job(dataset), "output_dir": str(folder / "b")}).json()
+    with write_session(settings) as ws:  # b's row is made to name a's folder behind the API's back
+        row = ws.get(Job, b["id"])
+        row.output_dir = str(folder / "a")
+        row.config = {**row.config, "output_dir": str(folder / "a")}
+        ws.add(row)
+    done = {j["id"]: wait_status(client, j["id"], ("completed", "failed")) for j in (a, b)}
+    assert [done[a["id"]]["status"], done[b["id"]]["status"]] == ["completed", "failed"]
+    assert f"belongs to job {a['id']}" in done[b["id"]]["error"]["message"]
+    marker = json.loads((folder / "a" / ".slidedp-job.json").read_text())
+    assert marker["job_id"] == a["id"]
+
+
+def test_a_folder_marked_by_another_job_is_not_written(client, dataset, settings, worker, tmp_path):
+    folder = tmp_path / "marked"
+    folder.mkdir()
+    job = client.post("/api/jobs", json={**tiny_job(dataset), "output_dir": str(folder)}).json()
+    (folder / ".slidedp-job.json").write_text(json.dumps({"job_id": 999, "owner_token": "not-this-job"}))
+    done = wait_status(client, job["id"], ("completed", "failed"))
+    assert done["status"] == "failed" and "marked as the folder of job 999" in done["error"]["message"]
+    assert os.listdir(folder) == [".slidedp-job.json"]
+
+
+def test_a_job_s_own_marker_lets_its_next_attempt_in_and_no_other(tmp_path):
+    from slidedp_web import outputs
+
+    folder = tmp_path / "a" / "b"
+    assert outputs.claim(folder, 7, "t0ken") == [str(tmp_path / "a"), str(folder)]
+    (folder / "metrics.jsonl").write_text("{}\n")
+    assert outputs.claim(folder, 7, "t0ken") == []  # the retry: its own marker, its own files
+    with pytest.raises(outputs.FolderRefused, match="marked as the folder of job 7"):
+        outputs.claim(folder, 8, "other")
+    (folder / ".slidedp-job.json").unlink()
+    with pytest.raises(outputs.FolderRefused, match="already holds files this job did not write"):
+        outputs.claim(folder, 7, "t0ken")
+
+
+def test_the_download_holds_only_the_files_the_export_wrote(client, dataset, worker):
+    job = client.post("/api/jobs", json=tiny_job(dataset)).json()
+    assert wait_status(client, job["id"], ("completed", "failed"))["status"] == "completed"
+    final = Path(job["output_dir"]) / "final"
+    written = sorted(os.listdir(final))
+    (final / "planted.txt").write_text("not the job's")
+    (final / "tokenizer_extra.json").symlink_to("/etc/passwd")
+    resp = client.get(f"/api/jobs/{job['id']}/export")
+    assert resp.status_code == 200
+    with tarfile.open(fileobj=io.BytesIO(resp.content), mode="r:gz") as tar:
+        names = sorted(m.name.split("/", 1)[1] for m in tar.getmembers() if m.isfile())
+    assert names == written and "planted.txt" not in names
+    # A file the export wrote, replaced by a link to elsewhere, is not followed.
+    target = final / written[0]
+    target.unlink()
+    target.symlink_to("/etc/hostname")
+    resp = client.get(f"/api/jobs/{job['id']}/export")
+    assert resp.status_code == 409 and "not a regular file" in resp.json()["detail"]
+
+
+def test_init_from_starts_a_new_job_from_another_job_s_checkpoint(client, dataset, worker):
+    source = client.post(
+        "/api/jobs", json={**tiny_job(dataset), "checkpoint": {"interval": 2, "keep": 2}}
+    ).json()
+    assert wait_status(client, source["id"], ("completed", "failed"))["status"] == "completed"
+    ckpt = Path(source["output_dir"]) / "checkpoints" / "step-00000004"
+    before = {p.name: p.read_bytes() for p in ckpt.iterdir()}
+    bad = client.post(
+        "/api/jobs", json={**tiny_job(dataset), "init_from": {"job": source["id"], "checkpoint": "x"}}
+    )
+    assert bad.status_code == 422 and "step-00000002, step-00000004" in bad.text
+    path = client.post("/api/jobs", json={**tiny_job(dataset), "init_from": {"checkpoint": str(ckpt)}})
+    assert path.status_code == 422 and "init_from" in path.text  # the API takes jobs, not paths
+    job = client.post(
+        "/api/jobs", json={**tiny_job(dataset), "init_from": {"job": source["id"], "checkpoint": "latest"}}
+    ).json()
+    refused = client.delete(f"/api/jobs/{source['id']}")  # the new job is queued or reading it
+    assert refused.status_code == 409 and "init_from" in refused.json()["detail"]
+    done = wait_status(client, job["id"], ("completed", "failed"))
+    assert done["status"] == "completed", done
+    assert {p.name: p.read_bytes() for p in ckpt.iterdir()} == before  # read, never written
+    assert Path(done["output_dir"]) != Path(source["output_dir"])
