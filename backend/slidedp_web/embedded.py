@@ -1,12 +1,20 @@
 """`slidedp serve`: the whole workbench on one machine with nothing to set up.
 
-    slidedp serve [--host 127.0.0.1] [--port 8000]
+    slidedp serve [--host 127.0.0.1] [--port 8000] [--insecure] [--api-only]
 
 A data directory (SLIDEDP_DATA_DIR, default ./.slidedp) holds a SQLite file, the job outputs and the logs of
 the processes started here: a private redis-server (on a unix socket in the data directory, or a free
 loopback port when the socket path is too long), one local worker, and the API with the UI. With REDIS_URL or
 DATABASE_URL set, those are used instead. Ctrl-C (or SIGTERM) stops the worker — a running job stops at a step
-boundary with a checkpoint and can be resumed next time — then Redis.
+boundary with a checkpoint and can be resumed next time — then Redis. `--api-only` serves the API and the UI
+alone (the compose file's api container, where Redis and the worker are services of their own).
+
+Who may call the API follows the bind (core.config.access_for_bind): on loopback, as before, no token unless
+SLIDEDP_API_TOKEN is set. On any other address without SLIDEDP_API_TOKEN a random token is made for this run,
+required as `Authorization: Bearer`, and printed once to stderr as a login URL `http://<host>:<port>/#token=…`
+(the token in the fragment, which a browser never sends to the server); it is also in <data dir>/api-token (0600)
+while the server runs, for the container's health check and for scripts. `--insecure` (SLIDEDP_INSECURE=1) serves
+such a bind without a token, with a warning.
 """
 
 from __future__ import annotations
@@ -23,7 +31,10 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
+
+if TYPE_CHECKING:
+    from slidedp_web.core.config import Settings
 
 SOCKET_PATH_MAX = 100  # sun_path holds 108 bytes
 
@@ -32,7 +43,73 @@ def parse_args(argv: Optional[list[str]]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="slidedp serve", description=__doc__.splitlines()[0])
     parser.add_argument("--host", default=None, help="address to bind (default SLIDEDP_HOST or 127.0.0.1)")
     parser.add_argument("--port", type=int, default=None, help="port (default SLIDEDP_PORT or 8000)")
+    parser.add_argument(
+        "--insecure",
+        action="store_true",
+        default=None,
+        help="on a non-loopback address, serve without a token (default SLIDEDP_INSECURE): anyone who reaches "
+        "the port can run jobs as this user",
+    )
+    parser.add_argument(
+        "--api-only",
+        action="store_true",
+        help="the API and UI only: no private Redis, no local worker (REDIS_URL and workers are elsewhere)",
+    )
     return parser.parse_args(argv)
+
+
+def _say(text: str) -> None:
+    """To the terminal (stderr), not through logging: neither a log file nor a log collector gets it."""
+    print(text, file=sys.stderr, flush=True)
+
+
+def _write_token_file(path: Path, token: str) -> None:
+    path.unlink(missing_ok=True)  # a new file, so that the mode below applies
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as fh:
+        fh.write(token + "\n")
+
+
+def apply_access(
+    settings: Settings, host: str, port: int, insecure: bool, data_dir: Path, stack: contextlib.ExitStack
+) -> Settings:
+    """Decide who may call the API for this bind, say so at start, and return the settings the API runs with."""
+    from slidedp_web.core.config import TOKEN_FILE, access_for_bind, base_url, login_url
+
+    access = access_for_bind(host, settings.api_token, insecure or settings.insecure)
+    token_file = data_dir / TOKEN_FILE
+    token_file.unlink(missing_ok=True)  # one left by a run that was killed
+    if access.generated:
+        _write_token_file(token_file, access.token)
+        stack.callback(token_file.unlink, missing_ok=True)
+        _say(
+            f"\nThe API listens on {host}:{port}, beyond this machine, and SLIDEDP_API_TOKEN is not set: it "
+            "requires a token made up for this run.\nOpen the workbench with this URL (the token is in the "
+            "fragment and never reaches a server log):\n\n"
+            f"    {login_url(base_url(host, port, settings.public_url), access.token)}\n\n"
+            f"API clients send 'Authorization: Bearer <token>' (the token is also in {token_file}, readable by "
+            "this user only, until the server stops).\n"
+        )
+    elif access.insecure:
+        bar = "!" * 78
+        _say(
+            f"\n{bar}\nWARNING: --insecure / SLIDEDP_INSECURE: the API on {host}:{port} answers ANYONE who can "
+            "reach this port,\nwithout a token. They can submit jobs that read and write files as this user "
+            f"(uid {os.getuid()}).\nSet SLIDEDP_API_TOKEN, or drop --insecure to get a generated token.\n{bar}\n"
+        )
+    if not access.loopback:
+        unset = [
+            f"SLIDEDP_{name.upper()}"
+            for name in ("model_roots", "data_roots", "output_roots")
+            if not getattr(settings, name)
+        ]
+        if unset:
+            _say(
+                f"WARNING: the API is reachable beyond this machine and {', '.join(unset)} "
+                f"{'is' if len(unset) == 1 else 'are'} not set: jobs may read any file this server can read "
+                "and write wherever it can write. Set them to the folders of models, datasets and outputs.\n"
+            )
+    return settings.model_copy(update={"api_token": access.token, "insecure": access.insecure})
 
 
 def free_port() -> int:
@@ -207,7 +284,7 @@ def main(argv: Optional[list[str]] = None) -> int:
 
 def _serve(args: argparse.Namespace, data_dir: Path) -> None:
     with contextlib.ExitStack() as stack:
-        if not os.environ.get("REDIS_URL"):
+        if not os.environ.get("REDIS_URL") and not args.api_only:
             os.environ["REDIS_URL"] = stack.enter_context(private_redis(data_dir))
         import uvicorn
 
@@ -219,21 +296,23 @@ def _serve(args: argparse.Namespace, data_dir: Path) -> None:
         settings = get_settings()
         host = args.host or settings.host
         port = args.port or settings.port
-        upgrade(settings)  # once, before the worker and the API both look at the schema
-        worker = LocalWorker(
-            {**os.environ, **settings.env()},
-            data_dir / "worker.log",
-            stop_timeout=settings.cancel_grace_s + 30,
-        )
-        worker.start()
-        stack.callback(worker.stop)
-        threading.Thread(target=worker.watch, name="slidedp-worker-watch", daemon=True).start()
+        if not args.api_only:
+            upgrade(settings)  # once, before the worker and the API both look at the schema
+            # The worker never calls the API: it does not get the token.
+            env = {**os.environ, **settings.env()}
+            env.pop("SLIDEDP_API_TOKEN", None)
+            worker = LocalWorker(env, data_dir / "worker.log", stop_timeout=settings.cancel_grace_s + 30)
+            worker.start()
+            stack.callback(worker.stop)
+            threading.Thread(target=worker.watch, name="slidedp-worker-watch", daemon=True).start()
         print(
             f"SlideDP Workbench at http://{host}:{port}  (data: {data_dir}; database: "
-            f"{settings.sqlalchemy_url.split('://')[0]}; Redis: {settings.redis_url}; worker log: "
-            f"{data_dir / 'worker.log'})",
+            f"{settings.sqlalchemy_url.split('://')[0]}; Redis: {settings.redis_url}"
+            + ("" if args.api_only else f"; worker log: {data_dir / 'worker.log'}")
+            + ")",
             flush=True,
         )
+        settings = apply_access(settings, host, port, bool(args.insecure), data_dir, stack)
         from slidedp_web import logs
 
         # JSON logs: uvicorn leaves its loggers unconfigured (log_config=None) and they reach the JSON root handler.

@@ -1,6 +1,10 @@
 """The FastAPI app: the API under /api, OpenAPI at /openapi.json, the built UI (frontend/dist) at /.
 
 uvicorn slidedp_web.main:app --host 127.0.0.1 --port 8000     (or: slidedp serve, which starts everything)
+
+Run this way the app cannot know the address it was bound to: without SLIDEDP_API_TOKEN it answers loopback
+connections only (require_token refuses the rest with 403) unless SLIDEDP_INSECURE=1. `slidedp serve --host H`
+(`--api-only` for the API alone) decides for its bind instead, and generates a token for a non-loopback one.
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ from starlette.concurrency import run_in_threadpool
 import slidedp_web
 from slidedp_web import logs, watchdog
 from slidedp_web.api.main import api_router
-from slidedp_web.api.routes import metrics
+from slidedp_web.api.routes import metrics, tickets
 from slidedp_web.core.config import Settings, get_settings
 from slidedp_web.core.db import upgrade
 from slidedp_web.guards import RequestSizeLimit
@@ -36,6 +40,7 @@ def create_app(settings: Optional[Settings] = None) -> FastAPI:
     async def lifespan(app: FastAPI):
         if logs.log_format(settings.log_format) == "json":
             logs.configure("INFO", "json")  # after uvicorn set up its loggers, so theirs turn JSON too
+        logs.install_redaction()  # on the handlers uvicorn has made by now
         settings.data_dir.mkdir(parents=True, exist_ok=True)
         await run_in_threadpool(upgrade, settings)
         async with anyio.create_task_group() as tg:
@@ -50,9 +55,11 @@ def create_app(settings: Optional[Settings] = None) -> FastAPI:
         lifespan=lifespan,
     )
     app.state.settings = settings
+    app.state.tickets = tickets.TicketStore(settings.ticket_ttl_s, settings.max_tickets)
     if logs.log_format(settings.log_format) == "json":
         # `uvicorn slidedp_web.main:app` has set up its loggers by now: they turn JSON too.
         logs.configure("INFO", "json")
+    logs.install_redaction()
     app.add_middleware(RequestSizeLimit, max_bytes=settings.max_request_bytes)
     app.include_router(api_router)
     app.include_router(metrics.router)  # /metrics, where Prometheus looks by default
@@ -70,10 +77,38 @@ def _install_openapi(app: FastAPI) -> None:
                 title=app.title, version=app.version, description=app.description, routes=app.routes
             )
             schema.setdefault("components", {}).setdefault("schemas", {}).update(openapi_components())
+            _document_tickets(schema)
             app.openapi_schema = schema
         return app.openapi_schema
 
     app.openapi = openapi  # type: ignore[method-assign]
+
+
+TICKET_PARAMETER = {
+    "name": "ticket",
+    "in": "query",
+    "required": False,
+    "schema": {"type": "string"},
+    "description": "Instead of the bearer header, for a client that cannot send one (a browser's EventSource, "
+    "a download link): a ticket from POST /api/tickets for exactly this path, valid once within its lifetime. "
+    "Only needed when the server has an API token.",
+}
+
+
+def _document_tickets(schema: dict[str, Any]) -> None:
+    """The routes that accept ?ticket= say so (require_token checks it for every route, but tickets are issued
+    only for these)."""
+    for path in tickets.TICKET_ROUTES:
+        operation = schema.get("paths", {}).get(path, {}).get("get")
+        if operation is None:
+            continue
+        params = operation.setdefault("parameters", [])
+        if not any(p.get("name") == "ticket" and p.get("in") == "query" for p in params):
+            params.append(dict(TICKET_PARAMETER))
+        operation.setdefault("responses", {}).setdefault(
+            "401",
+            {"description": "An API token is in force and neither the bearer header nor a valid ticket came"},
+        )
 
 
 def _mount_frontend(app: FastAPI, dist: Path) -> None:

@@ -1,12 +1,13 @@
-"""All API routes under /api, behind the bearer-token check."""
+"""All API routes under /api, behind the bearer-token check (deps.require_token; tickets for the GETs a browser
+cannot give a header to)."""
 
 from __future__ import annotations
 
 from fastapi import APIRouter, Depends
 
 from slidedp_web.api.deps import require_token
-from slidedp_web.api.routes import events, health, hosts, jobs, plan, presets
+from slidedp_web.api.routes import events, health, hosts, jobs, plan, presets, tickets
 
 api_router = APIRouter(prefix="/api", dependencies=[Depends(require_token)])
-for module in (jobs, events, hosts, plan, presets, health):
+for module in (jobs, events, hosts, plan, presets, health, tickets):
     api_router.include_router(module.router)

@@ -8,8 +8,11 @@ environment, so one set of variables configures a deployment:
 
 from __future__ import annotations
 
+import ipaddress
 import os
+import secrets
 import socket
+from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 from typing import Optional
@@ -35,7 +38,25 @@ class Settings(BaseSettings):
         description="Broker of the job queue and carrier of live events (redis:// or unix:///path.sock).",
     )
     api_token: Optional[str] = Field(
-        None, description="When set, /api requires 'Authorization: Bearer <token>'."
+        None,
+        description="When set, /api requires 'Authorization: Bearer <token>'. Unset on a non-loopback bind, "
+        "`slidedp serve` makes one up and prints a login URL (see access_for_bind).",
+    )
+    insecure: bool = Field(
+        False,
+        description="Serve a non-loopback bind without a token (what `slidedp serve --insecure` sets): anyone "
+        "who reaches the port can submit jobs.",
+    )
+    public_url: Optional[str] = Field(
+        None,
+        description="Base URL of the printed login link (default http://<host>:<port>), e.g. the address a "
+        "container's port is published on.",
+    )
+    ticket_ttl_s: float = Field(
+        60.0, gt=0, description="Lifetime of a ticket from POST /api/tickets (one GET of one path)."
+    )
+    max_tickets: int = Field(
+        1000, gt=0, description="Tickets outstanding at once in one API process; more are refused with 429."
     )
     host: str = Field("127.0.0.1", description="Address the API binds; loopback unless told otherwise.")
     port: int = Field(8000, description="Port the API binds.")
@@ -174,3 +195,74 @@ class Settings(BaseSettings):
 @lru_cache(maxsize=1)
 def get_settings() -> Settings:
     return Settings()
+
+
+# ---- Who may call the API: the one decision every entry point takes (slidedp serve, its --api-only mode in the
+# container, and require_token for a plain `uvicorn slidedp_web.main:app`).
+
+TOKEN_FILE = "api-token"  # in the data directory, 0600, while a generated token is in force
+
+
+def is_loopback(host: Optional[str]) -> bool:
+    """True when `host` (a bind or socket address) is reachable from this machine only.
+
+    An IP literal is judged by its value (127.0.0.0/8, ::1, and IPv4-mapped ::ffff:127.x); "localhost" is
+    loopback; any other name, the wildcards 0.0.0.0 / :: and an empty host are not (a name may resolve to an
+    outside address, so it is treated as one).
+    """
+    if host is None:
+        return False
+    name = host.strip().strip("[]").split("%", 1)[0]
+    if name.lower() in ("localhost", "localhost.", "ip6-localhost", "ip6-loopback"):
+        return True
+    try:
+        addr = ipaddress.ip_address(name)
+    except ValueError:
+        return False
+    if isinstance(addr, ipaddress.IPv6Address) and addr.ipv4_mapped is not None:
+        addr = addr.ipv4_mapped
+    return addr.is_loopback
+
+
+@dataclass(frozen=True)
+class Access:
+    """What the API requires of its callers for one bind."""
+
+    token: Optional[str]  # the bearer token required; None: the API answers without one
+    generated: bool  # made up now, for this run only
+    loopback: bool  # the bind reaches this machine only
+    insecure: bool  # a non-loopback bind left open on purpose (--insecure / SLIDEDP_INSECURE=1)
+
+
+def access_for_bind(host: str, api_token: Optional[str], insecure: bool = False) -> Access:
+    """The token that applies to an API bound to `host`.
+
+    A configured SLIDEDP_API_TOKEN always applies. Without one, a loopback bind stays open (the machine's own
+    users, as before); a non-loopback bind gets a random token for this run (secrets.token_urlsafe) unless
+    `insecure` says to leave it open.
+    """
+    loopback = is_loopback(host)
+    if api_token:
+        return Access(api_token, generated=False, loopback=loopback, insecure=False)
+    if loopback:
+        return Access(None, generated=False, loopback=True, insecure=False)
+    if insecure:
+        return Access(None, generated=False, loopback=False, insecure=True)
+    return Access(secrets.token_urlsafe(32), generated=True, loopback=False, insecure=False)
+
+
+def base_url(host: str, port: int, public_url: Optional[str] = None) -> str:
+    """Where a browser reaches the API: SLIDEDP_PUBLIC_URL, else the bind (a wildcard bind: this machine's name)."""
+    if public_url:
+        return public_url.rstrip("/")
+    name = host.strip().strip("[]")
+    if name in ("0.0.0.0", "::", ""):
+        name = socket.gethostname()
+    elif ":" in name:
+        name = f"[{name}]"
+    return f"http://{name}:{port}"
+
+
+def login_url(base: str, token: str) -> str:
+    """The UI's login link: the token rides in the fragment, which browsers never send to a server."""
+    return f"{base.rstrip('/')}/#token={token}"
