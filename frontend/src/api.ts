@@ -38,10 +38,63 @@ export function setApiToken(token: string | null): void {
   else localStorage.removeItem(TOKEN_KEY);
 }
 
-/** An EventSource or a download link cannot send headers: the API takes the token as ?access_token= too. */
-export function withToken(url: string, token: string | null = apiToken()): string {
+/** The token of a login URL (`http://host:port/#token=...`, printed by `slidedp serve`) and the fragment without
+ *  it. The token rides in the fragment because a browser never sends that to a server, so no log records it. */
+export function tokenFromHash(hash: string): { token: string | null; rest: string } {
+  const raw = hash.replace(/^#/, "");
+  if (!raw) return { token: null, rest: "" };
+  const params = new URLSearchParams(raw);
+  const token = params.get("token");
+  if (token === null) return { token: null, rest: hash };
+  params.delete("token");
+  const rest = params.toString();
+  return { token: token.trim() || null, rest: rest ? `#${rest}` : "" };
+}
+
+/** On load: keep a login URL's token as this browser's API token and take it out of the address bar (and so out
+ *  of the history and of anything copied from there). */
+export function adoptTokenFromLocation(loc: Location = location, hist: History = history): boolean {
+  const { token, rest } = tokenFromHash(loc.hash);
+  if (token === null) return false;
+  setApiToken(token);
+  hist.replaceState(hist.state, "", loc.pathname + loc.search + rest);
+  return true;
+}
+
+/** A one-time ticket for one GET of one path (POST /api/tickets). */
+export interface Ticket {
+  ticket: string;
+  path: string;
+  expires_at: string;
+  expires_in_s: number;
+}
+
+/** `url` opened by something that cannot send the bearer header (an EventSource, a download link): with a token,
+ *  plus `ticket=` for its path (the token itself never goes into a URL); without one, as it is. */
+export async function withTicket(
+  url: string,
+  token: string | null = apiToken(),
+  issue: (path: string) => Promise<Ticket> = (path) => api.ticket(path),
+): Promise<string> {
   if (!token) return url;
-  return `${url}${url.includes("?") ? "&" : "?"}access_token=${encodeURIComponent(token)}`;
+  const q = url.indexOf("?");
+  const path = q < 0 ? url : url.slice(0, q);
+  const { ticket } = await issue(path);
+  return `${url}${q < 0 ? "?" : "&"}ticket=${encodeURIComponent(ticket)}`;
+}
+
+/** Start a download of `path` (the export): a plain link without a token; with one, a link with a fresh ticket. */
+export async function download(path: string, doc: Document = document): Promise<void> {
+  const a = doc.createElement("a");
+  a.href = await withTicket(path);
+  a.download = "";
+  a.hidden = true;
+  doc.body.append(a);
+  try {
+    a.click();
+  } finally {
+    a.remove();
+  }
 }
 
 /** A validation `loc` as a config key path: ["body", "optimizer", "betas", 0] -> "optimizer.betas[0]". */
@@ -136,8 +189,10 @@ export const api = {
   logs: (id: number, afterSeq: number) =>
     request<{ items: LogLine[] }>("GET", `/api/jobs/${id}/logs?after_seq=${afterSeq}`),
   checkpoints: (id: number) => request<{ items: Checkpoint[] }>("GET", `/api/jobs/${id}/checkpoints`),
-  eventsUrl: (id: number) => withToken(`/api/jobs/${id}/events`),
-  exportUrl: (id: number) => withToken(`/api/jobs/${id}/export`),
+  ticket: (path: string) => request<Ticket>("POST", "/api/tickets", { path }),
+  // Opened without the bearer header: with a token they need a ticket (withTicket), which a URL never holds.
+  eventsUrl: (id: number) => `/api/jobs/${id}/events`,
+  exportUrl: (id: number) => `/api/jobs/${id}/export`,
   openapi: () => request<Record<string, unknown>>("GET", "/openapi.json"),
 };
 

@@ -72,7 +72,8 @@ export function renderBanner(el: HTMLElement, r: Reachability): void {
     return;
   }
   if (r.kind === "error" && r.message === "unauthorised") {
-    // The server was started with SLIDEDP_API_TOKEN: ask for it once and keep it in this browser.
+    // The server requires a token (SLIDEDP_API_TOKEN, or one it generated for a non-loopback bind and printed as a
+    // login URL): ask for it once and keep it in this browser.
     el.className = "banner banner-warn";
     const input = h("input", { id: "api-token", type: "password", autocomplete: "off" });
     const form = h(
@@ -87,7 +88,12 @@ export function renderBanner(el: HTMLElement, r: Reachability): void {
       setApiToken(input.value.trim() || null);
       void checkHealth().then(() => window.dispatchEvent(new CustomEvent("slidedp:api-back")));
     });
-    replace(el, h("strong", null, "This workbench needs an API token. "), form);
+    replace(
+      el,
+      h("strong", null, "This workbench needs an API token. "),
+      "Open the login URL the server printed (…/#token=…), or paste the token: ",
+      form,
+    );
     return;
   }
   if (r.kind === "error") {

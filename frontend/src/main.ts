@@ -1,6 +1,7 @@
 // The workbench UI: app shell, routes, and the API reachability banner.
 import "uplot/dist/uPlot.min.css";
 import "./style.css";
+import { adoptTokenFromLocation } from "./api";
 import { h } from "./dom";
 import { firstCheck, onReachability, renderBanner } from "./health";
 import { hostsPage } from "./pages/hosts";
@@ -8,6 +9,9 @@ import { jobPage } from "./pages/job";
 import { jobsPage } from "./pages/jobs";
 import { newJobPage } from "./pages/newjob";
 import { render, route, startRouter } from "./router";
+
+// A login URL (`/#token=...`, printed by `slidedp serve`): keep the token, clear it from the address bar.
+adoptTokenFromLocation();
 
 route(/^\/jobs\/?$/, "Jobs", jobsPage);
 route(/^\/jobs\/new\/?$/, "New job", newJobPage);

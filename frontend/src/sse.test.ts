@@ -142,3 +142,109 @@ describe("ResumableStream", () => {
     expect(t.timers[2].ms).toBe(t.timers[0].ms);
   });
 });
+
+/** A stream behind an API token: every open waits for a ticket that the test hands out (or refuses). */
+function signedHarness() {
+  const sources: ScriptedSource[] = [];
+  const timers: { fn: () => void; ms: number }[] = [];
+  const got: string[] = [];
+  const pending: { url: string; resolve: (u: string) => void; reject: (e: Error) => void }[] = [];
+  let reopens = 0;
+  let issued = 0;
+  const stream = new ResumableStream(
+    "/api/jobs/7/events",
+    { onEvent: (_t, _d, id) => got.push(id), onReopen: () => reopens++ },
+    {
+      factory: (url) => {
+        const s = new ScriptedSource(url);
+        sources.push(s);
+        return s;
+      },
+      sign: (url) =>
+        new Promise<string>((resolve, reject) => pending.push({ url, resolve, reject })),
+      schedule: (fn, ms) => timers.push({ fn, ms }),
+      cancel: () => undefined,
+    },
+  );
+  /** Hand out the next ticket and let the stream open with it. */
+  async function grant(): Promise<void> {
+    const p = pending.shift();
+    if (!p) throw new Error("no ticket was asked for");
+    issued++;
+    p.resolve(`${p.url}${p.url.includes("?") ? "&" : "?"}ticket=t${issued}`);
+    await Promise.resolve();
+    await Promise.resolve();
+  }
+  async function refuse(): Promise<void> {
+    const p = pending.shift();
+    if (!p) throw new Error("no ticket was asked for");
+    p.reject(new Error("503"));
+    await Promise.resolve();
+    await Promise.resolve();
+  }
+  return { stream, sources, timers, got, pending, grant, refuse, reopens: () => reopens };
+}
+
+describe("ResumableStream with tickets", () => {
+  it("opens only with a ticket, and after an error asks for a fresh one and resumes from the last id", async () => {
+    const t = signedHarness();
+    t.stream.start();
+    expect(t.sources).toHaveLength(0); // nothing opens before the ticket
+    expect(t.pending.map((p) => p.url)).toEqual(["/api/jobs/7/events"]);
+    await t.grant();
+    expect(t.sources[0].url).toBe("/api/jobs/7/events?ticket=t1");
+    t.sources[0].open();
+    t.sources[0].emit("metrics", { step: 1 }, "20");
+    t.sources[0].emit("metrics", { step: 2 }, "21");
+    // A dropped connection: the browser would retry with the spent ticket; the stream closes it instead.
+    t.sources[0].dropAndRetry();
+    expect(t.sources[0].closed).toBe(true);
+    expect(t.stream.state).toBe("reconnecting");
+    expect(t.timers).toHaveLength(1);
+    t.timers[0].fn();
+    expect(t.pending.map((p) => p.url)).toEqual(["/api/jobs/7/events?last_event_id=21"]);
+    await t.grant();
+    expect(t.sources[1].url).toBe("/api/jobs/7/events?last_event_id=21&ticket=t2");
+    t.sources[1].open();
+    expect(t.reopens()).toBe(1);
+    t.sources[1].emit("metrics", { step: 3 }, "22");
+    expect(t.got).toEqual(["20", "21", "22"]);
+  });
+
+  it("a spent ticket refused by the server (CLOSED) gets a new ticket too", async () => {
+    const t = signedHarness();
+    t.stream.start();
+    await t.grant();
+    t.sources[0].open();
+    t.sources[0].emit("log", { seq: 1 }, "5");
+    t.sources[0].failPermanently();
+    t.timers[0].fn();
+    await t.grant();
+    expect(t.sources[1].url).toBe("/api/jobs/7/events?last_event_id=5&ticket=t2");
+    expect(new Set(t.sources.map((s) => s.url)).size).toBe(2); // no URL, so no ticket, is used twice
+  });
+
+  it("backs off when no ticket can be had, then tries again", async () => {
+    const t = signedHarness();
+    t.stream.start();
+    await t.refuse();
+    expect(t.sources).toHaveLength(0);
+    expect(t.stream.state).toBe("reconnecting");
+    t.timers[0].fn();
+    await t.refuse();
+    expect(t.timers[1].ms).toBeGreaterThan(t.timers[0].ms);
+    t.timers[1].fn();
+    await t.grant();
+    t.sources[0].open();
+    expect(t.stream.state).toBe("open");
+  });
+
+  it("a ticket that arrives after the stream was closed opens nothing", async () => {
+    const t = signedHarness();
+    t.stream.start();
+    t.stream.close();
+    await t.grant();
+    expect(t.sources).toHaveLength(0);
+    expect(t.stream.state).toBe("closed");
+  });
+});

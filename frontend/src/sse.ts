@@ -2,6 +2,8 @@
 // EventSource reconnects by itself after a dropped connection and sends Last-Event-ID. When the server
 // refuses a reconnect (a 503 while Redis restarts, a proxy error) the browser gives up for good (CLOSED);
 // then this class reopens it with ?last_event_id= after a back-off, so no event between is lost.
+// Behind an API token every open needs a fresh ticket (`sign`), and the browser's own reconnect would reuse the
+// spent one: then any error closes the stream and this class reopens it with a new ticket, from the last id.
 
 export interface EventSourceLike {
   readonly readyState: number;
@@ -23,6 +25,8 @@ export interface StreamHandlers {
 
 export interface StreamOptions {
   events?: string[];
+  /** Turns the URL into the one to open, e.g. by adding a one-time ticket; called for every (re)open. */
+  sign?: (url: string) => Promise<string>;
   factory?: (url: string) => EventSourceLike;
   delaysMs?: number[];
   schedule?: (fn: () => void, ms: number) => unknown;
@@ -53,7 +57,9 @@ export class ResumableStream {
   private attempts = 0;
   private timer: unknown = null;
   private hadBreak = false;
+  private generation = 0;
   private readonly events: string[];
+  private readonly sign: ((url: string) => Promise<string>) | null;
   private readonly factory: (url: string) => EventSourceLike;
   private readonly delays: number[];
   private readonly schedule: (fn: () => void, ms: number) => unknown;
@@ -65,6 +71,7 @@ export class ResumableStream {
     opts: StreamOptions = {},
   ) {
     this.events = opts.events ?? ["metrics", "status", "log"];
+    this.sign = opts.sign ?? null;
     this.factory = opts.factory ?? ((u) => new EventSource(u) as unknown as EventSourceLike);
     this.delays = opts.delaysMs ?? DEFAULT_DELAYS_MS;
     this.schedule = opts.schedule ?? ((fn, ms) => setTimeout(fn, ms));
@@ -95,7 +102,28 @@ export class ResumableStream {
 
   private open(): void {
     this.timer = null;
-    const es = this.factory(resumeUrl(this.url, this.lastEventId));
+    const url = resumeUrl(this.url, this.lastEventId);
+    if (!this.sign) {
+      this.connect(url);
+      return;
+    }
+    const generation = ++this.generation;
+    this.sign(url).then(
+      (signed) => {
+        if (generation === this.generation && !this.finished()) this.connect(signed);
+      },
+      () => {
+        if (generation === this.generation) this.broken(); // no ticket now (server away): back off, try again
+      },
+    );
+  }
+
+  private finished(): boolean {
+    return this.state === "ended" || this.state === "closed";
+  }
+
+  private connect(url: string): void {
+    const es = this.factory(url);
     this.source = es;
     es.onopen = () => {
       if (this.source !== es) return;
@@ -108,7 +136,8 @@ export class ResumableStream {
     };
     es.onerror = () => {
       if (this.source !== es) return;
-      if (es.readyState === CLOSED) {
+      // With tickets the browser's own retry would present a spent one: reopen with a fresh one instead.
+      if (es.readyState === CLOSED || this.sign) {
         es.close();
         this.source = null;
         this.broken();
@@ -128,7 +157,7 @@ export class ResumableStream {
   }
 
   private broken(): void {
-    if (this.state === "ended" || this.state === "closed") return;
+    if (this.finished()) return;
     this.hadBreak = true;
     this.setState("reconnecting");
     const delay = reopenDelay(this.attempts++, this.delays);
@@ -136,6 +165,7 @@ export class ResumableStream {
   }
 
   private shutdown(state: StreamState): void {
+    this.generation++; // a ticket still on its way opens nothing
     if (this.timer !== null) this.cancelTimer(this.timer);
     this.timer = null;
     this.source?.close();

@@ -1,5 +1,5 @@
 // Job page: live charts over SSE, the chosen policy and why, log tail, checkpoints and export.
-import { allMetrics, api, ApiError } from "../api";
+import { allMetrics, api, ApiError, apiToken, download, withTicket } from "../api";
 import { JOB_CHARTS, LiveChart } from "../charts";
 import { facts, h, replace } from "../dom";
 import { bytes, duration, num, rate, when } from "../fmt";
@@ -153,7 +153,17 @@ export function jobPage(root: HTMLElement, params: string[]): Cleanup {
       actionsEl.append(btn);
     }
     if (job.status === "completed" && job.config?.export !== false) {
-      actionsEl.append(h("a", { class: "button", href: api.exportUrl(id), download: true }, "Download export"));
+      // The href holds no secret; behind a token the click fetches a one-time ticket and downloads with it.
+      const link = h("a", { class: "button", href: api.exportUrl(id), download: true }, "Download export");
+      link.addEventListener("click", (ev) => {
+        if (!apiToken()) return;
+        ev.preventDefault();
+        download(api.exportUrl(id)).catch((err: unknown) => {
+          out.className = "action-error";
+          out.textContent = `Download export: ${(err as Error).message}`;
+        });
+      });
+      actionsEl.append(link);
     }
     if (TERMINAL_STATUSES.has(job.status)) {
       actionsEl.append(
@@ -296,7 +306,7 @@ export function jobPage(root: HTMLElement, params: string[]): Cleanup {
       },
       onState: setLive,
       onReopen: () => void catchUp().catch(() => undefined),
-    });
+    }, apiToken() ? { sign: (url) => withTicket(url) } : {});
     // A stream reopened after a resume continues after the last event this page saw.
     stream.lastEventId = lastEventId;
     window.__slidedpStream = stream;
