@@ -13,6 +13,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -131,9 +132,39 @@ def test_api_and_worker_share_one_data_volume_and_settings(config):
         assert env["SLIDEDP_DATA_DIR"] == "/data"
         assert env["REDIS_URL"] == "redis://redis:6379/0"
         assert env["DATABASE_URL"] == "sqlite:////data/slidedp.db"
-        targets = {v["target"] for v in svc["volumes"]}
-        assert {"/models", "/datasets"} <= targets
+        mounts = {v["target"]: v for v in svc["volumes"]}
+        assert mounts["/models"]["read_only"] is True and mounts["/datasets"]["read_only"] is True, name
+        assert mounts["/runs"]["type"] == "bind" and not mounts["/runs"].get("read_only"), name
     assert "data" in config["volumes"]
+
+
+def test_jobs_are_confined_to_the_mounted_folders(config):
+    for name in ("api", "worker"):
+        env = config["services"][name]["environment"]
+        assert env["SLIDEDP_MODEL_ROOTS"] == "/models", name
+        assert env["SLIDEDP_DATA_ROOTS"] == "/datasets", name
+        assert env["SLIDEDP_OUTPUT_ROOTS"] == "/runs", name
+    moved = resolved(env={"SLIDEDP_MODELS_DIR": "/srv/models", "SLIDEDP_DATASETS_DIR": "/srv/data",
+                          "SLIDEDP_RUNS_DIR": "/srv/runs"})["services"]  # fmt: skip
+    for name in ("api", "worker"):
+        sources = {v["target"]: v.get("source") for v in moved[name]["volumes"]}
+        assert sources["/models"] == "/srv/models" and sources["/datasets"] == "/srv/data"
+        assert sources["/runs"] == "/srv/runs"
+
+
+def test_api_token_comes_from_env_file_and_only_the_api_gets_it(config, tmp_path):
+    api, worker = config["services"]["api"], config["services"]["worker"]
+    assert api["environment"]["SLIDEDP_API_TOKEN"] == ""  # empty: generated at start (see below)
+    assert "SLIDEDP_API_TOKEN" not in worker["environment"]
+    assert api["environment"]["SLIDEDP_PUBLIC_URL"] == "http://127.0.0.1:8000"
+    env_file = tmp_path / ".env"
+    env_file.write_text("SLIDEDP_API_TOKEN=from-dot-env\nSLIDEDP_PORT=8123\n")
+    proc = compose("--env-file", str(env_file), "config", "--format", "json")
+    assert proc.returncode == 0, proc.stderr
+    services = json.loads(proc.stdout)["services"]
+    assert services["api"]["environment"]["SLIDEDP_API_TOKEN"] == "from-dot-env"
+    assert services["api"]["environment"]["SLIDEDP_PUBLIC_URL"] == "http://127.0.0.1:8123"
+    assert "SLIDEDP_API_TOKEN" not in services["worker"]["environment"]
 
 
 def test_jobs_submitted_before_the_worker_reports_go_to_its_queue(config):
@@ -170,9 +201,12 @@ def test_worker_keeps_nvlink_multicast_off(config):
 
 def test_service_commands_name_the_workbench_entry_points(config):
     services = config["services"]
+    # `slidedp serve` decides on the token for its bind; 0.0.0.0 in the container means one is required.
     assert services["api"]["command"] == [
-        "uvicorn", "slidedp_web.main:app", "--host", "0.0.0.0", "--port", "8000",
+        "slidedp", "serve", "--api-only", "--host", "0.0.0.0", "--port", "8000",
     ]  # fmt: skip
+    text = (ROOT / services["api"]["build"]["dockerfile"]).read_text()
+    assert 'CMD ["slidedp", "serve", "--api-only", "--host", "0.0.0.0", "--port", "8000"]' in text
     assert services["worker"]["command"] == ["slidedp", "worker"]
 
 
@@ -229,6 +263,16 @@ for name in {names!r}:
 """
 
 
+def api_argv(command: list[str], port: int, host: str | None = None) -> list[str]:
+    """The compose api command run by this interpreter (`slidedp` is its console script), on another port."""
+    assert command[0] == "slidedp", command
+    argv = [sys.executable, "-c", "import sys; from slidedp.cli import main; sys.exit(main())", *command[1:]]
+    argv[argv.index("--port") + 1] = str(port)
+    if host is not None:
+        argv[argv.index("--host") + 1] = host
+    return argv
+
+
 def api_request(port: int, path: str, body: dict | None = None, token: str = "s3cret") -> dict:
     req = urllib.request.Request(
         f"http://127.0.0.1:{port}{path}",
@@ -253,9 +297,7 @@ def test_api_image_serves_health_presets_and_plans_without_torch(config, tmp_pat
     # Redis is not needed for the database half of the health check: point at a closed loopback port.
     env.update(SLIDEDP_DATA_DIR=str(tmp_path / "data"), REDIS_URL=f"redis://127.0.0.1:{free_port()}/0",
                SLIDEDP_API_TOKEN="s3cret", HF_HUB_OFFLINE="1", PYTHONPATH=str(site))  # fmt: skip
-    command = [sys.executable, "-m", *api["command"]]
-    command[command.index("--port") + 1] = str(port)
-    command[command.index("--host") + 1] = "127.0.0.1"
+    command = api_argv(api["command"], port, host="127.0.0.1")
     log = tmp_path / "api.log"
     server = subprocess.Popen(command, cwd=tmp_path, env=env, stdout=log.open("w"), stderr=subprocess.STDOUT)
     try:
@@ -299,3 +341,85 @@ def test_api_image_serves_health_presets_and_plans_without_torch(config, tmp_pat
         except subprocess.TimeoutExpired:
             server.kill()
             server.communicate()
+
+
+def _network_namespaces_work() -> bool:
+    if not (shutil.which("unshare") and shutil.which("nsenter") and shutil.which("ip")):
+        return False
+    probe = subprocess.run(
+        ["unshare", "-n", "--", "ip", "link", "set", "lo", "up"], capture_output=True, timeout=30
+    )
+    return probe.returncode == 0
+
+
+@pytest.mark.skipif(not _network_namespaces_work(), reason="needs root for unshare -n / nsenter")
+def test_api_container_without_a_token_generates_one_and_stays_healthy(config, tmp_path):
+    """The api service as compose runs it, SLIDEDP_API_TOKEN empty, bound to 0.0.0.0 as in its container: here in
+    a network namespace of its own (only `lo`), so nothing is exposed. It prints the login URL to its log, refuses
+    calls without the token, and the compose health check passes with the token it keeps in the data volume."""
+    if not (ROOT / "backend" / "slidedp_web" / "main.py").exists():
+        pytest.skip("backend/slidedp_web/main.py does not exist yet")
+    api = config["services"]["api"]
+    site = tmp_path / "api_image_site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(SITECUSTOMIZE.format(names=NOT_IN_API_IMAGE))
+    data = tmp_path / "data"
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLIDEDP_", "DATABASE_URL", "REDIS_URL"))}
+    env.update(api["environment"])  # SLIDEDP_API_TOKEN="" (as an empty .env leaves it), the public URL, roots
+    assert env["SLIDEDP_API_TOKEN"] == ""
+    # The database in a temporary data volume; no Redis is needed for the health check's database half.
+    env.update(SLIDEDP_DATA_DIR=str(data), DATABASE_URL=f"sqlite:///{data}/slidedp.db",
+               REDIS_URL="redis://127.0.0.1:1/0", PYTHONPATH=str(site))  # fmt: skip
+    command = api_argv(api["command"], 8000)
+    assert command[command.index("--host") + 1] == "0.0.0.0"
+    setup = 'ip link set lo up && exec "$@"'
+    log = tmp_path / "api.log"
+    server = subprocess.Popen(["unshare", "-n", "--", "sh", "-c", setup, "sh", *command], cwd=tmp_path, env=env,
+                              stdout=log.open("w"), stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
+
+    def in_netns(argv: list[str], extra_env: dict | None = None) -> subprocess.CompletedProcess:
+        return subprocess.run(["nsenter", f"--net=/proc/{server.pid}/ns/net", "--", *argv],
+                              env={**env, **(extra_env or {})}, capture_output=True, text=True, timeout=30)  # fmt: skip
+
+    check = [sys.executable, *api["healthcheck"]["test"][2:]]
+    try:
+        deadline = time.monotonic() + 90
+        while True:
+            ok = in_netns(check)
+            if ok.returncode == 0 or time.monotonic() > deadline or server.poll() is not None:
+                break
+            time.sleep(1)
+        text = log.read_text()
+        assert ok.returncode == 0, f"{ok.stderr[-3000:]}\napi log:\n{text[-3000:]}"
+        match = re.search(r"http://127\.0\.0\.1:8000/#token=([A-Za-z0-9_-]+)", text)
+        assert match, text[-3000:]
+        token = match.group(1)
+        token_file = data / "api-token"
+        assert token_file.read_text().strip() == token
+        assert token_file.stat().st_mode & 0o777 == 0o600
+        assert text.count(token) == 1
+        # Without the token file (another data directory) or with a wrong token, the check fails with a 401.
+        elsewhere = tmp_path / "elsewhere"
+        elsewhere.mkdir()
+        assert in_netns(check, {"SLIDEDP_DATA_DIR": str(elsewhere)}).returncode != 0
+        wrong = in_netns(check, {"SLIDEDP_API_TOKEN": "wrong"})
+        assert wrong.returncode != 0 and "401" in wrong.stderr
+        probe = "import urllib.request as r, sys; r.urlopen(sys.argv[1], timeout=5)"
+        refused = in_netns([sys.executable, "-c", probe, "http://127.0.0.1:8000/api/jobs"])
+        assert refused.returncode != 0 and "401" in refused.stderr
+    finally:
+        os.killpg(server.pid, signal.SIGTERM)
+        try:
+            server.wait(30)
+        except subprocess.TimeoutExpired:
+            os.killpg(server.pid, signal.SIGKILL)
+            server.wait()
+    assert not (data / "api-token").exists()
+
+
+def test_env_example_names_every_setting_the_compose_file_reads():
+    example = (ROOT / ".env.example").read_text()
+    named = set(re.findall(r"^#?\s*([A-Z][A-Z0-9_]*)=", example, re.M))
+    read = set(re.findall(r"\$\{([A-Z][A-Z0-9_]*)", COMPOSE_FILE.read_text()))
+    assert read <= named, f".env.example does not mention {sorted(read - named)}"
+    assert re.search(r"^SLIDEDP_API_TOKEN=$", example, re.M), "the example must not ship a token"
