@@ -43,7 +43,7 @@ class Workbench:
                 return json.load(resp)
         except urllib.error.HTTPError as err:
             detail = json.loads(err.read() or b"{}").get("detail", err.reason)
-            if err.code == 422 and isinstance(detail, list):  # one line per bad field, by its config key path
+            if err.code in (409, 422) and isinstance(detail, list):  # one line per field, by its config key path
                 lines = [f"  {'.'.join(str(p) for p in e['loc'][1:]) or 'body'}: {e['msg']}" for e in detail]
                 raise SystemExit("the job was refused:\n" + "\n".join(lines)) from None
             raise SystemExit(f"{method} {path}: HTTP {err.code}: {detail}") from None

@@ -1,34 +1,42 @@
 """API fuzzing: Schemathesis generates requests from /openapi.json of the real API (SQLite in a temporary folder,
-a private Redis, no worker, model and dataset roots set), valid ones and ones that break the schema, for every operation; at least 1000 are
-sent and not one is answered with a 5xx. Generation is derandomized, so a failure found here is found again.
+a private Redis, model, dataset and output roots set), valid ones and ones that break the schema, for every
+operation; at least 2000 are sent and not one is answered with a 5xx. Generation is derandomized, so a failure
+found here is found again. Then a sample of the job bodies the API accepted runs through a real worker: an accepted
+job must not fail later.
 
 Random strings never name a model or a dataset that exists, so without help every job body would stop at
 validation. Half of the valid job and plan bodies therefore get the tiny preset and a real tokens file (the rest of
-the body stays generated: policy knobs, optimizer, schedule, steps, GPUs...), which takes them through the planner
-and onto the queue; and a few real jobs exist from the start; half of the ids in paths are those of existing jobs.
+the body stays generated: policy knobs, optimizer, schedule, steps, GPUs, output_dir...), which takes them through
+the planner and onto the queue; and a few real jobs exist from the start; half of the ids in paths are those of
+existing jobs. Generated output_dir values are confined by SLIDEDP_OUTPUT_ROOTS to a temporary folder: a relative
+one lands there, anything else is refused.
 """
 
 from __future__ import annotations
 
+import time
 from collections import Counter
 
 import pytest
-from backend_support import make_settings, tiny_job
+from backend_support import WorkerProcess, make_settings, tiny_job, wait_status
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(150)]  # each runs well under 90 s; a hang fails fast
-EXAMPLES = 80  # per operation and generation mode
-MIN_CASES = 1000
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(420)]
+EXAMPLES = 140  # per operation and generation mode
+MIN_CASES = 2000
 RUNNABLE = ("POST /api/jobs", "POST /api/plan")
 KNOWN_IDS = 15  # the seeded jobs and those the fuzzing creates
+SAMPLE = 6  # accepted job bodies run through the worker afterwards
+RUN_S = 45  # how long a sampled job may take before it is cancelled (still running: fine)
 
 
 def runnable(case, dataset: str):
-    """The generated body with a model and dataset that exist (and no output_dir: a generated absolute path would
-    point a job's outputs anywhere on this machine)."""
+    """The generated body with a model and dataset that exist; its output_dir, when generated, is kept: the output
+    roots confine it."""
     if isinstance(case.body, dict):
-        body = {k: v for k, v in case.body.items() if k not in ("output_dir", "host")}
+        body = {k: v for k, v in case.body.items() if k != "host"}
         data = case.body.get("data") if isinstance(case.body.get("data"), dict) else {}
         body.update(model="tiny-qwen3", seq_len=32, data={**data, "path": dataset, "format": "tokens"})
+        body.pop("init_from", None)  # a generated job id rarely exists; init_from is tested with real jobs
         case.body = body
     return case
 
@@ -36,11 +44,13 @@ def runnable(case, dataset: str):
 @pytest.fixture(scope="module")
 def settings(module_dir, redis_server):
     """Roots configured, so that the fuzzed paths go through the root checks as well."""
+    (module_dir / "outputs").mkdir()
     return make_settings(
         module_dir / "data",
         redis_server.url,
         data_roots=str(module_dir),
         model_roots=str(module_dir / "models"),
+        output_roots=str(module_dir / "outputs"),
     )
 
 
@@ -52,7 +62,7 @@ def existing_job(pair):
     return case
 
 
-def test_fuzzed_requests_never_get_a_server_error(api, client, dataset):
+def test_fuzzed_requests_never_get_a_server_error_and_accepted_jobs_run(api, client, dataset, settings, module_dir):
     import requests
     import schemathesis
     from hypothesis import HealthCheck, Phase, given
@@ -73,6 +83,7 @@ def test_fuzzed_requests_never_get_a_server_error(api, client, dataset):
     session = requests.Session()
     answers: Counter[tuple[str, int]] = Counter()
     errors: list[str] = []
+    accepted: list[dict] = []
 
     def send(label: str, case) -> None:
         request = case.as_transport_kwargs(base_url=api.url)
@@ -89,6 +100,8 @@ def test_fuzzed_requests_never_get_a_server_error(api, client, dataset):
             return
         with resp:
             answers[(label, resp.status_code)] += 1
+            if label == "POST /api/jobs" and resp.status_code == 201 and isinstance(case.body, dict):
+                accepted.append(dict(case.body))
             if resp.status_code >= 500:
                 body = resp.raw.read(2000, decode_content=True).decode(errors="replace")
                 errors.append(
@@ -135,3 +148,42 @@ def test_fuzzed_requests_never_get_a_server_error(api, client, dataset):
     for key in [("POST /api/jobs", 201), ("POST /api/plan", 200), ("GET /api/jobs/{job_id}", 200)]:
         assert key in reached, sorted(answers.items())
     assert ("DELETE /api/jobs/{job_id}", 204) in reached or ("POST /api/jobs/{job_id}/cancel", 200) in reached
+
+    # A sample of the accepted bodies, the cheapest first, through a real worker: accepted means it runs.
+    for job in client.get("/api/jobs", params={"status": "queued", "limit": 500}).json()["items"]:
+        client.post(f"/api/jobs/{job['id']}/cancel")
+
+    def cost(body: dict) -> float:
+        try:
+            return float(body.get("steps", 10)) * float(body.get("micro_batch_size", 1)) * float(
+                body.get("grad_accum", 1)
+            ) * float(body.get("ranks", 1))
+        except (TypeError, ValueError):
+            return float("inf")
+
+    sample = sorted((b for b in accepted if b.get("gpus", 0) == 0), key=cost)[:SAMPLE]
+    assert len(sample) == SAMPLE, f"only {len(sample)} CPU job bodies were accepted"
+    worker = WorkerProcess(settings, module_dir / "worker.log").start()
+    try:
+        outcomes = []
+        for body in sample:
+            resp = client.post("/api/jobs", json=body)
+            if resp.status_code == 409:  # its generated output_dir belongs to the job made during fuzzing
+                resp = client.post("/api/jobs", json={k: v for k, v in body.items() if k != "output_dir"})
+            assert resp.status_code == 201, (body, resp.text)
+            job = resp.json()
+            deadline = time.monotonic() + RUN_S
+            while time.monotonic() < deadline:
+                now = client.get(f"/api/jobs/{job['id']}").json()
+                if now["status"] in ("completed", "failed", "cancelled", "interrupted"):
+                    break
+                time.sleep(0.5)
+            if now["status"] in ("queued", "running"):
+                client.post(f"/api/jobs/{job['id']}/cancel")
+                now = wait_status(client, job["id"], ("cancelled", "completed", "failed"), timeout=90)
+            outcomes.append((body, now["status"], now["step"], now["error"]))
+    finally:
+        worker.stop()
+    failed = [o for o in outcomes if o[1] not in ("completed", "cancelled")]
+    assert failed == [], "accepted jobs failed later:\n" + "\n".join(map(str, failed))
+    assert any(o[2] > 0 for o in outcomes), outcomes  # they trained, not only started
