@@ -1,6 +1,8 @@
 """The `slidedp` command.
 
-    slidedp train --config job.yaml [--set steps=20 ...]   train; one log line per step
+    slidedp train --config job.yaml [--set steps=20 ...]   train; one log line per step (an output_dir that is
+                                                           not empty needs resume: true or --overwrite)
+    slidedp export --checkpoint DIR [--out DIR]            a checkpoint's weights as a Hugging Face directory
     slidedp plan --config job.yaml                         AutoPolicy's plan for this host, without training
     slidedp topology                                       this host's GPUs, links, CPU and RAM as JSON
     slidedp presets                                        model presets (random init) and their sizes
@@ -14,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 
 from slidedp.config import ConfigError, JobConfig, load_config_file
@@ -41,13 +44,49 @@ def _print_errors(exc: ConfigError) -> int:
     return 2
 
 
+def _occupied_output_dir(output_dir: str) -> str | None:
+    """Why a fresh run must not start in output_dir (it holds something), or None when it may."""
+    if not os.path.lexists(output_dir):
+        return None
+    if not os.path.isdir(output_dir):
+        return f"output_dir {output_dir} exists and is not a directory; give the job another output_dir"
+    names = sorted(os.listdir(output_dir))
+    if not names:
+        return None
+    shown = ", ".join(n + ("/" if os.path.isdir(os.path.join(output_dir, n)) else "") for n in names[:8])
+    more = f" and {len(names) - 8} more" if len(names) > 8 else ""
+    return (f"output_dir {output_dir} is not empty (it holds {shown}{more}); a fresh run would remove its "
+            "checkpoints and metrics and replace final/. Set resume: true (--set resume=true) to continue the run "
+            "it holds, or pass --overwrite to start over in it")
+
+
 def cmd_train(args) -> int:
-    from slidedp.launch import train
+    from slidedp.launch import ExportFailed, train
 
     cfg = _load(args)
-    result = train(cfg, on_log=lambda line: print(line, flush=True))
+    if not cfg.resume and not args.overwrite:
+        occupied = _occupied_output_dir(cfg.output_dir)
+        if occupied:
+            return _print_errors(ConfigError([{"loc": "output_dir", "msg": occupied}]))
+    try:
+        result = train(cfg, on_log=lambda line: print(line, flush=True))
+    except ExportFailed as exc:
+        print(str(exc), file=sys.stderr)
+        return 1
     print(json.dumps({"status": result.status, "steps_done": result.steps_done, "output_dir": result.output_dir,
                       "final_dir": result.final_dir}))
+    return 0
+
+
+def cmd_export(args) -> int:
+    from slidedp.persist.export import ExportError, export_checkpoint
+
+    try:
+        exported = export_checkpoint(args.checkpoint, args.out)
+    except ExportError as exc:
+        print(f"export failed: {exc}", file=sys.stderr)
+        return 2
+    print(json.dumps(exported, indent=2))
     return 0
 
 
@@ -126,7 +165,14 @@ def build_parser() -> argparse.ArgumentParser:
         if name == "plan":
             sp.add_argument("--json", action="store_true", help="print the plan as JSON")
             sp.add_argument("--no-calibration", action="store_true", help="memory fit only, no microbenchmarks")
+        if name == "train":
+            sp.add_argument("--overwrite", action="store_true",
+                            help="start a fresh run even when output_dir holds an earlier run's files")
         sp.set_defaults(fn=fn)
+    sp = sub.add_parser("export", help="export a checkpoint's weights as a Hugging Face directory")
+    sp.add_argument("--checkpoint", required=True, help="a complete checkpoint directory (checkpoints/step-N)")
+    sp.add_argument("--out", default=None, help="output folder (default: the run's output_dir/final)")
+    sp.set_defaults(fn=cmd_export)
     sp = sub.add_parser("topology", help="print this host's topology as JSON")
     sp.add_argument("--host-ram-gib", type=float, default=None)
     sp.set_defaults(fn=cmd_topology)

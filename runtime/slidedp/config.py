@@ -21,7 +21,6 @@ import typing
 from dataclasses import dataclass, field
 from typing import Any, Literal, Optional, get_args, get_origin
 
-
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 MAX_STEPS = 10**9  # steps, warmup, checkpoint interval
 MAX_WORLD = 4096  # ranks, GPUs, CPU threads: the web API applies tighter limits for its hosts

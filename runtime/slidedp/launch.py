@@ -31,6 +31,22 @@ class TrainError(RuntimeError):
     """A rank failed; the message carries its traceback."""
 
 
+class ExportFailed(TrainError):
+    """Every step was trained but the Hugging Face export failed (a full disk, most often).
+
+    checkpoint: the complete checkpoint of the last step that holds the trained state (`slidedp export
+    --checkpoint PATH` retries the export from it), or None when none could be kept; export_error: the
+    slidedp.persist.export.ExportError (needed_bytes, free_bytes, directory)."""
+
+    def __init__(self, message: str, checkpoint: str | None, export_error: BaseException):
+        super().__init__(message)
+        self.checkpoint = checkpoint
+        self.export_error = export_error
+
+    def __reduce__(self):
+        return (type(self), (str(self), self.checkpoint, self.export_error))
+
+
 @dataclass
 class TrainResult:
     status: str  # "completed" | "stopped"
@@ -40,6 +56,22 @@ class TrainResult:
     final_dir: str | None = None
     checkpoint_dir: str | None = None
     policy: dict = field(default_factory=dict)
+    exported_files: list[dict] = field(default_factory=list)  # [{"name", "bytes"}] written into final_dir
+
+
+@dataclass(frozen=True)
+class CheckpointSteps:
+    """The steps after which the ranks write a checkpoint: every `interval`-th step after `start`, and the last
+    (none when interval is 0). Answers `in` without listing them (a 10**9-step run's list would not fit)."""
+
+    start: int
+    steps: int
+    interval: int
+
+    def __contains__(self, step: object) -> bool:
+        if not self.interval or not isinstance(step, int) or not self.start < step <= self.steps:
+            return False
+        return step % self.interval == 0 or step == self.steps
 
 
 def _log(on_log: Callable[[str], None] | None, line: str) -> None:
@@ -288,6 +320,37 @@ class StateCache:
             self.layout = None
 
 
+def _export_or_keep(cfg: JobConfig, adapter, state, ckpt_root: str, last: int, data_state: dict | None,
+                    on_log) -> dict:
+    """Export final/; when that fails, keep the trained state in a checkpoint of the last step and raise
+    ExportFailed naming it. Every existing checkpoint is kept."""
+    from slidedp.persist import checkpoint as ckpt
+    from slidedp.persist.export import ExportError, export_hf
+
+    try:
+        return export_hf(os.path.join(cfg.output_dir, "final"), cfg, adapter, state)
+    except ExportError as exc:
+        error = exc
+    _log(on_log, f"export failed: {error}")
+    kept, save_error = None, None
+    latest = ckpt.latest(ckpt_root)
+    if latest is not None and ckpt.step_of(latest) == last:
+        kept = latest
+    else:
+        try:  # keep every checkpoint there is, and add the last step's
+            kept = ckpt.save(ckpt_root, last, cfg, state, data_state, keep=len(ckpt.list_checkpoints(ckpt_root)) + 1)
+            _log(on_log, f"checkpoint of step {last} written to {kept}, to export from")
+        except Exception as exc:  # noqa: BLE001 - reported in the error below
+            save_error = exc
+    if kept is not None:
+        where = (f"the trained state is kept in checkpoint {kept}: retry with `slidedp export --checkpoint {kept}` "
+                 "(or run the job again with resume: true, which goes straight to the export)")
+    else:
+        where = f"the trained state could not be kept in a checkpoint either ({type(save_error).__name__}: " \
+                f"{save_error}), so it is lost"
+    raise ExportFailed(f"all {last} steps trained, but the export failed: {error}. {where}", kept, error) from error
+
+
 def train(config: dict | JobConfig, on_step: Callable[[dict], None] | None = None,
           on_log: Callable[[str], None] | None = None,
           should_stop: Callable[[], Any] | None = None, state_cache: StateCache | None = None) -> TrainResult:
@@ -302,6 +365,10 @@ def train(config: dict | JobConfig, on_step: Callable[[dict], None] | None = Non
     from slidedp.validation import check_job
 
     cfg = config if isinstance(config, JobConfig) else JobConfig.from_dict(config)
+    if cfg.init_from is not None and cfg.init_from.job is not None:
+        raise ConfigError([{"loc": "init_from.job", "msg": f"names workbench job {cfg.init_from.job}, which only the "
+                            "web service resolves: the runtime needs the checkpoint's path in init_from.checkpoint "
+                            "(and job null)"}])
     check_job(cfg)
     world = cfg.world_size
     if cfg.gpus > 0 and torch.cuda.device_count() < cfg.gpus:
@@ -332,7 +399,15 @@ def train(config: dict | JobConfig, on_step: Callable[[dict], None] | None = Non
                          "(the run continues, but is no longer the same run)")
     elif cfg.resume:
         _log(on_log, f"resume asked, but {ckpt_root} holds no complete checkpoint: starting at step 0")
-    reuse = state_cache is not None and resume_from is None and state_cache.fits(layout)
+    init_source = None
+    if cfg.init_from is not None:
+        if resume_from is not None:
+            _log(on_log, f"init_from {cfg.init_from.checkpoint} not used: the run resumes its own checkpoint")
+        else:
+            init_source = cfg.init_from.checkpoint
+            ckpt.check_init_from(init_source, cfg.output_dir, layout.unit_numels)
+    reuse = (state_cache is not None and resume_from is None and init_source is None
+             and state_cache.fits(layout))
     if state_cache is not None:
         if reuse:
             layout = dataclasses.replace(layout, run=state_cache.layout.run)
@@ -356,7 +431,10 @@ def train(config: dict | JobConfig, on_step: Callable[[dict], None] | None = Non
             _rewind_metrics(metrics_path, start_step)
             _log(on_log, f"resumed from step {start_step} ({resume_from})")
         else:
-            if reuse:
+            if init_source is not None:  # that run's weights; moments zero, step 0, the data from the start
+                source_step = ckpt.load_weights(init_source, state)
+                _log(on_log, f"initial weights from step {source_step} of {init_source} (AdamW moments zero)")
+            elif reuse:
                 _log(on_log, "host state kept from the previous run (benchmark): weights and moments as it left them")
             else:
                 _init_host_state(cfg, adapter, state)
@@ -374,30 +452,73 @@ def train(config: dict | JobConfig, on_step: Callable[[dict], None] | None = Non
                      f"grad_reduce={policy['grad_reduce']} window={policy['window']} ranks={world}"
                      + (" edge_update=gpu" if policy.get("edge_update") == "gpu" else "")
                      + (f" device_layers={policy['device_layers']}" if policy.get("device_layers") else ""))
-        interval = cfg.checkpoint.interval
-        ckpt_steps = [s for s in range(start_step + 1, cfg.steps + 1) if interval and s % interval == 0]
-        if interval and cfg.steps not in ckpt_steps:
-            ckpt_steps.append(cfg.steps)
-        init_dir = tempfile.mkdtemp(prefix="slidedp-pg-")
-        args = RankArgs(config=cfg.to_dict(), layout=layout, policy=policy,
-                        predicted=_metrics_prediction(plan),
-                        init_file=os.path.join(init_dir, "rendezvous"), start_step=start_step,
-                        data_state=data_state, checkpoint_steps=ckpt_steps, cpu_threads=_cpu_threads(cfg))
-        # Ranks are fresh interpreters (`python -m slidedp.step.rank`), not multiprocessing children: CUDA does
-        # not survive fork, and spawn would re-import the caller's main module (a script without a main guard).
-        channel = _Channel(init_dir)
+        records: list[dict] = []
+        if start_step >= cfg.steps:  # the checkpoint is of the last step: nothing to train, no rank to start
+            _log(on_log, f"step {start_step} of {cfg.steps} is the last: no step to run")
+            last, last_data_state = start_step, data_state
+        else:
+            last, last_data_state = _run_ranks(cfg, state, layout, policy, plan, start_step, data_state, ckpt_root,
+                                               metrics_path, records, procs, on_step, on_log, should_stop, RankArgs,
+                                               CKPT_DONE)
+            if last is None:  # stopped before the ranks were started
+                return TrainResult("stopped", start_step, [], cfg.output_dir, None,
+                                   ckpt_root if os.path.isdir(ckpt_root) else None, {**policy, "plan": plan})
+        status = "completed" if last >= cfg.steps else "stopped"
+        if status == "stopped" and state.board.get(state.board.SAVE_REQUEST) and last > start_step:
+            latest = ckpt.latest(ckpt_root)
+            if latest is None or ckpt.step_of(latest) != last:
+                # every rank has finished step `last`'s update before reporting done: the host state is final
+                path = ckpt.save(ckpt_root, last, cfg, state, last_data_state, keep=cfg.checkpoint.keep)
+                _log(on_log, f"stopped after step {last}; checkpoint written to {path}")
+        final_dir, files = None, []
+        if status == "completed" and cfg.export:
+            exported = _export_or_keep(cfg, adapter, state, ckpt_root, last, last_data_state, on_log)
+            final_dir, files = exported["final_dir"], exported["files"]
+            _log(on_log, f"exported a Hugging Face model to {final_dir}")
+        return TrainResult(status, last, records, cfg.output_dir, final_dir,
+                           ckpt_root if os.path.isdir(ckpt_root) else None, {**policy, "plan": plan},
+                           exported_files=files)
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.terminate()
+                try:
+                    p.wait(timeout=10)
+                except subprocess.TimeoutExpired:
+                    p.kill()
+        unlink(layout, keep_state=state_cache is not None)
+
+
+def _run_ranks(cfg: JobConfig, state, layout: HostLayout, policy: dict, plan: dict, start_step: int,
+               data_state: dict | None, ckpt_root: str, metrics_path: str, records: list[dict], procs: list,
+               on_step, on_log, should_stop, rank_args, ckpt_done: int) -> tuple[int | None, dict | None]:
+    """Start the rank processes (appended to `procs`, which the caller ends), relay their records and checkpoint
+    requests until each reports done; (last step finished, data position after it), or (None, None) when a stop
+    came before any rank was started."""
+    from slidedp.persist import checkpoint as ckpt
+
+    world = cfg.world_size
+    init_dir = tempfile.mkdtemp(prefix="slidedp-pg-")
+    args = rank_args(config=cfg.to_dict(), layout=layout, policy=policy,
+                     predicted=_metrics_prediction(plan),
+                     init_file=os.path.join(init_dir, "rendezvous"), start_step=start_step,
+                     data_state=data_state,
+                     checkpoint_steps=CheckpointSteps(start_step, cfg.steps, cfg.checkpoint.interval),
+                     cpu_threads=_cpu_threads(cfg))
+    # Ranks are fresh interpreters (`python -m slidedp.step.rank`), not multiprocessing children: CUDA does
+    # not survive fork, and spawn would re-import the caller's main module (a script without a main guard).
+    channel = _Channel(init_dir)
+    try:
         args_path = os.path.join(init_dir, "rank-args.pkl")
         with open(args_path, "wb") as fh:
             pickle.dump({"args": args, "address": channel.address, "authkey": channel.authkey}, fh)
         if should_stop is not None and should_stop():  # asked while the host state was filled: no rank started
             _log(on_log, "stopped before the ranks were started")
-            return TrainResult("stopped", start_step, [], cfg.output_dir, None,
-                               ckpt_root if os.path.isdir(ckpt_root) else None, {**policy, "plan": plan})
+            return None, None
         for r in range(world):
             procs.append(subprocess.Popen([sys.executable, "-m", "slidedp.step.rank", args_path, str(r), str(world)],
                                           env=_rank_env()))
         q = channel
-        records: list[dict] = []
         done: dict[int, dict] = {}
         stop_sent = False
         while len(done) < world:
@@ -428,7 +549,7 @@ def train(config: dict | JobConfig, on_step: Callable[[dict], None] | None = Non
                 path = ckpt.save(ckpt_root, payload["step"], cfg, state, payload["data_state"],
                                  keep=cfg.checkpoint.keep)
                 _log(on_log, f"checkpoint of step {payload['step']} written to {path}")
-                state.board.set(CKPT_DONE, payload["step"])
+                state.board.set(ckpt_done, payload["step"])
             elif kind == "error":
                 state.board.set(state.board.STOP_REQUEST, 2)
                 raise TrainError(f"rank {rank} failed:\n{payload}")
@@ -436,30 +557,6 @@ def train(config: dict | JobConfig, on_step: Callable[[dict], None] | None = Non
                 done[rank] = payload
         for p in procs:
             p.wait(timeout=60)
-        last = done[0]["last_step"]
-        status = "completed" if last >= cfg.steps else "stopped"
-        if status == "stopped" and state.board.get(state.board.SAVE_REQUEST) and last > start_step:
-            latest = ckpt.latest(ckpt_root)
-            if latest is None or ckpt.step_of(latest) != last:
-                # every rank has finished step `last`'s update before reporting done: the host state is final
-                path = ckpt.save(ckpt_root, last, cfg, state, done[0]["data_state"], keep=cfg.checkpoint.keep)
-                _log(on_log, f"stopped after step {last}; checkpoint written to {path}")
-        final_dir = None
-        if status == "completed" and cfg.export:
-            from slidedp.persist.export import export_hf
-
-            final_dir = export_hf(os.path.join(cfg.output_dir, "final"), cfg, adapter, state)
-            _log(on_log, f"exported a Hugging Face model to {final_dir}")
-        return TrainResult(status, last, records, cfg.output_dir, final_dir,
-                           ckpt_root if os.path.isdir(ckpt_root) else None, {**policy, "plan": plan})
+        return done[0]["last_step"], done[0]["data_state"]
     finally:
-        for p in procs:
-            if p.poll() is None:
-                p.terminate()
-                try:
-                    p.wait(timeout=10)
-                except subprocess.TimeoutExpired:
-                    p.kill()
-        if "channel" in locals():
-            channel.close()
-        unlink(layout, keep_state=state_cache is not None)
+        channel.close()

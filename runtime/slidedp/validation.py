@@ -53,6 +53,7 @@ def validate_job(cfg: JobConfig, host_ram_bytes: int | None = None) -> list[dict
     _check_dataset(cfg, vocab, errors)
     if model_cfg is not None:
         _check_host_ram(cfg, model_cfg, host_ram_bytes, errors)
+    _check_init_from(cfg, model_cfg, errors)
     return errors
 
 
@@ -73,7 +74,7 @@ def host_ram_limit(
     configured_gib: float | None = None, cgroup_root: str = "/sys/fs/cgroup"
 ) -> tuple[int, str]:
     """(bytes, where the figure comes from) — see host_ram_limit_bytes."""
-    if configured_gib is not None:
+    if configured_gib is not None:  # JobConfig bounds it (at most 1 PiB), so the product is finite
         return int(configured_gib * GIB), "host_ram_gib"
     limit = cgroup_memory_limit(cgroup_root)
     if limit is not None:
@@ -159,6 +160,30 @@ def _check_host_ram(
                 "host with more memory",
             }
         )
+
+
+# ---------------------------------------------------------------------------- init_from
+def _check_init_from(cfg: JobConfig, model_cfg: dict[str, Any] | None, errors: list[dict[str, str]]) -> None:
+    """The init_from checkpoint exists, is complete, fits the model and lies outside output_dir.
+
+    A job id alone is not checked here: the web service resolves it into a path before the job runs. Nor is a
+    source that will not be used: with resume true and a checkpoint of the job's own, the run resumes that."""
+    init = cfg.init_from
+    if init is None or init.checkpoint is None:
+        return
+    from slidedp.persist import checkpoint as ckpt  # imports no torch
+
+    if cfg.resume and ckpt.latest(os.path.join(cfg.output_dir, "checkpoints")) is not None:
+        return
+    units = None
+    if model_cfg is not None:
+        try:
+            units = unit_param_counts(model_cfg)
+        except (KeyError, TypeError):
+            units = None  # reported with the host RAM check
+    problem = ckpt.init_from_problem(init.checkpoint, cfg.output_dir, units)
+    if problem:
+        errors.append({"loc": "init_from.checkpoint", "msg": problem})
 
 
 # ---------------------------------------------------------------------------- model

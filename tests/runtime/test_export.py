@@ -161,7 +161,7 @@ def test_bf16_export_holds_bf16_weights(run, tmp_path, monkeypatch):
     adapter, state = _host_state(tmp_path, "tiny-qwen3", monkeypatch)
     try:
         ckpt.load(run["checkpoint"], cfg, state)
-        out = export.export_hf(str(tmp_path / "final-bf16"), cfg, adapter, state)
+        out = export.export_hf(str(tmp_path / "final-bf16"), cfg, adapter, state)["final_dir"]
     finally:
         from slidedp.step.host_state import unlink
 
@@ -191,7 +191,7 @@ def test_weights_above_the_shard_size_go_to_several_files(run, tmp_path, monkeyp
     adapter, state = _host_state(tmp_path, "tiny-qwen3", monkeypatch)
     try:
         ckpt.load(run["checkpoint"], run["cfg"], state)
-        out = export.export_hf(str(tmp_path / "final-sharded"), run["cfg"], adapter, state)
+        out = export.export_hf(str(tmp_path / "final-sharded"), run["cfg"], adapter, state)["final_dir"]
     finally:
         from slidedp.step.host_state import unlink
 
@@ -216,7 +216,7 @@ def test_tied_embeddings_export_without_a_separate_lm_head(tmp_path, monkeypatch
     try:
         for spec in adapter.units:
             adapter.init_unit(spec, state.master_unit(spec.index), seed=4)
-        out = export.export_hf(str(tmp_path / "final-tied"), cfg, adapter, state)
+        out = export.export_hf(str(tmp_path / "final-tied"), cfg, adapter, state)["final_dir"]
         embed = state.master_unit(0).view(adapter.vocab, adapter.hidden).clone()
     finally:
         from slidedp.step.host_state import unlink

@@ -19,6 +19,10 @@ directory is renamed into place and the parent fsync-ed. A checkpoint counts onl
 its arrays have the sizes meta.json announces, so neither a leftover temporary directory nor a directory missing
 files is ever resumed from, and a failed write leaves the previous checkpoints as they were. Free disk is checked
 before anything is written. The last `keep` checkpoints are kept.
+
+A checkpoint can also start another run (`init_from`): `load_weights` fills a fresh host state's master weights
+from it, reading master.f32 only. Importing this module imports no torch (validation checks an init_from source
+in a process without it); the functions that touch a host state import it themselves.
 """
 
 from __future__ import annotations
@@ -27,11 +31,12 @@ import json
 import os
 import shutil
 import time
-
-import torch
+from typing import TYPE_CHECKING
 
 from slidedp.config import ConfigError, JobConfig
-from slidedp.step.host_state import pid_alive
+
+if TYPE_CHECKING:
+    import torch
 
 PREFIX = "step-"
 TMP_PREFIX = ".tmp-" + PREFIX
@@ -113,6 +118,8 @@ def _read_array(path: str, flat: torch.Tensor) -> None:
 
 def _remove_stale_temporaries(root: str) -> None:
     """Temporary directories of writers that are gone (a killed run) are removed; a live writer's are kept."""
+    from slidedp.step.host_state import pid_alive
+
     for name in os.listdir(root):
         if not name.startswith(TMP_PREFIX):
             continue
@@ -134,6 +141,8 @@ def check_free_disk(root: str, num_params: int, step: int | None = None) -> None
 
 def save(root: str, step: int, cfg: JobConfig, state, data_state: dict | None, keep: int) -> str:
     """Write the host state as checkpoint `step` under root, atomically; keep the newest `keep`."""
+    import torch
+
     os.makedirs(root, exist_ok=True)
     check_free_disk(root, state.layout.total, step)
     _remove_stale_temporaries(root)
@@ -205,6 +214,8 @@ def check_resumable(path: str, cfg: JobConfig, unit_numels: list[int]) -> dict:
 
 def load(path: str, cfg: JobConfig, state) -> tuple[int, dict | None]:
     """Fill the host state from a checkpoint; returns (step, data position)."""
+    import torch
+
     meta = check_resumable(path, cfg, state.layout.unit_numels)
     for kind in KINDS:
         _read_array(_array_path(path, kind), getattr(state, kind))
@@ -233,3 +244,54 @@ def changed_settings(meta: dict, cfg: JobConfig) -> list[str]:
         return out
 
     return walk(old, new, "")
+
+
+# ---------------------------------------------------------------------------------------- init_from
+def _inside(path: str, directory: str) -> bool:
+    path, directory = os.path.realpath(path), os.path.realpath(directory)
+    return path == directory or path.startswith(directory.rstrip(os.sep) + os.sep)
+
+
+def init_from_problem(path: str, output_dir: str, unit_numels: list[int] | None = None) -> str | None:
+    """Why `path` cannot start a run writing to output_dir (unit_numels: the job's model), or None when it can."""
+    if not os.path.exists(path):
+        return (f"checkpoint directory {path} does not exist; give a complete checkpoint directory (an earlier "
+                f"run's output_dir/checkpoints/{PREFIX}NNNNNNNN)")
+    if not os.path.isdir(path):
+        return f"{path} is a file; give the checkpoint directory ({PREFIX}NNNNNNNN) that holds master.f32"
+    if _inside(path, output_dir) or _inside(output_dir, path):
+        return (f"{path} lies inside this job's output_dir {output_dir} (or holds it), whose checkpoints a fresh "
+                "run removes and writes: copy the checkpoint elsewhere, or give the job another output_dir")
+    if not is_complete(path):
+        return (f"{path} is not a complete checkpoint: its meta.json is missing or unreadable, or an array is "
+                "shorter than meta.json announces (a write cut short); give a complete one")
+    if unit_numels is not None:
+        meta = read_meta(path)
+        theirs = [int(n) for n in meta["unit_numels"]]
+        if theirs != [int(n) for n in unit_numels]:
+            old = (meta.get("config") or {}).get("model", "another model")
+            return (f"{path} was written for another model shape ({old!r}: {sum(theirs)} parameters in "
+                    f"{len(theirs)} units; this job's model has {sum(unit_numels)} in {len(unit_numels)}): "
+                    "init_from needs a checkpoint of the same model")
+    return None
+
+
+def check_init_from(path: str, output_dir: str, unit_numels: list[int]) -> dict:
+    """The checkpoint's meta after checking it can start this job; a ConfigError naming init_from.checkpoint."""
+    problem = init_from_problem(path, output_dir, unit_numels)
+    if problem:
+        raise ConfigError([{"loc": "init_from.checkpoint", "msg": problem}])
+    return read_meta(path)
+
+
+def load_weights(path: str, state) -> int:
+    """Fill a host state's master weights from a checkpoint's master.f32 (opened read-only); the AdamW moments
+    are zeroed and the bf16 delivery copy is made from the master. Returns the checkpoint's step."""
+    meta = read_meta(path)
+    _read_array(_array_path(path, "master"), state.master)
+    state.exp_avg.zero_()
+    state.exp_avg_sq.zero_()
+    if state.delivery is not state.master:
+        for a in range(0, state.master.numel(), _CHUNK):
+            state.delivery[a : a + _CHUNK].copy_(state.master[a : a + _CHUNK])
+    return int(meta["step"])
