@@ -146,7 +146,7 @@ def test_token_is_required_when_set(module_dir, redis_server, dataset):
             assert c.get(path).status_code == 401
             assert c.get(path, headers={"Authorization": "Bearer wrong"}).status_code == 401
             assert c.get(path, headers={"Authorization": "Bearer s3cret"}).status_code == 200
-        assert c.get("/api/jobs?access_token=s3cret").status_code == 200
+        assert c.get("/api/jobs?access_token=s3cret").status_code == 401  # the token is a header, never in a URL
         resp = c.post("/api/jobs", json=tiny_job(dataset))
         assert resp.status_code == 401 and resp.headers["www-authenticate"] == "Bearer"
         assert redis_server.client().llen(settings.queue) == 0
