@@ -78,10 +78,68 @@ def _install_openapi(app: FastAPI) -> None:
             )
             schema.setdefault("components", {}).setdefault("schemas", {}).update(openapi_components())
             _document_tickets(schema)
+            _document_errors(schema)
             app.openapi_schema = schema
         return app.openapi_schema
 
     app.openapi = openapi  # type: ignore[method-assign]
+
+
+ERROR_SCHEMA = {
+    "title": "HTTPError",
+    "type": "object",
+    "properties": {
+        "detail": {
+            "description": "What is wrong and what to do: a sentence, or (409, 422) one item per field, "
+            "{loc: ['body', key...], msg, type}",
+            "anyOf": [{"type": "string"}, {"type": "array", "items": {"type": "object"}}],
+        }
+    },
+    "required": ["detail"],
+}
+ERRORS = {
+    401: "No or a wrong API token (when the server has one): send 'Authorization: Bearer <token>'",
+    404: "No job with this id",
+    409: "The job's state or its output folder does not allow this (the detail says why and what to do)",
+    413: "The request body is larger than SLIDEDP_MAX_REQUEST_BYTES; nothing was read",
+    422: "A bad field, named by its key path (malformed JSON is a 422 of type json_invalid)",
+    429: "Too many jobs queued (SLIDEDP_MAX_QUEUED_JOBS)",
+    503: "Redis is unreachable; nothing was changed",
+}
+CONFLICTS = {  # operations that answer 409
+    ("post", "/api/jobs"), ("post", "/api/jobs/{job_id}/cancel"), ("post", "/api/jobs/{job_id}/resume"),
+    ("delete", "/api/jobs/{job_id}"), ("post", "/api/jobs/{job_id}/export"), ("get", "/api/jobs/{job_id}/export"),
+}
+NEEDS_REDIS = {("post", "/api/jobs"), ("post", "/api/jobs/{job_id}/cancel"), ("post", "/api/jobs/{job_id}/resume"),
+               ("post", "/api/jobs/{job_id}/export"), ("get", "/api/jobs/{job_id}/events")}
+
+
+def _document_errors(schema: dict[str, Any]) -> None:
+    """Every answer an /api operation can give besides its success, with the error body's shape."""
+    schema["components"]["schemas"]["HTTPError"] = ERROR_SCHEMA
+    body = {"application/json": {"schema": {"$ref": "#/components/schemas/HTTPError"}}}
+    for path, operations in schema.get("paths", {}).items():
+        if not path.startswith("/api"):
+            continue
+        for method, op in operations.items():
+            codes = {401}
+            if "{job_id}" in path:
+                codes.add(404)
+            if op.get("requestBody"):
+                codes.update((413, 422))
+            if op.get("parameters"):
+                codes.add(422)
+            if (method, path) in CONFLICTS:
+                codes.add(409)
+            if (method, path) in NEEDS_REDIS:
+                codes.add(503)
+            if (method, path) == ("post", "/api/jobs"):
+                codes.add(429)
+            answers = op.setdefault("responses", {})
+            for code in sorted(codes):
+                entry = answers.setdefault(str(code), {"description": ERRORS[code]})
+                if code != 422:
+                    entry.setdefault("content", body)
 
 
 TICKET_PARAMETER = {

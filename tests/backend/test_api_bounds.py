@@ -134,3 +134,21 @@ def test_an_output_folder_without_room_for_the_checkpoints_and_export_is_a_422(c
     body["checkpoint"]["keep"] = 1
     assert client.post("/api/plan", json=body).status_code == 200
     assert client.get("/api/jobs").json()["total"] == 0
+
+
+def test_the_openapi_job_schema_refuses_what_the_api_refuses(client):
+    doc = client.get("/openapi.json").json()
+    job = doc["components"]["schemas"]["JobCreate"]["properties"]
+    assert job["model"]["pattern"] == r"\S"  # blank is refused
+    assert job["steps"]["maximum"] == 10**9
+    assert job["seed"]["maximum"] == 2**63 - 1 and job["seed"]["minimum"] == 0
+    for path, ops in doc["paths"].items():
+        for method, op in ops.items():
+            if path.startswith("/api"):
+                assert "401" in op["responses"], (method, path)
+            if "{job_id}" in path:
+                assert "404" in op["responses"], (method, path)
+            if "requestBody" in op:
+                assert {"413", "422"} <= set(op["responses"]), (method, path)
+    assert "409" in doc["paths"]["/api/jobs"]["post"]["responses"]
+    assert "409" in doc["paths"]["/api/jobs/{job_id}"]["delete"]["responses"]

@@ -138,6 +138,13 @@ def test_fuzzed_requests_never_get_a_server_error_and_accepted_jobs_run(api, cli
             except Unsatisfiable:
                 pass  # no request of this mode exists for the operation (e.g. negative cases of a bare GET)
 
+    documented = {
+        f"{method.upper()} {path}": {int(code) for code in op.get("responses", {})}
+        for path, ops in requests.get(api.url + "/openapi.json", timeout=30).json()["paths"].items()
+        for method, op in ops.items()
+    }
+    undocumented = sorted({(label, code) for label, code in answers if code and code not in documented[label]})
+    assert undocumented == [], f"answers the OpenAPI document does not list: {undocumented}"
     total = sum(answers.values())
     by_operation = Counter(label for label, _ in answers.elements())
     assert total >= MIN_CASES, f"only {total} requests sent: {dict(by_operation)}"
