@@ -174,7 +174,8 @@ class InitFromConfig:
         doc="A complete checkpoint directory of an earlier run (its output_dir/checkpoints/step-NNNNNNNN) of the "
         "same model shape. Its fp32 master weights are this run's initial weights; AdamW moments start at zero, "
         "the step count at 0 and the data from the start. Only read, never written or removed; it must lie "
-        "outside this job's output_dir.",
+        "outside this job's output_dir. With `job` set, the web service reads it as the name of one of that "
+        "job's checkpoints and resolves both into the path.",
     )
 
 

@@ -166,10 +166,11 @@ def _check_host_ram(
 def _check_init_from(cfg: JobConfig, model_cfg: dict[str, Any] | None, errors: list[dict[str, str]]) -> None:
     """The init_from checkpoint exists, is complete, fits the model and lies outside output_dir.
 
-    A job id alone is not checked here: the web service resolves it into a path before the job runs. Nor is a
-    source that will not be used: with resume true and a checkpoint of the job's own, the run resumes that."""
+    A source named by a job id is not checked here: the web service resolves it (and `checkpoint`, then the name
+    of one of that job's checkpoints) into a path before the job runs. Nor is a source that will not be used:
+    with resume true and a checkpoint of the job's own, the run resumes that."""
     init = cfg.init_from
-    if init is None or init.checkpoint is None:
+    if init is None or init.checkpoint is None or init.job is not None:
         return
     from slidedp.persist import checkpoint as ckpt  # imports no torch
 

@@ -122,6 +122,9 @@ def test_a_job_id_is_for_the_web_service_to_resolve(runs, tmp_path):
     cfg = _config(runs["data"], str(tmp_path / "out"), init_from={"job": 7})
     JobConfig.from_dict(cfg)  # a valid config ...
     assert validate_job(JobConfig.from_dict(cfg)) == []  # ... which validation leaves to the web service
+    # with a job, `checkpoint` is the web service's name for one of that job's checkpoints, not a path
+    named = _config(runs["data"], str(tmp_path / "out"), init_from={"job": 7, "checkpoint": "latest"})
+    assert validate_job(JobConfig.from_dict(named)) == []
     with pytest.raises(ConfigError) as err:
         slidedp.train(cfg)
     assert err.value.errors[0]["loc"] == "init_from.job"
