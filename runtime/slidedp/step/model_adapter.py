@@ -114,7 +114,8 @@ class ModelAdapter:
     # ------------------------------------------------------------------ initial weights
     def init_unit(self, spec: UnitSpec, flat: torch.Tensor, seed: int) -> None:
         """Random init of one unit into its fp32 host slice, as transformers initialises the model."""
-        gen = torch.Generator().manual_seed(seed * 1_000_003 + spec.index)
+        # torch takes a 64-bit seed; every seed below 2**64 / 1_000_003 keeps the weights it always had
+        gen = torch.Generator().manual_seed((seed * 1_000_003 + spec.index) % 2**64)
         std = float(getattr(self.config, "initializer_range", 0.02))
         for p in spec.params:
             view = flat[p.offset : p.offset + p.numel].view(p.shape)
