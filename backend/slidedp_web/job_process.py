@@ -117,6 +117,7 @@ def _train(settings: Any, job_id: int, attempt: int, stop: Any) -> dict[str, Any
         return {"status": "stopped", "steps_done": None}
     import slidedp
     from slidedp.config import ConfigError
+    from slidedp.launch import ExportFailed
 
     try:
         result = slidedp.train(
@@ -132,6 +133,20 @@ def _train(settings: Any, job_id: int, attempt: int, stop: Any) -> dict[str, Any
         return {
             "status": "failed",
             "error": {"message": f"the job cannot start: {exc}", "errors": exc.errors},
+        }
+    except ExportFailed as exc:  # trained to the end; the state is in a checkpoint when one could be kept
+        _log(settings, job_id, f"ExportFailed: {exc}")
+        retry = (
+            f"; once there is room, POST /api/jobs/{job_id}/export writes the export from it"
+            if exc.checkpoint
+            else ""
+        )
+        return {
+            "status": "failed",
+            "error": {
+                "message": f"{exc}{retry}",
+                "errors": [{"loc": "output_dir", "msg": str(exc.export_error)}],
+            },
         }
     except Exception as exc:  # noqa: BLE001 - TrainError carries the failing rank's traceback
         text = str(exc)

@@ -212,3 +212,64 @@ def test_init_from_starts_a_new_job_from_another_job_s_checkpoint(client, datase
     assert done["status"] == "completed", done
     assert {p.name: p.read_bytes() for p in ckpt.iterdir()} == before  # read, never written
     assert Path(done["output_dir"]) != Path(source["output_dir"])
+
+
+def test_a_full_disk_at_export_loses_nothing_and_the_export_can_be_retried(
+    client, dataset, settings, module_dir
+):
+    """The export's writes fail with ENOSPC (fault injection in the job process, tests/backend/faults): the job
+    fails saying so, keeps a checkpoint of its last step and no final.tmp; with room again, POST .../export
+    writes final/ from that checkpoint on the worker, and the download works."""
+    from backend_support import WorkerProcess
+
+    flag = module_dir / "disk-full"
+    flag.write_text("")
+    faults = Path(__file__).resolve().parent / "faults"
+    env = {
+        "PYTHONPATH": os.pathsep.join([str(faults), *filter(None, [os.environ.get("PYTHONPATH")])]),
+        "SLIDEDP_TEST_EXPORT_ENOSPC": str(flag),
+    }
+    worker = WorkerProcess(settings, module_dir / "worker-full.log", name="full-disk", extra_env=env).start()
+    try:
+        # Its own host, so that no other worker of this module takes the job; no checkpoint on the way.
+        job = client.post("/api/jobs", json={**tiny_job(dataset), "host": "full-disk"}).json()
+        failed = wait_status(client, job["id"], ("completed", "failed"))
+        assert failed["status"] == "failed", failed
+        message = failed["error"]["message"]
+        assert "all 4 steps trained" in message and "No space left on device" in message, message
+        assert f"POST /api/jobs/{job['id']}/export" in message
+        assert failed["checkpoints"] == ["step-00000004"]
+        out = Path(job["output_dir"])
+        assert not (out / "final.tmp").exists() and not (out / "final").exists()
+        assert client.get(f"/api/jobs/{job['id']}/export").status_code == 404
+
+        still_full = client.post(f"/api/jobs/{job['id']}/export")
+        assert still_full.status_code == 202
+        again = wait_status(client, job["id"], ("completed", "failed"))
+        assert again["status"] == "failed" and "No space left" in again["error"]["message"]
+        assert again["checkpoints"] == ["step-00000004"] and not (out / "final.tmp").exists()
+
+        flag.unlink()  # room again
+        assert client.post(f"/api/jobs/{job['id']}/export").status_code == 202
+        done = wait_status(client, job["id"], ("completed", "failed"))
+        assert done["status"] == "completed", done
+        resp = client.get(f"/api/jobs/{job['id']}/export")
+        assert resp.status_code == 200
+        with tarfile.open(fileobj=io.BytesIO(resp.content), mode="r:gz") as tar:
+            names = {m.name.split("/", 1)[1] for m in tar.getmembers() if m.isfile()}
+        assert {"config.json", "model.safetensors"} <= names
+        assert done["checkpoints"] == ["step-00000004"]
+    finally:
+        worker.stop()
+
+
+def test_an_export_needs_an_ended_job_with_a_checkpoint_of_its_last_step(client, dataset, settings, worker):
+    job = client.post(
+        "/api/jobs", json={**tiny_job(dataset), "export": False, "host": settings.host_name}
+    ).json()
+    queued = client.post(f"/api/jobs/{job['id']}/export")
+    assert queued.status_code in (409,) and "export it once it has ended" in queued.json()["detail"]
+    assert wait_status(client, job["id"], ("completed", "failed"))["status"] == "completed"
+    resp = client.post(f"/api/jobs/{job['id']}/export")
+    assert resp.status_code == 409 and "no checkpoint" in resp.json()["detail"]
+    assert client.post("/api/jobs/999999/export").status_code == 404
