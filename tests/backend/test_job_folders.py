@@ -273,3 +273,40 @@ def test_an_export_needs_an_ended_job_with_a_checkpoint_of_its_last_step(client,
     resp = client.post(f"/api/jobs/{job['id']}/export")
     assert resp.status_code == 409 and "no checkpoint" in resp.json()["detail"]
     assert client.post("/api/jobs/999999/export").status_code == 404
+
+
+def test_a_database_from_before_owned_folders_upgrades_and_its_jobs_load(tmp_path, redis_server):
+    """Rows written at migration 0001 gain the ownership columns empty (no token: a legacy job) and the action
+    'train'; such a job is read, listed and deleted as before, losing only its outputs by name."""
+    import sqlalchemy as sa
+    from alembic import command
+    from alembic.config import Config
+    from backend_support import make_settings
+    from slidedp_web.core.db import MIGRATIONS_DIR, get_engine, read_session, upgrade
+    from slidedp_web.jobs import delete
+    from slidedp_web.models import Job
+
+    settings = make_settings(tmp_path / "old", redis_server.url)
+    settings.data_dir.mkdir(parents=True)
+    cfg = Config()
+    cfg.set_main_option("script_location", str(MIGRATIONS_DIR))
+    cfg.set_main_option("sqlalchemy.url", settings.sqlalchemy_url)
+    command.upgrade(cfg, "0001")
+    folder = settings.jobs_dir / "1"
+    (folder / "checkpoints" / "step-00000002").mkdir(parents=True)
+    (folder / "metrics.jsonl").write_text("{}\n")
+    (folder / "mine.txt").write_text("a file the user put there")
+    with get_engine(settings).begin() as conn:
+        conn.execute(
+            sa.text(
+                "INSERT INTO jobs (id, status, config, queue, created_at, step, steps, output_dir, attempt, "
+                "event_seq, log_seq) VALUES (1, 'completed', :c, 'q', '2026-11-30 10:00:00', 4, 4, :o, 1, 0, 0)"
+            ),
+            {"c": json.dumps({"model": "tiny-qwen3", "output_dir": str(folder)}), "o": str(folder)},
+        )
+    upgrade(settings)
+    with read_session(settings) as session:
+        job = session.get(Job, 1)
+    assert (job.action, job.owner_token, job.outputs, job.init_from_job) == ("train", None, None, None)
+    delete(settings, 1)
+    assert os.listdir(folder) == ["mine.txt"]  # the outputs and the emptied checkpoints/ go; the folder stays

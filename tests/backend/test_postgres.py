@@ -59,7 +59,35 @@ def test_migrations_create_the_tables_in_the_schema(api, settings, pg_schema):
         "hosts",
         "alembic_version",
     } <= tables
-    assert version == "0001"
+    assert version == "0002"
+    with get_engine(settings).connect() as conn:
+        columns = {c["name"] for c in sa.inspect(conn).get_columns("jobs", schema=pg_schema)}
+    assert {"owner_token", "outputs", "init_from_job", "action"} <= columns
+
+
+def test_two_requests_for_one_folder_at_once_create_one_job_on_postgres(client, dataset, tmp_path):
+    """The folder check and the insert share a transaction under an advisory lock: Postgres's READ COMMITTED alone
+    would let both requests see no owner."""
+    folder = str(tmp_path / "pg-race")
+    answers: list[int] = []
+    barrier = threading.Barrier(6)
+
+    def submit() -> None:
+        with httpx.Client(base_url=str(client.base_url), timeout=60) as c:
+            barrier.wait()
+            answers.append(c.post("/api/jobs", json={**tiny_job(dataset), "output_dir": folder}).status_code)
+
+    threads = [threading.Thread(target=submit) for _ in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(answers) == [201] + [409] * 5, answers
+    jobs = client.get("/api/jobs").json()["items"]
+    assert [j["output_dir"] for j in jobs].count(folder) == 1
+    for job in jobs:
+        client.post(f"/api/jobs/{job['id']}/cancel")
+        client.delete(f"/api/jobs/{job['id']}")
 
 
 def test_jobs_over_rest_on_postgres(client, dataset):
