@@ -64,8 +64,28 @@ def create_app(settings: Optional[Settings] = None) -> FastAPI:
     app.include_router(api_router)
     app.include_router(metrics.router)  # /metrics, where Prometheus looks by default
     _install_openapi(app)
+    _clear_body_errors(app)
     _mount_frontend(app, settings.frontend_dir or REPO_FRONTEND)
     return app
+
+
+UNREADABLE_BODY = "There was an error parsing the body"  # FastAPI's words for a body it cannot decode
+
+
+def _clear_body_errors(app: FastAPI) -> None:
+    """FastAPI answers a JSON body that is not UTF-8 text with a bare 400; say what is wrong and how to fix it."""
+    from fastapi.exception_handlers import http_exception_handler
+    from starlette.exceptions import HTTPException as StarletteHTTPException
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(request: Any, exc: StarletteHTTPException) -> Any:
+        if exc.status_code == 400 and exc.detail == UNREADABLE_BODY:
+            exc = StarletteHTTPException(
+                400,
+                "the request body is not JSON text: JSON must be UTF-8 encoded; send the job config as a JSON "
+                "object with Content-Type: application/json",
+            )
+        return await http_exception_handler(request, exc)
 
 
 def _install_openapi(app: FastAPI) -> None:
@@ -98,6 +118,7 @@ ERROR_SCHEMA = {
     "required": ["detail"],
 }
 ERRORS = {
+    400: "The body is not JSON text (JSON must be UTF-8 encoded)",
     401: "No or a wrong API token (when the server has one): send 'Authorization: Bearer <token>'",
     404: "No job with this id",
     409: "The job's state or its output folder does not allow this (the detail says why and what to do)",
@@ -126,7 +147,7 @@ def _document_errors(schema: dict[str, Any]) -> None:
             if "{job_id}" in path:
                 codes.add(404)
             if op.get("requestBody"):
-                codes.update((413, 422))
+                codes.update((400, 413, 422))
             if op.get("parameters"):
                 codes.add(422)
             if (method, path) in CONFLICTS:

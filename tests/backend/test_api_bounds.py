@@ -149,6 +149,6 @@ def test_the_openapi_job_schema_refuses_what_the_api_refuses(client):
             if "{job_id}" in path:
                 assert "404" in op["responses"], (method, path)
             if "requestBody" in op:
-                assert {"413", "422"} <= set(op["responses"]), (method, path)
+                assert {"400", "413", "422"} <= set(op["responses"]), (method, path)
     assert "409" in doc["paths"]["/api/jobs"]["post"]["responses"]
     assert "409" in doc["paths"]["/api/jobs/{job_id}"]["delete"]["responses"]

@@ -222,3 +222,10 @@ def test_processes_writing_one_sqlite_journal_get_gap_free_event_ids(client, set
     seqs = sorted(e["data"]["seq"] for e in events if e["event"] == "log")
     assert seqs == list(range(1, 91))
     assert client.delete(f"/api/jobs/{job['id']}").status_code == 204
+
+
+def test_a_body_that_is_not_utf8_text_is_a_400_that_says_so(client):
+    for path in ("/api/jobs", "/api/plan"):
+        resp = client.post(path, content=b'{"model": "\xff"}', headers={"content-type": "application/json"})
+        assert resp.status_code == 400 and "UTF-8" in resp.json()["detail"], resp.text
+    assert "400" in client.get("/openapi.json").json()["paths"]["/api/jobs"]["post"]["responses"]
