@@ -2,7 +2,7 @@
 
 The runtime's dataclasses are the only definition of the keys, types, defaults, ranges and docs. Here they
 are turned, field by field, into pydantic models so that the OpenAPI schema documents the request body;
-validation itself is JobConfig.from_dict (plus slidedp.validation when present), whose errors are answered
+validation itself is JobConfig.from_dict, then slidedp.validation.validate_job, whose errors are answered
 as FastAPI-style 422s: {"detail": [{"loc": ["body", "optimizer", "lr"], "msg": "...", "type": "..."}]}.
 """
 
@@ -18,6 +18,7 @@ from typing import Any, Optional
 import pydantic
 from fastapi.exceptions import RequestValidationError
 from slidedp.config import ConfigError, JobConfig
+from slidedp.validation import validate_job
 
 # Keys the API accepts next to the config's own: they say how the job is filed, not how it trains.
 EXTRA_KEYS = {
@@ -197,55 +198,5 @@ def parse_config(raw: dict[str, Any], host_ram_bytes: Optional[int] = None) -> J
 
 
 def run_job_checks(cfg: JobConfig, host_ram_bytes: Optional[int]) -> list[dict[str, Any]]:
-    """slidedp.validation's findings as [{"loc", "msg"}] ([] when the module is not there yet).
-
-    Without it, the two checks a user trips over first are made here: an unknown preset and a missing file.
-    """
-    try:
-        from slidedp import validation
-    except ImportError:
-        return _basic_checks(cfg)
-    check = getattr(validation, "validate_job", None) or getattr(validation, "check_job", None)
-    if check is None:
-        return _basic_checks(cfg)
-    try:
-        found = check(cfg, host_ram_bytes=host_ram_bytes)
-    except ConfigError as exc:
-        return list(exc.errors)
-    return _as_error_list(found)
-
-
-def _as_error_list(found: Any) -> list[dict[str, Any]]:
-    if not found:
-        return []
-    out = []
-    for item in found:
-        if isinstance(item, dict):
-            if item.get("level", item.get("severity", "error")) in ("warning", "info"):
-                continue
-            out.append({"loc": item.get("loc", "config"), "msg": item.get("msg") or item.get("message", "")})
-        else:
-            level = getattr(item, "level", getattr(item, "severity", "error"))
-            if level in ("warning", "info"):
-                continue
-            out.append({"loc": getattr(item, "loc", "config"), "msg": getattr(item, "msg", str(item))})
-    return out
-
-
-def _basic_checks(cfg: JobConfig) -> list[dict[str, Any]]:
-    import os
-
-    from slidedp.config import is_model_path
-    from slidedp.presets import PRESETS
-
-    errors = []
-    if is_model_path(cfg.model):
-        if not os.path.isfile(os.path.join(cfg.model, "config.json")):
-            errors.append(
-                {"loc": "model", "msg": f"no Hugging Face model directory (config.json) at {cfg.model!r}"}
-            )
-    elif cfg.model not in PRESETS:
-        errors.append({"loc": "model", "msg": f"unknown preset {cfg.model!r}; presets: {', '.join(PRESETS)}"})
-    if not os.path.isfile(cfg.data.path):
-        errors.append({"loc": "data.path", "msg": f"no dataset file at {cfg.data.path!r}"})
-    return errors
+    """slidedp.validation.validate_job's findings: [{"loc", "msg"}] (model, tokenizer, dataset, host RAM, init_from)."""
+    return validate_job(cfg, host_ram_bytes=host_ram_bytes)

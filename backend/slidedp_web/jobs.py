@@ -53,7 +53,7 @@ def public(job: Job) -> JobPublic:
         status=job.status,
         config=job.config,
         host=job.host,
-        policy=job.policy,
+        policy=planning.job_policy(job.policy),
         created_at=iso(job.created_at),
         started_at=iso(job.started_at),
         finished_at=iso(job.finished_at),

@@ -1,18 +1,18 @@
 """Plan preview in the API: the AutoPolicy dry run for a job on a given host, from that host's report.
 
 No training and no torch: slidedp.planning.autopolicy.plan_job is fed the topology and calibration the
-host's worker reported. Until that planner is present, the preview is the configured policy and the host
-memory fit, labelled as such.
+host's worker reported. A job keeps that plan (`summary`); `job_policy` reads a job's stored policy column in
+the one shape the API answers (docs/interfaces.md §5 and §6, JobPublic.policy).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 from typing import Any, Optional
 
 from fastapi.exceptions import RequestValidationError
 from slidedp.config import JobConfig
+from slidedp.planning.autopolicy import plan_job
 from sqlmodel import Session, func, select
 
 from slidedp_web import hosts
@@ -95,44 +95,76 @@ def pick_calibration(cfg: JobConfig, report: Optional[dict[str, Any]]) -> Option
 
 
 def plan_preview(cfg: JobConfig, host: Optional[Host], settings: Settings) -> dict[str, Any]:
+    """The plan JSON (docs/interfaces.md §5) for the job on that host, with the host's name under "host"."""
     topology = host.topology if host and host.topology else basic_topology(settings)
     calibration = pick_calibration(cfg, host.calibration if host else local_calibration(settings))
-    try:
-        from slidedp.planning.autopolicy import plan_job
-    except ImportError:
-        plan_job = None
-    if plan_job is not None:
-        plan = clean_json(plan_job(cfg, topology, calibration))
-        if isinstance(plan, dict):
-            plan.setdefault("host", host.name if host else settings.host_name)
-        return plan
-    return configured_plan(cfg, topology, host.name if host else settings.host_name)
-
-
-def configured_plan(cfg: JobConfig, topology: dict[str, Any], host_name: str) -> dict[str, Any]:
-    """The configured policy and whether the host state fits the host's RAM (no AutoPolicy)."""
-    from slidedp.presets import model_config_dict, param_count
-
-    fit: dict[str, Any] = {"note": "host state = parameters x 14 B (fp32 master + AdamW m, v + bf16 copy)"}
-    try:
-        params = param_count(model_config_dict(cfg.model))
-        ram = hosts.host_ram_bytes(topology)
-        need = params * 14
-        fit.update(
-            params=params, host_state_bytes=need, host_ram_bytes=ram, fits=None if not ram else need <= ram
-        )
-    except (OSError, KeyError, ValueError) as exc:
-        fit.update(error=f"cannot size the model: {exc}")
-    return {
-        "source": "configured policy and memory fit (AutoPolicy unavailable)",
-        "host": host_name,
-        "policy": dataclasses.asdict(cfg.policy),
-        "memory": fit,
-        "candidates": [],
-        "why": "AutoPolicy is not available in this installation: the job runs with its configured policy.",
-    }
+    plan = clean_json(plan_job(cfg, topology, calibration))
+    plan.setdefault("host", host.name if host else settings.host_name)
+    return plan
 
 
 def summary(plan: dict[str, Any]) -> dict[str, Any]:
     """What a job keeps of its plan: the plan itself (it is small) marked as the preview made at creation."""
     return {**plan, "stage": "planned"}
+
+
+# ------------------------------------------------------------------------------------------- stored policy
+# The ExecutionPolicy JSON (slidedp.policy, docs/interfaces.md §5), key by key.
+POLICY_KEYS = (
+    "delivery",
+    "grad_reduce",
+    "delivery_cast",
+    "edge_update",
+    "device_layers",
+    "activations",
+    "resident",
+    "window",
+    "chunk_mb",
+    "loss_chunk_tokens",
+    "staging_slots",
+)
+# What a run that predates a knob ran with: the one behaviour there was before the knob existed.
+POLICY_BEFORE_KNOB = {"delivery_cast": "host", "edge_update": "host", "device_layers": 0}
+# Keys a finished run used to merge into the top level of the stored plan ({**plan, **resolved policy, "plan"}),
+# next to the policy's own: retired config echoes that the resolved policy no longer carries.
+LEGACY_RUN_KEYS = (*POLICY_KEYS, "reduce_dtype", "keep_layers", "offload_layers", "resident_units", "plan")
+RETIRED_POLICY_KEYS = ("reduce_dtype",)
+
+
+def _without_retired(policy: Any) -> Any:
+    return (
+        {k: v for k, v in policy.items() if k not in RETIRED_POLICY_KEYS}
+        if isinstance(policy, dict)
+        else policy
+    )
+
+
+def job_policy(stored: Optional[dict[str, Any]]) -> Optional[dict[str, Any]]:
+    """A job's policy column as the API answers it (JobPublic.policy): the plan made at submit time
+    (`"stage": "planned"`), or after a run that plan with `"stage": "resolved"` and `policy` the ExecutionPolicy
+    the engine ran.
+
+    Rows written before the resolved policy had a shape of its own hold the run's policy keys at the top level
+    of the plan (delivery, activations, ..., reduce_dtype, and the runtime's own plan under "plan"); they are
+    read into that shape. A run that predates a knob (delivery_cast, edge_update, device_layers) ran with the
+    behaviour that was the only one then. `reduce_dtype` is dropped everywhere: fp32 is the only reduction."""
+    if not isinstance(stored, dict):
+        return stored
+    if "delivery" in stored or "activations" in stored:
+        plan = {k: v for k, v in stored.items() if k not in LEGACY_RUN_KEYS}
+        if not plan and isinstance(stored.get("plan"), dict):
+            plan = dict(stored["plan"])  # no plan was kept at submit time: the one the run made
+        policy = {k: stored.get(k, POLICY_BEFORE_KNOB.get(k)) for k in POLICY_KEYS}
+        if "staging_slots" not in stored:
+            del policy["staging_slots"]
+        out = {**plan, "stage": "resolved", "policy": policy}
+    else:
+        out = dict(stored)
+        if "policy" in out:
+            out["policy"] = _without_retired(out["policy"])
+    if isinstance(out.get("candidates"), list):
+        out["candidates"] = [
+            {**c, "policy": _without_retired(c.get("policy"))} if isinstance(c, dict) and "policy" in c else c
+            for c in out["candidates"]
+        ]
+    return out

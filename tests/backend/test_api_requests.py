@@ -229,3 +229,108 @@ def test_a_body_that_is_not_utf8_text_is_a_400_that_says_so(client):
         resp = client.post(path, content=b'{"model": "\xff"}', headers={"content-type": "application/json"})
         assert resp.status_code == 400 and "UTF-8" in resp.json()["detail"], resp.text
     assert "400" in client.get("/openapi.json").json()["paths"]["/api/jobs"]["post"]["responses"]
+
+
+# A job's policy column, as rows hold it. The plan made at submit time (planning.summary of plan_job's JSON, as
+# the planner wrote it before reduce_dtype was retired), for a two-layer model on one CPU rank.
+PLANNED_POLICY = {
+    "delivery": "replicated",
+    "grad_reduce": "host",
+    "reduce_dtype": "fp32",
+    "edge_update": "host",
+    "device_layers": 0,
+    "activations": ["checkpoint", "checkpoint"],
+    "resident": [False, False],
+    "window": 3,
+    "chunk_mb": 64,
+    "loss_chunk_tokens": 4096,
+}
+SUBMITTED = {
+    "feasible": True,
+    "policy": PLANNED_POLICY,
+    "predicted": {
+        "step_time_s": None,
+        "tokens_per_s": None,
+        "phases": {},
+        "exposed": {},
+        "host_ram_gib": 0.01,
+    },
+    "candidates": [
+        {"policy": PLANNED_POLICY, "predicted": {"step_time_s": None}, "fits": True, "why_not": None}
+    ],
+    "marginal": None,
+    "why": "Routes (one rank): replicated delivery, host gradient reduction.",
+    "errors": [],
+    "job": {"world": 1, "layers": 2, "host_limit_gib": 8.0},
+    "calibration": "missing",
+    "calibration_note": "no calibration given: memory fit only, no step times",
+    "host": "node-a",
+    "stage": "planned",
+}
+# What the run's engine resolved (slidedp.launch.resolve_policy's dict) and the plan it made itself.
+RAN = {
+    "delivery": "replicated",
+    "grad_reduce": "host",
+    "reduce_dtype": "fp32",
+    "delivery_cast": "host",
+    "edge_update": "host",
+    "device_layers": 0,
+    "activations": ["keep", "checkpoint"],
+    "resident": [True, False],
+    "window": 2,
+    "chunk_mb": 64,
+    "loss_chunk_tokens": 2048,
+    "staging_slots": 8,
+}
+RAN_POLICY = {k: v for k, v in RAN.items() if k != "reduce_dtype"}
+RUNTIME_PLAN = {
+    **{k: v for k, v in SUBMITTED.items() if k not in ("host", "stage")},
+    "why": "planned at start",
+}
+
+
+def test_a_job_policy_of_today_is_answered_as_plan_and_resolved_policy():
+    from slidedp_web.planning import job_policy
+
+    # tasks._finish stores {**job.policy, **outcome["policy"]}, outcome["policy"] = {**resolved, "plan": plan}.
+    row = {**SUBMITTED, **RAN, "plan": RUNTIME_PLAN}
+    answer = job_policy(row)
+    assert answer["stage"] == "resolved"
+    assert answer["policy"] == RAN_POLICY
+    assert list(answer["policy"]) == list(RAN_POLICY)  # the documented key order
+    # Everything else is the plan made at submit time, without the run's keys at the top.
+    rest = {k: v for k, v in answer.items() if k not in ("stage", "policy", "candidates")}
+    assert rest == {k: v for k, v in SUBMITTED.items() if k not in ("stage", "policy", "candidates")}
+    assert "reduce_dtype" not in answer["candidates"][0]["policy"]
+    assert "plan" not in answer and "reduce_dtype" not in answer
+    assert row == {**SUBMITTED, **RAN, "plan": RUNTIME_PLAN}  # the row itself is left as it is
+
+    # A run that predates delivery_cast, edge_update and device_layers ran with what there was then.
+    early = {k: v for k, v in RAN.items() if k not in ("delivery_cast", "edge_update", "device_layers")}
+    answer = job_policy({**SUBMITTED, **early, "keep_layers": 1, "resident_units": 1, "plan": {}})
+    assert answer["policy"] == RAN_POLICY
+    # No plan was kept at submit time (the preview failed): the plan the run made is the one shown.
+    answer = job_policy({**RAN, "plan": RUNTIME_PLAN})
+    assert answer["why"] == "planned at start" and answer["policy"] == RAN_POLICY
+    assert answer["stage"] == "resolved"
+
+
+def test_a_job_policy_of_the_documented_shape_passes_through():
+    from slidedp_web.planning import job_policy
+
+    planned = {**SUBMITTED, "policy": RAN_POLICY, "candidates": [{"policy": RAN_POLICY, "fits": True}]}
+    assert job_policy(planned) == planned
+    resolved = {**planned, "stage": "resolved"}
+    assert job_policy(resolved) == resolved
+    refused = {
+        "feasible": False,
+        "policy": None,
+        "predicted": None,
+        "candidates": [],
+        "errors": [],
+        "stage": "planned",
+    }
+    assert job_policy(refused) == refused
+    assert job_policy(None) is None
+    # A plan the planner wrote with reduce_dtype reads without it.
+    assert job_policy(SUBMITTED)["policy"] == {k: v for k, v in PLANNED_POLICY.items() if k != "reduce_dtype"}
