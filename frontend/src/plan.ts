@@ -1,8 +1,10 @@
-// The AutoPolicy plan (POST /api/plan, docs/interfaces.md §5) and a job's resolved policy, shown as they are:
-// known parts get their own place (chosen policy, candidate table, memory fit, the why), everything else is
-// listed under its own name, and nothing absent is filled in.
+// The AutoPolicy plan (docs/interfaces.md §5) as the API answers it: the preview of POST /api/plan, and a job's
+// policy column (the plan made at submit time; after a run, stage "resolved" and `policy` the one the engine ran).
+// Its parts get their own place (policy, prediction, memory fit, candidates, the why), every other key is listed
+// under its own name, and nothing absent is filled in.
 import { h } from "./dom";
 import { bytes, gbps, gib, isNum, num, percent, seconds, words } from "./fmt";
+import type { Candidate, Marginal, Plan, Prediction } from "./types";
 
 type Obj = Record<string, unknown>;
 
@@ -75,7 +77,6 @@ export function kvList(obj: Obj, skip: ReadonlySet<string> = new Set(), skipEmpt
   return dl;
 }
 
-/** A table of objects: one row each, one column per key (in first-seen order). */
 /** A row with its nested objects spread into columns ({"policy": {"delivery": x}} -> {"delivery": x}); a key
  *  that would collide keeps its parent's name ("memory.host_ram_gib"). */
 export function flattenRow(row: Obj): Obj {
@@ -88,6 +89,7 @@ export function flattenRow(row: Obj): Obj {
   return out;
 }
 
+/** A table of objects: one row each, one column per key (in first-seen order). */
 export function objectTable(rawRows: Obj[], highlight?: (row: Obj) => boolean, caption?: string): HTMLElement {
   const rows = rawRows.map(flattenRow);
   const cols: string[] = [];
@@ -117,13 +119,6 @@ export function objectTable(rawRows: Obj[], highlight?: (row: Obj) => boolean, c
   );
 }
 
-function whyOf(o: Obj): string[] {
-  const w = o.why ?? o.reason ?? o.reasons ?? o.explanation;
-  if (typeof w === "string" && w.trim()) return [w];
-  if (Array.isArray(w)) return w.map((x) => (typeof x === "string" ? x : JSON.stringify(x)));
-  return [];
-}
-
 function isEmpty(v: unknown): boolean {
   return v === null || v === undefined || (isObj(v) && Object.keys(v).length === 0) || (Array.isArray(v) && v.length === 0);
 }
@@ -135,28 +130,24 @@ function present(o: Obj): Obj {
   return out;
 }
 
-// Keys of a policy the runtime resolved (a job's policy carries them at the top level, next to its plan).
-const RESOLVED = ["stage", "delivery", "grad_reduce", "reduce_dtype", "delivery_cast", "edge_update", "device_layers", "activations", "resident", "keep_layers", "offload_layers", "resident_units", "window", "chunk_mb", "loss_chunk_tokens", "staging_slots"];
+const same = (a: unknown, b: unknown) => JSON.stringify(a) === JSON.stringify(b);
 
-function resolvedOf(o: Obj): Obj | null {
-  const out: Obj = {};
-  for (const k of RESOLVED) if (k in o) out[k] = o[k];
-  return "delivery" in out || "activations" in out ? out : null;
+// The prediction's memory figures, shown under memory fit.
+const MEMORY_FIGURES = new Set(["hbm_peak_gib", "host_ram_gib", "hbm_parts_gib", "host_parts_gib"]);
+
+/** The prediction without its memory figures; its per-phase maps are seconds. */
+function predictionOf(p: Prediction | null): Obj | null {
+  if (!p) return null;
+  const out = present({ step_time_s: p.step_time_s, tokens_per_s: p.tokens_per_s, phases_s: p.phases, spans_s: p.spans, exposed_s: p.exposed, busy_s: p.busy });
+  const named = new Set(["step_time_s", "tokens_per_s", "phases", "spans", "exposed", "busy"]);
+  for (const [k, v] of Object.entries(p)) if (!named.has(k) && !MEMORY_FIGURES.has(k) && !isEmpty(v)) out[k] = v;
+  return Object.keys(out).length ? out : null;
 }
 
-/** The policy the plan chose: an explicit `chosen`, or `policy` when the plan compared candidates. */
-function chosenOf(o: Obj): { title: string; policy: Obj } | null {
-  for (const k of ["chosen", "choice", "selected"]) if (isObj(o[k])) return { title: "Chosen policy", policy: o[k] as Obj };
-  if (!isObj(o.policy)) return null;
-  const planned = "candidates" in o || "feasible" in o;
-  return { title: planned ? "Chosen policy" : "Policy", policy: o.policy as Obj };
-}
-
-/** Memory fit: an explicit section, else the prediction's peaks against the job's budgets. */
-function memoryOf(o: Obj): Obj | null {
-  for (const k of ["memory", "memory_fit", "fit"]) if (isObj(o[k])) return o[k] as Obj;
-  const pred = isObj(o.predicted) ? (o.predicted as Obj) : {};
-  const job = isObj(o.job) ? (o.job as Obj) : {};
+/** Memory fit: the prediction's peaks against the job's budgets (the plan's `job`), and whether the plan fits. */
+function memoryOf(plan: Plan): Obj | null {
+  const pred: Partial<Prediction> = plan.predicted ?? {};
+  const job: Obj = plan.job ?? {};
   const out = present({
     hbm_peak_gib: pred.hbm_peak_gib,
     hbm_budget_gib: job.hbm_budget_gib,
@@ -167,29 +158,14 @@ function memoryOf(o: Obj): Obj | null {
     host_parts_gib: pred.host_parts_gib,
   });
   if (Object.keys(out).length === 0) return null;
-  if (typeof o.feasible === "boolean") out.fits = o.feasible;
-  return out;
-}
-
-/** The prediction without the memory parts (those are under memory fit). */
-function predictionOf(o: Obj): Obj | null {
-  if (!isObj(o.predicted)) return null;
-  const p = o.predicted as Obj;
-  const out = present({ step_time_s: p.step_time_s, tokens_per_s: p.tokens_per_s, phases_s: p.phases, exposed_s: p.exposed, busy_s: p.busy });
-  for (const [k, v] of Object.entries(p)) {
-    if (!["step_time_s", "tokens_per_s", "phases", "exposed", "busy", "hbm_peak_gib", "host_ram_gib", "hbm_parts_gib", "host_parts_gib"].includes(k) && !isEmpty(v)) out[k] = v;
-  }
-  return Object.keys(out).length ? out : null;
+  return { fits: plan.feasible, ...out };
 }
 
 /** One candidate as a table row: its policy's choices, then what it is predicted to cost. */
-function candidateRow(c: Obj): Obj {
-  if (!isObj(c.policy) && !isObj(c.predicted)) return c;
-  const pol = isObj(c.policy) ? (c.policy as Obj) : {};
-  const pred = isObj(c.predicted) ? (c.predicted as Obj) : {};
-  const row: Obj = {};
-  for (const [k, v] of Object.entries(c)) if (k !== "policy" && k !== "predicted" && !["fits", "why_not"].includes(k)) row[k] = v;
-  Object.assign(row, pol, {
+export function candidateRow(c: Candidate): Obj {
+  const pred = c.predicted;
+  return {
+    ...c.policy,
     step_time_s: pred.step_time_s,
     tokens_per_s: pred.tokens_per_s,
     exposed_s: isEmpty(pred.exposed) ? null : pred.exposed,
@@ -197,81 +173,88 @@ function candidateRow(c: Obj): Obj {
     host_ram_gib: pred.host_ram_gib,
     fits: c.fits,
     why_not: c.why_not,
-  });
-  return row;
+  };
 }
 
-const same = (a: unknown, b: unknown) => JSON.stringify(a) === JSON.stringify(b);
-
-function isChosenCandidate(c: Obj, chosen: Obj | null): boolean {
-  if (c.chosen === true || c.selected === true) return true;
-  if (!chosen) return false;
-  if (isObj(c.policy)) return same(c.policy, chosen);
-  const name = c.name ?? c.label ?? c.id;
-  return name !== undefined && name === (chosen.name ?? chosen.label ?? chosen.id);
+/** Whether a candidate is the plan's policy: every choice the candidate names is the policy's. */
+export function isPlanPolicy(c: Candidate, policy: Plan["policy"]): boolean {
+  if (!policy) return false;
+  const chosen: Obj = { ...policy };
+  return Object.entries(c.policy).every(([k, v]) => same(v, chosen[k]));
 }
 
-/** The paper's marginal pipeline cost per layer, tau_j = tau_0 + T_j k_j - T_0 k_j, as a table by policy. */
-function marginalTable(m: Obj): HTMLElement | null {
-  const tau = isObj(m.tau_s) ? (m.tau_s as Obj) : {};
-  const delta = isObj(m.delta_s) ? (m.delta_s as Obj) : {};
-  const T = isObj(m.T_s_per_GB) ? (m.T_s_per_GB as Obj) : {};
-  const names = [...new Set([...Object.keys(tau), ...Object.keys(delta), ...Object.keys(T)])];
-  if (!names.length) return null;
-  const rows = names.map((n) => present({ policy: n, tau_s: tau[n], change_vs_base_s: delta[n], T_s_per_GB: T[n] }));
-  const facts = present({ tau_0_s: m.tau_0_s, k_bytes: m.k_bytes });
-  return h("div", null, Object.keys(facts).length ? kvList(facts) : null, objectTable(rows, undefined, "per layer, in the running pipeline"));
+/** The paper's marginal pipeline cost per layer, tau_j = tau_0 + T_j k_j - T_0 k_j, as rows by activation policy. */
+export function marginalRows(m: Marginal): Obj[] {
+  const names = [...new Set([...Object.keys(m.tau_s ?? {}), ...Object.keys(m.delta_s ?? {}), ...Object.keys(m.T_s_per_GB ?? {})])];
+  return names.map((n) => present({ policy: n, tau_s: m.tau_s?.[n], change_vs_base_s: m.delta_s?.[n], T_s_per_GB: m.T_s_per_GB?.[n] }));
 }
 
-const SHOWN = new Set(["marginal", "chosen", "choice", "selected", "policy", "candidates", "memory", "memory_fit", "fit", "why", "reason", "reasons", "explanation", "predicted", "feasible", "errors"]);
+// Keys with a place of their own; the others are listed under "Details".
+const SHOWN = new Set(["feasible", "policy", "predicted", "candidates", "marginal", "why", "errors", "stage"]);
 
-/** The plan preview / a job's policy: why, chosen (and as-run) policy, prediction, memory fit, candidates. */
-export function renderPlan(given: unknown, opts: { title?: string } = {}): HTMLElement {
+/** What the plan panel shows, read from the documented plan JSON. */
+export interface PlanView {
+  problems: string[];
+  why: string | null;
+  asRun: boolean; // a job's policy after its run: `policy` is the one the engine ran
+  feasible: boolean;
+  policy: Obj | null;
+  prediction: Obj | null;
+  memory: Obj | null;
+  candidates: Obj[];
+  chosen: boolean[]; // per candidate: it is the plan's policy
+  marginal: { facts: Obj; rows: Obj[] } | null;
+  details: Obj;
+}
+
+export function readPlan(plan: Plan): PlanView {
+  const candidates = plan.candidates ?? [];
+  const details: Obj = {};
+  for (const [k, v] of Object.entries(plan)) if (!SHOWN.has(k) && !isEmpty(v)) details[k] = v;
+  return {
+    problems: (plan.errors ?? []).map((e) => `${e.loc}: ${e.msg}`),
+    why: typeof plan.why === "string" && plan.why.trim() ? plan.why : null,
+    asRun: plan.stage === "resolved",
+    feasible: plan.feasible,
+    policy: plan.policy ? { ...plan.policy } : null,
+    prediction: predictionOf(plan.predicted),
+    memory: memoryOf(plan),
+    candidates: candidates.map(candidateRow),
+    chosen: candidates.map((c) => isPlanPolicy(c, plan.policy)),
+    marginal: plan.marginal ? { facts: present({ tau_0_s: plan.marginal.tau_0_s, k_bytes: plan.marginal.k_bytes }), rows: marginalRows(plan.marginal) } : null,
+    details,
+  };
+}
+
+function badge(ok: boolean, yes: string, no: string): HTMLElement {
+  return h("span", { class: ok ? "badge ok" : "badge bad" }, ok ? yes : no);
+}
+
+/** The plan preview / a job's policy: problems, why, policy, prediction, memory fit, candidates, marginal cost. */
+export function renderPlan(plan: Plan | null, opts: { title?: string } = {}): HTMLElement {
   const box = h("section", { class: "plan", "aria-label": opts.title ?? "Plan" });
-  if (!isObj(given)) {
+  if (!isObj(plan)) {
     box.append(h("p", { class: "muted" }, "No plan was returned."));
     return box;
   }
-  // A job's policy is the runtime's resolved policy with the plan it came from nested under "plan" (often
-  // also spread at the top): read them as one, the top level (what ran) winning.
-  let plan: Obj = given;
-  if (isObj(given.plan)) {
-    const { plan: inner, ...top } = given;
-    plan = { ...(inner as Obj), ...top };
+  const v = readPlan(plan);
+  if (v.problems.length) {
+    box.append(h("div", { class: "error-box", role: "alert" }, h("strong", null, "The plan found problems:"), h("ul", null, v.problems.map((p) => h("li", null, p)))));
   }
-  const chosen = chosenOf(plan);
-  const resolved = resolvedOf(plan);
-  const why = whyOf(plan);
-  const prediction = predictionOf(plan);
-  const memory = memoryOf(plan);
-  const candidates = Array.isArray(plan.candidates) ? plan.candidates.filter(isObj) : [];
-  const errors = Array.isArray(plan.errors) ? plan.errors : [];
-
-  if (errors.length) {
-    box.append(h("div", { class: "error-box", role: "alert" }, h("strong", null, "The plan found problems:"), h("ul", null, errors.map((e) => h("li", null, typeof e === "string" ? e : isObj(e) && "msg" in e ? `${String(e.loc ?? "")}: ${String(e.msg)}` : JSON.stringify(e))))));
+  if (v.why) box.append(h("h3", null, "Why"), h("p", { class: "why" }, v.why));
+  box.append(h("h3", null, v.asRun ? "Policy as run" : "Chosen policy", " ", typeof v.feasible === "boolean" ? badge(v.feasible, "feasible", "not feasible") : null));
+  if (v.policy) {
+    if (v.asRun) box.append(h("p", { class: "muted" }, "What the engine ran. The prediction and candidates are the plan made when the job was submitted."));
+    box.append(kvList(v.policy));
+  } else box.append(h("p", { class: "muted" }, "No policy: the plan is not feasible (the problems above say why)."));
+  if (v.prediction) box.append(h("h3", null, "Predicted"), kvList(v.prediction, new Set(), true));
+  if (v.memory) {
+    const { fits, ...figures } = v.memory;
+    box.append(h("h3", null, "Memory fit ", typeof fits === "boolean" ? badge(fits, "fits", "does not fit") : null), kvList(figures, new Set(), true));
   }
-  if (why.length) {
-    box.append(h("h3", null, "Why"), why.length === 1 ? h("p", { class: "why" }, why[0]) : h("ul", { class: "why" }, why.map((w) => h("li", null, w))));
-  }
-  if (chosen) {
-    const feasible = plan.feasible;
-    box.append(
-      h("h3", null, chosen.title, " ", typeof feasible === "boolean" ? h("span", { class: feasible ? "badge ok" : "badge bad" }, feasible ? "feasible" : "not feasible") : null),
-      kvList(chosen.policy, new Set(["why", "reason", "reasons"])),
-    );
-  }
-  if (resolved) box.append(h("h3", null, "As run"), kvList(resolved));
-  if (prediction) box.append(h("h3", null, "Predicted"), kvList(prediction, new Set(), true));
-  if (memory) {
-    const fits = memory.fits ?? memory.fit ?? memory.ok;
-    box.append(
-      h("h3", null, "Memory fit ", typeof fits === "boolean" ? h("span", { class: fits ? "badge ok" : "badge bad" }, fits ? "fits" : "does not fit") : null),
-      kvList(memory, new Set(), true),
-    );
-  }
-  if (candidates.length) {
+  if (v.candidates.length) {
     // Columns that are the same for every candidate are said once; the table shows what varies.
-    const flat = candidates.map(candidateRow);
+    const flat = v.candidates;
     const common: Obj = {};
     if (flat.length > 1) {
       for (const k of Object.keys(flat[0])) {
@@ -280,29 +263,29 @@ export function renderPlan(given: unknown, opts: { title?: string } = {}): HTMLE
     }
     const varying = flat.map((r) => {
       const out: Obj = {};
-      for (const [k, v] of Object.entries(r)) if (!(k in common)) out[k] = v;
+      for (const [k, x] of Object.entries(r)) if (!(k in common)) out[k] = x;
       return out;
     });
     box.append(
       h("h3", null, "Candidates"),
       Object.keys(common).length ? h("div", { class: "muted" }, h("span", null, `Common to all ${flat.length}:`), kvList(common)) : "",
-      objectTable(varying, (_r) => false, `${candidates.length} candidate polic${candidates.length === 1 ? "y" : "ies"}`),
+      objectTable(varying, undefined, `${flat.length} candidate polic${flat.length === 1 ? "y" : "ies"}`),
     );
-    // Highlight the chosen row (rows keep the candidates' order).
+    // Highlight the plan's policy (rows keep the candidates' order).
     const rows = box.querySelectorAll<HTMLTableRowElement>("table.data-table tbody tr");
-    candidates.forEach((c, i) => {
-      if (isChosenCandidate(c, chosen?.policy ?? null)) rows[i]?.classList.add("chosen-row");
+    v.chosen.forEach((chosen, i) => {
+      if (chosen) rows[i]?.classList.add("chosen-row");
     });
   } else if (Array.isArray(plan.candidates)) {
     box.append(h("h3", null, "Candidates"), h("p", { class: "muted" }, "No candidates were compared."));
   }
-  if (isObj(plan.marginal)) {
-    const table = marginalTable(plan.marginal as Obj);
-    box.append(h("h3", null, "Marginal cost per layer (τ)"), table ?? kvList(plan.marginal as Obj, new Set(), true));
+  if (v.marginal) {
+    box.append(
+      h("h3", null, "Marginal cost per layer (τ)"),
+      h("div", null, Object.keys(v.marginal.facts).length ? kvList(v.marginal.facts) : null, v.marginal.rows.length ? objectTable(v.marginal.rows, undefined, "per layer, in the running pipeline") : null),
+    );
   }
-  const rest: Obj = {};
-  for (const [k, v] of Object.entries(plan)) if (!SHOWN.has(k) && !(resolved && k in resolved) && !isEmpty(v)) rest[k] = v;
-  if (Object.keys(rest).length) box.append(h("h3", null, "Details"), kvList(rest, new Set(), true));
+  if (Object.keys(v.details).length) box.append(h("h3", null, "Details"), kvList(v.details, new Set(), true));
   box.append(h("details", { class: "raw" }, h("summary", null, "Raw JSON"), h("pre", null, JSON.stringify(plan, null, 2))));
   return box;
 }

@@ -42,7 +42,7 @@ export interface Job {
   status: JobStatus | string;
   config: Record<string, unknown>;
   host: string | null;
-  policy: Record<string, unknown> | null;
+  policy: Plan | null; // the plan made at submit time; after a run, stage "resolved" and the policy that ran
   created_at: string | null;
   started_at: string | null;
   finished_at: string | null;
@@ -96,4 +96,69 @@ export interface StatusEvent {
   status: string;
   error?: JobError | null;
   ts?: string;
+}
+
+/** The ExecutionPolicy JSON (docs/interfaces.md §5): one resolved policy; the lists hold one entry per decoder layer. */
+export interface ExecutionPolicy {
+  delivery: "replicated" | "sharded";
+  grad_reduce: "gpu" | "host";
+  delivery_cast: "host" | "gpu";
+  edge_update: "host" | "gpu";
+  device_layers: number;
+  activations: ("keep" | "checkpoint" | "offload")[];
+  resident: boolean[];
+  window: number;
+  chunk_mb: number;
+  loss_chunk_tokens: number;
+  staging_slots: number;
+}
+
+/** A plan's prediction for one policy (docs/interfaces.md §5); times are null without a calibration. */
+export interface Prediction {
+  step_time_s: number | null;
+  tokens_per_s: number | null;
+  phases: Record<string, number>;
+  spans?: Record<string, number>;
+  exposed: Record<string, number>;
+  busy?: Record<string, number>;
+  hbm_peak_gib: number | null;
+  host_ram_gib: number;
+  hbm_parts_gib?: Record<string, number>;
+  host_parts_gib?: Record<string, number>;
+  bound?: Record<string, unknown>;
+}
+
+export interface Candidate {
+  policy: ExecutionPolicy;
+  predicted: Prediction;
+  fits: boolean;
+  why_not: string | null;
+}
+
+/** The marginal pipeline cost per layer: tau_j = tau_0 + T_j k_j - T_0 k_j. */
+export interface Marginal {
+  k_bytes: number;
+  tau_0_s: number;
+  delta_s: Record<string, number>;
+  tau_s: Record<string, number>;
+  T_s_per_GB: Record<string, number>;
+}
+
+/** The plan JSON of slidedp.planning.autopolicy.plan_job (docs/interfaces.md §5) as the API answers it: from
+ *  POST /api/plan (with `host` and `validation`), and as a job's policy column (with `stage`). */
+export interface Plan {
+  feasible: boolean;
+  policy: ExecutionPolicy | null; // null when not feasible
+  predicted: Prediction | null;
+  candidates: Candidate[];
+  marginal: Marginal | null;
+  why: string;
+  errors: FieldErrorItem[];
+  calibration: "measured" | "missing";
+  calibration_note?: string;
+  host_update?: Record<string, number>;
+  job?: Record<string, unknown>;
+  host?: string;
+  stage?: "planned" | "resolved";
+  validation?: FieldErrorItem[];
 }
