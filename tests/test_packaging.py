@@ -31,6 +31,9 @@ WEB_PACKAGES = (
 TORCH_FREE = (
     "slidedp",
     "slidedp.config",
+    "slidedp.policy",
+    "slidedp.schedule",
+    "slidedp.step.layout",
     "slidedp.presets",
     "slidedp.validation",
     "slidedp.planning.topology",

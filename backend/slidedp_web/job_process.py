@@ -158,7 +158,8 @@ def _train(settings: Any, job_id: int, attempt: int, stop: Any) -> dict[str, Any
     return {
         "status": result.status,
         "steps_done": result.steps_done,
-        "policy": getattr(result, "policy", None),
+        # the job's policy column after a run: the plan it was resolved from, with the policy the ranks ran
+        "policy": {**result.plan, "stage": "resolved", "policy": result.policy.to_dict()} if result.policy else None,
         "final_dir": getattr(result, "final_dir", None),
         "checkpoint_dir": getattr(result, "checkpoint_dir", None),
     }

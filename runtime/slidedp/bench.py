@@ -86,12 +86,14 @@ def job_config(model: str, gpus: int, mbs: int, seq: int, steps: int, policy: st
     return cfg
 
 
-def _chosen(policy: dict) -> dict:
-    chosen = {k: policy.get(k) for k in ("delivery", "grad_reduce", "window", "delivery_cast", "edge_update",
-                                         "device_layers")}
-    chosen["keep_layers"] = sum(a == "keep" for a in policy.get("activations", []))
-    chosen["offload_layers"] = sum(a == "offload" for a in policy.get("activations", []))
-    chosen["resident_layers"] = sum(bool(r) for r in policy.get("resident", []))
+def _chosen(policy) -> dict:
+    """What the run resolved its policy to (a slidedp.policy.ExecutionPolicy), as a benchmark row shows it."""
+    if policy is None:
+        return {}
+    chosen = {k: getattr(policy, k) for k in ("delivery", "grad_reduce", "window", "delivery_cast", "edge_update",
+                                              "device_layers")}
+    counts = policy.counts()
+    chosen.update(keep_layers=counts["keep"], offload_layers=counts["offload"], resident_layers=sum(policy.resident))
     return chosen
 
 
@@ -118,7 +120,7 @@ def run_one(model: str, gpus: int, mbs: int, seq: int, steps: int, policy: str, 
     cfg = job_config(model, gpus, mbs, seq, steps, policy, data, out_dir, threads, lr)
     t0 = time.perf_counter()
     result = train(cfg, on_log=lambda line: print("   ", line, flush=True), state_cache=state_cache)
-    plan = (result.policy or {}).get("plan") or {}
+    plan = result.plan or {}
     return {"policy": policy, "wall_s": time.perf_counter() - t0, "metrics": result.metrics,
             "chosen": _chosen(result.policy), "predicted_step_s": ((plan.get("predicted") or {}).get("step_time_s")),
             "bound_s": ((plan.get("predicted") or {}).get("bound") or {}).get("step_time_s")}

@@ -118,11 +118,16 @@ def cmd_topology(args) -> int:
 
 
 def cmd_presets(args) -> int:
-    from slidedp.presets import PRESETS, param_count
+    from slidedp.policy import ExecutionPolicy
+    from slidedp.presets import PRESETS, param_count, unit_param_counts
+    from slidedp.step.layout import plan_layout
 
     for name, cfg in PRESETS.items():
-        n = param_count(cfg)
-        print(f"{name:18s} {cfg['model_type']:8s} {n / 1e6:10.1f} M params  host state {n * 14 / 2**30:8.2f} GiB")
+        n, units = param_count(cfg), unit_param_counts(cfg)
+        # the state in bf16 training (master, moments, bf16 copy), before any rank's staging
+        parts = plan_layout(units, 1, ExecutionPolicy.default(len(units) - 2), "bf16", False, directory="").parts()
+        state = parts["master_and_moments"] + parts["delivery_copy"]
+        print(f"{name:18s} {cfg['model_type']:8s} {n / 1e6:10.1f} M params  host state {state / 2**30:8.2f} GiB")
     return 0
 
 

@@ -19,7 +19,9 @@ import os
 import types
 import typing
 from dataclasses import dataclass, field
-from typing import Any, Literal, Optional, get_args, get_origin
+from typing import Any, ClassVar, Literal, Optional, get_args, get_origin
+
+from slidedp import policy as execution
 
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 MAX_STEPS = 10**9  # steps, warmup, checkpoint interval
@@ -90,6 +92,14 @@ class ScheduleConfig:
 
 @dataclass
 class PolicyConfig:
+    """The execution policy a job asks for; `auto` and unset knobs are AutoPolicy's to choose. The resolved form,
+    with every choice made, is slidedp.policy.ExecutionPolicy, whose constants are these defaults."""
+
+    # Keys older configs may hold (stored jobs, checkpoints' meta.json): their one value loads as a no-op.
+    RETIRED: ClassVar[dict[str, tuple[Any, str]]] = {
+        "reduce_dtype": ("fp32", "gradients are always reduced and returned in fp32"),
+    }
+
     delivery: Literal["auto", "replicated", "sharded"] = _f(
         "auto",
         doc="Parameter route host->GPU. replicated: every rank copies the whole unit over its own PCIe link. "
@@ -100,7 +110,6 @@ class PolicyConfig:
         doc="Gradient route. gpu: reduce-scatter between GPUs, each rank returns its 1/N. "
         "host: each rank returns the whole unit gradient and the host sums.",
     )
-    reduce_dtype: Literal["fp32", "bf16"] = _f("fp32", doc="Dtype gradients are reduced and returned in.")
     delivery_cast: Literal["host", "gpu"] = _f(
         "host",
         doc="Where bf16 weights are made from the fp32 master (bf16 precision). host: the update writes a bf16 "
@@ -139,11 +148,11 @@ class PolicyConfig:
         None, doc="With activations=auto: force how many layers offload activations (None: planner).", ge=0,
         le=MAX_LAYERS,
     )
-    window: int = _f(3, doc="GPU unit buffers in the working window (>= 2: one computing, one arriving).", ge=2,
+    window: int = _f(execution.WINDOW, doc="GPU unit buffers in the working window (>= 2: one computing, one arriving).", ge=2,
                      le=1024)
-    chunk_mb: int = _f(64, doc="Transfer chunk size in MiB for host<->GPU copies.", ge=1, le=65536)
+    chunk_mb: int = _f(execution.CHUNK_MB, doc="Transfer chunk size in MiB for host<->GPU copies.", ge=1, le=65536)
     loss_chunk_tokens: int = _f(
-        4096, doc="Tokens per chunk of the lm_head + cross-entropy (full fp32 logits never exist).", ge=1,
+        execution.LOSS_CHUNK_TOKENS, doc="Tokens per chunk of the lm_head + cross-entropy (full fp32 logits never exist).", ge=1,
         le=MAX_TOKENS,
     )
     resident_units: Optional[int] = _f(
@@ -391,7 +400,13 @@ def _build(cls: Any, raw: Any, prefix: str, errors: list[dict[str, str]]) -> Any
         return None
     hints = typing.get_type_hints(cls)
     fields = {f.name: f for f in dataclasses.fields(cls)}
+    retired = getattr(cls, "RETIRED", {})
     for key in raw:
+        if key in retired and key not in fields:
+            value, why = retired[key]
+            if raw[key] != value:  # the one value it ever had is a no-op; anything else was never honoured
+                errors.append({"loc": prefix + key, "msg": f"was removed: {why}; leave it out"})
+            continue
         if key not in fields:
             name = key if isinstance(key, str) and bad_character(key) is None else _show(key)
             close = [n for n in fields if n.startswith(name[:3])]

@@ -18,13 +18,13 @@ import sys
 import tempfile
 import threading
 import time
-import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from slidedp.config import ConfigError, JobConfig, PolicyConfig, is_model_path
-from slidedp.step.host_state import HostLayout, shm_dir
+from slidedp.config import ConfigError, JobConfig, is_model_path
+from slidedp.policy import ExecutionPolicy, resolve
+from slidedp.step.layout import HostLayout, plan_layout
 
 
 class TrainError(RuntimeError):
@@ -55,7 +55,8 @@ class TrainResult:
     output_dir: str = ""
     final_dir: str | None = None
     checkpoint_dir: str | None = None
-    policy: dict = field(default_factory=dict)
+    policy: ExecutionPolicy | None = None  # the policy the ranks ran with
+    plan: dict = field(default_factory=dict)  # AutoPolicy's plan it was resolved from ({}: nothing was planned)
     exported_files: list[dict] = field(default_factory=list)  # [{"name", "bytes"}] written into final_dir
 
 
@@ -161,77 +162,32 @@ def _cpu_threads(cfg: JobConfig) -> int:
     return max(1, cores // cfg.world_size)
 
 
-def resolve_policy(cfg: JobConfig, num_layers: int, on_log=None) -> tuple[dict, dict]:
-    """The execution policy: AutoPolicy's plan where settings are `auto`, the user's settings where not."""
-    world = cfg.world_size
+def resolve_policy(cfg: JobConfig, num_layers: int, on_log=None) -> tuple[ExecutionPolicy, dict]:
+    """The execution policy, resolved once (slidedp.policy.resolve): AutoPolicy's plan where the config says
+    `auto`, the config where it fixes a choice. Returns (policy, plan); plan is {} when nothing was planned."""
     p = cfg.policy
-    defaults = PolicyConfig()
     plan: dict = {}
     explicit = p.delivery != "auto" and p.grad_reduce != "auto" and p.activations != "auto" and p.edge_update != "auto" \
         and p.device_layers is not None \
         and p.resident_units is not None
-    try:
+    if not explicit or os.environ.get("SLIDEDP_PLAN_EXPLICIT"):  # =1: an explicit policy is still predicted
         from slidedp.planning import autopolicy, topology
-    except ImportError:
-        autopolicy = None
-    if explicit and not os.environ.get("SLIDEDP_PLAN_EXPLICIT"):
-        autopolicy = None  # nothing to choose; SLIDEDP_PLAN_EXPLICIT=1 still predicts (benchmarks)
-    if autopolicy is not None:
+
         try:
             calibration = None
+            topo = topology.detect(cfg.host_ram_gib)
             if cfg.gpus > 0:
                 from slidedp.planning import calibration as calib
 
-                topo = topology.detect(cfg.host_ram_gib)
                 calibration = calib.load_or_calibrate(cfg, topo)
-            else:
-                topo = topology.detect(cfg.host_ram_gib)
             plan = autopolicy.plan_job(cfg, topo, calibration)
         except Exception as exc:  # the plan is advice; a broken planner must not stop a valid job
             _log(on_log, f"planner unavailable ({type(exc).__name__}: {exc}); using the configured policy")
             plan = {}
         if plan and not plan.get("feasible", True):
             raise ConfigError(plan.get("errors") or [{"loc": "policy", "msg": "the job does not fit this host"}])
-    chosen = dict(plan.get("policy") or {})
-    delivery = p.delivery if p.delivery != "auto" else chosen.get("delivery", "sharded" if world > 1 else "replicated")
-    grad = p.grad_reduce if p.grad_reduce != "auto" else chosen.get("grad_reduce", "gpu" if world > 1 else "host")
-    edge = p.edge_update if p.edge_update != "auto" else chosen.get("edge_update", "host")
-    device_layers = min(num_layers, p.device_layers if p.device_layers is not None
-                        else int(chosen.get("device_layers", 0)))
-    if (edge == "gpu" or device_layers) and world > 1 and grad != "gpu":  # outranks a planned route
-        grad = "gpu"
-    if p.activations != "auto":
-        acts = [p.activations] * num_layers
-    else:  # the plan honours keep_layers / offload_layers; without one they are laid out as the planner does
-        acts = list(chosen.get("activations") or [])
-        if len(acts) != num_layers:
-            from slidedp.planning.cost_model import activation_layout
-
-            acts = list(activation_layout(num_layers, p.keep_layers or 0, p.offload_layers or 0))
-    if p.resident_units is not None:
-        resident = [i < p.resident_units for i in range(num_layers)]
-    else:
-        resident = list(chosen.get("resident") or [False] * num_layers)
-    resident = [r or i < device_layers for i, r in enumerate(resident)]  # device-updated layers stay resident
-    policy = {
-        "delivery": delivery,
-        "grad_reduce": grad,
-        "reduce_dtype": p.reduce_dtype,
-        "delivery_cast": p.delivery_cast,
-        "edge_update": edge,
-        "device_layers": device_layers,
-        "activations": acts,
-        "resident": resident,
-        # knobs at their defaults are the planner's to choose
-        "window": chosen.get("window", p.window) if p.window == defaults.window else p.window,
-        "chunk_mb": chosen.get("chunk_mb", p.chunk_mb) if p.chunk_mb == defaults.chunk_mb else p.chunk_mb,
-        "loss_chunk_tokens": (chosen.get("loss_chunk_tokens", p.loss_chunk_tokens)
-                              if p.loss_chunk_tokens == defaults.loss_chunk_tokens else p.loss_chunk_tokens),
-    }
-    from slidedp.planning.memory_model import staging_slots
-
-    policy["staging_slots"] = staging_slots(policy["window"])
-    return policy, plan
+    planned = ExecutionPolicy.from_dict(plan["policy"]) if plan.get("policy") else None
+    return resolve(p, num_layers, cfg.world_size, planned), plan
 
 
 def _metrics_prediction(plan: dict) -> dict:
@@ -242,25 +198,9 @@ def _metrics_prediction(plan: dict) -> dict:
     return metrics_prediction(plan)
 
 
-def host_layout(cfg: JobConfig, unit_numels: list[int], policy: dict) -> HostLayout:
-    """Shared-memory layout of a job: the state, plus gradient staging sized by the gradient route and by the
-    units that send their gradients to the host (a unit updated on the GPUs never does: with the embedding and
-    head there, a Qwen3-8B slot holds a 0.2B-param layer instead of the 0.62B-param head)."""
-    from slidedp.planning.schedule import device_units
-
-    world = cfg.world_size
-    on_device = device_units(len(unit_numels) - 2, policy.get("edge_update", "host"), policy.get("device_layers", 0))
-    sent = [n for u, n in enumerate(unit_numels) if u not in on_device] or [1]
-    shard = max(-(-n // world) for n in sent)
-    staging = shard if (policy["grad_reduce"] == "gpu" and world > 1) else max(sent)
-    return HostLayout(run=f"slidedp-{os.getpid()}-{uuid.uuid4().hex[:8]}", directory=shm_dir(),
-                      unit_numels=unit_numels, world=world,
-                      # with the cast on the GPU the master itself is delivered: no bf16 copy on the host
-                      delivery_dtype="bfloat16" if cfg.precision == "bf16" and policy.get("delivery_cast",
-                                                                                          "host") == "host"
-                      else "float32",
-                      staging_slots=policy["staging_slots"], hold_gradient=cfg.optimizer.max_grad_norm > 0,
-                      staging_numel=staging)
+def host_layout(cfg: JobConfig, unit_numels: list[int], policy: ExecutionPolicy) -> HostLayout:
+    """Shared-memory layout of a job (slidedp.step.layout.plan_layout, the one rule of the host state's size)."""
+    return plan_layout(unit_numels, cfg.world_size, policy, cfg.precision, cfg.optimizer.max_grad_norm > 0)
 
 
 def _rewind_metrics(path: str, step: int) -> None:
@@ -374,8 +314,6 @@ def train(config: dict | JobConfig, on_step: Callable[[dict], None] | None = Non
     if cfg.gpus > 0 and torch.cuda.device_count() < cfg.gpus:
         raise ConfigError([{"loc": "gpus", "msg": f"asks for {cfg.gpus} GPUs, this host has "
                                                   f"{torch.cuda.device_count()}; lower gpus or use 0 for CPU"}])
-    if cfg.policy.reduce_dtype != "fp32":
-        raise ConfigError([{"loc": "policy.reduce_dtype", "msg": "only fp32 reduction is implemented; use fp32"}])
     os.makedirs(cfg.output_dir, exist_ok=True)
     adapter = ModelAdapter(load_hf_config(cfg.model))
     policy, plan = resolve_policy(cfg, adapter.num_layers, on_log)
@@ -415,7 +353,7 @@ def train(config: dict | JobConfig, on_step: Callable[[dict], None] | None = Non
             state_cache.close()  # free the old state before the new one is touched: both may not fit in RAM
     if should_stop is not None and should_stop():  # asked while starting: nothing is allocated yet
         _log(on_log, "stopped before the host state was allocated")
-        return TrainResult("stopped", 0, [], cfg.output_dir, None, None, {**policy, "plan": plan})
+        return TrainResult("stopped", 0, [], cfg.output_dir, None, None, policy, plan)
     short = host_state.space_error(layout, keep_state=reuse)
     if short is not None:
         raise ConfigError([short])
@@ -448,10 +386,10 @@ def train(config: dict | JobConfig, on_step: Callable[[dict], None] | None = Non
                 state.board.set_updated(u, r, start_step)
         n_params = layout.total
         _log(on_log, f"host state: {n_params / 1e6:.1f} M params, {state.state_bytes() / 2**30:.2f} GiB shared "
-                     f"({time.perf_counter() - t0:.1f} s); policy: delivery={policy['delivery']} "
-                     f"grad_reduce={policy['grad_reduce']} window={policy['window']} ranks={world}"
-                     + (" edge_update=gpu" if policy.get("edge_update") == "gpu" else "")
-                     + (f" device_layers={policy['device_layers']}" if policy.get("device_layers") else ""))
+                     f"({time.perf_counter() - t0:.1f} s); policy: delivery={policy.delivery} "
+                     f"grad_reduce={policy.grad_reduce} window={policy.window} ranks={world}"
+                     + (" edge_update=gpu" if policy.edge_update == "gpu" else "")
+                     + (f" device_layers={policy.device_layers}" if policy.device_layers else ""))
         records: list[dict] = []
         if start_step >= cfg.steps:  # the checkpoint is of the last step: nothing to train, no rank to start
             _log(on_log, f"step {start_step} of {cfg.steps} is the last: no step to run")
@@ -462,7 +400,7 @@ def train(config: dict | JobConfig, on_step: Callable[[dict], None] | None = Non
                                                CKPT_DONE)
             if last is None:  # stopped before the ranks were started
                 return TrainResult("stopped", start_step, [], cfg.output_dir, None,
-                                   ckpt_root if os.path.isdir(ckpt_root) else None, {**policy, "plan": plan})
+                                   ckpt_root if os.path.isdir(ckpt_root) else None, policy, plan)
         status = "completed" if last >= cfg.steps else "stopped"
         if status == "stopped" and state.board.get(state.board.SAVE_REQUEST) and last > start_step:
             latest = ckpt.latest(ckpt_root)
@@ -476,7 +414,7 @@ def train(config: dict | JobConfig, on_step: Callable[[dict], None] | None = Non
             final_dir, files = exported["final_dir"], exported["files"]
             _log(on_log, f"exported a Hugging Face model to {final_dir}")
         return TrainResult(status, last, records, cfg.output_dir, final_dir,
-                           ckpt_root if os.path.isdir(ckpt_root) else None, {**policy, "plan": plan},
+                           ckpt_root if os.path.isdir(ckpt_root) else None, policy, plan,
                            exported_files=files)
     finally:
         for p in procs:
@@ -489,7 +427,7 @@ def train(config: dict | JobConfig, on_step: Callable[[dict], None] | None = Non
         unlink(layout, keep_state=state_cache is not None)
 
 
-def _run_ranks(cfg: JobConfig, state, layout: HostLayout, policy: dict, plan: dict, start_step: int,
+def _run_ranks(cfg: JobConfig, state, layout: HostLayout, policy: ExecutionPolicy, plan: dict, start_step: int,
                data_state: dict | None, ckpt_root: str, metrics_path: str, records: list[dict], procs: list,
                on_step, on_log, should_stop, rank_args, ckpt_done: int) -> tuple[int | None, dict | None]:
     """Start the rank processes (appended to `procs`, which the caller ends), relay their records and checkpoint

@@ -8,10 +8,9 @@ the same structured error (slidedp.data.DataError, a ConfigError).
     errors = validate_job(cfg)        # [{"loc": "data.path", "msg": "..."}], [] when the job can start
     check_job(cfg)                    # raises slidedp.ConfigError with those errors
 
-Host RAM: the host state takes HOST_STATE_BYTES_PER_PARAM bytes per parameter (fp32 master weights and AdamW
-moments, 12 B, plus the bf16 copy delivered to the GPUs, 2 B; 12 B when the master itself is delivered: fp32
-precision or policy.delivery_cast gpu) and gradients are staged through a few unit
-buffers per rank. The RAM available is ``cfg.host_ram_gib`` when set, else the cgroup memory limit, else
+Host RAM: the host state is sized by slidedp.step.layout (fp32 master weights and AdamW moments, 12 B/param, plus
+the bf16 copy delivered to the GPUs, 2 B/param, unless the master itself is delivered: fp32 precision or
+policy.delivery_cast gpu; gradient staging slots per rank; the held gradient of exact clipping). The RAM available is ``cfg.host_ram_gib`` when set, else the cgroup memory limit, else
 MemTotal. The cgroup or configured figure is preferred because MemTotal is not a limit everywhere: on the GPU
 machine it starts small and grows as memory is touched, so it understates what a job may use.
 """
@@ -38,8 +37,6 @@ from slidedp.presets import PRESETS, SUPPORTED_ARCHITECTURES, param_count, unit_
 
 SCAN_RECORDS = 1000  # records read in full; the rest of the file is only counted
 MAX_RECORD_ERRORS = 3  # bad records reported per dataset
-HOST_STATE_BYTES_PER_PARAM = 14
-STAGED_UNITS_PER_RANK = 2  # gradient buffers per rank on the host: one filling while the update drains one
 GIB = 2**30
 _NO_LIMIT = 2**60  # cgroup v1 writes ~2**63 for "no limit"
 
@@ -126,13 +123,24 @@ def free_bytes(directory: str) -> int | None:
 
 
 def host_state_bytes(cfg: JobConfig, model_cfg: dict[str, Any]) -> tuple[int, int]:
-    """(host state bytes, gradient staging bytes) for the job's model and ranks."""
+    """(host state bytes, gradient staging and held-gradient bytes) for the job's model and ranks: the shared-memory
+    layout (slidedp.step.layout, the rule the engine lays it out by) of the least demanding policy the config
+    allows, so that a refusal here holds whatever AutoPolicy chooses (the plan then checks its own choice)."""
+    import dataclasses
+
+    from slidedp.policy import resolve
+    from slidedp.step.layout import plan_layout
+
     units = unit_param_counts(model_cfg)
-    grad_bytes = 2 if cfg.policy.reduce_dtype == "bf16" else 4
-    staging = cfg.world_size * STAGED_UNITS_PER_RANK * max(units) * grad_bytes
-    # no bf16 copy when the master itself is delivered (fp32 precision, or the cast on the GPU)
-    per_param = HOST_STATE_BYTES_PER_PARAM if cfg.precision == "bf16" and cfg.policy.delivery_cast == "host" else 12
-    return per_param * sum(units), staging
+    layers, world = len(units) - 2, cfg.world_size
+    base = resolve(cfg.policy, layers, world, None)
+    options = [base]
+    if cfg.policy.edge_update == "auto":  # the embedding and head updated on the GPUs stage no gradient
+        options.append(dataclasses.replace(base, edge_update="gpu", grad_reduce="gpu").for_world(world))
+    clip = cfg.optimizer.max_grad_norm > 0
+    parts = min((plan_layout(units, world, pol, cfg.precision, clip, directory="").parts() for pol in options),
+                key=lambda p: sum(p.values()))
+    return parts["master_and_moments"] + parts["delivery_copy"], parts["gradient_staging"] + parts["held_gradient"]
 
 
 def _check_host_ram(

@@ -10,10 +10,12 @@ import subprocess
 import sys
 
 import pytest
+from slidedp import policy as execution
+from slidedp import schedule
 from slidedp.config import JobConfig
 from slidedp.planning import cost_model as cm
 from slidedp.planning import memory_model as mm
-from slidedp.planning import schedule
+from slidedp.policy import ExecutionPolicy
 from slidedp.presets import PRESETS, unit_param_counts
 
 FIX = os.path.join(os.path.dirname(__file__), "fixtures")
@@ -46,14 +48,14 @@ def test_host_memory_is_the_state_once_plus_per_rank_staging(x2):
     P, max_unit = sum(units), max(units)
     job = _job(topo["nvlink"], optimizer={"max_grad_norm": 1.0})
     acts = mm.ActivationSizes.of(job, cal["qwen3-8b_bs8_nvlink"])
-    pol = cm.Policy.mix(job, 0, 3, 0, grad_reduce="host", window=5)
+    pol = ExecutionPolicy.mix(job.layers, 0, 3, 0, grad_reduce="host", window=5)
     h = mm.host_parts(job, pol, acts)
     assert h["master_and_moments"] == 12 * P and h["delivery_copy"] == 2 * P
-    assert h["gradient_staging"] == 2 * cm.staging_slots(5) * max_unit * 4  # host route: whole units per slot
+    assert h["gradient_staging"] == 2 * execution.staging_slots(5) * max_unit * 4  # host route: whole units per slot
     assert h["held_gradient"] == 4 * P  # exact clipping holds the whole reduced gradient
     assert h["host_reduce_scratch"] == 2 * (max_unit // 2) * 4
     assert h["offloaded_activations"] == 2 * 3 * acts.keep
-    fp32 = mm.host_parts(_job(topo["nvlink"], precision="fp32"), cm.Policy.default(job), acts)
+    fp32 = mm.host_parts(_job(topo["nvlink"], precision="fp32"), ExecutionPolicy.default(job.layers), acts)
     assert fp32["delivery_copy"] == 0  # the fp32 master is delivered directly
 
 
@@ -62,9 +64,9 @@ def test_each_kept_layer_costs_its_measured_activations_in_hbm(x2):
     job = _job(topo["nvlink"])
     acts = mm.ActivationSizes.of(job, cal["qwen3-8b_bs8_nvlink"])
     assert acts.measured and acts.keep == cal["qwen3-8b_bs8_nvlink"]["unit"]["saved_keep_bytes"]
-    m = [mm.memory(job, cm.Policy.mix(job, k, 0, 0), acts)["hbm_peak_bytes"] for k in (5, 6)]
+    m = [mm.memory(job, ExecutionPolicy.mix(job.layers, k, 0, 0), acts)["hbm_peak_bytes"] for k in (5, 6)]
     assert m[1] - m[0] == pytest.approx((acts.keep - acts.checkpoint) * (1 + mm.ALLOCATOR_SLACK))
-    r = [mm.memory(job, cm.Policy.mix(job, 0, 0, n), acts)["hbm_peak_bytes"] for n in (0, 1)]
+    r = [mm.memory(job, ExecutionPolicy.mix(job.layers, 0, 0, n), acts)["hbm_peak_bytes"] for n in (0, 1)]
     assert r[1] - r[0] == pytest.approx(job.padded(1) * 2 * (1 + mm.ALLOCATOR_SLACK))
 
 
@@ -81,7 +83,7 @@ def test_phases_partition_the_predicted_step(x2):
     topo, cal = x2
     job = _job(topo["nvlink"])
     rates = cm.Rates(cal["qwen3-8b_bs8_nvlink"], job)
-    for pol in (cm.Policy.default(job), cm.Policy.mix(job, 10, 2, 36, delivery="sharded", grad_reduce="gpu")):
+    for pol in (ExecutionPolicy.default(job.layers), ExecutionPolicy.mix(job.layers, 10, 2, 36, delivery="sharded", grad_reduce="gpu")):
         p = cm.predict(job, pol, rates)
         assert set(p["phases"]) == set(cm.PHASES)
         assert sum(p["phases"].values()) == pytest.approx(p["step_time_s"], rel=1e-9)
@@ -98,8 +100,8 @@ def test_sharded_delivery_takes_one_nth_from_the_host(x2):
     topo, cal = x2
     job = _job(topo["nvlink"])
     rates = cm.Rates(cal["qwen3-8b_bs8_nvlink"], job)
-    rep = cm.durations(job, cm.Policy.default(job, delivery="replicated"), rates)
-    sh = cm.durations(job, cm.Policy.default(job, delivery="sharded", grad_reduce="gpu"), rates)
+    rep = cm.durations(job, ExecutionPolicy.default(job.layers, delivery="replicated"), rates)
+    sh = cm.durations(job, ExecutionPolicy.default(job.layers, delivery="sharded", grad_reduce="gpu"), rates)
     assert sum(sh.deliver_bytes) == pytest.approx(sum(rep.deliver_bytes) / 2)
     assert sum(sh.grad_bytes) == pytest.approx(sum(rep.grad_bytes) / 2)
     assert all(t > 0 for t in sh.all_gather) and not any(rep.all_gather)
@@ -108,7 +110,7 @@ def test_sharded_delivery_takes_one_nth_from_the_host(x2):
 def test_recompute_is_free_when_the_host_update_binds_and_exposed_when_compute_binds(x2):
     topo, cal = x2
     job = _job(topo["nvlink"])
-    pol = cm.Policy.default(job, delivery="sharded", grad_reduce="gpu")
+    pol = ExecutionPolicy.default(job.layers, delivery="sharded", grad_reduce="gpu")
     measured = cm.predict(job, pol, cm.Rates(cal["qwen3-8b_bs8_nvlink"], job), exposure=True)
     assert max(measured["exposed"], key=measured["exposed"].get) == "cpu_update"
     assert measured["exposed"]["recompute"] < 0.01 * measured["step_time_s"]
@@ -141,7 +143,7 @@ def test_the_host_update_is_priced_at_its_rate_beside_the_issuing_thread(x2):
     told = scaled.host_update_summary()  # what the plan shows its reader
     assert told["in_step_factor"] == pytest.approx(1.5) and one.host_update_summary()["in_step_factor"] == 1.0
     assert told["s_per_1e9"] == pytest.approx(1.5 * told["cpu_s_per_1e9"])
-    pol = cm.Policy.default(job, delivery="sharded", grad_reduce="gpu")
+    pol = ExecutionPolicy.default(job.layers, delivery="sharded", grad_reduce="gpu")
     before = cm.predict(job, pol, one, exposure=True)
     after = cm.predict(job, pol, scaled, exposure=True)
     assert after["busy"]["cpu"] == pytest.approx(1.5 * before["busy"]["cpu"], rel=0.02)
@@ -151,7 +153,7 @@ def test_the_host_update_is_priced_at_its_rate_beside_the_issuing_thread(x2):
 def test_exact_clipping_defers_the_updates_behind_the_whole_backward(x2):
     topo, cal = x2
     off, on = _job(topo["nvlink"]), _job(topo["nvlink"], optimizer={"max_grad_norm": 1.0})
-    pol = cm.Policy.default(off, delivery="sharded", grad_reduce="gpu")
+    pol = ExecutionPolicy.default(off.layers, delivery="sharded", grad_reduce="gpu")
     p_off = cm.predict(off, pol, cm.Rates(cal["qwen3-8b_bs8_nvlink"], off))
     p_on = cm.predict(on, pol, cm.Rates(cal["qwen3-8b_bs8_nvlink"], on))
     assert p_on["step_time_s"] > p_off["step_time_s"] + 0.5
@@ -177,9 +179,9 @@ def test_missing_collectives_are_reported_not_invented(x2):
     job = _job(topo["nvlink"])
     partial = {k: v for k, v in cal["qwen3-8b_bs8_nvlink"].items() if k != "collectives"}
     rates = cm.Rates(partial, job)
-    cm.predict(job, cm.Policy.default(job), rates)  # replicated + host needs no collective
+    cm.predict(job, ExecutionPolicy.default(job.layers), rates)  # replicated + host needs no collective
     with pytest.raises(cm.Uncalibrated, match="collectives not measured"):
-        cm.predict(job, cm.Policy.default(job, delivery="sharded"), rates)
+        cm.predict(job, ExecutionPolicy.default(job.layers, delivery="sharded"), rates)
     with pytest.raises(cm.Uncalibrated, match="not this job's shape"):
         cm.Rates(cal["qwen3-8b_bs8_nvlink"], _job(topo["nvlink"], micro_batch_size=4))
 
@@ -200,18 +202,17 @@ def test_planning_modules_import_no_torch():
 def test_staging_holds_only_the_gradients_the_host_updates(x2, gpus, route, edge, layers):
     """A unit updated on the GPUs never stages its gradient on the host: with the embedding and head there a slot
     is sized by the largest decoder layer, not by the 0.62B-param head. The memory model's staging figure is the
-    layout's, byte for byte (slidedp.launch.host_layout)."""
+    layout's, byte for byte (slidedp.step.layout.plan_layout)."""
     from slidedp.launch import host_layout
 
     topo, cal = x2
     numels = unit_param_counts(PRESETS["qwen3-8b"])
     job = _job(topo["nvlink"], gpus=gpus)
-    pol = cm.Policy.mix(job, 0, 0, 0, grad_reduce=route, edge_update=edge, device_layers=layers)
+    pol = ExecutionPolicy.mix(job.layers, 0, 0, 0, grad_reduce=route, edge_update=edge, device_layers=layers)
     modelled = mm.host_parts(job, pol, mm.ActivationSizes.of(job, cal["qwen3-8b_bs8_nvlink"]))["gradient_staging"]
     cfg = JobConfig.from_dict({"model": "qwen3-8b", "data": {"path": "x.jsonl"}, "gpus": gpus})
-    layout = host_layout(cfg, numels, {"grad_reduce": route, "staging_slots": mm.staging_slots(pol.window),
-                                       "edge_update": edge, "device_layers": layers})
-    assert modelled == layout.world * layout.staging_slots * layout.slot_numel * mm.STAGING_BYTES
+    layout = host_layout(cfg, numels, pol.for_world(gpus))
+    assert modelled == layout.world * layout.staging_slots * layout.slot_numel * 4  # fp32 slots
     edges = (0, len(numels) - 1) if edge == "gpu" else ()
     sent = max((n for u, n in enumerate(numels) if u not in edges and not 1 <= u <= layers), default=1)
     per_slot = sent if route == "host" or gpus == 1 else -(-sent // gpus)

@@ -65,8 +65,8 @@ def assert_fp32_crosses(runs: dict) -> None:
     h2d = {cast: runs[cast]["result"].metrics[-1]["bytes"]["h2d"] for cast in runs}
     assert [b * 2 for b in h2d["host"]] == h2d["gpu"]  # every delivered element is 4 bytes instead of 2
     assert sum(h2d["gpu"]) >= 4 * total  # sharded: each rank copies its shard of every unit, at least once
-    assert runs["host"]["result"].policy["delivery_cast"] == "host"
-    assert runs["gpu"]["result"].policy["delivery_cast"] == "gpu"
+    assert runs["host"]["result"].policy.delivery_cast == "host"
+    assert runs["gpu"]["result"].policy.delivery_cast == "gpu"
 
 
 def test_the_host_cast_is_reported_as_part_of_the_update(runs):
@@ -82,12 +82,14 @@ def test_the_host_cast_is_reported_as_part_of_the_update(runs):
 def test_host_state_without_the_bf16_copy_is_12_bytes_per_param():
     from slidedp.config import JobConfig
     from slidedp.launch import host_layout
+    from slidedp.policy import ExecutionPolicy
     from slidedp.presets import PRESETS, unit_param_counts
 
     numels = unit_param_counts(PRESETS["qwen3-8b"])
     cfg = JobConfig.from_dict({"model": "qwen3-8b", "data": {"path": "x.jsonl"}, "gpus": 2, "precision": "bf16"})
     for cast, dtype in (("host", "bfloat16"), ("gpu", "float32")):
-        layout = host_layout(cfg, numels, {"grad_reduce": "gpu", "staging_slots": 8, "delivery_cast": cast})
+        policy = ExecutionPolicy.default(len(numels) - 2, delivery="sharded", grad_reduce="gpu", delivery_cast=cast)
+        layout = host_layout(cfg, numels, policy)
         assert layout.delivery_dtype == dtype
 
 

@@ -110,7 +110,7 @@ def test_units_updated_on_the_device_are_not_delivered_from_the_host(runs):
     units = list(range(1, 1 + case["layers"])) + ([0, len(numels) - 1] if case["edge"] == "gpu" else [])
     assert host_h2d - gpu_h2d == sum(numels[u] for u in units) * esize * per_rank
     policy = runs["gpu"]["result"].policy
-    assert (policy["edge_update"], policy["device_layers"]) == (case["edge"], case["layers"])
+    assert (policy.edge_update, policy.device_layers) == (case["edge"], case["layers"])
 
 
 def test_edge_update_on_the_gpu_needs_the_gpu_gradient_route():

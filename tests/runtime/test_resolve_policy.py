@@ -26,4 +26,38 @@ def test_keep_and_offload_counts_reach_the_engine(monkeypatch, planner, keep, of
     policy, plan = launch.resolve_policy(_cfg({"activations": "auto", "keep_layers": keep, "offload_layers": off}),
                                          layers)
     assert bool(plan) == (planner == "plan")
-    assert policy["activations"] == ["keep"] * keep + ["offload"] * off + ["checkpoint"] * (layers - keep - off)
+    assert policy.activations == ("keep",) * keep + ("offload",) * off + ("checkpoint",) * (layers - keep - off)
+
+
+def test_one_rank_runs_replicated_with_host_reduction_whatever_was_asked():
+    """The world-of-one rule is written once (ExecutionPolicy.for_world): nothing to shard or reduce between GPUs."""
+    cfg = JobConfig.from_dict({"model": "tiny-qwen3", "data": {"path": "x.jsonl"}, "gpus": 0, "ranks": 1,
+                               "policy": {"delivery": "sharded", "grad_reduce": "gpu", "activations": "checkpoint",
+                                          "edge_update": "host", "device_layers": 0, "resident_units": 0}})
+    policy, _ = launch.resolve_policy(cfg, PRESETS["tiny-qwen3"]["num_hidden_layers"])
+    assert (policy.delivery, policy.grad_reduce) == ("replicated", "host")
+
+
+def test_the_policy_json_round_trips_and_older_plans_still_load():
+    from slidedp.policy import ExecutionPolicy, PolicyError
+
+    pol = ExecutionPolicy.mix(4, keep=1, offload=1, resident=2, delivery="sharded", grad_reduce="gpu", window=4,
+                              device_layers=3)
+    d = pol.to_dict()
+    assert d["staging_slots"] == 8 and d["resident"] == [True, True, True, False]  # device layers stay resident
+    assert ExecutionPolicy.from_dict(d) == pol
+    older = {k: v for k, v in d.items() if k not in ("staging_slots", "delivery_cast")} | {"reduce_dtype": "fp32"}
+    assert ExecutionPolicy.from_dict(older) == pol
+    with pytest.raises(PolicyError, match="reduce_dtype"):
+        ExecutionPolicy.from_dict({**d, "reduce_dtype": "bf16"})
+    with pytest.raises(PolicyError, match="window"):
+        ExecutionPolicy.from_dict({**d, "window": 1})
+    with pytest.raises(PolicyError, match="resident has 3 entries"):
+        ExecutionPolicy.from_dict({**d, "resident": [False] * 3})
+
+
+def test_a_stored_config_with_the_retired_reduce_dtype_still_loads():
+    raw = {"model": "tiny-qwen3", "data": {"path": "x.jsonl"}, "policy": {"reduce_dtype": "fp32"}}
+    assert JobConfig.from_dict(raw).policy.window == 3
+    with pytest.raises(Exception, match="policy.reduce_dtype: was removed"):
+        JobConfig.from_dict({**raw, "policy": {"reduce_dtype": "bf16"}})

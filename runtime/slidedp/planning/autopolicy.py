@@ -22,7 +22,6 @@ from slidedp.planning.cost_model import (
     GIB,
     PHASES,
     Job,
-    Policy,
     Rates,
     Uncalibrated,
     offload_backlog,
@@ -32,6 +31,7 @@ from slidedp.planning.marginal import MixSearch
 from slidedp.planning.memory_model import ALLOCATOR_SLACK, ActivationSizes, memory
 from slidedp.planning.refusals import Infeasible, Refusals
 from slidedp.planning.report import format_plan, shortlist
+from slidedp.policy import ExecutionPolicy
 
 WINDOWS = (2, 3, 4, 6)
 CHUNKS_MB = (16, 64, 256)
@@ -133,7 +133,7 @@ class _Planner(MixSearch, Refusals):
                 or getattr(p, k) != _DEFAULTS[k]
             )
         }
-        self.sims: dict[Policy, dict[str, Any]] = {}
+        self.sims: dict[ExecutionPolicy, dict[str, Any]] = {}
 
     # ------------------------------------------------------------------ summaries
     def job_summary(self) -> dict[str, Any]:
@@ -153,10 +153,10 @@ class _Planner(MixSearch, Refusals):
         }
 
     # ------------------------------------------------------------------ memory
-    def mem(self, pol: Policy) -> dict[str, Any]:
+    def mem(self, pol: ExecutionPolicy) -> dict[str, Any]:
         return memory(self.job, pol, self.acts, offload_backlog(self.job, pol, self.rates))
 
-    def fits(self, pol: Policy) -> str | None:
+    def fits(self, pol: ExecutionPolicy) -> str | None:
         """None when the policy fits; else what does not, by how much."""
         m, j = self.mem(pol), self.job
         if j.on_gpu and m["hbm_peak_bytes"] > j.hbm_budget:
@@ -172,7 +172,7 @@ class _Planner(MixSearch, Refusals):
         return None
 
     # ------------------------------------------------------------------ time
-    def time(self, pol: Policy) -> float:
+    def time(self, pol: ExecutionPolicy) -> float:
         if pol not in self.sims:
             self.sims[pol] = predict(self.job, pol, self.rates)
         return self.sims[pol]["step_time_s"]
@@ -235,22 +235,22 @@ class _Planner(MixSearch, Refusals):
         mix: dict[str, int],
         edge: str = "host",
         device_layers: int = 0,
-    ) -> Policy:
+    ) -> ExecutionPolicy:
         fixed = self.fixed_mix()
         n = {k: fixed.get(k, mix.get(k, 0)) for k in ("keep", "offload", "resident")}
-        return Policy.mix(
-            self.job,
+        return ExecutionPolicy.mix(
+            self.job.layers,
             n["keep"],
             n["offload"],
             n["resident"],
             delivery=delivery,
             grad_reduce=grad,
-            reduce_dtype=self.cfg.policy.reduce_dtype,
+            delivery_cast=self.cfg.policy.delivery_cast,
             window=window,
             chunk_mb=chunk,
             loss_chunk_tokens=loss_chunk,
             edge_update=edge,
-            device_layers=device_layers,
+            device_layers=min(device_layers, self.job.layers),  # the config may ask for more than the model has
         )
 
     # ------------------------------------------------------------------ the search
@@ -267,7 +267,7 @@ class _Planner(MixSearch, Refusals):
         if not self.rates:
             return self.memory_only(default_window, default_chunk, default_loss)
         candidates: list[dict[str, Any]] = []
-        best: tuple[float, Policy, dict] | None = None
+        best: tuple[float, ExecutionPolicy, dict] | None = None
         untimed = []
         for delivery, grad, edge in self.routes():
             for n_dev in self.device_counts(grad):
@@ -316,7 +316,7 @@ class _Planner(MixSearch, Refusals):
         return sorted(options, key=lambda v: (v != d, v))
 
     # ------------------------------------------------------------------ output
-    def predicted(self, pol: Policy, exposure: bool = False) -> dict[str, Any]:
+    def predicted(self, pol: ExecutionPolicy, exposure: bool = False) -> dict[str, Any]:
         m, j = self.mem(pol), self.job
         out: dict[str, Any] = {
             "step_time_s": None,
@@ -344,7 +344,7 @@ class _Planner(MixSearch, Refusals):
                 out["bound"] = bound(j, pol, self.rates)
         return out
 
-    def candidate(self, pol: Policy) -> dict[str, Any]:
+    def candidate(self, pol: ExecutionPolicy) -> dict[str, Any]:
         why_not = self.fits(pol)
         return {
             "policy": _policy_out(pol),
@@ -390,7 +390,7 @@ class _Planner(MixSearch, Refusals):
         )
         return self.result(pol, [self.candidate(pol)], None, why=why)
 
-    def route_why(self, pol: Policy, table: dict | None) -> str:
+    def route_why(self, pol: ExecutionPolicy, table: dict | None) -> str:
         j = self.job
         if not j.on_gpu:
             return (
@@ -419,7 +419,7 @@ class _Planner(MixSearch, Refusals):
         return f"Routes ({link}): {pol.delivery} delivery, {pol.grad_reduce} gradient reduction, {src}.{edge}"
 
     def result(
-        self, pol: Policy, candidates: list[dict], marginal: dict | None, why: list[str] | None = None
+        self, pol: ExecutionPolicy, candidates: list[dict], marginal: dict | None, why: list[str] | None = None
     ) -> dict:
         pred = self.predicted(pol, exposure=bool(self.rates))
         seen, unique = set(), []
@@ -453,7 +453,7 @@ class _Planner(MixSearch, Refusals):
             "job": self.job_summary(),
         }
 
-    def explain(self, pol: Policy, pred: dict, cands: list[dict], marginal: dict | None) -> list[str]:
+    def explain(self, pol: ExecutionPolicy, pred: dict, cands: list[dict], marginal: dict | None) -> list[str]:
         j, why = self.job, []
         routes = {}
         for c in cands:
@@ -498,20 +498,5 @@ class _Planner(MixSearch, Refusals):
         return why
 
 
-def _policy_out(pol: Policy) -> dict[str, Any]:
-    d = pol.to_dict()
-    return {
-        k: d[k]
-        for k in (
-            "delivery",
-            "grad_reduce",
-            "reduce_dtype",
-            "edge_update",
-            "device_layers",
-            "activations",
-            "resident",
-            "window",
-            "chunk_mb",
-            "loss_chunk_tokens",
-        )
-    }
+def _policy_out(pol: ExecutionPolicy) -> dict[str, Any]:
+    return pol.to_dict()

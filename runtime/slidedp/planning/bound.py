@@ -11,11 +11,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from slidedp.planning.cost_model import Job, Policy, Rates, durations
-from slidedp.planning.schedule import step_schedule, window_plan
+from slidedp.planning.cost_model import Job, Rates, durations
+from slidedp.policy import ExecutionPolicy
+from slidedp.schedule import step_schedule, window_plan
 
 
-def bound(job: Job, pol: Policy, rates: Rates) -> dict[str, Any]:
+def bound(job: Job, pol: ExecutionPolicy, rates: Rates) -> dict[str, Any]:
     """ARCHITECTURE.md's bound of a step under this policy, from the calibrated ceilings: the largest of GPU
     compute, the host update alone, H2D and D2H bytes over one GPU's link, and host DRAM bytes over its capacity,
     plus the one unit's update and delivery no ordering can hide. With exact clipping the updates wait for the

@@ -3,7 +3,7 @@
 Imports no torch: the web API prices jobs with a worker's reported topology and calibration.
 
     job = Job.from_config(cfg, topology)
-    pol = Policy.default(job)
+    pol = ExecutionPolicy.default(job.layers)
     pred = predict(job, pol, Rates(calibration, job))                 # step time, phases, exposure
 
 and planning/memory_model.py what they hold (peak HBM, host RAM) under that policy. Time comes from the overlap model (planning/overlap.py) fed with
@@ -14,17 +14,16 @@ docs/planning.md explains the model.
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any
 
 from slidedp.planning import overlap
-from slidedp.planning.memory_model import HBM_BUDGET_FRACTION, ActivationSizes, staging_slots
-from slidedp.planning.schedule import device_units as units_on_the_devices
+from slidedp.planning.memory_model import HBM_BUDGET_FRACTION, ActivationSizes
 from slidedp.planning.shape import shape_matches
+from slidedp.policy import ExecutionPolicy
 from slidedp.presets import model_config_dict, unit_param_counts
 
 GIB = 2**30
-ACTIVATION_POLICIES = ("keep", "checkpoint", "offload")
 PHASES = ("data", "forward", "backward", "update_tail", "delivery_wait")
 # Host DRAM bytes per parameter of one host update (slidedp.step.optimizer.update_shard_): fused AdamW reads param,
 # grad, m, v and writes param, m, v (28); the bf16 delivery copy reads 4 and writes 2. The gradient norm costs the
@@ -139,74 +138,6 @@ class Job:
 
     def padded(self, u: int) -> int:
         return -(-self.units[u] // self.world) * self.world  # units are padded to a multiple of the world
-
-
-# ---------------------------------------------------------------------------- the policy
-@dataclass(frozen=True)
-class Policy:
-    delivery: str  # replicated | sharded
-    grad_reduce: str  # gpu | host
-    reduce_dtype: str  # fp32 | bf16
-    activations: tuple[str, ...]  # per decoder layer: keep | checkpoint | offload
-    resident: tuple[bool, ...]  # per decoder layer: weights stay on the GPU between forward and backward
-    window: int
-    chunk_mb: int
-    loss_chunk_tokens: int
-    edge_update: str = "host"  # host | gpu: where the embedding and head are updated (slidedp.step.device_update)
-    device_layers: int = 0  # leading decoder layers updated on the GPUs (always resident)
-
-    def __post_init__(self) -> None:
-        if self.device_layers:  # as the engine runs them: a device-updated layer keeps its weights resident
-            n = min(self.device_layers, len(self.resident))
-            object.__setattr__(self, "resident", tuple(r or i < n for i, r in enumerate(self.resident)))
-
-    @property
-    def edge_units_on_gpu(self) -> bool:
-        return self.edge_update == "gpu"
-
-    def device_units(self, layers: int) -> set[int]:
-        """Units updated on the GPUs: the embedding and head (edge_update gpu), layers 1..device_layers."""
-        return set(units_on_the_devices(layers, self.edge_update, self.device_layers))
-
-    @classmethod
-    def default(cls, job: Job, **kw: Any) -> Policy:
-        L = job.layers
-        base = dict(
-            delivery="replicated",
-            grad_reduce="host",
-            reduce_dtype="fp32",
-            activations=("checkpoint",) * L,
-            resident=(False,) * L,
-            window=3,
-            chunk_mb=64,
-            loss_chunk_tokens=4096,
-        )
-        base.update(kw)
-        return cls(**base)
-
-    @classmethod
-    def mix(cls, job: Job, keep: int, offload: int, resident: int, **kw: Any) -> Policy:
-        """Leading layers keep their activations, the next ones offload, the rest checkpoint; the leading
-        `resident` layers stay resident (keep_layers in the config means leading layers too)."""
-        L = job.layers
-        resident_flags = (True,) * resident + (False,) * (L - resident)
-        return cls.default(job, activations=activation_layout(L, keep, offload), resident=resident_flags, **kw)
-
-    def to_dict(self) -> dict[str, Any]:
-        d = asdict(self)
-        d["activations"], d["resident"] = list(self.activations), list(self.resident)
-        return d
-
-    def counts(self) -> dict[str, int]:
-        return {p: self.activations.count(p) for p in ACTIVATION_POLICIES}
-
-
-def activation_layout(layers: int, keep: int, offload: int) -> tuple[str, ...]:
-    """Per decoder layer: the first `keep` keep their activations, the next `offload` offload them, the rest are
-    checkpointed (how keep_layers / offload_layers counts are laid out, with a plan or without one)."""
-    keep = min(keep, layers)
-    offload = min(offload, layers - keep)
-    return ("keep",) * keep + ("offload",) * offload + ("checkpoint",) * (layers - keep - offload)
 
 
 # ---------------------------------------------------------------------------- rates from calibration
@@ -342,12 +273,12 @@ class Rates:
 
 
 # ---------------------------------------------------------------------------- time
-def durations(job: Job, pol: Policy, rates: Rates, zero: frozenset = frozenset()) -> overlap.Durations:
+def durations(job: Job, pol: ExecutionPolicy, rates: Rates, zero: frozenset = frozenset()) -> overlap.Durations:
     """Seconds of every piece of the step under this policy."""
     N, p = job.world, job.pbytes
     sharded = pol.delivery == "sharded" and N > 1
     gpu_reduce = pol.grad_reduce == "gpu" and N > 1
-    gbytes = 4 if pol.reduce_dtype == "fp32" else 2
+    gbytes = 4  # gradients travel and are reduced in fp32
     n_units = len(job.units)
     fwd, bwd = rates.layer_s()
     if "recompute" in zero:
@@ -387,7 +318,7 @@ def durations(job: Job, pol: Policy, rates: Rates, zero: frozenset = frozenset()
         activations=list(pol.activations),
         resident=list(pol.resident),
         window=pol.window,
-        staging_slots=staging_slots(pol.window),
+        staging_slots=pol.staging_slots,
         micro_batches=job.grad_accum,
         clip=job.clip,
         sharded=sharded,
@@ -423,7 +354,7 @@ def durations(job: Job, pol: Policy, rates: Rates, zero: frozenset = frozenset()
     )
 
 
-def predict(job: Job, pol: Policy, rates: Rates, exposure: bool = False) -> dict[str, Any]:
+def predict(job: Job, pol: ExecutionPolicy, rates: Rates, exposure: bool = False) -> dict[str, Any]:
     """Step time, phases and (with exposure=True) the exposed seconds of each resource: how much shorter the
     step would be if that resource's work took no time, everything else unchanged."""
     base = overlap.simulate(durations(job, pol, rates))
@@ -448,7 +379,7 @@ def predict(job: Job, pol: Policy, rates: Rates, exposure: bool = False) -> dict
     return out
 
 
-def offload_backlog(job: Job, pol: Policy, rates: Rates | None) -> int | None:
+def offload_backlog(job: Job, pol: ExecutionPolicy, rates: Rates | None) -> int | None:
     """How many offloaded layers' activations wait on the GPU for the d2h stream at once (None: all of them)."""
     if rates is None or "offload" not in pol.activations:
         return None

@@ -19,8 +19,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from slidedp.planning.cost_model import Job, Policy
+from slidedp.planning.cost_model import Job
 from slidedp.planning.memory_model import ActivationSizes
+from slidedp.policy import ExecutionPolicy
 
 MIN_GAIN_S = 2e-4  # a switch must save at least this much per layer to be worth its memory
 
@@ -31,19 +32,19 @@ class MixSearch:
     job: Job
     acts: ActivationSizes
 
-    def time(self, pol: Policy) -> float:
+    def time(self, pol: ExecutionPolicy) -> float:
         raise NotImplementedError
 
-    def fits(self, pol: Policy) -> str | None:
+    def fits(self, pol: ExecutionPolicy) -> str | None:
         raise NotImplementedError
 
-    def mem(self, pol: Policy) -> dict[str, Any]:
+    def mem(self, pol: ExecutionPolicy) -> dict[str, Any]:
         raise NotImplementedError
 
     def fixed_mix(self) -> dict[str, int]:
         raise NotImplementedError
 
-    def refill(self, pol: Policy | None, marginal: dict[str, Any]) -> Policy | None:
+    def refill(self, pol: ExecutionPolicy | None, marginal: dict[str, Any]) -> ExecutionPolicy | None:
         """Spend HBM freed by a knob on what the marginal costs say pays most (more kept or resident layers)."""
         if pol is None or not marginal:
             return pol
@@ -61,7 +62,7 @@ class MixSearch:
                 pol, n = trial, self.counts(trial)
         return pol
 
-    def shrink_to_fit(self, pol: Policy) -> Policy | None:
+    def shrink_to_fit(self, pol: ExecutionPolicy) -> ExecutionPolicy | None:
         """The policy, or the nearest one with fewer kept/resident layers that fits; None if none does."""
         fixed = self.fixed_mix()
         n = self.counts(pol)
@@ -77,7 +78,7 @@ class MixSearch:
                 return None
 
     # ------------------------------------------------------------------ the marginal-cost solve
-    def solve_mix(self, pol: Policy) -> tuple[Policy, dict[str, Any]]:
+    def solve_mix(self, pol: ExecutionPolicy) -> tuple[ExecutionPolicy, dict[str, Any]]:
         """Counts of keep / offload / checkpoint layers and resident layers by the marginal pipeline cost."""
         j, fixed = self.job, self.fixed_mix()
         free = [f for f in ("keep", "offload", "resident") if f not in fixed]
@@ -93,7 +94,7 @@ class MixSearch:
         full = {f: (self.job.layers if f in free and f != "offload" else n[f]) for f in n}
         starts = [start] + [p for p in [self.shrink_to_fit(self.with_counts(start, full))] if p and p != start]
         marginal: dict[str, Any] = {}
-        visited: list[Policy] = []
+        visited: list[ExecutionPolicy] = []
         best_marginal: dict[str, Any] = {}
         for pol in starts:
             visited.append(pol)
@@ -114,19 +115,19 @@ class MixSearch:
             best_marginal = self.marginal(best, free)  # the costs as they stand at the chosen mix
         return best, best_marginal
 
-    def counts(self, pol: Policy) -> dict[str, int]:
+    def counts(self, pol: ExecutionPolicy) -> dict[str, int]:
         c = pol.counts()
         return {"keep": c["keep"], "offload": c["offload"], "resident": sum(pol.resident)}
 
-    def with_counts(self, pol: Policy, n: dict[str, int]) -> Policy:
-        return Policy.mix(
-            self.job,
+    def with_counts(self, pol: ExecutionPolicy, n: dict[str, int]) -> ExecutionPolicy:
+        return ExecutionPolicy.mix(
+            self.job.layers,
             n["keep"],
             n["offload"],
             n["resident"],
             delivery=pol.delivery,
             grad_reduce=pol.grad_reduce,
-            reduce_dtype=pol.reduce_dtype,
+            delivery_cast=pol.delivery_cast,
             window=pol.window,
             chunk_mb=pol.chunk_mb,
             loss_chunk_tokens=pol.loss_chunk_tokens,
@@ -134,7 +135,7 @@ class MixSearch:
             device_layers=pol.device_layers,
         )
 
-    def marginal(self, pol: Policy, free: list[str]) -> dict[str, Any]:
+    def marginal(self, pol: ExecutionPolicy, free: list[str]) -> dict[str, Any]:
         """tau_j at this operating point: the step-time change of switching one checkpointed layer to policy j
         (and of making one more layer resident), from the overlap model."""
         j, n = self.job, self.counts(pol)
@@ -170,7 +171,7 @@ class MixSearch:
             out["T_s_per_GB"]["offload"] = (delta["offload"] / k + T0) * 1e9
         return out
 
-    def best_counts(self, pol: Policy, marginal: dict[str, Any], free: list[str]) -> Policy | None:
+    def best_counts(self, pol: ExecutionPolicy, marginal: dict[str, Any], free: list[str]) -> ExecutionPolicy | None:
         """Minimise sum n_j*tau_j under HBM and host RAM (memory is linear in the counts; the pick is then
         checked with the full memory model and trimmed if needed)."""
         j, n0 = self.job, self.counts(pol)

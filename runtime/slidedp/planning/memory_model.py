@@ -15,19 +15,14 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from slidedp.planning.shape import shape_matches
+from slidedp.policy import ExecutionPolicy
+from slidedp.step.layout import plan_layout
 
 if TYPE_CHECKING:
-    from slidedp.planning.cost_model import Job, Policy
+    from slidedp.planning.cost_model import Job
 
 HBM_BUDGET_FRACTION = 0.92  # of each GPU's memory: the CUDA context, NCCL and fragmentation live in the rest
 ALLOCATOR_SLACK = 0.10  # the caching allocator's rounding and fragmentation over what tensors need
-STAGING_BYTES = 4  # the host staging of gradients is fp32 whatever reduce_dtype (slidedp.step.host_state)
-
-
-def staging_slots(window: int) -> int:
-    """Gradient staging slots per rank (slidedp.launch uses this): enough for the backward to run ahead of the
-    host update by several units instead of waiting for it unit by unit."""
-    return max(8, window + 1)
 
 
 # ---------------------------------------------------------------------------- activations
@@ -87,7 +82,7 @@ def estimate_saved_bytes(job: Job) -> int:
 
 # ---------------------------------------------------------------------------- memory model
 def gpu_parts(
-    job: Job, pol: Policy, acts: ActivationSizes, offload_backlog: int | None = None
+    job: Job, pol: ExecutionPolicy, acts: ActivationSizes, offload_backlog: int | None = None
 ) -> dict[str, float]:
     """Bytes one rank's device holds at its peak, by part (before allocator slack)."""
     L, p, N = job.layers, job.pbytes, job.world
@@ -129,20 +124,14 @@ def gpu_parts(
     return parts
 
 
-def host_parts(job: Job, pol: Policy, acts: ActivationSizes) -> dict[str, float]:
+def host_parts(job: Job, pol: ExecutionPolicy, acts: ActivationSizes) -> dict[str, float]:
     """Bytes of host RAM the whole job holds (all ranks), by part."""
-    P, N = job.params, job.world
+    N = job.world
     max_unit = max(job.padded(u) for u in range(len(job.units)))
-    on_device = pol.device_units(job.layers)
-    # staging holds only gradients the host updates (slidedp.launch.host_layout)
-    max_sent = max((job.padded(u) for u in range(len(job.units)) if u not in on_device), default=1)
+    # the shared segments, by the rule the engine lays them out with
+    layout = plan_layout(list(job.units), N, pol, job.precision, job.clip, directory="")
     parts = {
-        "master_and_moments": 12.0 * P,
-        "delivery_copy": 2.0 * P if job.host_cast else 0.0,
-        # a slot holds a whole unit on the host route, one shard on the gpu route (slidedp.launch.host_layout)
-        "gradient_staging": float(N * staging_slots(pol.window) * (max_sent if (pol.grad_reduce == "host" or N == 1)
-                                                                   else -(-max_sent // N)) * STAGING_BYTES),
-        "held_gradient": 4.0 * P if job.clip else 0.0,
+        **{k: float(v) for k, v in layout.parts().items()},
         "host_reduce_scratch": float(N * -(-max_unit // N) * 4)
         if pol.grad_reduce == "host" and N > 1
         else 0.0,
@@ -154,7 +143,7 @@ def host_parts(job: Job, pol: Policy, acts: ActivationSizes) -> dict[str, float]
 
 
 def memory(
-    job: Job, pol: Policy, acts: ActivationSizes, offload_backlog: int | None = None
+    job: Job, pol: ExecutionPolicy, acts: ActivationSizes, offload_backlog: int | None = None
 ) -> dict[str, Any]:
     g = gpu_parts(job, pol, acts, offload_backlog)
     h = host_parts(job, pol, acts)

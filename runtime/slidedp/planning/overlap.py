@@ -33,7 +33,7 @@ import bisect
 from dataclasses import dataclass, field
 from typing import Any
 
-from slidedp.planning.schedule import step_schedule, window_plan
+from slidedp.schedule import step_schedule, window_plan
 
 IN_ORDER = ("host", "compute", "h2d", "d2h", "coll")
 UPDATE_KINDS = frozenset({"update", "hold", "final"})  # host-update work: waits on it are `update_tail`

@@ -6,8 +6,9 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from slidedp.planning.cost_model import GIB, Job, Policy
+from slidedp.planning.cost_model import GIB, Job
 from slidedp.planning.memory_model import ALLOCATOR_SLACK, HBM_BUDGET_FRACTION
+from slidedp.policy import ExecutionPolicy
 
 
 class Infeasible(Exception):
@@ -37,7 +38,7 @@ class Refusals:
             min(loss_chunks),
             {},
             self.routes()[0][2],
-            self.cfg.policy.device_layers or 0,
+            min(self.cfg.policy.device_layers or 0, j.layers),
         )
         why = self.fits(lean)
         if why is None:
@@ -64,7 +65,7 @@ class Refusals:
             errors.append(self.hbm_error(lean, m))
         raise Infeasible(errors)
 
-    def hbm_error(self, pol: Policy, m: dict[str, Any]) -> dict[str, str]:
+    def hbm_error(self, pol: ExecutionPolicy, m: dict[str, Any]) -> dict[str, str]:
         j = self.job
         over = (m["hbm_peak_bytes"] - j.hbm_budget) / GIB
         big = sorted(((v, k) for k, v in m["hbm_parts"].items()), reverse=True)[:3]
@@ -112,7 +113,7 @@ class Refusals:
             f"micro_batch_size or seq_len, or use more GPUs",
         }
 
-    def max_count(self, pol: Policy, field: str) -> int:
+    def max_count(self, pol: ExecutionPolicy, field: str) -> int:
         n = self.counts(pol)
         while n[field] > 0:
             n[field] -= 1

@@ -16,8 +16,8 @@ def format_plan(plan: dict[str, Any]) -> str:
     pol, pred = plan["policy"], plan["predicted"]
     c = {p: pol["activations"].count(p) for p in ("keep", "offload", "checkpoint")}
     lines.append(
-        f"policy: delivery={pol['delivery']} grad_reduce={pol['grad_reduce']} reduce_dtype={pol['reduce_dtype']} "
-        f"edge_update={pol.get('edge_update', 'host')} device_layers={pol.get('device_layers', 0)} "
+        f"policy: delivery={pol['delivery']} grad_reduce={pol['grad_reduce']} "
+        f"edge_update={pol['edge_update']} device_layers={pol['device_layers']} "
         f"window={pol['window']} chunk_mb={pol['chunk_mb']} "
         f"loss_chunk_tokens={pol['loss_chunk_tokens']}"
     )

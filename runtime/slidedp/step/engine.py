@@ -24,8 +24,8 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from slidedp.config import JobConfig
-from slidedp.planning.schedule import device_units as planned_device_units
-from slidedp.planning.schedule import step_schedule
+from slidedp.policy import ExecutionPolicy
+from slidedp.schedule import step_schedule
 from slidedp.step.activations import SavedActivations
 from slidedp.step.device_update import DeviceUpdate
 from slidedp.step.devices import Streams
@@ -52,7 +52,7 @@ class StepTiming:
 
 
 class RankEngine:
-    def __init__(self, cfg: JobConfig, adapter: ModelAdapter, state: HostState, policy: dict, rank: int,
+    def __init__(self, cfg: JobConfig, adapter: ModelAdapter, state: HostState, policy: ExecutionPolicy, rank: int,
                  world: int, device: torch.device, groups: tuple, abort=None):
         self.cfg, self.adapter, self.state, self.policy = cfg, adapter, state, policy
         self.rank, self.world, self.device = rank, world, device
@@ -65,16 +65,16 @@ class RankEngine:
         self._act_free: list = [None, None]
         numels = [u.numel for u in adapter.units]
         self.shards = ShardMap(numels, world, rank)
-        self.routes = Routes(policy["delivery"], policy["grad_reduce"], self.shards, self.streams,
-                             groups[0], groups[1], int(policy.get("chunk_mb", 64)) << 20)
+        self.routes = Routes(policy.delivery, policy.grad_reduce, self.shards, self.streams,
+                             groups[0], groups[1], policy.chunk_mb << 20)
         self.L = adapter.num_layers
         self.head_unit = self.L + 1
-        self.activations: list[str] = list(policy["activations"])
-        device_units = planned_device_units(self.L, policy.get("edge_update", "host"), policy.get("device_layers", 0))
-        # resolve_policy makes device-updated layers resident (the window checks: kept units are dedicated)
-        resident = {i + 1 for i, r in enumerate(policy.get("resident", [False] * self.L)) if r}
+        self.activations: list[str] = list(policy.activations)
+        device_units = policy.device_units(self.L)
+        # device-updated layers are resident in every ExecutionPolicy (the window checks: kept units are dedicated)
+        resident = {i + 1 for i, r in enumerate(policy.resident) if r}
         self.window = Window(padded=self.shards.padded, dedicated={0, self.head_unit, *resident},
-                             slots=int(policy.get("window", 3)), dtype=self.dtype, device=device,
+                             slots=policy.window, dtype=self.dtype, device=device,
                              routes=self.routes, state=state, rank=rank, abort=abort, kept=device_units)
         self.updater = Updater(state=state, shards=self.shards, grad_reduce=self.routes.grad_reduce,
                                opt=cfg.optimizer, sched=cfg.schedule, total_steps=cfg.steps,
@@ -107,7 +107,7 @@ class RankEngine:
         self.seq = 0
         # pinned scalars for the device-reduced norm, alternating by step (the updater may read step t late)
         self._norm_host = [torch.zeros((), dtype=torch.float64, pin_memory=self.streams.cuda) for _ in range(2)]
-        self.loss_chunk = int(policy.get("loss_chunk_tokens", cfg.policy.loss_chunk_tokens))
+        self.loss_chunk = policy.loss_chunk_tokens
         self.staging_wait_s = 0.0
 
     # ------------------------------------------------------------------ schedule

@@ -16,15 +16,12 @@ from __future__ import annotations
 import json
 import os
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 
 import torch
+from slidedp.step.layout import SHM_PREFIX, HostLayout, shm_dir
 
-SHM_PREFIX = "slidedp-"
-
-
-def shm_dir() -> str:
-    return os.environ.get("SLIDEDP_SHM_DIR", "/dev/shm")
+__all__ = ["SHM_PREFIX", "Board", "HostLayout", "HostState", "cleanup_orphans", "shm_dir", "space_error", "unlink"]
 
 
 def pid_alive(pid: int) -> bool:
@@ -73,52 +70,6 @@ def _map(path: str, numel: int, dtype: torch.dtype, create: bool) -> torch.Tenso
         with open(path, "wb") as fh:
             fh.truncate(max(nbytes, 1))  # sparse: pages are touched by whoever writes them first
     return torch.from_file(path, shared=True, size=numel, dtype=dtype)
-
-
-@dataclass
-class HostLayout:
-    """Everything a rank needs to map the host state; passed to rank processes as plain data."""
-
-    run: str  # segment name prefix, unique per run
-    directory: str
-    unit_numels: list[int]
-    world: int
-    delivery_dtype: str  # "bfloat16" | "float32" (float32: the master itself is delivered)
-    staging_slots: int
-    hold_gradient: bool  # exact clipping holds the reduced gradient until the norm is known
-    staging_numel: int = 0  # elements per staging slot: a whole unit (host route) or one shard (gpu route)
-
-    @property
-    def offsets(self) -> list[int]:
-        out, acc = [], 0
-        for n in self.unit_numels:
-            out.append(acc)
-            acc += n
-        return out
-
-    @property
-    def total(self) -> int:
-        return sum(self.unit_numels)
-
-    @property
-    def max_unit(self) -> int:
-        return max(self.unit_numels)
-
-    @property
-    def slot_numel(self) -> int:
-        return self.staging_numel or self.max_unit
-
-    def path(self, kind: str) -> str:
-        return os.path.join(self.directory, f"{self.run}.{kind}")
-
-    def shared_bytes(self, keep_state: bool = False) -> int:
-        """Bytes the run's segments take once touched (keep_state: the state exists already, only the per-run
-        segments are new). The files are sparse, so a folder too small shows only when a page is first
-        written — as a SIGBUS that kills the process — which is why this is checked before creating them."""
-        state = self.total * (12 + (2 if self.delivery_dtype == "bfloat16" else 0))
-        staging = self.world * self.staging_slots * self.slot_numel * 4
-        held = self.total * 4 if self.hold_gradient else 0
-        return (0 if keep_state else state) + staging + held
 
 
 def space_error(layout: HostLayout, keep_state: bool = False) -> dict[str, str] | None:

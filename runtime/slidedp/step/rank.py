@@ -18,6 +18,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from slidedp.config import JobConfig
+from slidedp.policy import ExecutionPolicy
 from slidedp.presets import flops_per_token
 from slidedp.step.host_state import Board, HostLayout, HostState, wait_until
 from slidedp.step.model_adapter import ModelAdapter, load_hf_config
@@ -44,7 +45,7 @@ CKPT_STEP, CKPT_DONE = 4, 5
 class RankArgs:
     config: dict
     layout: HostLayout
-    policy: dict
+    policy: ExecutionPolicy
     predicted: dict
     init_file: str
     start_step: int

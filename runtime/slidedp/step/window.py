@@ -22,7 +22,7 @@ from __future__ import annotations
 import time
 
 import torch
-from slidedp.planning.schedule import window_plan
+from slidedp.schedule import window_plan
 from slidedp.step.host_state import HostState, wait_until
 from slidedp.step.routes import Routes
 

@@ -1,5 +1,5 @@
 """The order a step uses its units in, and where the working window puts each: shared by the engine's window
-(slidedp.step.window) and the overlap model (planning/overlap.py), so the model replays the deliveries the engine
+(slidedp.step.window) and the overlap model (slidedp.planning.overlap), so the model replays the deliveries the engine
 makes. Imports no torch.
 
 The schedule of one step: embedding, layers 1..L, head, layers L..1 for the first micro-batch, then 1..L, L..1 for

@@ -1,0 +1,210 @@
+"""The execution policy: how one job's step runs, resolved — no "auto" left in it.
+
+`ExecutionPolicy` is the only resolved form. AutoPolicy (slidedp.planning.autopolicy) returns it, the plan JSON
+carries its `to_dict()` (docs/interfaces.md §5), slidedp.launch resolves the job's config into it once
+(`resolve`), and the rank engine receives it typed. The config's `policy` section (slidedp.config.PolicyConfig)
+is what a user asks for, `auto` included; its defaults are the constants here. Imports no torch.
+
+    policy = ExecutionPolicy.mix(layers=36, keep=4, offload=8, resident=2, delivery="sharded", grad_reduce="gpu")
+    policy.to_dict()                                  # the documented JSON
+    ExecutionPolicy.from_dict(d, world=2)             # back, checked; older plan JSON (reduce_dtype) loads too
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+from slidedp.schedule import device_units
+
+DELIVERIES = ("replicated", "sharded")
+GRAD_REDUCES = ("gpu", "host")
+DELIVERY_CASTS = ("host", "gpu")
+EDGE_UPDATES = ("host", "gpu")
+ACTIVATION_POLICIES = ("keep", "checkpoint", "offload")
+
+# Defaults of the knobs AutoPolicy tunes (and of the config keys that fix them).
+WINDOW = 3  # unit buffers in the GPU window: one computing, one arriving, one spare
+CHUNK_MB = 64  # host<->GPU transfer chunk
+LOSS_CHUNK_TOKENS = 4096  # tokens per chunk of the lm_head + cross-entropy
+# Keys of older plan and policy JSON that no longer mean anything: ignored when their value is the only one there
+# ever was, refused otherwise.
+RETIRED = {"reduce_dtype": "fp32"}
+DERIVED = ("staging_slots",)  # written by to_dict, recomputed on load
+
+
+def staging_slots(window: int) -> int:
+    """Gradient staging slots per rank in host memory: enough for the backward to run ahead of the host update
+    by several units instead of waiting for it unit by unit."""
+    return max(8, window + 1)
+
+
+def activation_layout(layers: int, keep: int, offload: int) -> tuple[str, ...]:
+    """Per decoder layer: the first `keep` keep their activations, the next `offload` offload them, the rest are
+    checkpointed (how keep_layers / offload_layers counts are laid out, with a plan or without one)."""
+    keep = min(keep, layers)
+    offload = min(offload, layers - keep)
+    return ("keep",) * keep + ("offload",) * offload + ("checkpoint",) * (layers - keep - offload)
+
+
+class PolicyError(ValueError):
+    """A policy that cannot run: the message names the field."""
+
+
+@dataclass(frozen=True)
+class ExecutionPolicy:
+    """One job's resolved execution policy (the paper's routes, window and activation placement).
+
+    delivery: how bf16 weights reach the GPUs — replicated (each rank copies the whole unit over its PCIe link) or
+        sharded (each copies 1/N, then all-gather between GPUs). One rank: always replicated.
+    grad_reduce: where gradients are summed — gpu (reduce-scatter, each rank returns 1/N) or host (each returns the
+        whole unit, the host sums). One rank: always host.
+    activations / resident: per decoder layer, where its activations live (keep / checkpoint / offload) and whether
+        its weights stay on the GPU between forward and backward.
+    edge_update / device_layers: the embedding and head (gpu) and the leading `device_layers` decoder layers are
+        updated on the GPUs, their state there; every other unit is updated on the host.
+    window, chunk_mb, loss_chunk_tokens: GPU unit buffers, transfer chunk, loss chunk.
+    delivery_cast: where the bf16 weights are made from the fp32 master (host: a bf16 copy in host memory).
+    """
+
+    delivery: str
+    grad_reduce: str
+    activations: tuple[str, ...]
+    resident: tuple[bool, ...]
+    window: int = WINDOW
+    chunk_mb: int = CHUNK_MB
+    loss_chunk_tokens: int = LOSS_CHUNK_TOKENS
+    edge_update: str = "host"
+    device_layers: int = 0
+    delivery_cast: str = "host"
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "activations", tuple(self.activations))
+        object.__setattr__(self, "resident", tuple(bool(r) for r in self.resident))
+        for name, allowed in (("delivery", DELIVERIES), ("grad_reduce", GRAD_REDUCES),
+                              ("delivery_cast", DELIVERY_CASTS), ("edge_update", EDGE_UPDATES)):
+            if getattr(self, name) not in allowed:
+                raise PolicyError(f"{name} must be one of {', '.join(allowed)}, got {getattr(self, name)!r}")
+        bad = sorted({a for a in self.activations if a not in ACTIVATION_POLICIES})
+        if bad:
+            raise PolicyError(f"activations must each be one of {', '.join(ACTIVATION_POLICIES)}, got {bad}")
+        if len(self.resident) != len(self.activations):
+            raise PolicyError(f"resident has {len(self.resident)} entries, activations {len(self.activations)}: "
+                              "one of each per decoder layer")
+        for name, low in (("window", 2), ("chunk_mb", 1), ("loss_chunk_tokens", 1)):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < low:
+                raise PolicyError(f"{name} must be an integer of at least {low}, got {value!r}")
+        if isinstance(self.device_layers, bool) or not isinstance(self.device_layers, int) \
+                or not 0 <= self.device_layers <= self.layers:
+            raise PolicyError(f"device_layers must be in 0..{self.layers}, got {self.device_layers!r}")
+        # A layer updated on the GPUs keeps its bf16 weights there: the engine never re-delivers it.
+        n = self.device_layers
+        object.__setattr__(self, "resident", tuple(r or i < n for i, r in enumerate(self.resident)))
+
+    # ------------------------------------------------------------------ construction
+    @classmethod
+    def default(cls, layers: int, **kw: Any) -> ExecutionPolicy:
+        """Every layer checkpointed, nothing resident, routes of one rank (host reduction, replicated)."""
+        base: dict[str, Any] = dict(delivery="replicated", grad_reduce="host", activations=("checkpoint",) * layers,
+                                    resident=(False,) * layers)
+        base.update(kw)
+        return cls(**base)
+
+    @classmethod
+    def mix(cls, layers: int, keep: int, offload: int, resident: int, **kw: Any) -> ExecutionPolicy:
+        """Leading layers keep their activations, the next ones offload, the rest checkpoint; the leading
+        `resident` layers stay resident (keep_layers in the config means leading layers too)."""
+        flags = (True,) * min(resident, layers) + (False,) * (layers - min(resident, layers))
+        return cls.default(layers, activations=activation_layout(layers, keep, offload), resident=flags, **kw)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any], world: int | None = None) -> ExecutionPolicy:
+        """The policy of a to_dict() (a plan's "policy", a stored job's), checked; keys of older JSON that no longer
+        mean anything are dropped when they hold the one value they ever had."""
+        fields = {f.name for f in dataclasses.fields(cls)}
+        kwargs = {}
+        for key, value in d.items():
+            if key in fields:
+                kwargs[key] = value
+            elif key in RETIRED and value == RETIRED[key] or key in DERIVED:
+                continue
+            else:
+                raise PolicyError(f"unknown policy key {key!r}; keys: {', '.join(sorted(fields))}")
+        pol = cls(**kwargs)
+        return pol.for_world(world) if world is not None else pol
+
+    def for_world(self, world: int) -> ExecutionPolicy:
+        """The policy as `world` ranks run it: with one rank there is nothing to shard or reduce between GPUs, so
+        delivery is replicated and gradients go to the host (the one place this rule is written)."""
+        if world > 1:
+            return self
+        return dataclasses.replace(self, delivery="replicated", grad_reduce="host")
+
+    def to_dict(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d["activations"], d["resident"] = list(self.activations), list(self.resident)
+        d["staging_slots"] = self.staging_slots
+        return d
+
+    # ------------------------------------------------------------------ derived facts
+    @property
+    def layers(self) -> int:
+        return len(self.activations)
+
+    @property
+    def staging_slots(self) -> int:
+        return staging_slots(self.window)
+
+    @property
+    def edge_units_on_gpu(self) -> bool:
+        return self.edge_update == "gpu"
+
+    def device_units(self, layers: int | None = None) -> frozenset[int]:
+        """Units updated on the GPUs: the embedding and head (0 and L + 1) with edge_update gpu, layers
+        1..device_layers. None of them sends a gradient to the host."""
+        return device_units(self.layers if layers is None else layers, self.edge_update, self.device_layers)
+
+    def counts(self) -> dict[str, int]:
+        return {p: self.activations.count(p) for p in ACTIVATION_POLICIES}
+
+    def shorthand(self) -> str:
+        """`delivery:grad_reduce:activations` as bench writes it (activations only when every layer has one)."""
+        acts = set(self.activations)
+        return f"{self.delivery}:{self.grad_reduce}" + (f":{acts.pop()}" if len(acts) == 1 else "")
+
+
+def resolve(requested: Any, layers: int, world: int, planned: ExecutionPolicy | None = None) -> ExecutionPolicy:
+    """The policy a job runs with: the config's `policy` section (`requested`, a slidedp.config.PolicyConfig) where
+    it fixes a choice, AutoPolicy's plan (`planned`) where it says `auto` or leaves a knob at its default, and
+    without a plan the defaults of `world` ranks (sharded delivery and GPU reduction for several)."""
+    p = requested
+    chosen = planned.to_dict() if planned is not None else {}
+    several = world > 1
+    delivery = p.delivery if p.delivery != "auto" else chosen.get("delivery", "sharded" if several else "replicated")
+    grad = p.grad_reduce if p.grad_reduce != "auto" else chosen.get("grad_reduce", "gpu" if several else "host")
+    edge = p.edge_update if p.edge_update != "auto" else chosen.get("edge_update", "host")
+    device_layers = min(layers, p.device_layers if p.device_layers is not None else int(chosen.get("device_layers", 0)))
+    if (edge == "gpu" or device_layers) and several and grad != "gpu":  # device updates reduce on the GPUs
+        grad = "gpu"
+    if p.activations != "auto":
+        acts = (p.activations,) * layers
+    elif len(chosen.get("activations") or ()) == layers:  # the plan honours keep_layers / offload_layers
+        acts = tuple(chosen["activations"])
+    else:  # no plan: the counts laid out as the planner lays them out
+        acts = activation_layout(layers, p.keep_layers or 0, p.offload_layers or 0)
+    if p.resident_units is not None:
+        resident = tuple(i < p.resident_units for i in range(layers))
+    else:
+        resident = tuple(chosen.get("resident") or (False,) * layers)
+
+    def knob(name: str, default: int) -> int:  # a knob left at its default is the planner's to choose
+        value = getattr(p, name)
+        return int(chosen.get(name, value)) if value == default else value
+
+    return ExecutionPolicy(
+        delivery=delivery, grad_reduce=grad, activations=acts, resident=resident, edge_update=edge,
+        device_layers=device_layers, delivery_cast=p.delivery_cast, window=knob("window", WINDOW),
+        chunk_mb=knob("chunk_mb", CHUNK_MB), loss_chunk_tokens=knob("loss_chunk_tokens", LOSS_CHUNK_TOKENS),
+    ).for_world(world)

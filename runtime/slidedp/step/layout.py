@@ -1,0 +1,95 @@
+"""The host state's layout and size: what the shared-memory segments of one run hold, as plain data (no torch).
+
+One rule for the host state's size, used by the engine (slidedp.step.host_state maps these segments), the
+launcher, validation (host RAM and shared-memory space before anything is allocated) and the memory model
+(the plan's host bytes): the fp32 master weights and AdamW moments (12 B/param), the bf16 delivery copy where
+the cast is made on the host (2 B/param), gradient staging (per rank, a few slots of one unit or one shard), and the
+reduced gradient held for exact clipping.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from dataclasses import dataclass
+
+from slidedp.policy import ExecutionPolicy
+
+SHM_PREFIX = "slidedp-"
+STATE_BYTES_PER_PARAM = 12  # fp32 master weights and the two AdamW moments
+GIB = 2**30
+
+
+def shm_dir() -> str:
+    return os.environ.get("SLIDEDP_SHM_DIR", "/dev/shm")
+
+
+@dataclass
+class HostLayout:
+    """Everything a rank needs to map the host state; passed to rank processes as plain data."""
+
+    run: str  # segment name prefix, unique per run
+    directory: str
+    unit_numels: list[int]
+    world: int
+    delivery_dtype: str  # "bfloat16" | "float32" (float32: the master itself is delivered)
+    staging_slots: int
+    hold_gradient: bool  # exact clipping holds the reduced gradient until the norm is known
+    staging_numel: int = 0  # elements per staging slot: a whole unit (host route) or one shard (gpu route)
+
+    @property
+    def offsets(self) -> list[int]:
+        out, acc = [], 0
+        for n in self.unit_numels:
+            out.append(acc)
+            acc += n
+        return out
+
+    @property
+    def total(self) -> int:
+        return sum(self.unit_numels)
+
+    @property
+    def max_unit(self) -> int:
+        return max(self.unit_numels)
+
+    @property
+    def slot_numel(self) -> int:
+        return self.staging_numel or self.max_unit
+
+    def path(self, kind: str) -> str:
+        return os.path.join(self.directory, f"{self.run}.{kind}")
+
+    def parts(self) -> dict[str, int]:
+        """Bytes of each part of the run's segments once touched."""
+        return {
+            "master_and_moments": self.total * STATE_BYTES_PER_PARAM,
+            "delivery_copy": self.total * 2 if self.delivery_dtype == "bfloat16" else 0,
+            "gradient_staging": self.world * self.staging_slots * self.slot_numel * 4,
+            "held_gradient": self.total * 4 if self.hold_gradient else 0,
+        }
+
+    def shared_bytes(self, keep_state: bool = False) -> int:
+        """Bytes the run's segments take once touched (keep_state: the state exists already, only the per-run
+        segments are new). The files are sparse, so a folder too small shows only when a page is first
+        written — as a SIGBUS that kills the process — which is why this is checked before creating them."""
+        parts = self.parts()
+        state = parts["master_and_moments"] + parts["delivery_copy"]
+        return (0 if keep_state else state) + parts["gradient_staging"] + parts["held_gradient"]
+
+
+def plan_layout(unit_numels: list[int], world: int, policy: ExecutionPolicy, precision: str, clip: bool,
+                directory: str | None = None, run: str | None = None) -> HostLayout:
+    """The layout of a run: the state, plus gradient staging sized by the gradient route and by the units that send
+    their gradients to the host (a unit updated on the GPUs never does: with the embedding and head there, a
+    Qwen3-8B slot holds a 0.2B-param layer instead of the 0.62B-param head)."""
+    on_device = policy.device_units(len(unit_numels) - 2)
+    sent = [n for u, n in enumerate(unit_numels) if u not in on_device] or [1]
+    shard = max(-(-n // world) for n in sent)
+    staging = shard if (policy.grad_reduce == "gpu" and world > 1) else max(sent)
+    # with the cast on the GPU the master itself is delivered: no bf16 copy on the host
+    host_cast = precision == "bf16" and policy.delivery_cast == "host"
+    return HostLayout(run=run or f"{SHM_PREFIX}{os.getpid()}-{uuid.uuid4().hex[:8]}",
+                      directory=directory or shm_dir(), unit_numels=list(unit_numels), world=world,
+                      delivery_dtype="bfloat16" if host_cast else "float32", staging_slots=policy.staging_slots,
+                      hold_gradient=clip, staging_numel=staging)
