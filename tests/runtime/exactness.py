@@ -65,9 +65,11 @@ def read_rows(path: str) -> tuple[torch.Tensor, torch.Tensor]:
 
 def reference_run(model_dir: str, data_path: str, steps: int, global_batch: int, lr: float, betas, eps: float,
                   weight_decay: float, max_grad_norm: float, device: str = "cpu", autocast: bool = False,
-                  micro_batches: int = 1) -> dict:
+                  micro_batches: int = 1, lr_lambda=None) -> dict:
     """Single-process AdamW (+ exact clipping) over file-order global batches; fp32 throughout, or with
-    `autocast` the forward under bf16 autocast (fp32 master weights, fp32 loss): the reference for bf16 runs."""
+    `autocast` the forward under bf16 autocast (fp32 master weights, fp32 loss): the reference for bf16 runs.
+    `lr_lambda`: the learning rate follows torch.optim.lr_scheduler.LambdaLR(lr_lambda), stepped after every
+    optimizer step (the i-th optimizer step, 0-based, trains at lr × lr_lambda(i)); None: lr throughout."""
     from transformers import AutoModelForCausalLM
 
     torch.manual_seed(0)
@@ -76,8 +78,9 @@ def reference_run(model_dir: str, data_path: str, steps: int, global_batch: int,
     w0 = {n: p.detach().clone() for n, p in model.named_parameters()}
     opt = torch.optim.AdamW(model.parameters(), lr=lr, betas=betas, eps=eps, weight_decay=weight_decay,
                             foreach=False)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_lambda) if lr_lambda is not None else None
     ids, labels = read_rows(data_path)
-    losses, norms, clipped = [], [], []
+    losses, norms, clipped, lrs = [], [], [], []
     for step in range(steps):
         sl = slice(step * global_batch, (step + 1) * global_batch)
         x, y = ids[sl].to(device), labels[sl].to(device)
@@ -94,7 +97,10 @@ def reference_run(model_dir: str, data_path: str, steps: int, global_batch: int,
             part.backward()
             loss += part.detach()
         norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm if max_grad_norm > 0 else math.inf)
+        lrs.append(opt.param_groups[0]["lr"])
         opt.step()
+        if sched is not None:
+            sched.step()
         losses.append(float(loss.detach()))
         norms.append(float(norm))
         clipped.append(bool(max_grad_norm > 0 and float(norm) > max_grad_norm))
@@ -103,6 +109,7 @@ def reference_run(model_dir: str, data_path: str, steps: int, global_batch: int,
         "losses": losses,
         "norms": norms,
         "clipped": clipped,
+        "lrs": lrs,
         "delta": {n: (p.detach() - w0[n]).cpu() for n, p in names.items()},
         "exp_avg": {n: opt.state[p]["exp_avg"].cpu() for n, p in names.items()},
         "exp_avg_sq": {n: opt.state[p]["exp_avg_sq"].cpu() for n, p in names.items()},

@@ -1,0 +1,141 @@
+"""The learning-rate schedule, judged on the weights against torch.
+
+slidedp.train() on the CPU (1 rank, fp32) with `schedule` warmup + cosine, warmup + linear to a floor, and warmup
++ constant must end where torch.optim.AdamW under torch.optim.lr_scheduler.LambdaLR ends from the same initial
+weights over the same batches: the weight change w6 - w0 and both AdamW moments to 1e-4 relative per tensor (the
+exactness suite's tolerance), every step's loss to 1e-5 and every reported lr to 1e-12. The LambdaLR multiplier
+is written here from docs/interfaces.md §1 (`schedule.*`), not taken from the runtime. A run stopped after step
+3 and resumed to step 6 must end at the same weights as the uninterrupted torch run.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+
+import pytest
+import slidedp
+from safetensors.torch import load_file
+
+from tests.runtime.exactness import make_model_dir, make_token_data, reference_run, rel_err, slidedp_tensors
+
+STEPS, SEQ, MBS = 6, 24, 2
+LR, BETAS, EPS, WD = 3e-3, (0.9, 0.95), 1e-6, 0.1
+
+
+def documented_multiplier(i: int, steps: int, warmup: int, decay: str, floor: float) -> float:
+    """LambdaLR's multiplier for its i-th optimizer step (i = 0, 1, ...: the number of scheduler.step() calls
+    before it), from docs/interfaces.md §1: linear warmup from 0 to lr over `warmup` steps, then constant, or a
+    linear / cosine decay to `floor` × lr.
+
+    The convention pinned here: optimizer step k = i + 1 (1-based, as the runtime counts steps) trains at
+    lr × k / warmup while k <= warmup, so the warmup's 0 is the step-0 point no step trains at: step 1 takes
+    lr / warmup and step `warmup` the full lr (not LambdaLR's usual i / warmup, which spends step 1 at lr 0).
+    After the warmup the decay's progress is (k - warmup) / (steps - warmup): the first decayed step is already
+    one step down, and the last step (k = steps) trains at exactly floor × lr.
+    """
+    k = i + 1
+    if warmup and k <= warmup:
+        return k / warmup
+    if decay == "constant":
+        return 1.0
+    progress = (k - warmup) / (steps - warmup)
+    if decay == "linear":
+        return floor + (1.0 - floor) * (1.0 - progress)
+    # cosine from 1 (progress 0) to the floor (progress 1), written as a squared cosine of the half angle
+    return floor + (1.0 - floor) * math.cos(0.5 * math.pi * progress) ** 2
+
+
+SCHEDULES = {
+    "warmup2-cosine": {"warmup_steps": 2, "decay": "cosine", "min_lr_ratio": 0.0},
+    "warmup2-linear-floor": {"warmup_steps": 2, "decay": "linear", "min_lr_ratio": 0.25},
+    "warmup3-constant": {"warmup_steps": 3, "decay": "constant", "min_lr_ratio": 0.0},
+}
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory):
+    root = tmp_path_factory.mktemp("lr")
+    return {
+        "model": make_model_dir(str(root / "model"), "tiny-qwen3", seed=2),
+        "data": make_token_data(str(root / "data.jsonl"), rows=MBS * STEPS, seq_len=SEQ, seed=5),
+        "root": root,
+    }
+
+
+def _config(workdir, schedule: dict, out: str, **over) -> dict:
+    cfg = {
+        "model": workdir["model"],
+        "data": {"path": workdir["data"], "format": "tokens", "shuffle": False},
+        "seq_len": SEQ, "micro_batch_size": MBS, "steps": STEPS, "ranks": 1, "gpus": 0,
+        "precision": "fp32", "output_dir": out, "export": False, "cpu_threads": 1,
+        "optimizer": {"lr": LR, "betas": list(BETAS), "eps": EPS, "weight_decay": WD, "max_grad_norm": 0.0},
+        "schedule": schedule,
+        "policy": {"delivery": "replicated", "grad_reduce": "host", "activations": "checkpoint"},
+        "checkpoint": {"interval": STEPS, "keep": 1},
+    }
+    cfg.update(over)
+    return cfg
+
+
+def _torch_reference(workdir, schedule: dict) -> dict:
+    def multiplier(i: int) -> float:
+        return documented_multiplier(i, STEPS, schedule["warmup_steps"], schedule["decay"], schedule["min_lr_ratio"])
+
+    return reference_run(workdir["model"], workdir["data"], STEPS, MBS, LR, BETAS, EPS, WD, 0.0,
+                         lr_lambda=multiplier)
+
+
+def _assert_matches(workdir, out: str, metrics: list[dict], ref: dict) -> None:
+    # the weights first: they are what the schedule is for (the reported lr is checked last)
+    ours = slidedp_tensors(os.path.join(out, "checkpoints", f"step-{STEPS:08d}"), workdir["model"])
+    w0 = load_file(os.path.join(workdir["model"], "model.safetensors"))
+    for name, delta in ref["delta"].items():
+        err = rel_err(ours["master"][name] - w0[name], delta)
+        assert err <= 1e-4, (name, err)
+        for kind in ("exp_avg", "exp_avg_sq"):
+            err = rel_err(ours[kind][name], ref[kind][name])
+            assert err <= 1e-4, (kind, name, err)
+    assert [m["step"] for m in metrics] == list(range(1, STEPS + 1))
+    for m, lr, loss in zip(metrics, ref["lrs"], ref["losses"]):
+        assert abs(m["loss"] - loss) <= 1e-5 * abs(loss), (m["step"], m["loss"], loss)
+        assert m["lr"] == pytest.approx(lr, rel=1e-12, abs=1e-15), (m["step"], m["lr"], lr)
+
+
+@pytest.mark.parametrize("name", list(SCHEDULES))
+def test_schedule_trains_to_the_weights_of_torch_adamw_under_lambdalr(workdir, name):
+    schedule = SCHEDULES[name]
+    ref = _torch_reference(workdir, schedule)
+    # the multiplier has the documented shape, in numbers (so that a wrong lambda cannot agree with a runtime
+    # that is wrong the same way): steps 1..6 of a 6-step run
+    expected = {
+        # lr/2, lr, then (1 + cos(pi q/4)) / 2 for q = 1, 2, 3, 4
+        "warmup2-cosine": [0.5, 1.0, 0.8535533905932737, 0.5, 0.14644660940672624, 0.0],
+        # 0.25 + 0.75 (1 - q/4) for q = 1, 2, 3, 4
+        "warmup2-linear-floor": [0.5, 1.0, 0.8125, 0.625, 0.4375, 0.25],
+        "warmup3-constant": [1 / 3, 2 / 3, 1.0, 1.0, 1.0, 1.0],
+    }[name]
+    expected = [LR * f for f in expected]
+    assert ref["lrs"] == pytest.approx(expected, rel=1e-12, abs=1e-15)
+    out = str(workdir["root"] / f"run-{name}")
+    result = slidedp.train(_config(workdir, schedule, out))
+    assert result.status == "completed" and result.steps_done == STEPS
+    _assert_matches(workdir, out, result.metrics, ref)
+
+
+def test_a_stopped_and_resumed_schedule_ends_at_the_uninterrupted_torch_weights(workdir):
+    """Stopped once step 3 is reported (the interval checkpoint of step 3 is the one resumed), resumed to 6:
+    the schedule continues from step 4 of the 6-step run, with AdamW's step count restored."""
+    schedule = {"warmup_steps": 2, "decay": "cosine", "min_lr_ratio": 0.1}
+    ref = _torch_reference(workdir, schedule)
+    out = str(workdir["root"] / "run-resumed")
+    seen: list[int] = []
+    first = slidedp.train(_config(workdir, schedule, out, checkpoint={"interval": 3, "keep": 2}),
+                          on_step=lambda r: seen.append(r["step"]),
+                          should_stop=lambda: bool(seen) and seen[-1] >= 3)
+    assert first.status == "stopped" and first.steps_done == 3
+    assert os.path.isdir(os.path.join(out, "checkpoints", "step-00000003"))
+    second = slidedp.train(_config(workdir, schedule, out, checkpoint={"interval": 3, "keep": 2}, resume=True))
+    assert second.status == "completed" and second.steps_done == STEPS
+    assert [m["step"] for m in second.metrics] == [4, 5, 6]
+    _assert_matches(workdir, out, first.metrics + second.metrics, ref)
