@@ -121,6 +121,29 @@ def test_tied_embeddings_match_adamw(workdir):
     _check(workdir, "tied", 2, "sharded", "host", 1, CLIP)
 
 
+# ids spelled out: a test whose keywords include "gpu" (a bare "gpu" id would be one) is skipped without CUDA
+@pytest.mark.parametrize("grad", ["host", "gpu"], ids=["host-route", "gpu-route"])
+def test_three_ranks_sharded_pad_units_that_three_does_not_divide(workdir, grad):
+    """Every unit of the tied tiny model leaves a remainder over 3 ranks (32768, 4 x 43168 and the 64-parameter
+    final norm): each is padded to a multiple of 3, the last rank's shard is short, and the padding must neither
+    reach the weights nor the gradient norm. Host route: each rank sums its shard of all three ranks' whole-unit
+    gradients; gpu route: reduce-scatter into padded shards. Clipping fires, so the norm over the shards counts."""
+    from slidedp.presets import PRESETS, unit_param_counts
+
+    numels = unit_param_counts(PRESETS["tiny-qwen3-tied"])
+    assert [n % 3 for n in numels] == [2, 1, 1, 1, 1, 1]
+    _check(workdir, "tied", 3, "sharded", grad, 1, CLIP)
+
+
+@pytest.mark.parametrize("preset", ["tiny-llama", "tiny-mistral"])
+def test_llama_and_mistral_match_adamw(workdir, preset):
+    """The other architectures slidedp streams beside Qwen3 (no q/k norms; Mistral's attention class), on two
+    ranks with sharded delivery, gpu reduction, accumulation and clipping."""
+    if preset not in workdir:
+        workdir[preset] = make_model_dir(str(workdir["root"] / preset), preset, seed=3)
+    _check(workdir, preset, 2, "sharded", "gpu", 2, CLIP)
+
+
 @pytest.mark.parametrize("model,ranks,delivery", [pytest.param("tied", 3, "replicated", marks=pytest.mark.slow),
                                                   ("untied", 1, "replicated")])
 def test_embedding_and_head_updated_on_the_device_match_adamw(workdir, model, ranks, delivery):
@@ -166,19 +189,22 @@ def test_exactness_grid(workdir, ranks, route, accum, clip):
 
 
 def test_full_gradient_never_held_at_once():
-    """Clipping off, no accumulation: the host stages a few units' gradient shards, never the whole gradient."""
+    """Clipping off, no accumulation, gradients reduce-scattered: the host stages a few units' gradient shards,
+    never the whole gradient (slots sized by the 0.6B-param head, or by a decoder layer with the head on the GPUs)."""
     from slidedp.config import JobConfig
     from slidedp.launch import host_layout
+    from slidedp.policy import ExecutionPolicy
     from slidedp.presets import PRESETS, unit_param_counts
 
     numels = unit_param_counts(PRESETS["qwen3-8b"])
     cfg = JobConfig.from_dict({"model": "qwen3-8b", "data": {"path": "x.jsonl"}, "gpus": 2})
-    for grad, share in (("gpu", 0.35), ("host", 0.75)):  # slots are sized by the 0.6B-param embedding
-        policy = {"grad_reduce": grad, "staging_slots": 4}
+    for edge, share in (("host", 0.65), ("gpu", 0.2)):
+        policy = ExecutionPolicy.default(len(numels) - 2, delivery="sharded", grad_reduce="gpu", edge_update=edge)
         layout = host_layout(cfg, numels, policy)
         staged = layout.world * layout.staging_slots * layout.slot_numel
         assert not layout.hold_gradient
-        assert staged < share * sum(numels), (grad, staged / sum(numels))
+        assert staged < share * sum(numels), (edge, staged / sum(numels))
     clipped = JobConfig.from_dict({"model": "qwen3-8b", "data": {"path": "x.jsonl"}, "gpus": 2,
                                    "optimizer": {"max_grad_norm": 1.0}})
-    assert host_layout(clipped, numels, {"grad_reduce": "gpu", "staging_slots": 4}).hold_gradient
+    pol = ExecutionPolicy.default(len(numels) - 2, delivery="sharded", grad_reduce="gpu")
+    assert host_layout(clipped, numels, pol).hold_gradient
