@@ -1,7 +1,10 @@
 """AutoPolicy on the nvidia-h200-x2 machine's figures (tests/runtime/fixtures/h200x2_*.json, from
-shared/HARDWARE.md): routes follow the topology, activations follow HBM, infeasible jobs are refused with the
-shortfall, and explicit settings win or are refused with what to change."""
+shared/HARDWARE.md) and on what the one-GPU machine measured: routes follow the topology and the bottleneck,
+activations follow HBM, the choice is the fastest plan that fits by the stated tie rule, a smaller HBM budget never
+buys a faster plan, predicted peak HBM agrees with the peaks real runs reached, infeasible jobs are refused with
+the shortfall, and explicit settings win or are refused with what to change."""
 
+import copy
 import json
 import os
 import re
@@ -10,7 +13,7 @@ import pytest
 from slidedp.config import JobConfig
 from slidedp.planning import autopolicy as ap
 from slidedp.planning import cost_model as cm
-from slidedp.planning import memory_model as mm
+from slidedp.policy import ExecutionPolicy
 
 FIX = os.path.join(os.path.dirname(__file__), "fixtures")
 
@@ -61,11 +64,35 @@ def test_nvlink_pair_gets_gpu_reduction_and_host_reduction_ranks_last(nvlink_bs8
     assert "NVLink" in plan["why"] and "by predicted step time" in plan["why"]
 
 
+def _assert_fastest_fitting_by_the_tie_rule(plan):
+    """The chosen plan fits, is listed among the candidates, and no candidate that fits is faster by the margin
+    AutoPolicy states (docs/planning.md, autopolicy.run): routes and activation mixes are compared by predicted
+    step time, and a knob (window, transfer chunk, loss chunk) leaves its default only for a plan at least 0.1%
+    faster, so a listed candidate may beat the choice by less than 0.1%, never by more. A choice whose knobs are
+    not the defaults beat, by that margin, a listed candidate of its route with the default knobs — or that
+    candidate does not fit."""
+    defaults = _cfg().policy
+    chosen, pol = plan["predicted"]["step_time_s"], plan["policy"]
+    fitting = [c for c in plan["candidates"] if c["fits"]]
+    assert fitting and all(c["why_not"] is None for c in fitting)
+    assert all(c["why_not"] for c in plan["candidates"] if not c["fits"])  # every rejection says why
+    assert any(c["policy"] == pol and c["predicted"]["step_time_s"] == pytest.approx(chosen) for c in fitting)
+    for c in fitting:
+        assert c["predicted"]["step_time_s"] >= 0.999 * chosen - 1e-12, (c["policy"], chosen)
+    knobs = ("window", "chunk_mb", "loss_chunk_tokens")
+    if any(pol[k] != getattr(defaults, k) for k in knobs):
+        route = ("delivery", "grad_reduce", "edge_update", "device_layers")
+        start = [c for c in plan["candidates"] if all(c["policy"][k] == pol[k] for k in route)
+                 and all(c["policy"][k] == getattr(defaults, k) for k in knobs)]
+        beaten = [c["predicted"]["step_time_s"] for c in start if c["fits"]]
+        assert beaten or start, (pol, "no candidate of the route with the default knobs")
+        if beaten:
+            assert max(beaten) * 0.999 >= chosen - 1e-12, (pol, beaten, chosen)
+
+
 def test_the_chosen_policy_is_the_fastest_fitting_candidate(nvlink_bs8):
     plan = nvlink_bs8
-    fitting = [c for c in plan["candidates"] if c["fits"]]
-    best = min(c["predicted"]["step_time_s"] for c in fitting)
-    assert plan["predicted"]["step_time_s"] <= best * 1.001 + 1e-9
+    _assert_fastest_fitting_by_the_tie_rule(plan)
     pred = plan["predicted"]
     assert pred["tokens_per_s"] == pytest.approx(2 * 8 * 2048 / pred["step_time_s"])
     assert sum(pred["phases"].values()) == pytest.approx(pred["step_time_s"])
@@ -77,21 +104,54 @@ def test_the_chosen_policy_is_the_fastest_fitting_candidate(nvlink_bs8):
     assert rec["forward_span"] == pytest.approx(pred["spans"]["forward"])
 
 
-def test_at_micro_batch_8_not_every_layer_keeps_its_activations(nvlink_bs8, x2):
-    plan = nvlink_bs8
+def _with_hbm(topology: dict, gib: float) -> dict:
+    """The same host with GPUs of `gib` GiB."""
+    topo = copy.deepcopy(topology)
+    for g in topo["gpus"]:
+        g["hbm_bytes"] = int(gib * 2**30)
+    return topo
+
+
+def _hbm_refusal(why_not: str) -> float:
+    """The overshoot a candidate's refusal states, in GiB (None when it is refused for something else)."""
+    m = re.search(r"needs ([\d.]+) GiB of HBM per GPU, ([\d.]+) GiB over the budget of ([\d.]+) GiB", why_not or "")
+    return None if m is None else float(m.group(2))
+
+
+@pytest.mark.parametrize("gib", [None, 96])
+def test_with_too_little_hbm_the_plan_fits_and_keeping_every_layer_is_rejected_with_the_overshoot(nvlink_bs8, x2,
+                                                                                                  gib):
+    """At micro-batch 8 a Qwen3-8B layer saves 3.55 GB of activations (measured: the calibration's
+    saved_keep_bytes), 36 of them 119 GiB: on the 140 GiB H200 keeping them all leaves no room for the rest, on a
+    96 GiB GPU they do not even fit alone. The chosen plan stays under the budget, which the plan reports and which
+    lies below the GPU's memory; the plan that keeps every layer is listed as rejected, with the overshoot it
+    states equal to its predicted peak above that budget; the smaller GPU keeps fewer layers."""
+    topo, cal = x2
+    full = nvlink_bs8
+    plan = full if gib is None else ap.plan_job(_cfg(), _with_hbm(topo["nvlink"], gib), cal["qwen3-8b_bs8_nvlink"])
+    physical = gib or topo["nvlink"]["gpus"][0]["hbm_bytes"] / 2**30
+    budget = plan["job"]["hbm_budget_gib"]
+    assert plan["feasible"] and budget < physical
+    assert plan["predicted"]["hbm_peak_gib"] <= budget
     acts = plan["policy"]["activations"]
     assert len(acts) == 36 and acts.count("keep") < 36
-    budget = 0.92 * x2[0]["nvlink"]["gpus"][0]["hbm_bytes"] / 2**30
-    assert plan["predicted"]["hbm_peak_gib"] <= budget
     all_keep = [c for c in plan["candidates"] if c["policy"]["activations"].count("keep") == 36]
-    assert all_keep and not all_keep[0]["fits"]
-    over = float(re.search(r"([\d.]+) GiB over the budget", all_keep[0]["why_not"]).group(1))
-    assert over == pytest.approx(all_keep[0]["predicted"]["hbm_peak_gib"] - budget, abs=0.06)
-    m = plan["marginal"]
-    # With 8 gradient staging slots this step is bound by the host update, so the recompute that keeping
-    # would save is hidden: keeping is never dearer, and here no cheaper, than checkpointing.
-    assert m["tau_s"]["keep"] <= m["tau_s"]["checkpoint"] + 1e-9
-    assert plan["predicted"]["exposed"]["cpu_update"] > plan["predicted"]["exposed"]["recompute"]
+    assert all_keep and not any(c["fits"] for c in all_keep)
+    for c in all_keep:
+        over = _hbm_refusal(c["why_not"])
+        assert over is not None, c["why_not"]
+        assert over == pytest.approx(c["predicted"]["hbm_peak_gib"] - budget, abs=0.06)
+    saved = 36 * cal["qwen3-8b_bs8_nvlink"]["unit"]["saved_keep_bytes"] / 2**30
+    assert min(c["predicted"]["hbm_peak_gib"] for c in all_keep) > saved
+    _assert_fastest_fitting_by_the_tie_rule(plan)
+    if gib is not None:
+        assert saved > gib and acts.count("keep") < full["policy"]["activations"].count("keep")
+    else:
+        m = plan["marginal"]
+        # With 8 gradient staging slots this step is bound by the host update, so the recompute that keeping
+        # would save is hidden: keeping is never dearer, and here no cheaper, than checkpointing.
+        assert m["tau_s"]["keep"] <= m["tau_s"]["checkpoint"] + 1e-9
+        assert plan["predicted"]["exposed"]["cpu_update"] > plan["predicted"]["exposed"]["recompute"]
 
 
 def test_without_p2p_the_planner_replicates(x2):
@@ -102,16 +162,23 @@ def test_without_p2p_the_planner_replicates(x2):
 
 
 def test_a_14b_job_on_too_little_host_ram_is_refused_with_the_shortfall(x2):
+    """Qwen3-14B's fp32 master and AdamW moments (12 B/param) and the bf16 copy the update writes (2 B/param)
+    alone exceed 180 GiB: refused, naming host_ram_gib, and the shortfall it states is the real threshold — with
+    that much more RAM the job is planned, with a little less it is still refused."""
+    from slidedp.presets import PRESETS, param_count
+
     topo, _ = x2
-    cfg = _cfg(model="qwen3-14b", host_ram_gib=180)
-    plan = ap.plan_job(cfg, topo["nvlink"], None)
+    floor_gib = 14 * param_count(PRESETS["qwen3-14b"]) / 2**30
+    assert floor_gib > 180
+    plan = ap.plan_job(_cfg(model="qwen3-14b", host_ram_gib=180), topo["nvlink"], None)
     assert not plan["feasible"] and plan["policy"] is None
     err = plan["errors"][0]
     assert err["loc"] == "host_ram_gib"
-    job = cm.Job.from_config(cfg, topo["nvlink"])
-    lean = cm.Policy.default(job, delivery="sharded", grad_reduce="gpu", window=2, loss_chunk_tokens=1024)
-    need = mm.memory(job, lean, mm.ActivationSizes.of(job, None))["host_bytes"] / 2**30
-    assert f"{need - 180:.1f} GiB more than the 180.0 GiB available" in err["msg"]
+    short = float(re.search(r"([\d.]+) GiB more than the 180.0 GiB available", err["msg"]).group(1))
+    assert short >= floor_gib - 180
+    enough = ap.plan_job(_cfg(model="qwen3-14b", host_ram_gib=180 + short + 0.05), topo["nvlink"], None)
+    assert enough["feasible"] and enough["predicted"]["host_ram_gib"] <= 180 + short + 0.05
+    assert not ap.plan_job(_cfg(model="qwen3-14b", host_ram_gib=180 + short - 0.1), topo["nvlink"], None)["feasible"]
     assert ap.plan_job(_cfg(model="qwen3-14b"), topo["nvlink"], None)["feasible"]  # 256 GiB holds it
 
 
@@ -216,9 +283,14 @@ def test_edge_update_auto_weighs_the_host_bytes_it_saves_against_hbm(x2):
             best[e] = min(best.get(e, float("inf")), c["predicted"]["step_time_s"])
     # the host update bounds this step; the two units are 15% of its bytes
     assert best["gpu"] < 0.97 * best["host"]
-    job = cm.Job.from_config(job_cfg, topo["nvlink"])
-    edge_gib = (job.padded(0) + job.padded(job.layers + 1)) / 2 * 16 / 2**30 * (1 + mm.ALLOCATOR_SLACK)
-    assert plan["predicted"]["hbm_parts_gib"]["device_state"] == pytest.approx(edge_gib)
+    # the HBM it costs: each of the 2 GPUs holds half of the embedding's and head's fp32 weights, both AdamW
+    # moments and the reduced fp32 gradient, 16 B/param / 2 (0.62B + 0.62B params: 9.3 GiB); the plan counts no
+    # less, and not the whole units on each GPU (18.5 GiB)
+    from slidedp.presets import PRESETS, unit_param_counts
+
+    units = unit_param_counts(PRESETS["qwen3-8b"])
+    edge_gib = (units[0] + units[-1]) * 16 / 2 / 2**30
+    assert edge_gib <= plan["predicted"]["hbm_parts_gib"]["device_state"] < 1.25 * edge_gib
     assert "Updated on the GPUs: the embedding and head" in plan["why"]
     # with the host route asked for, a device edge update is not a candidate
     host = ap.plan_job(_cfg(policy={"grad_reduce": "host"}), topo["nvlink"],
@@ -230,8 +302,9 @@ def test_the_cost_model_moves_no_host_bytes_for_device_updated_units(x2):
     topo, cal = x2
     job = cm.Job.from_config(_cfg(), topo["nvlink"])
     rates = cm.Rates(_with_device_rate(cal["qwen3-8b_bs8_nvlink"]), job)
-    host = cm.durations(job, cm.Policy.default(job, delivery="sharded", grad_reduce="gpu"), rates)
-    dev = cm.durations(job, cm.Policy.default(job, delivery="sharded", grad_reduce="gpu", edge_update="gpu"), rates)
+    host = cm.durations(job, ExecutionPolicy.default(job.layers, delivery="sharded", grad_reduce="gpu"), rates)
+    dev = cm.durations(job, ExecutionPolicy.default(job.layers, delivery="sharded", grad_reduce="gpu",
+                                                    edge_update="gpu"), rates)
     head = job.layers + 1
     for u in (0, head):
         assert (dev.deliver_bytes[u], dev.grad_bytes[u], dev.update[u], dev.update_bytes[u]) == (0, 0, 0, 0)
@@ -278,6 +351,181 @@ def test_the_planner_spends_spare_hbm_on_layers_updated_on_the_gpus(x2):
     bad = ap.plan_job(_cfg(policy={"device_layers": 36, "keep_layers": 20, "activations": "auto"}),
                       topo["nvlink"], _with_device_rate(cal["qwen3-8b_bs8_nvlink"]))
     assert not bad["feasible"] and bad["errors"][0]["loc"] in ("policy.keep_layers", "policy.device_layers")
+
+
+def _scaled_pcie(cal: dict, factor: float) -> dict:
+    """The calibration with every host<->GPU bandwidth scaled by `factor` (a slower host link)."""
+    cal = copy.deepcopy(cal)
+    tr = cal["transfers"]
+    for k in ("h2d_GBps", "d2h_GBps", "h2d_all_GBps", "d2h_all_GBps", "bidir_GBps"):
+        tr[k] = [v * factor for v in tr[k]] if isinstance(tr[k], list) else tr[k] * factor
+    return cal
+
+
+def _best_per_route(plan: dict) -> dict:
+    best = {}
+    for c in plan["candidates"]:
+        if c["fits"]:
+            key = (c["policy"]["delivery"], c["policy"]["grad_reduce"])
+            best[key] = min(best.get(key, float("inf")), c["predicted"]["step_time_s"])
+    return best
+
+
+def test_when_the_host_link_binds_the_routes_that_move_fewer_bytes_over_it_win(x2):
+    """Over the host link, replicated delivery copies every unit to each of the 2 GPUs (2 x 2 B/param per
+    delivery) where sharded copies each half once and all-gathers over NVLink (2 B/param in all); host reduction
+    returns every GPU's whole gradient (2 x 4 B/param) where gpu reduction returns each GPU's reduced half
+    (4 B/param). With the measured link the two deliveries are 1% apart; as the link slows, the delivery that
+    moves half the bytes pulls ahead by more and more, and gpu reduction stays ahead of host reduction."""
+    topo, cal = x2
+    gaps = []
+    for factor in (1.0, 0.25, 0.125):
+        plan = ap.plan_job(_cfg(micro_batch_size=4), topo["nvlink"], _scaled_pcie(cal["qwen3-8b_bs4_nvlink"], factor))
+        best = _best_per_route(plan)
+        gaps.append(best[("replicated", "gpu")] / best[("sharded", "gpu")])
+        assert best[("sharded", "host")] > best[("sharded", "gpu")]
+        _assert_fastest_fitting_by_the_tie_rule(plan)
+        if factor < 1:
+            assert (plan["policy"]["delivery"], plan["policy"]["grad_reduce"]) == ("sharded", "gpu")
+    assert abs(gaps[0] - 1) < 0.05 and gaps[0] < gaps[1] < gaps[2] and gaps[2] > 1.2, gaps
+
+
+HBM_LADDER = (140.4, 100, 64, 44)  # GiB per GPU: the H200's, then smaller GPUs of the same host
+
+
+@pytest.fixture(scope="module")
+def hbm_ladder(x2):
+    """Qwen3-8B at micro-batch 8 on the NVLink pair, planned for GPUs of each size with the device AdamW rate
+    known, so that the planner can spend HBM on kept activations, residency and device-updated layers."""
+    topo, cal = x2
+    calib = _with_device_rate(cal["qwen3-8b_bs8_nvlink"])
+    return {gib: ap.plan_job(_cfg(), _with_hbm(topo["nvlink"], gib), calib) for gib in HBM_LADDER}
+
+
+def test_a_smaller_hbm_budget_never_yields_a_faster_predicted_plan(hbm_ladder):
+    """A smaller GPU can only take away options. Every rung is planned, fits its own budget, and is predicted
+    no faster than the rung above it; the smallest is predicted slower than the largest (HBM is worth something
+    to this job), and on every smaller rung a faster plan exists that was rejected for HBM: the budget binds."""
+    times = []
+    for gib in HBM_LADDER:
+        plan = hbm_ladder[gib]
+        assert plan["feasible"], (gib, plan["errors"])
+        assert plan["predicted"]["hbm_peak_gib"] <= plan["job"]["hbm_budget_gib"] < gib
+        times.append(plan["predicted"]["step_time_s"])
+        _assert_fastest_fitting_by_the_tie_rule(plan)
+        if gib < HBM_LADDER[0]:
+            rejected = [c for c in plan["candidates"] if not c["fits"] and _hbm_refusal(c["why_not"])]
+            assert any(c["predicted"]["step_time_s"] < times[-1] for c in rejected), gib
+    assert all(a <= b * (1 + 1e-9) for a, b in zip(times, times[1:])), times
+    assert times[-1] > 1.05 * times[0], times
+
+
+@pytest.mark.xfail(strict=True, reason="planning/autopolicy.py run(): the route search keeps the fastest route "
+                   "candidate whether it fits or not, and the knob search replaces it only by a plan 0.1% faster, so "
+                   "when only a smaller loss chunk makes it fit (and is no faster) the plan returned is over budget")
+def test_a_plan_with_the_window_fixed_still_fits_a_small_gpu(x2):
+    """44 GiB GPUs with the window fixed at 4: the sharded/gpu route with the embedding and head on the GPUs
+    needs a 1024-token loss chunk to fit (the default 4096 puts it 4.4 GiB over); that chunk costs no time on this
+    calibration, so it does not beat the over-budget plan by 0.1%. The plan must still fit its budget."""
+    topo, cal = x2
+    plan = ap.plan_job(_cfg(policy={"window": 4}), _with_hbm(topo["nvlink"], 44),
+                       _with_device_rate(cal["qwen3-8b_bs8_nvlink"]))
+    assert plan["feasible"]
+    assert plan["predicted"]["hbm_peak_gib"] <= plan["job"]["hbm_budget_gib"], plan["policy"]["loss_chunk_tokens"]
+
+
+@pytest.mark.parametrize("job", [
+    pytest.param({"calibration": "qwen3-8b_bs8_pcie_host", "topology": "pcie_host"}, id="no-p2p"),
+    pytest.param({"calibration": "qwen3-8b_bs4_nvlink", "raw": {"micro_batch_size": 4, "grad_accum": 2,
+                                                                "optimizer": {"max_grad_norm": 1.0}}},
+                 id="bs4-accumulation-clipping"),
+    pytest.param({"calibration": "qwen3-8b_bs8_nvlink", "raw": {"host_ram_gib": 140}}, id="host-ram-140"),
+    pytest.param({"calibration": "qwen3-8b_bs8_nvlink", "raw": {"host_ram_gib": 140}, "hbm_gib": 64},
+                 id="host-ram-140-hbm-64"),
+])
+def test_every_chosen_plan_fits_the_hbm_budget_and_the_host_ram_limit(x2, job):
+    """Across jobs and hosts: the chosen plan's predicted peak HBM is within the budget the plan reports (below
+    the GPU's memory) and its host RAM within the limit (the configured host_ram_gib, else the host's cgroup
+    limit); with 140 GiB of host RAM the host-reduction routes, whose staging holds whole units, are rejected
+    for host RAM and the choice is by the tie rule among what remains."""
+    topo_all, cal = x2
+    topo = topo_all[job.get("topology", "nvlink")]
+    if "hbm_gib" in job:
+        topo = _with_hbm(topo, job["hbm_gib"])
+    raw = job.get("raw", {})
+    plan = ap.plan_job(_cfg(**raw), topo, cal[job["calibration"]])
+    assert plan["feasible"], plan["errors"]
+    limit = raw.get("host_ram_gib") or topo["host_ram"]["limit_bytes"] / 2**30
+    pred = plan["predicted"]
+    assert pred["hbm_peak_gib"] <= plan["job"]["hbm_budget_gib"] < topo["gpus"][0]["hbm_bytes"] / 2**30
+    assert pred["host_ram_gib"] <= limit
+    for c in plan["candidates"]:
+        if c["fits"]:
+            assert c["predicted"]["hbm_peak_gib"] <= plan["job"]["hbm_budget_gib"]
+            assert c["predicted"]["host_ram_gib"] <= limit
+    _assert_fastest_fitting_by_the_tie_rule(plan)
+    if raw.get("host_ram_gib") == 140:
+        host_route = [c for c in plan["candidates"] if c["policy"]["grad_reduce"] == "host"]
+        assert host_route and all(not c["fits"] and "host RAM" in c["why_not"] for c in host_route)
+        assert plan["policy"]["grad_reduce"] == "gpu"
+
+
+# ---------------------------------------------------------------------------- peak HBM against the GPU's own count
+# tests/runtime/fixtures/h200x1_measured_hbm.json: 15 runs on the one-GPU machine (Qwen3-1.7B, 4B and 8B), each with
+# the policy it ran, its calibration and the peak the CUDA allocator reserved (torch.cuda.max_memory_reserved).
+@pytest.fixture(scope="module")
+def measured_hbm():
+    with open(os.path.join(FIX, "h200x1_measured_hbm.json")) as fh:
+        fix = json.load(fh)
+    with open(os.path.join(FIX, "h200x1_qwen3-1.7b.json")) as fh:
+        one = json.load(fh)
+    cals = {**{k: v for k, v in fix.items() if k.startswith("calibration_")},
+            **{k: v for k, v in one.items() if k.startswith("calibration_")}}
+    topo = one["topology"]
+    out = []
+    for run in fix["runs"]:
+        cfg = _cfg(model=run["model"], gpus=1, micro_batch_size=run["micro_batch_size"], seq_len=run["seq_len"],
+                   cpu_threads=16, policy=run["policy"])
+        out.append((run, ap.plan_job(cfg, topo, cals[run["calibration"]])))
+    return topo["gpus"][0]["hbm_bytes"] / 2**30, out
+
+
+def test_every_plan_that_ran_is_planned_not_refused(measured_hbm):
+    """Each of these policies trained on the GPU without running out of memory, two of them at 125.5 GiB of the
+    140.4: planned with the calibration of their run, none may be refused."""
+    _, runs = measured_hbm
+    for run, plan in runs:
+        assert plan["feasible"], (run["source"], plan["errors"])
+        assert plan["calibration"] == "measured", run["source"]
+
+
+def test_predicted_peak_hbm_is_within_5_percent_of_what_the_gpu_reserved(measured_hbm):
+    """docs/perf-notes.md's target for the memory model: predicted peak HBM within 5% of the measured peak, on
+    the runs that hold a large share of the GPU (kept activations, device-updated layers; here 56 GiB and more),
+    and never below the measured peak near the top (above three quarters of the budget), where an under-count
+    is an out-of-memory error. The small all-checkpointed runs are not held to 5%: they hold ~3 GiB the model
+    does not count (docs/benchmarks.md), which the next test bounds."""
+    hbm, runs = measured_hbm
+    large = [(run, plan) for run, plan in runs if run["measured_hbm_peak_gib"] >= 0.4 * hbm]
+    assert len(large) >= 10
+    for run, plan in large:
+        assert plan["feasible"], run["source"]
+        measured, predicted = run["measured_hbm_peak_gib"], plan["predicted"]["hbm_peak_gib"]
+        assert abs(predicted / measured - 1) <= 0.05, (run["source"], predicted, measured)
+        if measured >= 0.75 * plan["job"]["hbm_budget_gib"]:
+            assert predicted >= measured, (run["source"], predicted, measured)
+
+
+def test_no_run_reserved_more_than_its_prediction_plus_the_headroom_the_budget_leaves(measured_hbm):
+    """The budget keeps part of the GPU out of every plan: whatever the model misses must fit in it, or a plan
+    predicted right at the budget runs out of memory. Every run, the small ones included, reserved at most its
+    predicted peak plus that headroom."""
+    hbm, runs = measured_hbm
+    for run, plan in runs:
+        assert plan["feasible"], run["source"]
+        headroom = hbm - plan["job"]["hbm_budget_gib"]
+        missed = run["measured_hbm_peak_gib"] - plan["predicted"]["hbm_peak_gib"]
+        assert missed <= headroom, (run["source"], missed, headroom)
 
 
 # ---------------------------------------------------------------------------- one GPU, a measured calibration
