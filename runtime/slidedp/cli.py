@@ -8,8 +8,13 @@
     slidedp presets                                        model presets (random init) and their sizes
     slidedp validate --config job.yaml                     the checks a job passes before anything is allocated
     slidedp bench ...                                      benchmarks (see docs/benchmarks.md)
-    slidedp serve [--host H] [--port P]                    the workbench on embedded defaults
-    slidedp worker                                         a workbench worker for this GPU host
+    slidedp serve [--host H] [--port P]                    the workbench on embedded defaults     (web extra)
+    slidedp worker                                         a workbench worker for this GPU host   (web extra)
+
+`serve` and `worker` belong to the web package (slidedp_web), which the runtime never imports: it registers them
+in the ``slidedp.commands`` entry-point group (pyproject.toml), and this CLI runs any command registered there
+(NAME = "module:function", the function called with the command's remaining arguments). Without the web
+package (the GPU machine runs ``PYTHONPATH=runtime python3 -m slidedp.cli``) they say which extra to install.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ import argparse
 import json
 import os
 import sys
+from importlib import metadata
 
 from slidedp.config import ConfigError, JobConfig, load_config_file
 
@@ -147,16 +153,44 @@ def cmd_bench(args) -> int:
     return bench.main(args.rest)
 
 
-def cmd_serve(args) -> int:
-    from slidedp_web.embedded import main
+# ---- commands other packages provide (the web package's serve and worker)
+COMMANDS_GROUP = "slidedp.commands"
+# the runtime's own commands, which the group cannot replace
+_BUILTIN = {"train", "plan", "validate", "export", "topology", "presets", "bench"}
+# Commands an optional extra of this project registers: named here only to say what to install when it is absent.
+EXTRA_COMMANDS = {"serve": ("web", "run the workbench"), "worker": ("web", "run a workbench worker")}
 
-    return main(args.rest) or 0
+
+def registered_commands() -> dict[str, metadata.EntryPoint]:
+    """The entry points of the slidedp.commands group, by command name; nothing is imported to list them."""
+    return {ep.name: ep for ep in metadata.entry_points(group=COMMANDS_GROUP)}
 
 
-def cmd_worker(args) -> int:
-    from slidedp_web.worker import main
+def _missing(name: str, detail: str) -> int:
+    if name in EXTRA_COMMANDS:
+        extra = EXTRA_COMMANDS[name][0]
+        print(
+            f"slidedp {name} needs the {extra} extra, which is not installed here ({detail}); install it with "
+            f"pip install 'slidedp[{extra}]' (in a checkout: pip install -e '.[{extra}]')",
+            file=sys.stderr,
+        )
+    else:
+        print(f"slidedp {name} cannot run here: {detail}", file=sys.stderr)
+    return 2
 
-    return main(args.rest) or 0
+
+def run_registered(name: str, rest: list[str]) -> int:
+    """Run a command of the slidedp.commands group: load its function now, call it with the remaining arguments."""
+    ep = registered_commands().get(name)
+    if ep is None:
+        return _missing(name, f"no installed package registers `slidedp {name}`")
+    try:
+        fn = ep.load()
+        return fn(rest) or 0
+    except ModuleNotFoundError as exc:  # the command's package or a dependency of its extra is not installed
+        if (exc.name or "").partition(".")[0] == "slidedp":
+            raise  # a module of the runtime itself: a bug to see, not an extra to install
+        return _missing(name, f"no module named {exc.name!r}")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -182,21 +216,31 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--host-ram-gib", type=float, default=None)
     sp.set_defaults(fn=cmd_topology)
     sub.add_parser("presets", help="list model presets").set_defaults(fn=cmd_presets)
-    for name, fn, helptext in (("bench", cmd_bench, "run benchmarks"), ("serve", cmd_serve, "run the workbench"),
-                               ("worker", cmd_worker, "run a workbench worker")):
+    sp = sub.add_parser("bench", help="run benchmarks", add_help=False)
+    sp.add_argument("rest", nargs=argparse.REMAINDER)
+    sp.set_defaults(fn=cmd_bench)
+    registered = registered_commands()
+    for name in sorted(set(registered) | set(EXTRA_COMMANDS)):
+        if name in _BUILTIN:
+            continue
+        if name in EXTRA_COMMANDS:
+            extra, helptext = EXTRA_COMMANDS[name]
+            if name not in registered:
+                helptext += f" (needs the {extra} extra: pip install 'slidedp[{extra}]')"
+        else:
+            helptext = f"provided by {registered[name].module}"
         sp = sub.add_parser(name, help=helptext, add_help=False)
         sp.add_argument("rest", nargs=argparse.REMAINDER)
-        sp.set_defaults(fn=fn)
+        sp.set_defaults(fn=lambda args, name=name: run_registered(name, args.rest))
     return p
-
-
-_PASSTHROUGH = {"bench": cmd_bench, "serve": cmd_serve, "worker": cmd_worker}
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    if argv and argv[0] in _PASSTHROUGH:  # these parse their own options
-        return _PASSTHROUGH[argv[0]](argparse.Namespace(rest=argv[1:]))
+    if argv and argv[0] == "bench":  # parses its own options, as the registered commands do
+        return cmd_bench(argparse.Namespace(rest=argv[1:]))
+    if argv and argv[0] not in _BUILTIN and (argv[0] in EXTRA_COMMANDS or argv[0] in registered_commands()):
+        return run_registered(argv[0], argv[1:])
     args = build_parser().parse_args(argv)
     try:
         return args.fn(args)
