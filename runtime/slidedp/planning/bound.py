@@ -11,7 +11,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from slidedp.planning.cost_model import Job, Rates, durations
+from slidedp.planning.cost_model import Rates, durations
+from slidedp.planning.job import Job
 from slidedp.policy import ExecutionPolicy
 from slidedp.schedule import step_schedule, window_plan
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from slidedp.planning.cost_model import Job
+from slidedp.planning.job import Job
 from slidedp.planning.memory_model import ActivationSizes
 from slidedp.policy import ExecutionPolicy
 

@@ -12,16 +12,13 @@ from a count of what a decoder layer keeps for backward (flagged as estimated).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from slidedp.planning.job import Job
 from slidedp.planning.shape import shape_matches
 from slidedp.policy import ExecutionPolicy
 from slidedp.step.layout import plan_layout
 
-if TYPE_CHECKING:
-    from slidedp.planning.cost_model import Job
-
-HBM_BUDGET_FRACTION = 0.92  # of each GPU's memory: the CUDA context, NCCL and fragmentation live in the rest
 ALLOCATOR_SLACK = 0.10  # the caching allocator's rounding and fragmentation over what tensors need
 
 

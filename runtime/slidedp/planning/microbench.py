@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from slidedp.config import JobConfig, OptimizerConfig
-from slidedp.planning.cost_model import UPDATE_DRAM_BYTES
+from slidedp.planning.job import UPDATE_DRAM_BYTES
 from slidedp.step.host_state import SHM_PREFIX, shm_dir
 from slidedp.step.optimizer import adamw_, update_shard_
 

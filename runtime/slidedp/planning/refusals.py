@@ -6,8 +6,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from slidedp.planning.cost_model import GIB, Job
-from slidedp.planning.memory_model import ALLOCATOR_SLACK, HBM_BUDGET_FRACTION
+from slidedp.planning.job import GIB, HBM_BUDGET_FRACTION, Job
+from slidedp.planning.memory_model import ALLOCATOR_SLACK
 from slidedp.policy import ExecutionPolicy
 
 

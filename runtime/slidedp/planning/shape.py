@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from slidedp.planning.cost_model import Job
+    from slidedp.planning.job import Job
 
 
 def calibration_shape(cfg: Any, mc: dict[str, Any]) -> dict[str, Any]:

@@ -1,0 +1,124 @@
+"""The job as the planner sees it: its model's units and shape, its ranks, precision and the host it runs on.
+
+`Job.from_config(cfg, topology)` derives it from a JobConfig and a topology (planning/topology.py). The memory
+model (what a policy holds), the cost model (what it costs in time) and the calibration matching (shape.py) all
+read it, so it lives apart from each of them. Imports no torch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from slidedp.presets import model_config_dict, unit_param_counts
+
+GIB = 2**30
+HBM_BUDGET_FRACTION = 0.92  # of each GPU's memory: the CUDA context, NCCL and fragmentation live in the rest
+# Host DRAM bytes per parameter of one host update (slidedp.step.optimizer.update_shard_): fused AdamW reads param,
+# grad, m, v and writes param, m, v (28); the bf16 delivery copy reads 4 and writes 2. The gradient norm costs the
+# host nothing on the gpu route (reduced on the GPUs).
+UPDATE_DRAM_BYTES = {"bf16": 34, "fp32": 28}
+
+
+@dataclass
+class Job:
+    """The workload, as the planner sees it (derived from a JobConfig and a topology)."""
+
+    units: list[int]  # parameters per unit: embedding, decoder layers 1..L, final norm + lm_head
+    hidden: int
+    vocab: int
+    tied: bool
+    arch: str
+    micro_batch: int
+    seq: int
+    grad_accum: int
+    world: int
+    on_gpu: bool
+    precision: str
+    clip: bool
+    cpu_threads: int
+    cores: int
+    hbm_bytes: int | None
+    host_limit_bytes: int
+    host_limit_source: str
+    interconnect: str  # nvlink | pcie-p2p | pcie-host | none
+    model_cfg: dict[str, Any] = field(repr=False, default_factory=dict)
+    delivery_cast: str = "host"  # policy.delivery_cast: where bf16 weights are made from the fp32 master
+
+    @classmethod
+    def from_config(cls, cfg: Any, topology: dict[str, Any], model_cfg: dict[str, Any] | None = None) -> Job:
+        from slidedp.planning.topology import job_gpus, job_interconnect
+
+        mc = model_cfg if model_cfg is not None else model_config_dict(cfg.model)
+        world = cfg.world_size
+        cores = int(topology.get("cpu", {}).get("cores") or 1)
+        gpus = job_gpus(topology, cfg.gpus)
+        hbm = min(g["hbm_bytes"] for g in gpus) if cfg.gpus and len(gpus) >= cfg.gpus else None
+        ram = topology.get("host_ram", {})
+        if cfg.host_ram_gib is not None:
+            limit, source = int(cfg.host_ram_gib * GIB), "configured (host_ram_gib)"
+        else:
+            limit, source = int(ram.get("limit_bytes") or 0), str(ram.get("source", "unknown"))
+        return cls(
+            units=unit_param_counts(mc),
+            hidden=int(mc["hidden_size"]),
+            vocab=int(mc["vocab_size"]),
+            tied=bool(mc.get("tie_word_embeddings", False)),
+            arch=str(mc.get("model_type", "")),
+            micro_batch=cfg.micro_batch_size,
+            seq=cfg.seq_len,
+            grad_accum=cfg.grad_accum,
+            world=world,
+            on_gpu=cfg.gpus > 0,
+            precision=cfg.precision,
+            clip=cfg.optimizer.max_grad_norm > 0,
+            cpu_threads=cfg.cpu_threads or max(1, cores // world),  # as slidedp.launch splits the cores
+            cores=cores,
+            hbm_bytes=hbm,
+            host_limit_bytes=limit,
+            host_limit_source=source,
+            interconnect=job_interconnect(topology, cfg.gpus) if cfg.gpus else "none",
+            model_cfg=mc,
+            delivery_cast=getattr(getattr(cfg, "policy", None), "delivery_cast", "host"),
+        )
+
+    @property
+    def layers(self) -> int:
+        return len(self.units) - 2
+
+    @property
+    def params(self) -> int:
+        return sum(self.units)
+
+    @property
+    def pbytes(self) -> int:
+        return 2 if self.precision == "bf16" else 4
+
+    @property
+    def host_cast(self) -> bool:
+        """bf16 precision with the bf16 copy made on the host by the update."""
+        return self.precision == "bf16" and self.delivery_cast == "host"
+
+    @property
+    def delivered_bytes(self) -> int:
+        """Bytes per parameter crossing PCIe host->GPU: the bf16 copy, or the fp32 master cast on the GPU."""
+        return 2 if self.host_cast else 4
+
+    @property
+    def update_dram_bytes(self) -> int:
+        return UPDATE_DRAM_BYTES["bf16" if self.host_cast else "fp32"]
+
+    @property
+    def tokens_per_micro_batch(self) -> int:
+        return self.micro_batch * self.seq
+
+    @property
+    def tokens_per_step(self) -> int:
+        return self.micro_batch * self.seq * self.world * self.grad_accum
+
+    @property
+    def hbm_budget(self) -> int | None:
+        return int(self.hbm_bytes * HBM_BUDGET_FRACTION) if self.hbm_bytes else None
+
+    def padded(self, u: int) -> int:
+        return -(-self.units[u] // self.world) * self.world  # units are padded to a multiple of the world
