@@ -118,7 +118,7 @@ def _read_array(path: str, flat: torch.Tensor) -> None:
 
 def _remove_stale_temporaries(root: str) -> None:
     """Temporary directories of writers that are gone (a killed run) are removed; a live writer's are kept."""
-    from slidedp.step.host_state import pid_alive
+    from slidedp.step.layout import pid_alive  # imports no torch
 
     for name in os.listdir(root):
         if not name.startswith(TMP_PREFIX):

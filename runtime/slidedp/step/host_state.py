@@ -19,19 +19,9 @@ import time
 from dataclasses import asdict
 
 import torch
-from slidedp.step.layout import SHM_PREFIX, HostLayout, shm_dir
+from slidedp.step.layout import SHM_PREFIX, HostLayout, pid_alive, shm_dir
 
 __all__ = ["SHM_PREFIX", "Board", "HostLayout", "HostState", "cleanup_orphans", "shm_dir", "space_error", "unlink"]
-
-
-def pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def cleanup_orphans(directory: str | None = None) -> list[str]:

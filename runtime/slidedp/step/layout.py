@@ -24,6 +24,17 @@ def shm_dir() -> str:
     return os.environ.get("SLIDEDP_SHM_DIR", "/dev/shm")
 
 
+def pid_alive(pid: int) -> bool:
+    """Whether the process that owns a run's segments (or a checkpoint writer's temporary folder) still exists."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 @dataclass
 class HostLayout:
     """Everything a rank needs to map the host state; passed to rank processes as plain data."""
