@@ -12,10 +12,11 @@
   is a few kilobytes, and nothing else is uploaded.
 * **Resources.** Before the job process allocates anything it checks the job against its host as the worker
   reported it (host RAM and GPU memory, through AutoPolicy's memory model, which also covers fully explicit
-  policies the runtime does not plan) and against the free space of the shared-memory folder the host state is
-  created in (Docker gives a container 64 MiB of /dev/shm unless told otherwise, and a host state that does not
-  fit there dies with SIGBUS at first touch, long after the start). A refusal fails the job with the structured
-  error {"message", "errors": [{"loc", "msg"}]}.
+  policies the runtime does not plan; the plan stored at submit time answers when it was made on that very
+  report, so the job is not planned again for it) and against the free space of the shared-memory folder the
+  host state is created in (Docker gives a container 64 MiB of /dev/shm unless told otherwise, and a host state
+  that does not fit there dies with SIGBUS at first touch, long after the start). A refusal fails the job with
+  the structured error {"message", "errors": [{"loc", "msg"}]}.
 """
 
 from __future__ import annotations
@@ -212,14 +213,30 @@ def shared_state_bytes(cfg: Any) -> int:
     return state + staging
 
 
-def resource_errors(cfg: Any, topology: Optional[dict[str, Any]], shm_directory: str) -> list[dict[str, str]]:
-    """Host RAM and HBM (AutoPolicy's memory model against the host's topology; None: unknown, left to the runtime)
-    and the shared-memory folder's free space, for a parsed JobConfig; [] when the job fits."""
-    from slidedp.planning.autopolicy import plan_job
+def planned_on(plan: Optional[dict[str, Any]], cfg: Any, topology: Optional[dict[str, Any]]) -> bool:
+    """Whether a stored plan (docs/interfaces.md §5) was made on this topology: its basis's topology digest is the
+    one the topology gives now (slidedp.planning.autopolicy.plan_basis)."""
+    if not isinstance(plan, dict) or not isinstance(plan.get("basis"), dict) or topology is None:
+        return False
+    from slidedp.planning.autopolicy import plan_basis
 
-    plan = plan_job(cfg, topology, None) if topology is not None else {}
+    return plan["basis"].get("topology") == plan_basis(cfg, topology, None)["topology"]
+
+
+def resource_errors(
+    cfg: Any, topology: Optional[dict[str, Any]], shm_directory: str, plan: Optional[dict[str, Any]] = None
+) -> list[dict[str, str]]:
+    """Host RAM and HBM (AutoPolicy's memory model against the host's topology; None: unknown, left to the runtime)
+    and the shared-memory folder's free space, for a parsed JobConfig; [] when the job fits. A stored `plan` made
+    on this very topology answers the memory question as it is; otherwise the job is planned for it here."""
+    if topology is None:
+        plan = {}
+    elif not planned_on(plan, cfg, topology):
+        from slidedp.planning.autopolicy import plan_job
+
+        plan = plan_job(cfg, topology, None)
     if not plan.get("feasible", True):
-        return [{"loc": str(e.get("loc", "model")), "msg": str(e.get("msg", ""))} for e in plan["errors"]]
+        return [{"loc": str(e.get("loc", "model")), "msg": str(e.get("msg", ""))} for e in plan.get("errors") or []]
     try:
         need = shared_state_bytes(cfg)
     except (OSError, KeyError, ValueError, TypeError):
@@ -240,27 +257,34 @@ def resource_errors(cfg: Any, topology: Optional[dict[str, Any]], shm_directory:
 
 
 def preflight(
-    settings: Any, config: dict[str, Any], topology: Optional[dict[str, Any]], job_id: Optional[int] = None
+    settings: Any,
+    config: Any,
+    topology: Optional[dict[str, Any]],
+    job_id: Optional[int] = None,
+    plan: Optional[dict[str, Any]] = None,
 ) -> list[dict[str, str]]:
-    """Everything the job process checks before it starts training: roots, then resources. [] = go."""
+    """Everything the job process checks before it starts training: roots, then resources. [] = go.
+
+    config: the job's parsed JobConfig (a config dict is parsed here, and its errors are the answer); plan: the
+    job's stored plan, which answers the memory check when it was made on this topology."""
     from slidedp.config import ConfigError, JobConfig
 
     from slidedp_web.outputs import default_folder, real
 
-    judged = config
+    judged = config.to_dict() if isinstance(config, JobConfig) else config
     if (
         job_id is not None
-        and isinstance(config.get("output_dir"), str)
-        and real(config["output_dir"]) == default_folder(settings, job_id)
+        and isinstance(judged.get("output_dir"), str)
+        and real(judged["output_dir"]) == default_folder(settings, job_id)
     ):
-        judged = {k: v for k, v in config.items() if k != "output_dir"}  # the job's own folder
+        judged = {k: v for k, v in judged.items() if k != "output_dir"}  # the job's own folder
     errors = root_errors(
         settings.model_roots, settings.data_roots, judged, settings.output_roots, settings.data_dir
     )
     if errors:
         return errors
     try:
-        cfg = JobConfig.from_dict(config)
+        cfg = config if isinstance(config, JobConfig) else JobConfig.from_dict(config)
     except ConfigError as exc:
         return list(exc.errors)
     from slidedp_web.hosts import basic_topology, host_ram_bytes
@@ -274,7 +298,7 @@ def preflight(
         return [raised]
     from slidedp.step.host_state import shm_dir
 
-    return resource_errors(cfg, topology, shm_dir())
+    return resource_errors(cfg, topology, shm_dir(), plan)
 
 
 def host_ram_error(cfg: Any, detected: Optional[int]) -> Optional[dict[str, str]]:
@@ -289,10 +313,19 @@ def host_ram_error(cfg: Any, detected: Optional[int]) -> Optional[dict[str, str]
     }
 
 
+def refusal(settings: Any, errors: list[dict[str, str]]) -> dict[str, Any]:
+    """The job error a refusal before start fails a job with: {"message", "errors"}."""
+    reasons = "; ".join(f"{e['loc']}: {e['msg']}" for e in errors)
+    return {"message": f"refused before start on {settings.host_name}: {reasons}", "errors": errors}
+
+
 def job_refusal(
-    settings: Any, config: dict[str, Any], job_id: Optional[int] = None
+    settings: Any, cfg: Any, job_id: Optional[int] = None, plan: Optional[dict[str, Any]] = None
 ) -> Optional[dict[str, Any]]:
     """The job error to fail a job with before it starts on this worker's host, or None when it may start.
+
+    cfg: the job's parsed JobConfig; plan: its stored plan (the API's, made at submit time), which answers the
+    memory check without planning again when it was made on the host's reported topology.
 
     The host is taken as its worker reported it (hosts table: GPUs, HBM, the host RAM a job may use, with
     SLIDEDP_HOST_RAM_GIB applied), which is what the API planned the job against when it was submitted; the
@@ -305,8 +338,5 @@ def job_refusal(
     with read_session(settings) as session:
         host = session.get(Host, settings.host_name)
         topology = host.topology if host is not None and host.topology else None
-    errors = preflight(settings, config, topology, job_id)
-    if not errors:
-        return None
-    reasons = "; ".join(f"{e['loc']}: {e['msg']}" for e in errors)
-    return {"message": f"refused before start on {settings.host_name}: {reasons}", "errors": errors}
+    errors = preflight(settings, cfg, topology, job_id, plan)
+    return refusal(settings, errors) if errors else None

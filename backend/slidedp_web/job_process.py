@@ -64,22 +64,29 @@ def _train(settings: Any, job_id: int, attempt: int, stop: Any) -> dict[str, Any
         job = session.get(Job, job_id)
         config = dict(job.config)
         output_dir, action = job.output_dir, job.action or "train"
+        stored = job.policy
     config["output_dir"] = output_dir
-    from slidedp_web.guards import job_refusal
+    plan = stored_plan(stored)
+    from slidedp.config import ConfigError, JobConfig
 
-    refused = job_refusal(
-        settings, config, job_id
-    )  # before anything is allocated: a clear error, not an OOM kill
+    from slidedp_web.guards import job_refusal, refusal
+
+    try:
+        cfg = JobConfig.from_dict(config)  # parsed once: the guards and slidedp.train take this object
+    except ConfigError as exc:
+        refused = refusal(settings, list(exc.errors))
+    else:  # before anything is allocated: a clear error, not an OOM kill
+        refused = job_refusal(settings, cfg, job_id, plan)
     if refused is None:
         refused = _claim_folder(settings, job_id)  # before anything is written
-    if refused is None and config.get("init_from"):
-        refused = _resolve_init_from(settings, config)
+    if refused is None and cfg.init_from is not None:
+        refused = _resolve_init_from(settings, cfg)
     if refused is not None:
         _log(settings, job_id, refused["message"])
         return {"status": "failed", "error": refused}
     if action == "export":
         return _export(settings, job_id, output_dir)
-    resume = bool(config.get("resume")) or attempt > 1
+    resume = cfg.resume or attempt > 1
     if resume and not has_checkpoint(output_dir):
         if attempt > 1:
             _log(
@@ -88,7 +95,7 @@ def _train(settings: Any, job_id: int, attempt: int, stop: Any) -> dict[str, Any
                 f"no checkpoint in {output_dir}/checkpoints yet: attempt {attempt} starts at step 0",
             )
         resume = False
-    config["resume"] = resume
+    cfg.resume = resume
     _log(
         settings,
         job_id,
@@ -116,15 +123,15 @@ def _train(settings: Any, job_id: int, attempt: int, stop: Any) -> dict[str, Any
         _log(settings, job_id, "stopped before the first step of this attempt")
         return {"status": "stopped", "steps_done": None}
     import slidedp
-    from slidedp.config import ConfigError
     from slidedp.launch import ExportFailed
 
     try:
         result = slidedp.train(
-            config,
+            cfg,
             on_step=on_step,
             on_log=lambda line: _log(settings, job_id, line),
             should_stop=should_stop,
+            plan=plan,
         )
     except _StoppedBeforeFirstStep:
         _log(settings, job_id, "stopped before the first step of this attempt")
@@ -155,11 +162,17 @@ def _train(settings: Any, job_id: int, attempt: int, stop: Any) -> dict[str, Any
         return {"status": "failed", "error": {"message": f"{type(exc).__name__}: {first}", "errors": []}}
     if result.final_dir:
         _record_outputs(settings, job_id, export=list(getattr(result, "exported_files", None) or []))
+    resolved = None
+    if result.policy:
+        # the job's policy column after a run: the plan it was resolved from (the stored one, or the one made
+        # again with "replanned" saying why), with the policy the ranks ran
+        resolved = {**result.plan, "stage": "resolved", "policy": result.policy.to_dict()}
+        if isinstance(stored, dict) and "replanned" in stored and "replanned" not in resolved:
+            resolved["replanned"] = None  # the column is merged: an earlier run's reason is not this run's
     return {
         "status": result.status,
         "steps_done": result.steps_done,
-        # the job's policy column after a run: the plan it was resolved from, with the policy the ranks ran
-        "policy": {**result.plan, "stage": "resolved", "policy": result.policy.to_dict()} if result.policy else None,
+        "policy": resolved,
         "final_dir": getattr(result, "final_dir", None),
         "checkpoint_dir": getattr(result, "checkpoint_dir", None),
     }
@@ -211,20 +224,31 @@ def _claim_folder(settings: Any, job_id: int) -> dict[str, Any] | None:
     return None
 
 
-def _resolve_init_from(settings: Any, config: dict[str, Any]) -> dict[str, Any] | None:
+def _resolve_init_from(settings: Any, cfg: Any) -> dict[str, Any] | None:
     """init_from {job, checkpoint NAME} becomes the checkpoint's path for the runtime, read-only there."""
+    import dataclasses
+
     from slidedp_web.core.db import read_session
     from slidedp_web.jobs import checkpoint_path
 
-    source = config["init_from"]
-    if source.get("job") is None:
+    source = cfg.init_from
+    if source.job is None:
         return None
     try:
         with read_session(settings) as session:
-            path = checkpoint_path(session, int(source["job"]), str(source.get("checkpoint") or "latest"))
+            path = checkpoint_path(session, int(source.job), str(source.checkpoint or "latest"))
     except FileNotFoundError as exc:
         return _refusal(settings, str(exc), "init_from")
-    config["init_from"] = {"job": None, "checkpoint": path}
+    cfg.init_from = dataclasses.replace(source, job=None, checkpoint=path)
+    return None
+
+
+def stored_plan(policy: Any) -> dict[str, Any] | None:
+    """The plan a job's policy column holds from its submission ("stage": "planned"), for the run to use when it
+    was made on the host and calibration the run sees (slidedp.train's `plan`); None after a run has resolved it,
+    or when no plan was kept."""
+    if isinstance(policy, dict) and policy.get("stage") == "planned":
+        return policy
     return None
 
 

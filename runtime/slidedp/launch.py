@@ -162,11 +162,16 @@ def _cpu_threads(cfg: JobConfig) -> int:
     return max(1, cores // cfg.world_size)
 
 
-def resolve_policy(cfg: JobConfig, num_layers: int, on_log=None) -> tuple[ExecutionPolicy, dict]:
+def resolve_policy(cfg: JobConfig, num_layers: int, on_log=None,
+                   plan: dict | None = None) -> tuple[ExecutionPolicy, dict]:
     """The execution policy, resolved once (slidedp.policy.resolve): AutoPolicy's plan where the config says
-    `auto`, the config where it fixes a choice. Returns (policy, plan); plan is {} when nothing was planned."""
+    `auto`, the config where it fixes a choice. Returns (policy, plan); plan is {} when nothing was planned.
+
+    `plan`: a plan made earlier for this job (the web service's, made when the job was submitted). It is used as it
+    is when its basis (autopolicy.plan_basis) equals the basis of the topology and calibration this run sees;
+    otherwise the job is planned again, one log line says why, and the new plan carries it under "replanned"."""
     p = cfg.policy
-    plan: dict = {}
+    stored, plan = plan, {}
     explicit = p.delivery != "auto" and p.grad_reduce != "auto" and p.activations != "auto" and p.edge_update != "auto" \
         and p.device_layers is not None \
         and p.resident_units is not None
@@ -180,7 +185,16 @@ def resolve_policy(cfg: JobConfig, num_layers: int, on_log=None) -> tuple[Execut
                 from slidedp.planning import calibration as calib
 
                 calibration = calib.load_or_calibrate(cfg, topo)
-            plan = autopolicy.plan_job(cfg, topo, calibration)
+            why = None if stored is None else _stale_plan(stored, autopolicy.plan_basis(cfg, topo, calibration),
+                                                          cfg.world_size, num_layers)
+            if stored is not None and why is None:
+                plan = dict(stored)
+                _log(on_log, "plan reused: this host and calibration are the ones it was made on")
+            else:
+                plan = autopolicy.plan_job(cfg, topo, calibration)
+                if why is not None:
+                    plan["replanned"] = why
+                    _log(on_log, f"re-planned: {why}")
         except Exception as exc:  # the plan is advice; a broken planner must not stop a valid job
             _log(on_log, f"planner unavailable ({type(exc).__name__}: {exc}); using the configured policy")
             plan = {}
@@ -188,6 +202,25 @@ def resolve_policy(cfg: JobConfig, num_layers: int, on_log=None) -> tuple[Execut
             raise ConfigError(plan.get("errors") or [{"loc": "policy", "msg": "the job does not fit this host"}])
     planned = ExecutionPolicy.from_dict(plan["policy"]) if plan.get("policy") else None
     return resolve(p, num_layers, cfg.world_size, planned), plan
+
+
+def _stale_plan(stored: Any, basis: dict, world: int, layers: int) -> str | None:
+    """Why a stored plan may not be used by this run (None: it may): its basis is not this run's, or it was made
+    for another world size or model depth."""
+    from slidedp.planning.autopolicy import basis_change
+
+    if not isinstance(stored, dict):
+        return "the stored plan has no basis"
+    why = basis_change(stored.get("basis"), basis)
+    if why is not None:
+        return why
+    job = stored.get("job") if isinstance(stored.get("job"), dict) else {}
+    if job.get("world", world) != world or job.get("layers", layers) != layers:
+        return (f"the stored plan is for {job.get('world')} rank(s) and {job.get('layers')} layers, this run has "
+                f"{world} and {layers}")
+    if stored.get("feasible", True) and not isinstance(stored.get("policy"), dict):
+        return "the stored plan holds no policy"
+    return None
 
 
 def _metrics_prediction(plan: dict) -> dict:
@@ -293,8 +326,13 @@ def _export_or_keep(cfg: JobConfig, adapter, state, ckpt_root: str, last: int, d
 
 def train(config: dict | JobConfig, on_step: Callable[[dict], None] | None = None,
           on_log: Callable[[str], None] | None = None,
-          should_stop: Callable[[], Any] | None = None, state_cache: StateCache | None = None) -> TrainResult:
-    """Train a job to the end (or until should_stop() is truthy); see docs/interfaces.md §2."""
+          should_stop: Callable[[], Any] | None = None, state_cache: StateCache | None = None,
+          plan: dict | None = None) -> TrainResult:
+    """Train a job to the end (or until should_stop() is truthy); see docs/interfaces.md §2.
+
+    plan: a plan made for this job before (docs/interfaces.md §5), used when its basis is this run's
+    (resolve_policy); TrainResult.plan is the plan the run used, with "replanned" saying why when it was made
+    again."""
     import torch
 
     from slidedp.persist import checkpoint as ckpt
@@ -316,7 +354,7 @@ def train(config: dict | JobConfig, on_step: Callable[[dict], None] | None = Non
                                                   f"{torch.cuda.device_count()}; lower gpus or use 0 for CPU"}])
     os.makedirs(cfg.output_dir, exist_ok=True)
     adapter = ModelAdapter(load_hf_config(cfg.model))
-    policy, plan = resolve_policy(cfg, adapter.num_layers, on_log)
+    policy, plan = resolve_policy(cfg, adapter.num_layers, on_log, plan)
     removed = cleanup_orphans()
     if removed:
         _log(on_log, f"removed {len(removed)} shared-memory segments left by a killed run")

@@ -14,6 +14,8 @@ is refused as planning/refusals.py words it. docs/planning.md has the details.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import json
 from typing import Any
 
 from slidedp.config import PolicyConfig
@@ -36,12 +38,19 @@ from slidedp.policy import ExecutionPolicy
 WINDOWS = (2, 3, 4, 6)
 CHUNKS_MB = (16, 64, 256)
 LOSS_CHUNKS = (1024, 2048, 4096, 8192)
-__all__ = ["format_plan", "metrics_prediction", "plan_job"]
+__all__ = ["basis_change", "format_plan", "metrics_prediction", "plan_basis", "plan_job"]
 _DEFAULTS = {f.name: f.default for f in dataclasses.fields(PolicyConfig)}
 
 
 def plan_job(cfg: Any, topology: dict[str, Any], calibration: dict[str, Any] | None) -> dict[str, Any]:
-    """The plan for a job on a host (docs/interfaces.md §5): chosen policy, prediction, candidates, why."""
+    """The plan for a job on a host (docs/interfaces.md §5): chosen policy, prediction, candidates, why, and the
+    basis it was made on (plan_basis), so that a later run can tell whether it still holds."""
+    plan = _plan(cfg, topology, calibration)
+    plan["basis"] = plan_basis(cfg, topology, calibration)
+    return plan
+
+
+def _plan(cfg: Any, topology: dict[str, Any], calibration: dict[str, Any] | None) -> dict[str, Any]:
     try:
         job = Job.from_config(cfg, topology)
     except (KeyError, OSError, ValueError, TypeError) as exc:
@@ -83,6 +92,92 @@ def plan_job(cfg: Any, topology: dict[str, Any], calibration: dict[str, Any] | N
     plan["calibration"] = "measured" if planner.rates else "missing"
     plan["calibration_note"] = note
     return plan
+
+
+# ------------------------------------------------------------------------------------------------ basis
+# The part of a topology each digest in basis["topology_parts"] covers, as a re-plan names it.
+TOPOLOGY_PARTS = {"gpus": "GPUs", "links": "GPU links", "cpu_cores": "CPU cores", "host_ram_limit_bytes": "RAM limit"}
+
+
+def _digest(value: Any) -> str:
+    text = json.dumps(value, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def topology_facts(cfg: Any, topology: dict[str, Any] | None) -> dict[str, Any]:
+    """What a plan takes from a host's topology (docs/interfaces.md §4), and nothing that changes between two
+    reports of one unchanged host: each GPU's name and memory, the links between GPUs (kind, P2P), the usable CPU
+    cores, and the host RAM limit the job plans against (its own host_ram_gib where it sets one, as the planner
+    takes it). Left out: hostname, timestamps, free shared memory, PCIe link speeds (a GPU lowers them when idle),
+    software versions, NUMA placement and the limit's source."""
+    topology = topology or {}
+    gpus = [
+        {"name": g.get("name"), "hbm_bytes": g.get("hbm_bytes")}
+        for g in topology.get("gpus") or []
+        if isinstance(g, dict)
+    ]
+    links = sorted(
+        (
+            {"a": lk.get("a"), "b": lk.get("b"), "kind": lk.get("kind"), "p2p": bool(lk.get("p2p"))}
+            for lk in topology.get("links") or []
+            if isinstance(lk, dict)
+        ),
+        key=lambda lk: (str(lk["a"]), str(lk["b"])),
+    )
+    cpu = topology.get("cpu") if isinstance(topology.get("cpu"), dict) else {}
+    if getattr(cfg, "host_ram_gib", None) is not None:
+        ram = int(cfg.host_ram_gib * GIB)  # as Job.from_config takes it: the host's own figure does not count
+    else:
+        host_ram = topology.get("host_ram") if isinstance(topology.get("host_ram"), dict) else {}
+        ram = int(host_ram.get("limit_bytes") or 0)
+    return {"gpus": gpus, "links": links, "cpu_cores": cpu.get("cores"), "host_ram_limit_bytes": ram}
+
+
+def calibration_identity(calibration: dict[str, Any] | None) -> Any:
+    """Which calibration a plan was priced with: its header (when it was measured, for which shape, world and
+    device, under which cache key), or its whole content when it has no header; None without one."""
+    if not calibration:
+        return None
+    if calibration.get("created_at"):
+        return {k: calibration.get(k) for k in ("key", "created_at", "shape", "world", "device", "quick")}
+    return calibration
+
+
+def plan_basis(cfg: Any, topology: dict[str, Any] | None, calibration: dict[str, Any] | None) -> dict[str, Any]:
+    """{"topology": digest, "calibration": digest or None, "topology_parts": {part: digest}}: sha256 (first 16 hex
+    digits) of the canonical JSON of topology_facts and calibration_identity. Two reports of one unchanged host
+    give the same basis; a plan whose basis equals the one a run computes is the plan that run would make."""
+    facts = topology_facts(cfg, topology)
+    ident = calibration_identity(calibration)
+    return {
+        "topology": _digest(facts),
+        "calibration": None if ident is None else _digest(ident),
+        "topology_parts": {k: _digest(facts[k]) for k in TOPOLOGY_PARTS},
+    }
+
+
+def basis_change(stored: Any, current: dict[str, Any]) -> str | None:
+    """Why a plan made on basis `stored` does not hold on basis `current` (both plan_basis's), None when it does."""
+    if not isinstance(stored, dict) or "topology" not in stored or "calibration" not in stored:
+        return "the stored plan has no basis"
+    why = []
+    if stored["topology"] != current["topology"]:
+        before, now = stored.get("topology_parts") or {}, current.get("topology_parts") or {}
+        changed = [name for key, name in TOPOLOGY_PARTS.items() if key in before and before[key] != now.get(key)]
+        what = f"the host's {_and(changed)}" if changed else "the host"
+        why.append(f"{what} changed since the job was planned")
+    if stored["calibration"] != current["calibration"]:
+        if stored["calibration"] is None:
+            why.append("a calibration for this shape exists now")
+        elif current["calibration"] is None:
+            why.append("the job was planned with a calibration this run does not use")
+        else:
+            why.append("the calibration for this shape changed since the job was planned")
+    return "; ".join(why) or None
+
+
+def _and(names: list[str]) -> str:
+    return names[0] if len(names) == 1 else ", ".join(names[:-1]) + " and " + names[-1]
 
 
 def metrics_prediction(plan: dict[str, Any]) -> dict[str, float]:
