@@ -420,9 +420,6 @@ def test_a_smaller_hbm_budget_never_yields_a_faster_predicted_plan(hbm_ladder):
     assert times[-1] > 1.05 * times[0], times
 
 
-@pytest.mark.xfail(strict=True, reason="planning/autopolicy.py run(): the route search keeps the fastest route "
-                   "candidate whether it fits or not, and the knob search replaces it only by a plan 0.1% faster, so "
-                   "when only a smaller loss chunk makes it fit (and is no faster) the plan returned is over budget")
 def test_a_plan_with_the_window_fixed_still_fits_a_small_gpu(x2):
     """44 GiB GPUs with the window fixed at 4: the sharded/gpu route with the embedding and head on the GPUs
     needs a 1024-token loss chunk to fit (the default 4096 puts it 4.4 GiB over); that chunk costs no time on this

@@ -377,8 +377,9 @@ class _Planner(MixSearch, Refusals):
                     untimed.append(f"{label} not timed ({exc})")
                     continue
                 candidates.append(self.candidate(pol))
-                if best is None or self.time(pol) < best[0]:
-                    best = (self.time(pol), pol, marginal)
+                rank = (self.fits(pol) is not None, self.time(pol))  # a plan that fits beats one that does not
+                if best is None or rank < best[0]:
+                    best = (rank, pol, marginal)
         if best is None:
             self.rates = None
             plan = self.memory_only(default_window, default_chunk, default_loss)
@@ -395,8 +396,13 @@ class _Planner(MixSearch, Refusals):
                     if alt is None or alt == pol:
                         continue
                     candidates.append(self.candidate(alt))
-                    if self.time(alt) < self.time(pol) * 0.999:
+                    # a change must be 0.1% faster, or make a plan that does not fit fit
+                    if self.time(alt) < self.time(pol) * 0.999 or (self.fits(pol) is not None
+                                                                   and self.fits(alt) is None):
                         pol = alt
+        short = self.fits(pol)
+        if short is not None:  # no route, mix or knob fits: never hand out an over-budget plan as feasible
+            raise Infeasible([self.hbm_error(pol, self.mem(pol)) if "HBM" in short else {"loc": "model", "msg": short}])
         if "activations" not in self.user and "keep_layers" not in self.user:
             every = dataclasses.replace(pol, activations=("keep",) * j.layers)
             if self.fits(every) is not None:
