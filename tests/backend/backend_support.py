@@ -226,6 +226,24 @@ def tokens_dataset(path: Path, rows: int = 64, seq_len: int = 32, vocab: int = 5
     return path
 
 
+def post_at_once(base_url: str, path: str, body: dict[str, Any], clients: int) -> list[int]:
+    """The status codes of `clients` identical POSTs released together (one connection each)."""
+    answers: list[int] = []
+    barrier = threading.Barrier(clients)
+
+    def send() -> None:
+        with httpx.Client(base_url=base_url, timeout=60) as c:
+            barrier.wait()
+            answers.append(c.post(path, json=body).status_code)
+
+    threads = [threading.Thread(target=send) for _ in range(clients)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return answers
+
+
 def tiny_job(dataset: Path, **overrides: Any) -> dict[str, Any]:
     job: dict[str, Any] = {
         "model": "tiny-qwen3",

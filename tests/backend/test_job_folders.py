@@ -11,11 +11,10 @@ import io
 import json
 import os
 import tarfile
-import threading
 from pathlib import Path
 
 import pytest
-from backend_support import tiny_job, wait_status
+from backend_support import post_at_once, tiny_job, wait_status
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -66,21 +65,7 @@ def test_a_folder_another_job_recorded_is_refused_naming_that_job(client, datase
 
 def test_two_requests_for_one_new_folder_at_once_create_one_job(client, dataset, tmp_path, settings):
     folder = str(tmp_path / "race" / "run")
-    answers: list[int] = []
-    barrier = threading.Barrier(6)
-
-    def submit() -> None:
-        import httpx
-
-        with httpx.Client(base_url=str(client.base_url), timeout=60) as c:
-            barrier.wait()
-            answers.append(c.post("/api/jobs", json={**tiny_job(dataset), "output_dir": folder}).status_code)
-
-    threads = [threading.Thread(target=submit) for _ in range(6)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    answers = post_at_once(str(client.base_url), "/api/jobs", {**tiny_job(dataset), "output_dir": folder}, 6)
     assert sorted(answers) == [201] + [409] * 5, answers
     assert not Path(folder).exists()  # nothing is written before a worker claims it
 

@@ -9,7 +9,7 @@ import uuid
 import httpx
 import pytest
 import sqlalchemy as sa
-from backend_support import ApiServer, WorkerProcess, make_settings, read_sse, tiny_job
+from backend_support import ApiServer, WorkerProcess, make_settings, post_at_once, read_sse, tiny_job
 
 PG = "postgresql://postgres@127.0.0.1:5432/test"
 
@@ -69,19 +69,7 @@ def test_two_requests_for_one_folder_at_once_create_one_job_on_postgres(client, 
     """The folder check and the insert share a transaction under an advisory lock: Postgres's READ COMMITTED alone
     would let both requests see no owner."""
     folder = str(tmp_path / "pg-race")
-    answers: list[int] = []
-    barrier = threading.Barrier(6)
-
-    def submit() -> None:
-        with httpx.Client(base_url=str(client.base_url), timeout=60) as c:
-            barrier.wait()
-            answers.append(c.post("/api/jobs", json={**tiny_job(dataset), "output_dir": folder}).status_code)
-
-    threads = [threading.Thread(target=submit) for _ in range(6)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    answers = post_at_once(str(client.base_url), "/api/jobs", {**tiny_job(dataset), "output_dir": folder}, 6)
     assert sorted(answers) == [201] + [409] * 5, answers
     jobs = client.get("/api/jobs").json()["items"]
     assert [j["output_dir"] for j in jobs].count(folder) == 1
