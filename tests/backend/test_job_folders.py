@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 from backend_support import post_at_once, tiny_job, wait_status
 
-pytestmark = pytest.mark.timeout(300)
+# Real jobs on a real worker: part of `make test`, not of the quick `make test-fast`.
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
 
 def conflict(resp) -> dict:

@@ -10,6 +10,8 @@ import copy
 import pytest
 from backend_support import make_settings, tiny_job, wait_for, wait_status
 
+pytestmark = pytest.mark.slow  # real jobs on a real worker: `make test`, not `make test-fast`
+
 REUSED = "plan reused: this host and calibration are the ones it was made on"
 
 

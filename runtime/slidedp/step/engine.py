@@ -54,6 +54,7 @@ class StepTiming:
 class RankEngine:
     def __init__(self, cfg: JobConfig, adapter: ModelAdapter, state: HostState, policy: ExecutionPolicy, rank: int,
                  world: int, device: torch.device, groups: tuple, abort=None):
+        policy = policy.for_world(world)  # the one world-of-one rule, whoever built the policy
         self.cfg, self.adapter, self.state, self.policy = cfg, adapter, state, policy
         self.rank, self.world, self.device = rank, world, device
         self.abort = abort

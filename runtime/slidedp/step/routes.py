@@ -80,8 +80,8 @@ class Routes:
 
     def __init__(self, delivery: str, grad_reduce: str, shards: ShardMap, streams: Streams,
                  delivery_group, grad_group, chunk_bytes: int):
-        self.delivery = delivery if shards.world > 1 else "replicated"
-        self.grad_reduce = grad_reduce if shards.world > 1 else "host"
+        self.delivery = delivery  # as resolved for this world (ExecutionPolicy.for_world: one rank, no collectives)
+        self.grad_reduce = grad_reduce
         self.shards = shards
         self.streams = streams
         self.delivery_group = delivery_group
