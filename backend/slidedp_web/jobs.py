@@ -339,17 +339,25 @@ def resume(settings: Settings, job_id: int) -> Job:
             raise HTTPException(
                 409, f"job {job_id} is {job.status}: only {', '.join(RESUMABLE_STATUSES)} jobs can be resumed"
             )
-        job.attempt += 1
-        job.action = "train"
-        job.error, job.finished_at, job.cancel_request, job.heartbeat_at = None, None, None, None
-        event = status_event(ws, job, "queued", message=f"resumed (attempt {job.attempt})")
+        event = _new_attempt(ws, job, "train", "resumed")
+    _send(settings, job, event)
+    return job
+
+
+def _new_attempt(ws: Session, job: Job, action: str, what: str) -> dict[str, Any]:
+    """Queue the job again as a new attempt whose action is `action`; the status event it records."""
+    job.attempt += 1
+    job.action = action
+    job.error, job.finished_at, job.cancel_request, job.heartbeat_at = None, None, None, None
+    return status_event(ws, job, "queued", message=f"{what} (attempt {job.attempt})")
+
+
+def _send(settings: Settings, job: Job, event: dict[str, Any]) -> None:
     try:
         celery_app.enqueue(settings, job.id, job.attempt, job.queue)
-    except Exception as exc:  # noqa: BLE001
-        # Left queued: the watchdog sends it again when Redis is back.
-        log.warning("enqueue of resumed job %s failed: %s", job.id, exc)
-    live.publish(settings, job_id, event)
-    return job
+    except Exception as exc:  # noqa: BLE001 - left queued: the watchdog sends it again when Redis is back
+        log.warning("enqueue of job %s attempt %s failed: %s", job.id, job.attempt, exc)
+    live.publish(settings, job.id, event)
 
 
 def request_export(settings: Settings, job_id: int) -> Job:
@@ -370,15 +378,8 @@ def request_export(settings: Settings, job_id: int) -> Job:
                 f"job {job_id} cannot be exported: {newest}, and an export needs the state of its last step "
                 f"({job.steps}); resume the job to train to the end (it exports when it completes)",
             )
-        job.attempt += 1
-        job.action = "export"
-        job.error, job.finished_at, job.cancel_request, job.heartbeat_at = None, None, None, None
-        event = status_event(ws, job, "queued", message=f"export of {found[-1].name} (attempt {job.attempt})")
-    try:
-        celery_app.enqueue(settings, job.id, job.attempt, job.queue)
-    except Exception as exc:  # noqa: BLE001 - left queued: the watchdog sends it again when Redis is back
-        log.warning("enqueue of the export of job %s failed: %s", job.id, exc)
-    live.publish(settings, job_id, event)
+        event = _new_attempt(ws, job, "export", f"export of {found[-1].name}")
+    _send(settings, job, event)
     return job
 
 
