@@ -139,3 +139,21 @@ def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
     den = float(torch.linalg.vector_norm(b.double()))
     num = float(torch.linalg.vector_norm(a.double() - b.double()))
     return num / den if den > 0 else num
+
+
+def read_metrics(out: str) -> list[dict]:
+    """The metrics records a run wrote in its output folder, in order."""
+    with open(os.path.join(out, "metrics.jsonl"), encoding="utf-8") as fh:
+        return [json.loads(line) for line in fh]
+
+
+def export_tensors(path: str) -> dict[str, torch.Tensor]:
+    """Every tensor of the safetensors files in an exported folder, by name."""
+    from safetensors import safe_open
+
+    out = {}
+    for name in sorted(os.listdir(path)):
+        if name.endswith(".safetensors"):
+            with safe_open(os.path.join(path, name), framework="pt") as fh:
+                out.update({k: fh.get_tensor(k) for k in fh.keys()})
+    return out

@@ -26,7 +26,7 @@ import slidedp  # noqa: E402
 from slidedp.config import ConfigError, JobConfig  # noqa: E402
 from slidedp.persist import checkpoint as ckpt  # noqa: E402
 
-from tests.runtime.exactness import make_token_data, slidedp_tensors  # noqa: E402
+from tests.runtime.exactness import make_token_data, read_metrics, slidedp_tensors  # noqa: E402
 
 STEPS, SEQ, MBS, RANKS = 6, 32, 2, 2
 ROWS = 10  # 4 rows per step: epochs end inside steps 3 and 5
@@ -46,11 +46,6 @@ def _config(data: str, out: str, **over) -> dict:
     }
     cfg.update(over)
     return cfg
-
-
-def _metrics(out: str) -> list[dict]:
-    with open(os.path.join(out, "metrics.jsonl"), encoding="utf-8") as fh:
-        return [json.loads(line) for line in fh]
 
 
 def _dead_pid() -> int:
@@ -94,14 +89,14 @@ def stop_and_resume(root, variant: dict) -> dict:
                        should_stop=lambda: "save" if seen and seen[-1] >= 2 else False)
     after_stop = {"checkpoints": [os.path.basename(p) for p in ckpt.list_checkpoints(os.path.join(b_out,
                                                                                                  "checkpoints"))],
-                  "metrics": _metrics(b_out)}
+                  "metrics": read_metrics(b_out)}
     k = b1.steps_done
     # read now: the resumed leg keeps only its newest two checkpoints, which drops step k when k is odd
     after_stop["meta"] = ckpt.read_meta(os.path.join(b_out, "checkpoints", f"step-{k:08d}"))
     # What a run killed mid-way leaves behind: a metrics line of a step no checkpoint holds (and one cut short),
     # a temporary checkpoint directory of a dead writer, and a step directory whose arrays were never finished.
     b_ckpts = os.path.join(b_out, "checkpoints")
-    a_record = next(r for r in _metrics(a_out) if r["step"] == k + 1)
+    a_record = next(r for r in read_metrics(a_out) if r["step"] == k + 1)
     with open(os.path.join(b_out, "metrics.jsonl"), "a", encoding="utf-8") as fh:
         fh.write(json.dumps({**a_record, "loss": 99.0}) + "\n" + '{"step": ')
     stale_tmp = os.path.join(b_ckpts, f"{ckpt.TMP_PREFIX}{k + 1:08d}-{_dead_pid()}")
@@ -153,7 +148,7 @@ def assert_resume_bit_exact(runs: dict) -> None:
     start = slidedp_tensors(os.path.join(runs["a_out"], "checkpoints", f"step-{4:08d}"), model)
     name = "model.embed_tokens.weight"
     assert not torch.equal(start["master"][name], ta["master"][name])
-    ma, mb = _metrics(runs["a_out"]), _metrics(runs["b_out"])
+    ma, mb = read_metrics(runs["a_out"]), read_metrics(runs["b_out"])
     assert len({m["lr"] for m in ma}) == STEPS and any(m["clipped"] for m in ma)
     for ra, rb in zip(ma, mb):
         assert (ra["step"], ra["loss"], ra["grad_norm"], ra["lr"], ra["clipped"]) == \
@@ -161,9 +156,9 @@ def assert_resume_bit_exact(runs: dict) -> None:
 
 
 def test_resume_rewrites_metrics_once_per_step(runs):
-    steps = [m["step"] for m in _metrics(runs["b_out"])]
+    steps = [m["step"] for m in read_metrics(runs["b_out"])]
     assert steps == list(range(1, STEPS + 1))
-    assert 99.0 not in [m["loss"] for m in _metrics(runs["b_out"])]
+    assert 99.0 not in [m["loss"] for m in read_metrics(runs["b_out"])]
 
 
 def test_resume_skips_unfinished_checkpoints_and_keeps_the_last_m(runs):

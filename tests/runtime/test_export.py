@@ -23,7 +23,7 @@ from slidedp.persist import checkpoint as ckpt  # noqa: E402
 from slidedp.persist import export  # noqa: E402
 from slidedp.presets import PRESETS  # noqa: E402
 
-from tests.runtime.exactness import make_token_data, slidedp_tensors  # noqa: E402
+from tests.runtime.exactness import export_tensors, make_token_data, slidedp_tensors  # noqa: E402
 
 STEPS, SEQ = 3, 32
 
@@ -63,15 +63,6 @@ def _logits(model, ids: torch.Tensor) -> torch.Tensor:
 def _index(path: str) -> dict:
     with open(os.path.join(path, "model.safetensors.index.json"), encoding="utf-8") as fh:
         return json.load(fh)
-
-
-def _tensors(path: str) -> dict[str, torch.Tensor]:
-    out = {}
-    for name in sorted(os.listdir(path)):
-        if name.endswith(".safetensors"):
-            with safe_open(os.path.join(path, name), framework="pt") as fh:
-                out.update({k: fh.get_tensor(k) for k in fh.keys()})
-    return out
 
 
 def _check_index(path: str) -> dict:
@@ -130,7 +121,7 @@ def test_final_dir_loads_with_the_trained_weights_and_generates(run):
 
     # fp32 export = the master weights of the last step, bit for bit; so are the logits
     master = slidedp_tensors(run["checkpoint"], "tiny-qwen3")["master"]
-    exported = _tensors(final)
+    exported = export_tensors(final)
     assert set(exported) == set(master)
     for name, t in master.items():
         assert exported[name].dtype == torch.float32 and torch.equal(exported[name], t), name
@@ -167,7 +158,7 @@ def test_bf16_export_holds_bf16_weights(run, tmp_path, monkeypatch):
 
         unlink(state.layout)
     master = slidedp_tensors(run["checkpoint"], "tiny-qwen3")["master"]
-    tensors = _tensors(out)
+    tensors = export_tensors(out)
     assert {t.dtype for t in tensors.values()} == {torch.bfloat16}
     for name, t in master.items():
         assert torch.equal(tensors[name], t.to(torch.bfloat16)), name

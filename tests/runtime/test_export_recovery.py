@@ -23,7 +23,6 @@ import torch
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import slidedp  # noqa: E402
-from safetensors import safe_open  # noqa: E402
 from slidedp import cli  # noqa: E402
 from slidedp.config import JobConfig  # noqa: E402
 from slidedp.launch import CheckpointSteps, ExportFailed  # noqa: E402
@@ -31,7 +30,7 @@ from slidedp.persist import checkpoint as ckpt  # noqa: E402
 from slidedp.persist import export  # noqa: E402
 from slidedp.persist.export import ExportError, export_checkpoint  # noqa: E402
 
-from tests.runtime.exactness import make_token_data, slidedp_tensors  # noqa: E402
+from tests.runtime.exactness import export_tensors, make_token_data, slidedp_tensors  # noqa: E402
 
 STEPS, SEQ = 3, 32
 
@@ -45,15 +44,6 @@ def _config(data: str, out: str, **over) -> dict:
     }
     cfg.update(over)
     return cfg
-
-
-def _tensors(path: str) -> dict[str, torch.Tensor]:
-    out = {}
-    for name in sorted(os.listdir(path)):
-        if name.endswith(".safetensors"):
-            with safe_open(os.path.join(path, name), framework="pt") as fh:
-                out.update({k: fh.get_tensor(k) for k in fh.keys()})
-    return out
 
 
 def _listing(path: str) -> list[dict]:
@@ -124,7 +114,7 @@ def test_export_checkpoint_gives_the_normal_export(runs):
     assert out["final_dir"] == os.path.join(runs["f_out"], "final")
     assert out["files"] == _listing(out["final_dir"])
     assert [f["name"] for f in out["files"]] == [f["name"] for f in runs["N"].exported_files]
-    expected, got = _tensors(n_final), _tensors(out["final_dir"])
+    expected, got = export_tensors(n_final), export_tensors(out["final_dir"])
     assert set(got) == set(expected)
     for name, t in expected.items():
         assert t.dtype == torch.bfloat16 and torch.equal(got[name], t), name
@@ -139,7 +129,7 @@ def test_export_checkpoint_equals_export_hf_of_the_same_state(runs, tmp_path):
     """The normal run's own checkpoint exported from disk gives its final/ exactly: one writer, two sources."""
     n_ckpt = os.path.join(runs["n_out"], "checkpoints", f"step-{STEPS:08d}")
     out = export_checkpoint(n_ckpt, str(tmp_path / "again"))
-    expected, got = _tensors(runs["N"].final_dir), _tensors(out["final_dir"])
+    expected, got = export_tensors(runs["N"].final_dir), export_tensors(out["final_dir"])
     assert set(got) == set(expected)
     for name, t in expected.items():
         assert torch.equal(got[name], t), name
@@ -176,7 +166,7 @@ def test_resuming_at_the_last_step_only_exports(runs, tmp_path, monkeypatch):
     result = slidedp.train(_config(runs["data"], out, resume=True), on_log=logs.append)
     assert result.status == "completed" and result.steps_done == STEPS and result.metrics == []
     assert result.exported_files == _listing(result.final_dir)
-    expected, got = _tensors(runs["N"].final_dir), _tensors(result.final_dir)
+    expected, got = export_tensors(runs["N"].final_dir), export_tensors(result.final_dir)
     for name, t in expected.items():
         assert torch.equal(got[name], t), name
     assert any("no step to run" in line for line in logs)
@@ -296,7 +286,7 @@ def test_export_hf_takes_an_iterable_of_unit_tensors(host_state, tmp_path):
     a = export.export_hf(str(tmp_path / "a"), cfg, adapter, state)
     b = export.export_hf(str(tmp_path / "b"), cfg, adapter, (state.master_unit(s.index).clone() for s in adapter.units))
     assert a["files"] == b["files"]
-    ta, tb = _tensors(a["final_dir"]), _tensors(b["final_dir"])
+    ta, tb = export_tensors(a["final_dir"]), export_tensors(b["final_dir"])
     assert all(torch.equal(ta[k], tb[k]) for k in ta)
     with pytest.raises(ExportError, match="unit 1"):
         export.export_hf(str(tmp_path / "c"), cfg, adapter, iter([state.master_unit(0)]))

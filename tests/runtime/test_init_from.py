@@ -11,7 +11,6 @@ resume true and a checkpoint of B's own, B resumes that instead (run D) and cont
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import shutil
 
@@ -25,7 +24,7 @@ from slidedp.config import ConfigError, JobConfig  # noqa: E402
 from slidedp.persist import checkpoint as ckpt  # noqa: E402
 from slidedp.validation import validate_job  # noqa: E402
 
-from tests.runtime.exactness import make_token_data  # noqa: E402
+from tests.runtime.exactness import make_token_data, read_metrics  # noqa: E402
 
 SEQ = 32
 
@@ -40,11 +39,6 @@ def _config(data: str, out: str, **over) -> dict:
     }
     cfg.update(over)
     return cfg
-
-
-def _metrics(out: str) -> list[dict]:
-    with open(os.path.join(out, "metrics.jsonl"), encoding="utf-8") as fh:
-        return [json.loads(line) for line in fh]
 
 
 def _digest(directory: str) -> dict[str, str]:
@@ -86,7 +80,7 @@ def test_init_from_starts_from_the_checkpoint_weights_exactly(runs):
     a, b, c = runs["A"], runs["B"], runs["C"]
     assert a.status == b.status == c.status == "completed"
     assert any("initial weights from step 4 of" in line for line in runs["b_logs"]), runs["b_logs"]
-    mb, mc, ma = b.metrics, _metrics(runs["c_out"]), _metrics(runs["a_out"])  # B's file now holds D's step too
+    mb, mc, ma = b.metrics, read_metrics(runs["c_out"]), read_metrics(runs["a_out"])  # B's file now holds D's step too
     assert [m["step"] for m in mb] == [1, 2]  # the step count starts again
     for rb, rc in zip(mb, mc[:2]):
         assert (rb["loss"], rb["grad_norm"], rb["lr"]) == (rc["loss"], rc["grad_norm"], rc["lr"])
@@ -110,7 +104,7 @@ def test_resuming_its_own_checkpoint_wins_over_init_from(runs):
     assert any("resumed from step 2 " in line for line in runs["d_logs"]), runs["d_logs"]
     assert any("init_from" in line and "not used" in line for line in runs["d_logs"])
     assert not any("initial weights from" in line for line in runs["d_logs"])
-    md, mc = _metrics(runs["b_out"]), _metrics(runs["c_out"])
+    md, mc = read_metrics(runs["b_out"]), read_metrics(runs["c_out"])
     assert [m["step"] for m in md] == [1, 2, 3]
     assert [(m["loss"], m["grad_norm"]) for m in md] == [(m["loss"], m["grad_norm"]) for m in mc]
     _same_checkpoint(os.path.join(runs["b_out"], "checkpoints", "step-00000003"),
