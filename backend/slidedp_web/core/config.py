@@ -97,8 +97,9 @@ class Settings(BaseSettings):
     )
     output_roots: Optional[str] = Field(
         None,
-        description="Colon-separated folders a job's output_dir must lie in, besides the data directory "
-        "(unset: anywhere the server can write).",
+        description="Colon-separated folders a job's output_dir must lie in (a relative one is taken under the "
+        "first); the data directory is not exempt, except each job's own folder (unset: anywhere the server can "
+        "write).",
     )
     log_format: str = Field(
         "text", description="'json': one JSON object per log record (ts, level, logger, msg, job_id)."
