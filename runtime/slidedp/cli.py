@@ -7,6 +7,9 @@
     slidedp topology                                       this host's GPUs, links, CPU and RAM as JSON
     slidedp presets                                        model presets (random init) and their sizes
     slidedp validate --config job.yaml                     the checks a job passes before anything is allocated
+    slidedp config-schema [--format markdown|json]         the job config's keys, types, defaults, ranges and
+                                                           meanings: a Markdown table or a JSON Schema
+    slidedp config-schema --write-docs docs/interfaces.md  regenerate the table in docs/interfaces.md §1
     slidedp bench ...                                      benchmarks (see docs/benchmarks.md)
     slidedp serve [--host H] [--port P]                    the workbench on embedded defaults     (web extra)
     slidedp worker                                         a workbench worker for this GPU host   (web extra)
@@ -147,6 +150,24 @@ def cmd_validate(args) -> int:
     return 0
 
 
+def cmd_config_schema(args) -> int:
+    from slidedp import config_schema
+
+    if args.write_docs:
+        try:
+            changed = config_schema.write_docs(args.write_docs)
+        except (OSError, ValueError) as exc:
+            print(f"config-schema: {exc}", file=sys.stderr)
+            return 2
+        print(f"{args.write_docs}: {'updated' if changed else 'already up to date'}")
+        return 0
+    if args.format == "json":
+        print(json.dumps(config_schema.json_schema(), indent=2))
+    else:
+        print(config_schema.markdown(), end="")
+    return 0
+
+
 def cmd_bench(args) -> int:
     from slidedp import bench
 
@@ -156,7 +177,7 @@ def cmd_bench(args) -> int:
 # ---- commands other packages provide (the web package's serve and worker)
 COMMANDS_GROUP = "slidedp.commands"
 # the runtime's own commands, which the group cannot replace
-_BUILTIN = {"train", "plan", "validate", "export", "topology", "presets", "bench"}
+_BUILTIN = {"train", "plan", "validate", "export", "topology", "presets", "config-schema", "bench"}
 # Commands an optional extra of this project registers: named here only to say what to install when it is absent.
 EXTRA_COMMANDS = {"serve": ("web", "run the workbench"), "worker": ("web", "run a workbench worker")}
 
@@ -216,6 +237,18 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--host-ram-gib", type=float, default=None)
     sp.set_defaults(fn=cmd_topology)
     sub.add_parser("presets", help="list model presets").set_defaults(fn=cmd_presets)
+    sp = sub.add_parser(
+        "config-schema", help="print the job config's schema (keys, types, defaults, ranges, meanings)",
+        description="Print every job config key with its type, default, accepted range or choices and meaning, "
+        "from the config's own field definitions: as the Markdown table of docs/interfaces.md §1 or as a JSON "
+        "Schema (draft 2020-12) that a job file can be checked against.",
+    )
+    sp.add_argument("--format", choices=("markdown", "json"), default="markdown",
+                    help="markdown: one table, a row per key (default); json: a JSON Schema")
+    sp.add_argument("--write-docs", metavar="FILE", default=None,
+                    help="instead of printing, replace the table between the config-schema markers in FILE "
+                    "(docs/interfaces.md)")
+    sp.set_defaults(fn=cmd_config_schema)
     sp = sub.add_parser("bench", help="run benchmarks", add_help=False)
     sp.add_argument("rest", nargs=argparse.REMAINDER)
     sp.set_defaults(fn=cmd_bench)

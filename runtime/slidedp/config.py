@@ -1,8 +1,11 @@
 """The job config: one schema for the CLI, the Python API, the web API and the UI.
 
 Imports no torch (and no pydantic): the web API validates jobs with it in a process without torch,
-and the GPU machine has no pydantic. Every key is a dataclass field whose ``doc`` metadata is the
-documentation that docs/interfaces.md, ``slidedp config-schema`` and the OpenAPI schema show.
+and the GPU machine has no pydantic. Every key is a dataclass field whose metadata (``doc`` and the range
+checks) is the only documentation of it: ``schema_doc()`` lists the keys, ``slidedp config-schema`` prints them
+as Markdown or as a JSON Schema (slidedp.config_schema), docs/interfaces.md §1 holds that Markdown
+(``slidedp config-schema --write-docs docs/interfaces.md`` regenerates it), and the web API's OpenAPI schema is
+built from the same fields (slidedp_web.job_schema).
 
     cfg = JobConfig.from_dict(yaml.safe_load(open("job.yaml")))   # raises ConfigError
 
@@ -19,7 +22,7 @@ import os
 import types
 import typing
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Literal, Optional, get_args, get_origin
+from typing import Any, ClassVar, Literal, NamedTuple, Optional, get_args, get_origin
 
 from slidedp import policy as execution
 
@@ -40,6 +43,9 @@ class ConfigError(ValueError):
 
 
 def _f(default: Any = dataclasses.MISSING, doc: str = "", *, factory: Any = None, **checks: Any) -> Any:
+    """A config key. ``checks``: gt/ge/lt/le bound a number (from_dict checks them, the web API's schema shows
+    them); item_ge/item_lt bound each number of a list and not_blank marks a string that may not be blank (both
+    checked in _cross_checks, and shown by schema_doc and the JSON Schema)."""
     meta = {"doc": doc, **checks}
     if factory is not None:
         return field(default_factory=factory, metadata=meta)
@@ -50,7 +56,8 @@ def _f(default: Any = dataclasses.MISSING, doc: str = "", *, factory: Any = None
 class DataConfig:
     path: str = _f(
         doc="Dataset file (.jsonl, .json, .parquet or .txt) on the host that runs the job; `demo:NAME` names a "
-        "dataset shipped with slidedp (slidedp.data.demo_paths())."
+        "dataset shipped with slidedp (slidedp.data.demo_paths()).",
+        not_blank=True,
     )
     format: Literal["tokens", "text", "prompt_completion", "chat", "alpaca"] = _f(
         "tokens",
@@ -72,7 +79,7 @@ class DataConfig:
 class OptimizerConfig:
     lr: float = _f(1e-5, doc="Peak learning rate of AdamW.", gt=0.0)
     weight_decay: float = _f(0.0, doc="Decoupled weight decay (AdamW).", ge=0.0)
-    betas: tuple[float, float] = _f((0.9, 0.95), doc="AdamW (beta1, beta2), each in [0, 1).")
+    betas: tuple[float, float] = _f((0.9, 0.95), doc="AdamW (beta1, beta2).", item_ge=0.0, item_lt=1.0)
     eps: float = _f(1e-8, doc="AdamW epsilon.", gt=0.0)
     max_grad_norm: float = _f(
         0.0,
@@ -84,8 +91,8 @@ class OptimizerConfig:
 
 @dataclass
 class ScheduleConfig:
-    warmup_steps: int = _f(0, doc="Linear warmup from 0 to optimizer.lr over this many steps.", ge=0,
-                           le=MAX_STEPS)
+    warmup_steps: int = _f(0, doc="Linear warmup from 0 to optimizer.lr over this many steps (at most `steps`).",
+                           ge=0, le=MAX_STEPS)
     decay: Literal["constant", "linear", "cosine"] = _f("constant", doc="Shape after warmup.")
     min_lr_ratio: float = _f(0.0, doc="Floor of linear/cosine decay as a fraction of lr.", ge=0.0, le=1.0)
 
@@ -130,7 +137,8 @@ class PolicyConfig:
         doc="Leading decoder layers updated on the GPUs like edge_update gpu does the embedding and head: 1/N of "
         "their fp32 weights and AdamW moments per GPU (16 B/param / N), their bf16 weights resident, no host "
         "traffic for them. Spare HBM spent on host bytes, the step's bottleneck when the host update binds. "
-        "0: none. None (default): AutoPolicy chooses, 0 without a calibration that has the device AdamW rate.",
+        "0: none. None (default): AutoPolicy chooses, 0 without a calibration that has the device AdamW rate. "
+        "More than 0 needs grad_reduce gpu (or auto) with more than one rank.",
         ge=0,
         le=MAX_LAYERS,
     )
@@ -141,7 +149,8 @@ class PolicyConfig:
         "mixes them per unit (checkpoint where no plan is available).",
     )
     keep_layers: Optional[int] = _f(
-        None, doc="With activations=auto: force how many leading layers keep activations (None: planner).", ge=0,
+        None, doc="With activations=auto (set otherwise, it is an error): force how many leading layers keep "
+        "activations (None: planner).", ge=0,
         le=MAX_LAYERS,
     )
     offload_layers: Optional[int] = _f(
@@ -174,25 +183,31 @@ class CheckpointConfig:
 class InitFromConfig:
     job: Optional[int] = _f(
         None,
-        doc="Workbench job id whose newest checkpoint to start from. The web service resolves it into "
-        "`checkpoint` before the job runs; slidedp.train() itself needs the checkpoint path.",
+        doc="Workbench job id whose newest checkpoint to start from. Only the web service resolves it, into "
+        "`checkpoint` (with `job` null) before the job runs; slidedp.train() given a `job` raises ConfigError at "
+        "init_from.job: it needs the checkpoint path.",
         ge=1,
     )
     checkpoint: Optional[str] = _f(
         None,
-        doc="A complete checkpoint directory of an earlier run (its output_dir/checkpoints/step-NNNNNNNN) of the "
-        "same model shape. Its fp32 master weights are this run's initial weights; AdamW moments start at zero, "
-        "the step count at 0 and the data from the start. Only read, never written or removed; it must lie "
-        "outside this job's output_dir. With `job` set, the web service reads it as the name of one of that "
-        "job's checkpoints and resolves both into the path.",
+        doc="A complete checkpoint directory (docs/interfaces.md §8) of an earlier run (its "
+        "output_dir/checkpoints/step-NNNNNNNN) of the same model shape. Its fp32 master weights are this run's "
+        "initial weights; AdamW moments start at zero, the step count at 0 and the data from the start. Only read, "
+        "never written or removed; it must lie outside this job's output_dir. validate_job reports here a missing "
+        "or incomplete source, another model shape, or a source inside (or holding) the job's own output_dir. With "
+        "`job` set, the web service reads it as the name of one of that job's checkpoints (not checked here) and "
+        "resolves both into the path.",
+        not_blank=True,
     )
 
 
 @dataclass
 class JobConfig:
     model: str = _f(
-        doc="A local Hugging Face model directory (a value containing '/' or naming an existing directory) "
-        "or a preset name (see `slidedp presets`; random init)."
+        doc="A local Hugging Face model directory (a value containing '/' or naming an existing directory: a "
+        "missing path is an error, not an unknown preset) or otherwise a preset name (see `slidedp presets`; "
+        "random init).",
+        not_blank=True,
     )
     data: DataConfig = _f(doc="The dataset.")
     seq_len: int = _f(2048, doc="Tokens per sequence.", gt=0, le=MAX_TOKENS)
@@ -201,9 +216,11 @@ class JobConfig:
     steps: int = _f(10, doc="Optimizer steps to run.", gt=0, le=MAX_STEPS)
     optimizer: OptimizerConfig = _f(factory=OptimizerConfig, doc="AdamW hyperparameters.")
     schedule: ScheduleConfig = _f(factory=ScheduleConfig, doc="Learning-rate schedule.")
-    gpus: int = _f(0, doc="GPUs to use, one rank each. 0: train on the CPU (gloo) with `ranks` processes.", ge=0,
-                   le=MAX_WORLD)
-    ranks: int = _f(1, doc="CPU ranks when gpus = 0 (development and CI).", gt=0, le=MAX_WORLD)
+    gpus: int = _f(0, doc="GPUs to use, one rank each. 0: train on the CPU (gloo) with `ranks` processes. Planning "
+                   "refuses more GPUs than the host has.", ge=0, le=MAX_WORLD)
+    ranks: int = _f(1, doc="CPU ranks when gpus = 0 (development and CI); with GPUs it is 1 or equal to gpus. "
+                    "slidedp.train() accepts more ranks than cores; the web API refuses more than 4 x the cores "
+                    "of the job's host.", gt=0, le=MAX_WORLD)
     precision: Literal["bf16", "fp32"] = _f(
         "bf16", doc="bf16: bf16 weights delivered and computed, fp32 master. fp32: fp32 throughout."
     )
@@ -213,7 +230,8 @@ class JobConfig:
     seed: int = _f(0, doc="Seed of random initialisation (presets) and of dropout-free training RNG.", ge=0,
                    le=INT64_MAX)
     cpu_threads: Optional[int] = _f(
-        None, doc="CPU threads per rank for the host update (None: the host's cores split over ranks).", gt=0,
+        None, doc="CPU threads per rank for the host update (None: the host's cores split over ranks). The web API "
+        "refuses more than the cores of the job's host.", gt=0,
         le=MAX_WORLD,
     )
     host_ram_gib: Optional[float] = _f(
@@ -223,8 +241,9 @@ class JobConfig:
     resume: bool = _f(False, doc="Continue from the newest checkpoint in output_dir/checkpoints.")
     init_from: Optional[InitFromConfig] = _f(
         None,
-        doc="Start from the weights of an earlier run's checkpoint instead of `model`'s: {job, checkpoint}. With "
-        "resume true and a checkpoint of this job's own in output_dir, resuming that wins.",
+        doc="Start from the weights of an earlier run's checkpoint instead of `model`'s: {job, checkpoint}, at "
+        "least one of them set. With resume true and a checkpoint of this job's own in output_dir, resuming that "
+        "wins.",
     )
     export: bool = _f(True, doc="Write output_dir/final/ (Hugging Face directory) at the end.")
     deterministic: bool = _f(False, doc="Deterministic kernels on GPU (slower); for bit-exact resume tests.")
@@ -456,24 +475,115 @@ def _cross_checks(cfg: JobConfig, errors: list[dict[str, str]]) -> None:
                                                       "directory, or init_from.job to a workbench job id"})
 
 
-def schema_doc(cls: Any = JobConfig, prefix: str = "") -> list[tuple[str, str, str, str]]:
-    """(key path, type, default, doc) for every key, nested ones included; docs/interfaces.md shows this."""
-    rows = []
+class KeyDoc(NamedTuple):
+    """One key of the job config as the documentation shows it; the first four fields are (key, type, default, doc).
+
+    slidedp.config_schema renders these rows as the Markdown table of docs/interfaces.md §1 and as a JSON Schema.
+    """
+
+    key: str  # dotted path: "optimizer.lr"
+    type: str  # "an integer", "a string or null"; a section: "mapping" or "mapping or null"; a retired key: "removed"
+    default: str  # as JSON ("2048", '"auto"', "null"), "required", or "" for a section whose keys hold the defaults
+    doc: str
+    range: str  # the values of the type it accepts: "(0, 2^24]", "`auto`, `gpu`, `host`", "not blank"; "" for all
+    annotation: Any  # the type hint (a section's dataclass, possibly Optional)
+    checks: dict[str, Any]  # the metadata less doc: gt/ge/lt/le, item_ge/item_lt, not_blank
+    value: Any  # the default as plain data (a section's: its keys' defaults); MISSING when required
+    retired: bool = False  # a removed key: its one old value (`value`) still loads, as a no-op
+
+    @property
+    def required(self) -> bool:
+        return self.value is dataclasses.MISSING
+
+
+def schema_doc(cls: Any = JobConfig, prefix: str = "") -> list[KeyDoc]:
+    """Every key in declaration order, a section's keys after it, then the section's retired keys (RETIRED)."""
+    rows: list[KeyDoc] = []
     hints = typing.get_type_hints(cls)
     for f in dataclasses.fields(cls):
-        tp = hints[f.name]
-        if dataclasses.is_dataclass(tp):
-            rows.append((prefix + f.name, "mapping", "", f.metadata.get("doc", "")))
-            rows.extend(schema_doc(tp, prefix + f.name + "."))
+        tp, key, doc = hints[f.name], prefix + f.name, f.metadata.get("doc", "")
+        checks = {k: v for k, v in f.metadata.items() if k != "doc"}
+        value = _default_value(f)
+        shown = "required" if value is dataclasses.MISSING else json.dumps(value)
+        section = tp if dataclasses.is_dataclass(tp) else _optional_section(tp)
+        if section is not None:  # a mapping of its own keys (an optional one may be null)
+            kind = "mapping" if section is tp else "mapping or null"
+            rows.append(KeyDoc(key, kind, "" if isinstance(value, dict) else shown, doc, "", tp, checks, value))
+            rows.extend(schema_doc(section, key + "."))
             continue
-        section = _optional_section(tp)
-        if section is not None:  # an optional section: null, or a mapping of its own keys
-            rows.append((prefix + f.name, "mapping or null", "null", f.metadata.get("doc", "")))
-            rows.extend(schema_doc(section, prefix + f.name + "."))
-            continue
-        if f.default is not dataclasses.MISSING:
-            default = json.dumps(list(f.default) if isinstance(f.default, tuple) else f.default)
-        else:
-            default = "required"
-        rows.append((prefix + f.name, _type_name(tp), default, f.metadata.get("doc", "")))
+        rows.append(KeyDoc(key, _doc_type(tp), shown, doc, _range(tp, checks), tp, checks, value))
+    for name, (value, why) in getattr(cls, "RETIRED", {}).items():
+        old = json.dumps(value)
+        doc = (f"Removed: {why}. A stored config or checkpoint meta.json holding `{old}` still loads (the key is "
+               "dropped); any other value is an error saying it was removed.")
+        rows.append(KeyDoc(prefix + name, "removed", "", doc, f"only `{value}`", Literal[value], {}, value, True))
     return rows
+
+
+def _default_value(f: dataclasses.Field) -> Any:
+    """A field's default as plain JSON data (tuples as lists, a section as a dict); MISSING when it has none."""
+    if f.default is not dataclasses.MISSING:
+        value = f.default
+    elif f.default_factory is not dataclasses.MISSING:
+        value = f.default_factory()
+        value = dataclasses.asdict(value) if dataclasses.is_dataclass(value) else value
+    else:
+        return dataclasses.MISSING
+    return json.loads(json.dumps(value))
+
+
+def _doc_type(tp: Any) -> str:
+    """The documented type: a choice of strings is "a string" (the choices are its range)."""
+    origin = get_origin(tp)
+    if origin is Literal:
+        return _type_name(type(get_args(tp)[0]))
+    if origin in (typing.Union, types.UnionType):
+        return " or ".join(_doc_type(a) for a in get_args(tp) if a is not type(None)) + " or null"
+    return _type_name(tp)
+
+
+def _range(tp: Any, checks: dict[str, Any]) -> str:
+    if get_origin(tp) in (typing.Union, types.UnionType):
+        tp = [a for a in get_args(tp) if a is not type(None)][0]
+    if get_origin(tp) is Literal:
+        return ", ".join(f"`{a}`" for a in get_args(tp))
+    if get_origin(tp) is tuple:
+        items = {k[len("item_"):]: v for k, v in checks.items() if k.startswith("item_")}
+        return "each in " + _interval(items) if items else ""
+    if checks.get("not_blank"):
+        return "not blank"
+    if tp is int:  # every integer fits a signed 64-bit integer (_coerce)
+        checks = {"ge": INT64_MIN, "le": INT64_MAX, **checks}
+        if "gt" in checks:
+            checks.pop("ge")
+        if "lt" in checks:
+            checks.pop("le")
+    return _interval(checks) if tp in (int, float) else ""
+
+
+def _interval(checks: dict[str, Any]) -> str:
+    """gt/ge/lt/le as "[0, 1)", "> 0" or "<= 10"."""
+    lo = next(((op, checks[op]) for op in ("gt", "ge") if op in checks), None)
+    hi = next(((op, checks[op]) for op in ("lt", "le") if op in checks), None)
+    if lo and hi:
+        return f"{'(' if lo[0] == 'gt' else '['}{_number(lo[1])}, {_number(hi[1])}{')' if hi[0] == 'lt' else ']'}"
+    if lo:
+        return f"{'>' if lo[0] == 'gt' else '>='} {_number(lo[1])}"
+    if hi:
+        return f"{'<' if hi[0] == 'lt' else '<='} {_number(hi[1])}"
+    return ""
+
+
+def _number(v: float) -> str:
+    """A bound as the docs write it: 2^24 and 10^9 rather than their digits."""
+    if isinstance(v, float):
+        return f"{v:g}"
+    if v == INT64_MAX:
+        return "2^63-1"
+    if v == INT64_MIN:
+        return "-2^63"
+    if v > 65536 and v & (v - 1) == 0:
+        return f"2^{v.bit_length() - 1}"
+    if v >= 10**6 and str(v).rstrip("0") == "1":
+        return f"10^{len(str(v)) - 1}"
+    return str(v)
