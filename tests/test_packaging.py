@@ -27,7 +27,7 @@ WEB_PACKAGES = (
     "pydantic", "pydantic_settings", "uvicorn", "alembic",
 )  # fmt: skip
 
-# Modules the web API imports in a process without torch (ARCHITECTURE.md: config, validation, planner).
+# Modules the web API imports in a process without torch (docs/architecture.md §1: config, validation, planner).
 TORCH_FREE = (
     "slidedp",
     "slidedp.config",

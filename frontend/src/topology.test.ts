@@ -1,7 +1,7 @@
 import { describe, expect, it } from "vitest";
 import { readHost } from "./topology";
 
-// The GPU machine of HARDWARE.md (2 × H200, NV18, PCIe Gen5 x16, one NUMA node, 32 cores, 256 GiB) in the
+// The nvidia-h200-x2 GPU machine (2 × H200, NV18, PCIe Gen5 x16, one NUMA node, 32 cores, 256 GiB) in the
 // shape slidedp.planning.topology.detect() writes (docs/interfaces.md §4).
 const h200x2 = {
   schema: 1,

@@ -1,5 +1,5 @@
-"""AutoPolicy on the nvidia-h200-x2 machine's figures (tests/runtime/fixtures/h200x2_*.json, from
-shared/HARDWARE.md) and on what the one-GPU machine measured: routes follow the topology and the bottleneck,
+"""AutoPolicy on the nvidia-h200-x2 machine's figures (tests/runtime/fixtures/h200x2_*.json, from the ceilings in
+docs/architecture.md §4) and on what the one-GPU machine measured: routes follow the topology and the bottleneck,
 activations follow HBM, the choice is the fastest plan that fits by the stated tie rule, a smaller HBM budget never
 buys a faster plan, predicted peak HBM agrees with the peaks real runs reached, infeasible jobs are refused with
 the shortfall, and explicit settings win or are refused with what to change."""

@@ -1,7 +1,8 @@
 """The cost model: memory parts as the engine allocates them, and the overlap model's step time.
 
 Times use the calibration fixture of the nvidia-h200-x2 machine (tests/runtime/fixtures/h200x2_*.json, built from
-shared/HARDWARE.md's measured ceilings; the figures it had to derive are labelled in its "notes")."""
+the ceilings measured there on 2026-11-29, docs/architecture.md §4; the figures it had to derive are labelled in
+its "notes")."""
 
 import copy
 import json

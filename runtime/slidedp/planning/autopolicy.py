@@ -441,7 +441,7 @@ class _Planner(MixSearch, Refusals):
                 exposed=p.get("exposed", {}),
                 busy=p["busy"],
             )
-            if exposure:  # the chosen policy's: ARCHITECTURE.md's bound from the same ceilings
+            if exposure:  # the chosen policy's physical bound from the same ceilings (docs/architecture.md §4)
                 out["bound"] = bound(j, pol, self.rates)
         return out
 

@@ -1,5 +1,5 @@
-"""The step's physical bound (ARCHITECTURE.md): what no overlap can beat, from the same calibrated ceilings the
-overlap model uses. Imports no torch.
+"""The step's physical bound (docs/architecture.md §4): what no overlap can beat, from the same calibrated
+ceilings the overlap model uses. Imports no torch.
 
     b = bound(job, pol, Rates(calibration, job))   # {"step_time_s", "binding", "terms_s", "unhidden_s", ...}
 
@@ -18,11 +18,11 @@ from slidedp.schedule import step_schedule, window_plan
 
 
 def bound(job: Job, pol: ExecutionPolicy, rates: Rates) -> dict[str, Any]:
-    """ARCHITECTURE.md's bound of a step under this policy, from the calibrated ceilings: the largest of GPU
-    compute, the host update alone, H2D and D2H bytes over one GPU's link, and host DRAM bytes over its capacity,
-    plus the one unit's update and delivery no ordering can hide. With exact clipping the updates wait for the
-    whole backward: bwd + max(fwd, update) takes the place of the compute term. What the overlap model predicts on
-    top of this is the pipeline's own exposure."""
+    """The bound of a step under this policy (docs/architecture.md §4), from the calibrated ceilings: the largest
+    of GPU compute, the host update alone, H2D and D2H bytes over one GPU's link, and host DRAM bytes over its
+    capacity, plus the one unit's update and delivery no ordering can hide. With exact clipping the updates wait
+    for the whole backward: bwd + max(fwd, update) takes the place of the compute term. What the overlap model
+    predicts on top of this is the pipeline's own exposure."""
     d = durations(job, pol, rates)
     L, M = job.layers, job.grad_accum
     head = L + 1
