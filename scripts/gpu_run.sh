@@ -21,14 +21,14 @@
 #   one4    Qwen3-4B on one GPU at micro-batch MBS (8): host update only, the embedding/head on the GPU, AutoPolicy
 #           without and with device updates; FSDP2 GPU-resident (bs8: 16 layers keep; bs4: none checkpointed) and,
 #           at bs4, FSDP2 + CPUOffloadPolicy
-#   grid1   the declared one-GPU grid (docs/benchmarks.md) for M1 at MBS (8): activations x gradient route x where
+#   grid1   the declared one-GPU grid (docs/notebook/benchmark-history.md) for M1 at MBS (8): activations x gradient route x where
 #           the update runs, offload rows last
 #   otest   the offload GPU tests first (1 and 2 GPUs as present), then the one-GPU route test
 #   sweep1  Qwen3-1.7B on one GPU, micro-batch 4, host update only: the update's thread count 16, 15, 14, 12 (what
 #           the issuing thread's CPU time costs an update team on every core)
 #   ds1     Qwen3-1.7B on one GPU, micro-batch 4, clipping at 1.0 on both sides: SlideDP (host update only, and
 #           AutoPolicy) against DeepSpeed ZeRO-2 and ZeRO-3 CPU offload (needs .device-wheels, carried)
-#   grid17  the declared one-GPU grid for Qwen3-1.7B (docs/benchmarks.md) at MBS (8): activations (checkpoint,
+#   grid17  the declared one-GPU grid for Qwen3-1.7B (docs/notebook/benchmark-history.md) at MBS (8): activations (checkpoint,
 #           keep14, off14, all keep) x where the update runs
 #   again1  huge-page settings of host memory; the offload GPU test; then Qwen3-1.7B bs8 on one GPU (a fresh
 #           calibration): AutoPolicy, host update only, the grid's best row and its offload twin
@@ -52,7 +52,7 @@
 #           AutoPolicy and the host-update base row, FSDP2 GPU-resident beside them
 #   pol8    after the same change: Qwen3-8B on the one-GPU machine, cast on the GPU, AutoPolicy for the rest, bs8,
 #           10 steps on pattern data, FSDP2 GPU-resident beside it
-#   grid    the declared AutoPolicy grid (docs/benchmarks.md) for MODEL (qwen3-8b), MBS (8), K keep, M offload
+#   grid    the declared AutoPolicy grid (docs/notebook/benchmark-history.md) for MODEL (qwen3-8b), MBS (8), K keep, M offload
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export PYTHONPATH=$PWD/runtime:$PWD PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"

@@ -1,6 +1,6 @@
 """Host update cost by chunk size: AdamW then the bf16 delivery cast, per chunk, against one AdamW pass over the
 whole shard followed by a separate cast (what the engine does). Seconds per 1e9 parameters, medians. Chunking
-measured no faster on the GPU machine (docs/perf-notes.md), so the engine keeps whole passes.
+measured no faster on the GPU machine (docs/notebook/perf-notes.md), so the engine keeps whole passes.
 
     PYTHONPATH=runtime python3 scripts/probe_update_chunks.py [--numel 268435456] [--threads 16,32]
 """

@@ -56,7 +56,7 @@ def test_nvlink_pair_gets_gpu_reduction_and_host_reduction_ranks_last(nvlink_bs8
         key = (c["policy"]["delivery"], c["policy"]["grad_reduce"])
         if c["fits"]:
             best[key] = min(best.get(key, float("inf")), c["predicted"]["step_time_s"])
-    # measured on the x2 machine (docs/benchmarks.md, bs4): the two deliveries with GPU reduction 1.3% apart,
+    # measured on the x2 machine (docs/notebook/benchmark-history.md, bs4): the two deliveries with GPU reduction 1.3% apart,
     # host reduction 1.5x slower
     assert abs(best[("sharded", "gpu")] / best[("replicated", "gpu")] - 1) < 0.05
     assert min(best[("sharded", "host")], best[("replicated", "host")]) > 1.3 * max(
@@ -497,11 +497,11 @@ def test_every_plan_that_ran_is_planned_not_refused(measured_hbm):
 
 
 def test_predicted_peak_hbm_is_within_5_percent_of_what_the_gpu_reserved(measured_hbm):
-    """docs/perf-notes.md's target for the memory model: predicted peak HBM within 5% of the measured peak, on
+    """docs/notebook/perf-notes.md's target for the memory model: predicted peak HBM within 5% of the measured peak, on
     the runs that hold a large share of the GPU (kept activations, device-updated layers; here 56 GiB and more),
     and never below the measured peak near the top (above three quarters of the budget), where an under-count
     is an out-of-memory error. The small all-checkpointed runs are not held to 5%: they hold ~3 GiB the model
-    does not count (docs/benchmarks.md), which the next test bounds."""
+    does not count (docs/notebook/benchmark-history.md), which the next test bounds."""
     hbm, runs = measured_hbm
     large = [(run, plan) for run, plan in runs if run["measured_hbm_peak_gib"] >= 0.4 * hbm]
     assert len(large) >= 10
@@ -529,7 +529,7 @@ def test_no_run_reserved_more_than_its_prediction_plus_the_headroom_the_budget_l
 # tests/runtime/fixtures/h200x1_qwen3-1.7b.json: two calibrations the 1-GPU machine measured for Qwen3-1.7B at
 # micro-batch 8 (schema 4, docs/results/s5/calibration; schema 5, docs/results/s7/ins17-repeat) and that
 # machine's shape as a topology.
-ONE_GPU_GRID = {  # the declared one-GPU grid of docs/benchmarks.md, as job settings
+ONE_GPU_GRID = {  # the declared one-GPU grid of docs/notebook/benchmark-history.md, as job settings
     "host update, all checkpointed and resident": {"activations": "checkpoint", "resident_units": 28,
                                                    "edge_update": "host", "device_layers": 0},
     "host update, first 14 keep": {"activations": "auto", "keep_layers": 14, "offload_layers": 0,

@@ -61,7 +61,7 @@ def update_shard_(master: torch.Tensor, grad: torch.Tensor, exp_avg: torch.Tenso
 
     The cast is a second pass over the master (AdamW 28 B/param + cast 6). Casting chunk by chunk right after each
     chunk's AdamW, to read the master from cache, measured no faster on the GPU machine (0.322 vs 0.324 s per 1e9
-    params at 16 threads, chunks of 1M-16M elements: docs/perf-notes.md), so the passes stay whole.
+    params at 16 threads, chunks of 1M-16M elements: docs/notebook/perf-notes.md), so the passes stay whole.
     Returns the seconds the cast took (0 without one), which the metrics report apart from the AdamW pass.
     """
     adamw_(master, grad, exp_avg, exp_avg_sq, step, lr, opt)
@@ -244,7 +244,7 @@ class Updater(threading.Thread):
             delivery = self.state.delivery_unit(unit)[lo:hi] if self.deliver_bf16 else None
             # This thread is a member of the update's OpenMP team, so it is on a CPU for the whole call but for
             # blocking: the rest of the wall time is what the call lost waiting — at the team's barrier for a
-            # slower member, or to get the GIL back (on the GPU machine the former: docs/perf-notes.md).
+            # slower member, or to get the GIL back (on the GPU machine the former: docs/notebook/perf-notes.md).
             t0, c0 = time.perf_counter(), time.thread_time()
             self._cast += update_shard_(self.state.master_unit(unit)[lo:hi], grad,
                                         self.state.exp_avg_unit(unit)[lo:hi], self.state.exp_avg_sq_unit(unit)[lo:hi],

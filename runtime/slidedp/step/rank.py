@@ -32,7 +32,7 @@ PEAK_TFLOPS = {"H200": 989.4, "H100": 989.4, "A100": 312.0, "L40S": 362.0, "RTX 
 # the GIL waits for the holder's switch interval before it may take it (CPython's default: 5 ms), so each
 # return from a long call could cost the update up to 5 ms beside a thread that never releases the GIL (4x slower
 # in the contention probe). The engine's issuing thread releases it at every launch, and on the GPU machine 0.2
-# against 5 ms measured no difference (docs/perf-notes.md); the short interval bounds what a Python-heavy thread
+# against 5 ms measured no difference (docs/notebook/perf-notes.md); the short interval bounds what a Python-heavy thread
 # (a data producer, say) can cost the update. SLIDEDP_GIL_SWITCH_S overrides (measurements).
 GIL_SWITCH_S = 2e-4
 

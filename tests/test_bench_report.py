@@ -1,0 +1,85 @@
+"""scripts/bench_report.py: docs/benchmarks.md's current-results table is what the raw results give, and the
+figure is made from them.
+
+    .venv/bin/python -m pytest -q tests/test_bench_report.py
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import matplotlib  # noqa: F401  (a dev dependency: the figure needs it)
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "scripts" / "bench_report.py"
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
+
+def load_report():
+    spec = importlib.util.spec_from_file_location("bench_report", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_check_passes_on_the_repository():
+    done = subprocess.run([sys.executable, str(SCRIPT), "--check"], cwd=ROOT, capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "matches the raw results" in done.stdout
+
+
+def test_every_figure_in_the_table_comes_from_the_rows_named():
+    report = load_report()
+    scenarios, _ = report.load()
+    spec = json.loads(report.SCENARIOS.read_text(encoding="utf-8"))["scenarios"]
+    assert len(scenarios) == len(spec)
+    for s, declared in zip(scenarios, spec):
+        rows = report.read_rows(report.RESULTS, declared["results"])
+        by_policy = {r["policy"]: r for r in rows}
+        picked = [by_policy[declared["slidedp"]]] + [by_policy[p] for p in declared["peers"]]
+        assert [sy["kind"] for sy in s["systems"]] == ["slidedp"] + [r["peer"] for r in picked[1:]]
+        for sy, row in zip(s["systems"], picked):
+            assert sy["step_s"] == row["step_s"]
+            assert sy["hbm_gib"] == row["hbm_peak_gib"]
+            assert sy["tokens_per_s"] == pytest.approx(row["gpus"] * row["mbs"] * row["seq"] / row["step_s"])
+            assert sy["vs"] == pytest.approx(row["step_s"] / picked[0]["step_s"])
+
+
+def test_check_fails_when_the_doc_differs(tmp_path):
+    doc = tmp_path / "benchmarks.md"
+    text = (ROOT / "docs" / "benchmarks.md").read_text(encoding="utf-8")
+    doc.write_text(text.replace("| Qwen3-8B | 2 | 4 |", "| Qwen3-8B | 2 | 5 |", 1), encoding="utf-8")
+    report = load_report()
+    assert report.main(["--check", "--doc", str(doc)]) == 1
+
+
+def test_a_command_that_does_not_match_its_rows_is_refused(tmp_path):
+    report = load_report()
+    spec = json.loads(report.SCENARIOS.read_text(encoding="utf-8"))
+    spec["scenarios"] = spec["scenarios"][:1]
+    spec["scenarios"][0]["command"] = spec["scenarios"][0]["command"].replace("--threads 16", "--threads 32")
+    bad = tmp_path / "scenarios.json"
+    bad.write_text(json.dumps(spec), encoding="utf-8")
+    with pytest.raises(report.ReportError, match="--threads"):
+        report.load(bad, report.RESULTS)
+
+
+def test_the_figure_is_a_png_made_from_the_raw_results_and_the_same_each_time(tmp_path):
+    first, second = tmp_path / "a" / "benchmarks.png", tmp_path / "b" / "benchmarks.png"
+    for out in (first, second):
+        done = subprocess.run([sys.executable, str(SCRIPT), "--png", str(out)], cwd=ROOT, capture_output=True,
+                              text=True, timeout=120)
+        assert done.returncode == 0, done.stdout + done.stderr
+    data = first.read_bytes()
+    assert len(data) > 1000
+    assert data.startswith(PNG_SIGNATURE)
+    assert data[12:16] == b"IHDR"
+    width, height = int.from_bytes(data[16:20], "big"), int.from_bytes(data[20:24], "big")
+    assert width >= 1000 and height >= 500
+    assert second.read_bytes() == data
