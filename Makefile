@@ -14,9 +14,11 @@ $(STAMP): pyproject.toml scripts/setup.sh
 install: $(STAMP)
 
 ## make run: the workbench on embedded defaults (SQLite, a private Redis, one local worker) at http://127.0.0.1:8000
+## (another port or data folder: SLIDEDP_PORT=8080 SLIDEDP_DATA_DIR=/path/to/data make run)
 run: install
 	@if [ -f frontend/package.json ]; then scripts/build_frontend.sh; fi
-	$(BIN)/slidedp serve
+	@echo "run: starting the workbench ($(BIN)/slidedp serve; Ctrl-C stops it) ..."
+	@$(BIN)/slidedp serve
 
 ## make test: everything CI runs (lint, runtime, backend, browser, fault and fuzz suites)
 test: install

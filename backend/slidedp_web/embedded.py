@@ -312,6 +312,11 @@ def _serve(args: argparse.Namespace, data_dir: Path) -> None:
             + ")",
             flush=True,
         )
+        print(
+            f"  port {port}, data folder {data_dir}; to change them: SLIDEDP_PORT=8080 (or --port), "
+            "SLIDEDP_DATA_DIR=/path/to/folder",
+            flush=True,
+        )
         settings = apply_access(settings, host, port, bool(args.insecure), data_dir, stack)
         from slidedp_web import logs
 

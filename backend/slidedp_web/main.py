@@ -1,4 +1,4 @@
-"""The FastAPI app: the API under /api, OpenAPI at /openapi.json, the built UI (frontend/dist) at /.
+"""The FastAPI app: the API under /api, OpenAPI at /openapi.json, the built UI at / (default_frontend says which).
 
 uvicorn slidedp_web.main:app --host 127.0.0.1 --port 8000     (or: slidedp serve, which starts everything)
 
@@ -30,7 +30,14 @@ from slidedp_web.guards import RequestSizeLimit
 from slidedp_web.job_schema import openapi_components
 
 log = logging.getLogger(__name__)
+# The UI a wheel carries (setup.py copies frontend/dist there), and a source checkout's own build.
+PACKAGED_FRONTEND = Path(slidedp_web.__file__).resolve().parent / "ui"
 REPO_FRONTEND = Path(slidedp_web.__file__).resolve().parents[2] / "frontend" / "dist"
+
+
+def default_frontend() -> Path:
+    """The UI an installed wheel carries, else the source checkout's frontend/dist (an editable install)."""
+    return PACKAGED_FRONTEND if (PACKAGED_FRONTEND / "index.html").is_file() else REPO_FRONTEND
 
 
 def create_app(settings: Optional[Settings] = None) -> FastAPI:
@@ -65,7 +72,7 @@ def create_app(settings: Optional[Settings] = None) -> FastAPI:
     app.include_router(metrics.router)  # /metrics, where Prometheus looks by default
     _install_openapi(app)
     _clear_body_errors(app)
-    _mount_frontend(app, settings.frontend_dir or REPO_FRONTEND)
+    _mount_frontend(app, settings.frontend_dir or default_frontend())
     return app
 
 

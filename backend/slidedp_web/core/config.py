@@ -66,7 +66,10 @@ class Settings(BaseSettings):
     worker_queue: Optional[str] = Field(
         None, description="Queue of this host's worker (default slidedp-<host>)."
     )
-    frontend_dir: Optional[Path] = Field(None, description="Built UI to serve at / (default frontend/dist).")
+    frontend_dir: Optional[Path] = Field(
+        None,
+        description="Built UI to serve at / (default: the one in the installed package, else frontend/dist).",
+    )
     calibration_dir: Optional[Path] = Field(
         None,
         description="Where slidedp caches this host's calibrations, which the worker reports "
