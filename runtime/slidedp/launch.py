@@ -1,8 +1,8 @@
 """`slidedp.train`: validate, build the host state, launch one process per rank, collect metrics, export.
 
 The calling process never touches CUDA (it can be a web worker's job process or a notebook); it owns the host
-state's shared memory (creates it, initialises weights, writes checkpoints, removes it at exit) and spawns the
-rank processes, which join a process group through a file:// rendezvous in a private temporary directory.
+state's shared memory (creates it, initialises weights, writes checkpoints, removes it at exit) and starts the
+rank processes with slidedp.ranks (fresh interpreters joined through a file:// rendezvous in a private directory).
 """
 
 from __future__ import annotations
@@ -10,13 +10,8 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import pickle
 import queue as queue_mod
-import secrets
 import subprocess
-import sys
-import tempfile
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -24,6 +19,7 @@ from typing import Any
 
 from slidedp.config import ConfigError, JobConfig, is_model_path
 from slidedp.policy import ExecutionPolicy, resolve
+from slidedp.ranks import Launch
 from slidedp.step.layout import HostLayout, plan_layout
 
 
@@ -100,59 +96,6 @@ def _rss_gib(pids: list[int], shared_bytes: int) -> float:
         except OSError:
             pass
     return (total + shared_bytes) / 2**30
-
-
-class _Channel:
-    """Messages from the rank processes: a unix socket in the run's private directory, with an auth key."""
-
-    def __init__(self, directory: str):
-        from multiprocessing.connection import Listener
-
-        self.address = os.path.join(directory, "ranks.sock")
-        self.authkey = secrets.token_bytes(16)
-        self._listener = Listener(self.address, family="AF_UNIX", authkey=self.authkey)
-        self._conns: list = []
-        self._lock = threading.Lock()
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    def _accept(self) -> None:
-        while True:
-            try:
-                conn = self._listener.accept()
-            except OSError:
-                return
-            with self._lock:
-                self._conns.append(conn)
-
-    def get(self, timeout: float):
-        from multiprocessing.connection import wait
-
-        with self._lock:
-            conns = list(self._conns)
-        if not conns:
-            time.sleep(timeout)
-            raise queue_mod.Empty
-        for conn in wait(conns, timeout=timeout):
-            try:
-                return conn.recv()
-            except EOFError:
-                with self._lock:
-                    self._conns.remove(conn)
-        raise queue_mod.Empty
-
-    def close(self) -> None:
-        self._listener.close()
-        for c in self._conns:
-            c.close()
-
-
-def _rank_env() -> dict:
-    env = dict(os.environ)
-    # the rank must import this very slidedp, installed or not
-    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    env["PYTHONPATH"] = here + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-    env.setdefault("GLOO_SOCKET_IFNAME", "lo")
-    return env
 
 
 def _cpu_threads(cfg: JobConfig) -> int:
@@ -474,27 +417,16 @@ def _run_ranks(cfg: JobConfig, state, layout: HostLayout, policy: ExecutionPolic
     from slidedp.persist import checkpoint as ckpt
 
     world = cfg.world_size
-    init_dir = tempfile.mkdtemp(prefix="slidedp-pg-")
-    args = rank_args(config=cfg.to_dict(), layout=layout, policy=policy,
-                     predicted=_metrics_prediction(plan),
-                     init_file=os.path.join(init_dir, "rendezvous"), start_step=start_step,
-                     data_state=data_state,
-                     checkpoint_steps=CheckpointSteps(start_step, cfg.steps, cfg.checkpoint.interval),
-                     cpu_threads=_cpu_threads(cfg))
-    # Ranks are fresh interpreters (`python -m slidedp.step.rank`), not multiprocessing children: CUDA does
-    # not survive fork, and spawn would re-import the caller's main module (a script without a main guard).
-    channel = _Channel(init_dir)
-    try:
-        args_path = os.path.join(init_dir, "rank-args.pkl")
-        with open(args_path, "wb") as fh:
-            pickle.dump({"args": args, "address": channel.address, "authkey": channel.authkey}, fh)
+    with Launch("slidedp.step.rank:run", world, prefix="slidedp-pg-") as ranks:
+        args = rank_args(config=cfg.to_dict(), layout=layout, policy=policy, predicted=_metrics_prediction(plan),
+                         init_file=ranks.init_file, start_step=start_step, data_state=data_state,
+                         checkpoint_steps=CheckpointSteps(start_step, cfg.steps, cfg.checkpoint.interval),
+                         cpu_threads=_cpu_threads(cfg))
         if should_stop is not None and should_stop():  # asked while the host state was filled: no rank started
             _log(on_log, "stopped before the ranks were started")
             return None, None
-        for r in range(world):
-            procs.append(subprocess.Popen([sys.executable, "-m", "slidedp.step.rank", args_path, str(r), str(world)],
-                                          env=_rank_env()))
-        q = channel
+        ranks.start(args)
+        procs.extend(ranks.procs)
         done: dict[int, dict] = {}
         stop_sent = False
         while len(done) < world:
@@ -506,11 +438,14 @@ def _run_ranks(cfg: JobConfig, state, layout: HostLayout, policy: ExecutionPolic
                     state.board.set(state.board.STOP_REQUEST, 1)
                     stop_sent = True
             try:
-                kind, rank, payload = q.get(timeout=0.1)
+                kind, rank, payload = ranks.get(timeout=0.1)
             except queue_mod.Empty:
-                dead = [(r, p.returncode) for r, p in enumerate(procs) if p.poll() not in (None, 0)]
+                dead = ranks.failed()
                 if dead:
                     state.board.set(state.board.STOP_REQUEST, 2)
+                    for kind, rank, payload in ranks.drain(0.5):  # its last words, when it had time for them
+                        if kind == "error":
+                            raise TrainError(f"rank {rank} failed:\n{payload['traceback']}") from None
                     raise TrainError(f"rank {dead[0][0]} exited with code {dead[0][1]} before reporting") from None
                 continue
             if kind == "record":
@@ -528,11 +463,8 @@ def _run_ranks(cfg: JobConfig, state, layout: HostLayout, policy: ExecutionPolic
                 state.board.set(ckpt_done, payload["step"])
             elif kind == "error":
                 state.board.set(state.board.STOP_REQUEST, 2)
-                raise TrainError(f"rank {rank} failed:\n{payload}")
+                raise TrainError(f"rank {rank} failed:\n{payload['traceback']}")
             elif kind == "done":
                 done[rank] = payload
-        for p in procs:
-            p.wait(timeout=60)
+        ranks.wait(timeout=60)
         return done[0]["last_step"], done[0]["data_state"]
-    finally:
-        channel.close()

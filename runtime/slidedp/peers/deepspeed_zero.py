@@ -37,8 +37,8 @@ The peer runs at its best, because a comparison against a handicapped peer says 
 The CPU Adam op is compiled on first use (torch's JIT extension build, cached in ~/.cache/torch_extensions): the
 machine needs a C++ compiler and ninja, and the first run pays the build (a minute or more, in setup_s, outside the
 timed steps). If ninja is not on PATH, the ranks get the `bin` folder next to the installed deepspeed (where
-pip --target puts the ninja wheel's binary). Ranks are launched by slidedp.peers.launch (fresh interpreters, a
-file:// rendezvous); the process group is initialised here before `deepspeed.initialize`, which adopts it, and
+pip --target puts the ninja wheel's binary). Ranks are started by slidedp.ranks through slidedp.peers.launch (fresh
+interpreters, a file:// rendezvous); the process group is initialised here before `deepspeed.initialize`, which adopts it, and
 RANK, LOCAL_RANK and WORLD_SIZE are in the environment for DeepSpeed to read. With gpus=0 the ranks run DeepSpeed's
 CPU accelerator over gloo, a form for checking the code path on a machine without GPUs.
 """
@@ -62,7 +62,6 @@ from slidedp.peers.launch import (
     cores,
     init_weights,
     join_group,
-    rank_main,
     run_ranks,
     timed_steps,
 )
@@ -206,11 +205,14 @@ def _train(a: dict, rank: int, world: int) -> dict:
     }
 
 
+def rank(a: dict, link) -> dict:
+    """One rank of the run (started by run_ranks through slidedp.ranks): its measurements."""
+    return _train(a, link.rank, link.world)
+
+
 # ---------------------------------------------------------------------------------------------- command line
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    if len(argv) == 3 and not argv[0].startswith("-"):
-        return rank_main(argv[0], int(argv[1]), int(argv[2]), _train)
     p = argparse.ArgumentParser(prog="python -m slidedp.peers.deepspeed_zero",
                                 description="DeepSpeed ZeRO-Offload peer baseline; prints one JSON row.")
     p.add_argument("--model", required=True, help="a preset name (slidedp.presets) or a local HF model directory")

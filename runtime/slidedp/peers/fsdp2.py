@@ -22,12 +22,10 @@ The peer runs at its best, because a comparison against a handicapped peer says 
 - AdamW uses SlideDP's defaults (betas 0.9/0.95, eps 1e-8, no weight decay) and the same clipping mode: with
   `max_grad_norm > 0`, exact global-norm clipping by `torch.nn.utils.clip_grad_norm_` before the step.
 
-Every rank is a fresh interpreter (`python -m slidedp.peers.fsdp2 ARGS_FILE RANK WORLD`), never a fork: CUDA and
-fork do not mix, and a fresh process measures the peer as a user would run it. Ranks join through a file://
-rendezvous in a private temporary directory (NCCL, one process per GPU; gloo on loopback with `gpus=0`, which is
-for tests on a CPU-only machine: FSDP2, CPUOffloadPolicy and fused AdamW all run there too, only without pinning).
-Each rank writes its result as JSON next to the rendezvous file; the launching process imports no torch
-(slidedp.peers.launch does the launching, for every peer alike).
+Every rank is a fresh interpreter started by slidedp.ranks (through slidedp.peers.launch, for every peer alike),
+never a fork. Ranks join through a file:// rendezvous in a private temporary directory (NCCL, one process per GPU;
+gloo on loopback with `gpus=0`, which is for tests on a CPU-only machine: FSDP2, CPUOffloadPolicy and fused AdamW
+all run there too, only without pinning); `rank` returns rank 0's measurements to the launcher.
 """
 
 from __future__ import annotations
@@ -47,7 +45,6 @@ from slidedp.peers.launch import (
     init_weights,
     join_group,
     random_rows,
-    rank_main,
     run_ranks,
     timed_steps,
 )
@@ -157,11 +154,14 @@ def _train(a: dict, rank: int, world: int) -> dict:
     return {**out, "params": params, "grad_norms": grad_norms}
 
 
+def rank(a: dict, link) -> dict:
+    """One rank of the run (started by run_ranks through slidedp.ranks): its measurements."""
+    return _train(a, link.rank, link.world)
+
+
 # ---------------------------------------------------------------------------------------------- command line
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    if len(argv) == 3 and not argv[0].startswith("-"):
-        return rank_main(argv[0], int(argv[1]), int(argv[2]), _train)
     p = argparse.ArgumentParser(prog="python -m slidedp.peers.fsdp2",
                                 description="FSDP2 peer baseline; prints one JSON row.")
     p.add_argument("--model", required=True, help="a preset name (slidedp.presets) or a local HF model directory")

@@ -1,14 +1,10 @@
-"""How a peer baseline runs: fresh rank interpreters joined by a file:// rendezvous, one JSON report each, one row.
+"""How a peer baseline runs: its ranks started by slidedp.ranks (as SlideDP's own), one result each, one row.
 
 A peer module (slidedp.peers.fsdp2, slidedp.peers.deepspeed_zero) describes its run as a row dict and hands it
-to `run_ranks`, which starts `python -m <module> ARGS_FILE RANK WORLD` once per rank and returns the finished row.
-In the rank, the module's command line calls `rank_main(args_file, rank, world, train)`; `train(args, rank,
-world)` returns rank 0's measurements (see `finish` for the keys) and a failure becomes a report, not a hang.
-
-Why fresh interpreters and not fork: CUDA and fork do not mix, and a fresh process measures the peer as a user would
-run it. Why a file:// rendezvous in a private temporary directory: torch's TCPStore can listen on every interface,
-and nothing here needs a port. The launching process imports no torch: a bench command or a web worker's job
-process stays free of CUDA, and the host RAM the ranks need is not held by their parent.
+to `run_ranks`, which starts `world` ranks of the module's `rank(args, link)` and returns the finished row; that
+function returns rank 0's measurements (see `finish` for the keys), and a failure becomes an error row, not a hang.
+The launching process imports no torch: a bench command or a web worker's job process stays free of CUDA, and the
+host RAM the ranks need is not held by their parent.
 
 The data contract every peer shares: rank r trains at step s on the rows `global_rows(s, r, world, mbs)` of the
 given token rows (wrapping around), or of `random_rows(...)` from a fixed seed, so two peers given the same rows
@@ -17,24 +13,19 @@ train on the same global batches.
 
 from __future__ import annotations
 
-import json
 import os
+import queue
 import statistics
-import subprocess
-import sys
-import tempfile
 import time
-import traceback
 from collections.abc import Callable
-from typing import Any, NoReturn
+from typing import Any
 
-# Set in the rank processes unless the caller already chose: NVLink multicast (NVLS) is off on the GPU machine.
-GPU_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
+from slidedp.ranks import Launch
+
 ADAMW = {"betas": (0.9, 0.95), "eps": 1e-8, "weight_decay": 0.0}  # SlideDP's optimizer defaults
 DATA_SEED = 0
 INIT_SEED = 0
 FAILED_RANK_GRACE_S = 10.0  # after one rank fails, the others get this long to report before they are killed
-LOG_TAIL_CHARS = 3000
 
 
 # ---------------------------------------------------------------------------------------------- launcher side
@@ -55,73 +46,53 @@ def cores() -> int:
 
 def run_ranks(module: str, row: dict, world: int, timeout_s: float, *, data_rows: list[list[int]] | None = None,
               env: dict[str, str] | None = None) -> dict:
-    """Run `world` ranks of `python -m module` on the run described by `row` and return the finished row.
+    """Run `world` ranks of `module`'s `rank` function on the run described by `row`; return the finished row.
 
-    `row` holds the run's settings (model, gpus, mbs, seq, steps, warmup, ...); every rank reads them, plus
-    init_file, out_dir and data_rows, from one JSON args file. `env` is added to every rank's environment.
+    `row` holds the run's settings (model, gpus, mbs, seq, steps, warmup, ...); every rank gets them, plus
+    init_file and data_rows. `env` is added to every rank's environment.
     """
     name = module.rsplit(".", 1)[-1]
-    with tempfile.TemporaryDirectory(prefix=f"slidedp-{name}-") as tmp:
-        args = dict(row, init_file=os.path.join(tmp, "rendezvous"), out_dir=tmp, data_rows=data_rows)
-        args_file = os.path.join(tmp, "args.json")
-        with open(args_file, "w", encoding="utf-8") as fh:
-            json.dump(args, fh)
+    with Launch(f"{module}:rank", world, prefix=f"slidedp-{name}-", env=env, log=True) as ranks:
         t0 = time.perf_counter()
-        codes, timed_out = _launch_and_wait(module, args_file, world, tmp, timeout_s, env or {})
+        ranks.start(dict(row, init_file=ranks.init_file, data_rows=data_rows))
+        reports, timed_out = _collect(ranks, timeout_s)
         row["wall_s"] = time.perf_counter() - t0
-        reports = [_read_json(os.path.join(tmp, f"rank{r}.json")) for r in range(world)]
-        logs = [_tail(os.path.join(tmp, f"rank{r}.log")) for r in range(world)]
+        logs = [ranks.log_tail(r) for r in range(world)]
+    codes = [p.returncode for p in ranks.procs]
     return finish(row, reports, codes, logs, timed_out, timeout_s)
 
 
-def _rank_env(rank: int, world: int, extra: dict[str, str]) -> dict[str, str]:
-    env = dict(os.environ)
-    # the ranks must import this very slidedp, installed or not
-    runtime = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    env["PYTHONPATH"] = runtime + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-    env.setdefault("GLOO_SOCKET_IFNAME", "lo")
-    for key, value in GPU_ENV.items():
-        env.setdefault(key, value)
-    # the identity a launcher such as torchrun gives each rank, for libraries that read it; no MASTER_ADDR or
-    # MASTER_PORT: the rendezvous is the file
-    env.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world), LOCAL_WORLD_SIZE=str(world))
-    env.update(extra)
-    return env
+def _collect(ranks: Launch, timeout_s: float) -> tuple[list[dict | None], bool]:
+    """Every rank's report ({"status": "ok", ...} or its error), until all have exited; once one failed, the
+    others get FAILED_RANK_GRACE_S (they may wait in a collective forever). (reports, timed out)."""
+    reports: list[dict | None] = [None] * ranks.world
 
+    def take(kind: str, rank: int, payload: Any) -> None:
+        if kind == "result":
+            reports[rank] = dict(payload, status="ok")
+        elif kind == "error":
+            reports[rank] = {"status": "oom" if payload["oom"] else "error", "error": payload["traceback"][-2000:]}
 
-def _launch_and_wait(module: str, args_file: str, world: int, tmp: str, timeout_s: float,
-                     extra_env: dict[str, str]) -> tuple[list[int | None], bool]:
-    """Start the ranks, wait for all of them; kill the rest once one failed (they wait in a collective forever)."""
-    procs: list[subprocess.Popen] = []
-    try:
-        for r in range(world):
-            with open(os.path.join(tmp, f"rank{r}.log"), "wb") as log:
-                procs.append(subprocess.Popen(
-                    [sys.executable, "-m", module, args_file, str(r), str(world)],
-                    env=_rank_env(r, world, extra_env), stdin=subprocess.DEVNULL, stdout=log,
-                    stderr=subprocess.STDOUT))
-        deadline = time.monotonic() + timeout_s
-        failed_at: float | None = None
-        timed_out = False
-        while True:
-            codes = [p.poll() for p in procs]
-            if all(c is not None for c in codes):
-                break
-            now = time.monotonic()
-            if failed_at is None and any(c not in (None, 0) for c in codes):
-                failed_at = now
-            if failed_at is not None and now - failed_at > FAILED_RANK_GRACE_S:
-                break
-            if now > deadline:
-                timed_out = True
-                break
-            time.sleep(0.1)
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-            p.wait()
-    return [p.returncode for p in procs], timed_out
+    deadline = time.monotonic() + timeout_s
+    failed_at: float | None = None
+    while True:
+        try:
+            take(*ranks.get(timeout=0.1))
+            continue
+        except queue.Empty:
+            pass
+        codes = [p.poll() for p in ranks.procs]
+        if all(c is not None for c in codes):
+            for message in ranks.drain(0.2):
+                take(*message)
+            return reports, False
+        now = time.monotonic()
+        if failed_at is None and any(c not in (None, 0) for c in codes):
+            failed_at = now
+        if failed_at is not None and now - failed_at > FAILED_RANK_GRACE_S:
+            return reports, False
+        if now > deadline:
+            return reports, True
 
 
 def finish(row: dict, reports: list[dict | None], codes: list[int | None], logs: list[str], timed_out: bool,
@@ -165,24 +136,6 @@ def _flops_per_token(model: str, seq: int) -> float:
         return flops_per_token(model_config_dict(model), seq)
     except (KeyError, OSError, ValueError):
         return 0.0
-
-
-def _read_json(path: str) -> dict | None:
-    try:
-        with open(path, encoding="utf-8") as fh:
-            return json.load(fh)
-    except (OSError, ValueError):
-        return None
-
-
-def _tail(path: str) -> str:
-    try:
-        with open(path, "rb") as fh:
-            fh.seek(0, os.SEEK_END)
-            fh.seek(max(0, fh.tell() - LOG_TAIL_CHARS))
-            return fh.read().decode("utf-8", "replace")
-    except OSError:
-        return ""
 
 
 # ---------------------------------------------------------------------------------------------- rank side
@@ -301,42 +254,3 @@ def join_group(a: dict, rank: int, world: int):
         device = torch.device("cpu")
         dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
     return device
-
-
-def is_oom(exc: BaseException) -> bool:
-    torch = sys.modules.get("torch")  # a failure before torch was imported is no OOM, and need not wait for it
-    oom_type = getattr(torch, "OutOfMemoryError", None) if torch is not None else None
-    return (oom_type is not None and isinstance(exc, oom_type)) or "out of memory" in str(exc).lower()
-
-
-def rank_main(args_file: str, rank: int, world: int, train: Callable[[dict, int, int], dict]) -> NoReturn:
-    """One rank: run `train`, write rank<r>.json next to the args file (also on failure), and end the process."""
-    with open(args_file, encoding="utf-8") as fh:
-        a = json.load(fh)
-    report: dict[str, Any] = {"rank": rank}
-    try:
-        report.update(train(a, rank, world), status="ok")
-    except Exception as exc:
-        traceback.print_exc()
-        report.update(status="oom" if is_oom(exc) else "error", error=f"{type(exc).__name__}: {exc}"[-2000:])
-    path = os.path.join(a["out_dir"], f"rank{rank}.json")
-    with open(path + ".tmp", "w", encoding="utf-8") as fh:
-        json.dump(report, fh)
-    os.replace(path + ".tmp", path)
-    sys.stdout.flush()
-    sys.stderr.flush()
-    if report["status"] != "ok":
-        os._exit(1)  # the other ranks may be blocked in a collective: a clean teardown would wait for them
-    import torch.distributed as dist
-
-    if dist.is_initialized():
-        dist.destroy_process_group()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    # Not a return into interpreter shutdown: destroy_process_group only unregisters a group that is still
-    # held (FSDP2's DeviceMesh stays in torch's DTensor caches, and the mesh holds the group), so the gloo
-    # worker threads outlive it. One may still be dropping the tensors of the last collective, which takes the
-    # GIL; once finalization has begun CPython ends such a thread with pthread_exit, whose unwind through a
-    # noexcept C++ destructor calls std::terminate: the rank dies with SIGABRT after writing its report.
-    # What the rank leaves behind (its report, its log) is on disk; the OS ends the rest at once.
-    os._exit(0)

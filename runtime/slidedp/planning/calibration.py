@@ -21,9 +21,9 @@ What is measured (docs/interfaces.md §5 has the JSON):
   pinned_alloc_s_per_gib
 
 The measurements live in microbench.py (host and links) and model_bench.py (the model's parts); this module
-runs them, times the collectives in spawned ranks and caches the result. Medians after warm-up; CUDA timings
-with events. Never fitted to training runs. On CUDA the measurement runs in a
-spawned child so the calling process (the launcher, a web worker) never holds a CUDA context.
+runs them, times the collectives in rank processes and caches the result. Medians after warm-up; CUDA timings
+with events. Never fitted to training runs. On CUDA the measurement runs in a process of its own (slidedp.ranks,
+as the ranks of a job) so the calling process (the launcher, a web worker) never holds a CUDA context.
 """
 
 from __future__ import annotations
@@ -58,6 +58,7 @@ from slidedp.planning.model_bench import ModelParts
 from slidedp.planning.shape import calibration_shape
 from slidedp.planning.topology import job_gpus, job_interconnect
 from slidedp.presets import model_config_dict, unit_param_counts
+from slidedp.ranks import Launch, RankFailed
 
 # 2: the host update is timed as the engine runs it (AdamW and the bf16 cast, no norm pass) and host_dram's DMA
 # threads no longer spin a core during the update; calibrations of version 1 are measured again.
@@ -128,7 +129,7 @@ def load_or_calibrate(
     on_log: Callable[[str], None] | None = None,
 ) -> dict:
     """The cached calibration of this host and job shape, measured (and cached) when missing, stale or quick
-    where a full one is asked for. On CUDA the measurement runs in a spawned child process."""
+    where a full one is asked for. On CUDA the measurement runs in a process of its own."""
     path = cache_path(cfg, topology)
     if not refresh and os.path.exists(path):
         try:
@@ -149,51 +150,17 @@ def load_or_calibrate(
 
 
 def calibrate_isolated(cfg: JobConfig, topology: dict[str, Any], quick: bool = False) -> dict:
-    """calibrate() in a spawned child, so this process never creates a CUDA context."""
-    import multiprocessing as mp
-
-    ctx = mp.get_context("spawn")
-    queue = ctx.Queue()
-    proc = ctx.Process(target=_child, args=(cfg.to_dict(), topology, quick, queue), daemon=False)
-    proc.start()
-    try:
-        status, payload = _collect(queue, [proc], 1, timeout_s=1800)[0]
-    finally:
-        proc.join(timeout=60)
-    if status != "ok":
-        raise RuntimeError(f"calibration failed in its child process:\n{payload}")
-    return payload
-
-
-def _collect(queue: Any, procs: list, count: int, timeout_s: float) -> list[tuple[str, Any]]:
-    """`count` results from spawned children; a child that dies without answering is an error, not a hang."""
-    import queue as queue_mod
-
-    results: list[tuple[str, Any]] = []
-    deadline = time.monotonic() + timeout_s
-    while len(results) < count:
+    """calibrate() in a rank process of its own (slidedp.ranks), so this process never creates a CUDA context."""
+    with Launch("slidedp.planning.calibration:calibrate_rank", 1, prefix="slidedp-calib-") as ranks:
+        ranks.start({"config": cfg.to_dict(), "topology": topology, "quick": quick})
         try:
-            results.append(queue.get(timeout=0.5))
-            continue
-        except queue_mod.Empty:
-            pass
-        dead = [p for p in procs if p.exitcode not in (None, 0)]
-        if dead or time.monotonic() > deadline:
-            for p in procs:
-                if p.is_alive():
-                    p.terminate()
-            why = f"exit code {dead[0].exitcode}" if dead else f"no answer in {timeout_s:.0f} s"
-            raise RuntimeError(f"a calibration child process failed ({why})")
-    return results
+            return ranks.results(timeout_s=1800)[0]
+        except RankFailed as exc:
+            raise RuntimeError(f"calibration failed in its own process: {exc}") from None
 
 
-def _child(cfg_dict: dict, topology: dict, quick: bool, queue: Any) -> None:
-    import traceback
-
-    try:
-        queue.put(("ok", calibrate(JobConfig.from_dict(cfg_dict), topology, quick)))
-    except BaseException:
-        queue.put(("error", traceback.format_exc()))
+def calibrate_rank(args: dict, link: Any) -> dict:
+    return calibrate(JobConfig.from_dict(args["config"]), args["topology"], args["quick"])
 
 
 def merge_collectives(calibration: dict, collectives: dict) -> dict:
@@ -307,58 +274,31 @@ def calibrate_collectives(
 
 
 def measure_collectives(world: int, backend: str, sizes: list[int]) -> dict[str, Any]:
-    """Spawn `world` ranks (file:// rendezvous, loopback only) and run calibrate_collectives in them."""
-    import multiprocessing as mp
-
-    ctx = mp.get_context("spawn")
-    queue = ctx.Queue()
-    with tempfile.TemporaryDirectory(prefix="slidedp-calib-") as tmp:
-        init = "file://" + os.path.join(tmp, "rendezvous")
-        procs = [
-            ctx.Process(target=_collective_rank, args=(r, world, backend, init, sizes, queue))
-            for r in range(world)
-        ]
-        for p in procs:
-            p.start()
+    """Start `world` ranks (slidedp.ranks: file:// rendezvous, loopback only) and run calibrate_collectives in
+    them; rank 0's figures."""
+    with Launch("slidedp.planning.calibration:collective_rank", world, prefix="slidedp-calib-") as ranks:
+        ranks.start({"backend": backend, "sizes": sizes})
         try:
-            results = _collect(queue, procs, world, timeout_s=600)
-        finally:
-            for p in procs:
-                p.join(timeout=60)
-    bad = [r[1] for r in results if r[0] != "ok"]
-    if bad:
-        raise RuntimeError("collective calibration failed:\n" + bad[0])
-    return next(r[1] for r in results if r[1].get("rank") == 0)
+            return ranks.results(timeout_s=600)[0]
+        except RankFailed as exc:
+            raise RuntimeError(f"collective calibration failed: {exc}") from None
 
 
-def _collective_rank(rank: int, world: int, backend: str, init: str, sizes: list[int], queue: Any) -> None:
-    import traceback
-
+def collective_rank(args: dict, link: Any) -> dict:
     import torch.distributed as dist
 
+    backend = args["backend"]
+    torch.set_num_threads(1)
+    device = torch.device("cuda", link.rank) if backend == "nccl" else torch.device("cpu")
+    if backend == "nccl":
+        torch.cuda.set_device(device)
+    dist.init_process_group(backend, init_method="file://" + link.init_file, rank=link.rank, world_size=link.world,
+                            **({"device_id": device} if backend == "nccl" else {}))
     try:
-        os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
-        if backend == "nccl":  # NVLink multicast stays off on our GPU machine (shared/HARDWARE.md)
-            for key in ("NCCL_NVLS_ENABLE", "TORCH_SYMM_MEM_DISABLE_MULTICAST", "NVSHMEM_DISABLE_NVLS"):
-                os.environ.setdefault(key, "0" if key == "NCCL_NVLS_ENABLE" else "1")
-        torch.set_num_threads(1)
-        device = torch.device("cuda", rank) if backend == "nccl" else torch.device("cpu")
-        if backend == "nccl":
-            torch.cuda.set_device(device)
-        dist.init_process_group(
-            backend,
-            init_method=init,
-            rank=rank,
-            world_size=world,
-            **({"device_id": device} if backend == "nccl" else {}),
-        )
-        try:
-            res = calibrate_collectives(dist.group.WORLD, device, sizes)
-        finally:
-            dist.destroy_process_group()
-        queue.put(("ok", {**res, "rank": rank}))
-    except BaseException:
-        queue.put(("error", traceback.format_exc()))
+        res = calibrate_collectives(dist.group.WORLD, device, args["sizes"])
+    finally:
+        dist.destroy_process_group()
+    return {**res, "rank": link.rank}
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -10,7 +10,6 @@ from __future__ import annotations
 import os
 import sys
 import time
-import traceback
 from collections import deque
 from dataclasses import dataclass
 from typing import Any
@@ -150,8 +149,6 @@ def rank_main(rank: int, world: int, args: RankArgs, queue) -> None:
         queue.put(("done", rank, {"last_step": last_done, "data_state": pipeline.state_dict()}))
         pipeline.close()
         dist.destroy_process_group()
-    except BaseException:
-        queue.put(("error", rank, traceback.format_exc()))
     finally:
         if state is not None:
             state.unpin()
@@ -247,25 +244,14 @@ class _Reporter:
 
 
 class _Sender:
-    def __init__(self, conn):
-        self.conn = conn
+    def __init__(self, link):
+        self.link = link
 
     def put(self, message) -> None:
-        self.conn.send(message)
+        self.link.conn.send(message)
 
 
-def main(argv: list[str]) -> None:
-    import pickle
-    from multiprocessing.connection import Client
-
-    with open(argv[1], "rb") as fh:
-        spec = pickle.load(fh)
-    conn = Client(spec["address"], family="AF_UNIX", authkey=spec["authkey"])
-    try:
-        rank_main(int(argv[2]), int(argv[3]), spec["args"], _Sender(conn))
-    finally:
-        conn.close()
-
-
-if __name__ == "__main__":
-    main(sys.argv)
+def run(args: RankArgs, link) -> None:
+    """The rank's entry point (started by slidedp.launch through slidedp.ranks.Launch): a failure raises and
+    reaches the launcher as an "error" message."""
+    rank_main(link.rank, link.world, args, _Sender(link))
