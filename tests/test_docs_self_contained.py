@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-SUFFIXES = (".py", ".md", ".ts", ".sh", ".toml", ".yml", ".yaml", ".cfg", ".txt", ".html")
+SUFFIXES = (".py", ".md", ".ts", ".sh", ".toml", ".yml", ".yaml", ".cfg", ".txt", ".html", ".json")
 OUTSIDE = re.compile(
     r"\b(?:ARCHITECTURE|HARDWARE|STYLE)\.md\b"  # the notes kept beside the repository
     r"|\.\./shared\b"  # a sibling folder, reached from inside the repository

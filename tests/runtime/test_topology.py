@@ -9,7 +9,7 @@ import sys
 import pytest
 from slidedp.planning import topology
 
-# `nvidia-smi topo -m` as captured on the nvidia-h200-x2 machine (shared/probe/results/hw_probe.json).
+# `nvidia-smi topo -m` as captured on the nvidia-h200-x2 machine (its hardware probe of 2026-11-29).
 X2_TOPO = (
     "\t\x1b[4mGPU0\tGPU1\tCPU Affinity\tNUMA Affinity\tGPU NUMA ID\x1b[0m\n"
     "GPU0\t X \tNV18\t0-31\t0\t\tN/A\nGPU1\tNV18\t X \t0-31\t0\t\tN/A\n\nLegend:\n\n  X    = Self\n"
