@@ -3,15 +3,14 @@
     PYTHONPATH=runtime python3 -m slidedp.cli bench --model qwen3-8b --gpus 2 --mbs 4 --seq 2048 --steps 8 \\
         --policies sharded:gpu,replicated:gpu,sharded:host,replicated:host --peers fsdp2-offload:0 --out bench.jsonl
 
-Each policy is
-`delivery:grad_reduce[:activations[:clip[:resident layers[:delivery_cast[:edge_update[:device_layers]]]]]]`
-(`auto` anywhere but the cast: AutoPolicy's choice; the cast is `host` unless given as `gpu`; edge_update is where
-the embedding and head are updated, `host` unless given as `gpu` or `auto`; device_layers is how many leading layers
-are updated on the GPUs, 0 unless given as a count or `auto`: unlike a job config, whose defaults are auto and
-null, a short string keeps every unit's update on the host). Each peer is `fsdp2[:keep[:clip]]` (FSDP2 GPU-resident, every decoder layer checkpointed but the first
-`keep`; `none`: no checkpointing) or `fsdp2-offload[:keep[:clip]]` (FSDP2 + CPUOffloadPolicy), see
-slidedp.peers.fsdp2; or `ds-zero2[:clip]` / `ds-zero3[:clip]` (DeepSpeed ZeRO-Offload: optimizer, or optimizer and
-parameters, on the CPU with DeepSpeedCPUAdam), see slidedp.peers.deepspeed_zero.
+Each policy is `delivery:grad_reduce[:activations[:clip[:resident[:cast[:edge_update[:device_layers]]]]]]`, the
+shorthand of slidedp.policy: parse_shorthand reads it into the job config's `policy` section (`auto` anywhere but
+the cast is AutoPolicy's choice; omitted fields keep every unit's update on the host, unlike a job config's auto
+defaults), and a form without `auto` is an ExecutionPolicy (ExecutionPolicy.from_shorthand, .shorthand()).
+Each peer is `fsdp2[:keep[:clip]]` (FSDP2 GPU-resident, every decoder layer checkpointed but the first `keep`;
+`none`: no checkpointing) or `fsdp2-offload[:keep[:clip]]` (FSDP2 + CPUOffloadPolicy), see slidedp.peers.fsdp2;
+or `ds-zero2[:clip]` / `ds-zero3[:clip]` (DeepSpeed ZeRO-Offload: optimizer, or optimizer and parameters, on the
+CPU with DeepSpeedCPUAdam), see slidedp.peers.deepspeed_zero.
 Data are token ids written to a temporary jsonl: `random` ids, or `pattern` (each row repeats
 a short random motif over 1024 token ids, so a random-init model's loss visibly falls). All SlideDP policies of one command train on
 one host state (StateCache): weights are initialised once. The planner predicts each policy before it runs
@@ -28,6 +27,8 @@ import random
 import statistics
 import tempfile
 import time
+
+from slidedp.policy import parse_shorthand
 
 
 def _rows(kind: str, rows: int, seq: int, vocab: int) -> list[list[int]]:
@@ -48,38 +49,20 @@ def _write(path: str, rows: list[list[int]]) -> None:
             fh.write(json.dumps({"input_ids": r}) + "\n")
 
 
-def parse_policy(policy: str) -> dict:
-    parts = policy.split(":")
-    if len(parts) < 2:
-        raise ValueError(f"policy {policy!r}: expected "
-                         "delivery:grad_reduce[:activations[:clip[:resident[:cast[:edge[:device_layers]]]]]]")
-    resident = parts[4] if len(parts) > 4 else "0"
-    acts = parts[2] if len(parts) > 2 else "checkpoint"
-    mix = {}
-    # keepN / offN: the first N layers keep / offload their activations, the rest are checkpointed
-    for prefix, key in (("keep", "keep_layers"), ("off", "offload_layers")):
-        if acts.startswith(prefix) and acts[len(prefix):].isdigit():
-            acts, mix = "auto", {key: int(acts[len(prefix):]), ("offload_layers" if key == "keep_layers"
-                                                                   else "keep_layers"): 0}
-    return {"delivery": parts[0], "grad_reduce": parts[1], "activations": acts, "mix": mix,
-            "clip": float(parts[3]) if len(parts) > 3 else 0.0,
-            "resident_units": None if resident == "auto" else int(resident),
-            "delivery_cast": parts[5] if len(parts) > 5 else "host",
-            "edge_update": parts[6] if len(parts) > 6 else "host",
-            "device_layers": (None if parts[7] == "auto" else int(parts[7])) if len(parts) > 7 else 0}
+def parse_policy(policy: str) -> tuple[dict, float]:
+    """A --policies entry: (the job config's `policy` section, max_grad_norm), as slidedp.policy.parse_shorthand
+    reads it."""
+    return parse_shorthand(policy)
 
 
 def job_config(model: str, gpus: int, mbs: int, seq: int, steps: int, policy: str, data: str, out_dir: str,
                threads: int | None, lr: float = 1e-5) -> dict:
-    pol = parse_policy(policy)
+    request, clip = parse_policy(policy)
     cfg = {"model": model, "data": {"path": data, "format": "tokens", "shuffle": False}, "seq_len": seq,
            "micro_batch_size": mbs, "steps": steps, "gpus": gpus, "ranks": 1 if gpus else 2, "precision": "bf16",
-           "output_dir": out_dir, "export": False, "optimizer": {"lr": lr, "max_grad_norm": pol["clip"]},
+           "output_dir": out_dir, "export": False, "optimizer": {"lr": lr, "max_grad_norm": clip},
            "schedule": {"warmup_steps": 0, "decay": "constant"},
-           "policy": {"delivery": pol["delivery"], "grad_reduce": pol["grad_reduce"],
-                      "activations": pol["activations"], "resident_units": pol["resident_units"],
-                      "delivery_cast": pol["delivery_cast"], "edge_update": pol["edge_update"],
-                      "device_layers": pol["device_layers"], **pol["mix"]},
+           "policy": request,
            "checkpoint": {"interval": 0}}
     if threads:
         cfg["cpu_threads"] = threads

@@ -8,6 +8,7 @@ is what a user asks for, `auto` included; its defaults are the constants here. I
     policy = ExecutionPolicy.mix(layers=36, keep=4, offload=8, resident=2, delivery="sharded", grad_reduce="gpu")
     policy.to_dict()                                  # the documented JSON
     ExecutionPolicy.from_dict(d, world=2)             # back, checked; older plan JSON (reduce_dtype) loads too
+    ExecutionPolicy.from_shorthand("sharded:gpu:keep4:0:2", layers=36, world=2)   # bench's colon form
 """
 
 from __future__ import annotations
@@ -50,6 +51,61 @@ def activation_layout(layers: int, keep: int, offload: int) -> tuple[str, ...]:
 
 class PolicyError(ValueError):
     """A policy that cannot run: the message names the field."""
+
+
+SHORTHAND = "delivery:grad_reduce[:activations[:clip[:resident[:cast[:edge_update[:device_layers]]]]]]"
+
+
+def parse_shorthand(text: str) -> tuple[dict[str, Any], float]:
+    """Bench's colon form of a policy: (the config `policy` section it asks for, the clipping norm it runs with).
+
+    `auto` in any field but the cast leaves that choice to AutoPolicy. activations: keep, checkpoint, offload,
+    auto, or keepN / offN (the first N layers keep / offload their activations, the rest are checkpointed). clip:
+    max_grad_norm (0: none; an optimizer setting, not part of the policy). resident: leading layers whose weights
+    stay on the GPUs, a count or auto. Unlike a job config, whose defaults are auto and null, omitted fields are
+    fixed: every layer checkpointed, nothing resident, the cast on the host, every update on the host."""
+    parts = text.split(":")
+    if not 2 <= len(parts) <= 8:
+        raise PolicyError(f"policy {text!r}: expected {SHORTHAND}")
+    parts += [""] * (8 - len(parts))
+    delivery, grad, acts, clip, resident, cast, edge, device_layers = parts
+
+    def choice(name: str, value: str, allowed: tuple[str, ...]) -> str:
+        if value not in allowed:
+            raise PolicyError(f"policy {text!r}: {name} must be one of {', '.join(allowed)}, got {value!r}")
+        return value
+
+    def count(name: str, value: str, default: int) -> int | None:
+        if value == "":
+            return default
+        if value == "auto":
+            return None
+        if not value.isdigit():
+            raise PolicyError(f"policy {text!r}: {name} must be a count of layers or auto, got {value!r}")
+        return int(value)
+
+    request: dict[str, Any] = {
+        "delivery": choice("delivery", delivery, ("auto", *DELIVERIES)),
+        "grad_reduce": choice("grad_reduce", grad, ("auto", *GRAD_REDUCES)),
+        "resident_units": count("resident", resident, 0),
+        "delivery_cast": choice("cast", cast or "host", DELIVERY_CASTS),
+        "edge_update": choice("edge_update", edge or "host", ("auto", *EDGE_UPDATES)),
+        "device_layers": count("device_layers", device_layers, 0),
+    }
+    acts = acts or "checkpoint"
+    for prefix, key, other in (("keep", "keep_layers", "offload_layers"), ("off", "offload_layers", "keep_layers")):
+        if acts.startswith(prefix) and acts[len(prefix):].isdigit():
+            request.update({"activations": "auto", key: int(acts[len(prefix):]), other: 0})
+            break
+    else:
+        request["activations"] = choice("activations", acts, ("auto", *ACTIVATION_POLICIES))
+    try:
+        norm = float(clip or 0.0)
+    except ValueError:
+        norm = -1.0
+    if not norm >= 0.0 or norm == float("inf"):
+        raise PolicyError(f"policy {text!r}: clip must be a finite number >= 0 (0: no clipping), got {clip!r}")
+    return request, norm
 
 
 @dataclass(frozen=True)
@@ -135,6 +191,18 @@ class ExecutionPolicy:
         pol = cls(**kwargs)
         return pol.for_world(world) if world is not None else pol
 
+    @classmethod
+    def from_shorthand(cls, text: str, layers: int, world: int = 1) -> ExecutionPolicy:
+        """The policy bench's colon form names (parse_shorthand; its clip field is not part of a policy), resolved
+        by the one rule of `resolve`. A form with `auto` in it is a request for AutoPolicy, not a policy."""
+        request, _ = parse_shorthand(text)
+        mix = "keep_layers" in request  # keepN / offN: activations fixed by the counts
+        if any(v is None or v == "auto" for k, v in request.items() if not (mix and k == "activations")):
+            raise PolicyError(f"policy {text!r} leaves a choice to AutoPolicy (auto): plan the job to resolve it")
+        fixed = {"window": WINDOW, "chunk_mb": CHUNK_MB, "loss_chunk_tokens": LOSS_CHUNK_TOKENS,
+                 "keep_layers": None, "offload_layers": None, **request}
+        return resolve(_Request(**fixed), layers, world)
+
     def for_world(self, world: int) -> ExecutionPolicy:
         """The policy as `world` ranks run it: with one rank there is nothing to shard or reduce between GPUs, so
         delivery is replicated and gradients go to the host (the one place this rule is written)."""
@@ -170,9 +238,44 @@ class ExecutionPolicy:
         return {p: self.activations.count(p) for p in ACTIVATION_POLICIES}
 
     def shorthand(self) -> str:
-        """`delivery:grad_reduce:activations` as bench writes it (activations only when every layer has one)."""
-        acts = set(self.activations)
-        return f"{self.delivery}:{self.grad_reduce}" + (f":{acts.pop()}" if len(acts) == 1 else "")
+        """Bench's colon form of this policy (clip written as 0), which from_shorthand reads back to an equal
+        policy; PolicyError when the policy has none (a layout other than leading keep or offload layers, resident
+        layers that are not the leading ones, or a window, chunk or loss chunk other than the defaults)."""
+        acts, n = set(self.activations), self.layers
+        keep, off = self.activations.count("keep"), self.activations.count("offload")
+        if len(acts) == 1:
+            form = acts.pop()
+        elif self.activations == activation_layout(n, keep, 0):
+            form = f"keep{keep}"
+        elif self.activations == activation_layout(n, 0, off):
+            form = f"off{off}"
+        else:
+            raise PolicyError("this activation layout has no shorthand: only leading keep or offload layers do")
+        resident = sum(self.resident)
+        if self.resident != tuple(i < resident for i in range(n)):
+            raise PolicyError("resident layers that are not the leading ones have no shorthand")
+        if (self.window, self.chunk_mb, self.loss_chunk_tokens) != (WINDOW, CHUNK_MB, LOSS_CHUNK_TOKENS):
+            raise PolicyError("window, chunk_mb and loss_chunk_tokens other than the defaults have no shorthand")
+        return (f"{self.delivery}:{self.grad_reduce}:{form}:0:{resident}:{self.delivery_cast}:{self.edge_update}:"
+                f"{self.device_layers}")
+
+
+@dataclass(frozen=True)
+class _Request:
+    """A fully fixed request (the fields of slidedp.config.PolicyConfig that `resolve` reads)."""
+
+    delivery: str
+    grad_reduce: str
+    activations: str
+    resident_units: int
+    delivery_cast: str
+    edge_update: str
+    device_layers: int
+    window: int
+    chunk_mb: int
+    loss_chunk_tokens: int
+    keep_layers: int | None
+    offload_layers: int | None
 
 
 def resolve(requested: Any, layers: int, world: int, planned: ExecutionPolicy | None = None) -> ExecutionPolicy:

@@ -61,3 +61,38 @@ def test_a_stored_config_with_the_retired_reduce_dtype_still_loads():
     assert JobConfig.from_dict(raw).policy.window == 3
     with pytest.raises(Exception, match="policy.reduce_dtype: was removed"):
         JobConfig.from_dict({**raw, "policy": {"reduce_dtype": "bf16"}})
+
+
+@pytest.mark.parametrize("text", [
+    "sharded:gpu", "replicated:host:keep", "sharded:gpu:keep6:0:2", "sharded:gpu:off5:1.0:0:gpu",
+    "replicated:gpu:checkpoint:0:36:host:gpu:3", "sharded:host:offload:0:1:gpu:host:0",
+])
+@pytest.mark.parametrize("world", [1, 2])
+def test_bench_shorthand_is_the_policy_a_job_config_resolves_to(text, world):
+    """The colon form parses into the config's policy section; resolved as train() resolves it (no plan), it is
+    the ExecutionPolicy from_shorthand gives, and that policy writes the same form back."""
+    from slidedp import bench
+    from slidedp.policy import ExecutionPolicy, resolve
+
+    layers = 8
+    cfg = JobConfig.from_dict(bench.job_config("tiny-qwen3", 0, 1, 64, 2, text, "/data.jsonl", "/out", None))
+    want = resolve(cfg.policy, layers, world)
+    got = ExecutionPolicy.from_shorthand(text, layers, world)
+    assert got == want
+    assert ExecutionPolicy.from_shorthand(got.shorthand(), layers, world) == got
+
+
+def test_bench_shorthand_refuses_what_it_cannot_mean():
+    from slidedp.policy import ExecutionPolicy, PolicyError, parse_shorthand
+
+    for bad, named in [("sharded", "delivery:grad_reduce"), ("sideways:gpu", "delivery"),
+                       ("sharded:gpu:keepsome", "activations"), ("sharded:gpu:keep:-1", "clip"),
+                       ("sharded:gpu:keep:nan", "clip"), ("sharded:gpu:keep:0:two", "resident"),
+                       ("sharded:gpu:keep:0:0:gpu:gpu:x", "device_layers"), ("a:b:c:d:e:f:g:h:i", "expected")]:
+        with pytest.raises(PolicyError, match=named):
+            parse_shorthand(bad)
+    with pytest.raises(PolicyError, match="AutoPolicy"):
+        ExecutionPolicy.from_shorthand("auto:gpu", layers=4)
+    mixed = ExecutionPolicy.mix(layers=6, keep=2, offload=2, resident=0)
+    with pytest.raises(PolicyError, match="no shorthand"):
+        mixed.shorthand()
