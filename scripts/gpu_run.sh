@@ -52,6 +52,8 @@
 #           AutoPolicy and the host-update base row, FSDP2 GPU-resident beside them
 #   pol8    after the same change: Qwen3-8B on the one-GPU machine, cast on the GPU, AutoPolicy for the rest, bs8,
 #           10 steps on pattern data, FSDP2 GPU-resident beside it
+#   pol4    after the one-launcher change: Qwen3-4B at MBS (8) on one GPU, AutoPolicy, FSDP2 GPU-resident (first 16
+#           layers not checkpointed) beside it
 #   grid    the declared AutoPolicy grid (docs/notebook/benchmark-history.md) for MODEL (qwen3-8b), MBS (8), K keep, M offload
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export PYTHONPATH=$PWD/runtime:$PWD PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1
@@ -111,6 +113,9 @@ for part in "$@"; do
     pol17) timeout ${POL_S:-400} python3 -m slidedp.cli bench --model qwen3-1.7b --seq 2048 --gpus 1 --mbs ${MBS:-8} \
              --steps 8 --threads 16 --policies auto:auto:auto:0:auto:host:auto:auto,replicated:gpu:checkpoint:0:28 \
              --peers fsdp2:0 --out "$OUT/pol17.jsonl" 2>&1 | quiet 12 ;;
+    pol4) timeout ${POL_S:-560} python3 -m slidedp.cli bench --model $M1 --seq 2048 --gpus 1 --mbs ${MBS:-8} --steps 8 \
+            --threads 16 --policies auto:auto:auto:0:auto:host:auto:auto --peers fsdp2:16 --out "$OUT/pol4.jsonl" \
+            2>&1 | quiet 12 ;;
     pol8) timeout ${POL_S:-560} $BENCH --gpus 1 --mbs 8 --steps 10 --threads 16 --data pattern --lr 1e-4 \
             --policies auto:auto:auto:0:auto:gpu:auto:auto --peers fsdp2:0 --out "$OUT/pol8.jsonl" 2>&1 | quiet 16 ;;
     one8x1) timeout ${ONE_S:-560} $BENCH --gpus 1 --mbs 8 --steps 20 --threads 16 --data pattern --lr 1e-4 \
