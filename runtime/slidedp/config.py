@@ -97,6 +97,53 @@ class ScheduleConfig:
     min_lr_ratio: float = _f(0.0, doc="Floor of linear/cosine decay as a fraction of lr.", ge=0.0, le=1.0)
 
 
+MAX_HOLDOUT = 0.5  # eval.holdout lies in [0, MAX_HOLDOUT)
+
+
+@dataclass
+class EvalConfig:
+    """Held-out evaluation: on when `path` is set or `holdout` > 0. Evaluated before the first step, after every
+    `interval`-th step and after the last, on the training ranks, forward only (no optimizer state is touched)."""
+
+    path: Optional[str] = _f(
+        None,
+        doc="Evaluation dataset file, read like data.path (.jsonl, .json, .parquet or .txt, or `demo:NAME`) in the "
+        "same data.format, seq_len and text_field; null: none. Exclusive with holdout.",
+        not_blank=True,
+    )
+    holdout: float = _f(
+        0.0,
+        doc="Fraction of the training dataset's rows (after tokenising and packing) held out for evaluation and "
+        "never trained on, chosen with data.seed before the training order is drawn (at least one row when > 0). "
+        "0: none. Exclusive with path.",
+        ge=0.0,
+        lt=MAX_HOLDOUT,
+    )
+    interval: int = _f(
+        0,
+        doc="Evaluate after every this many steps; 0: only before the first step and after the last.",
+        ge=0,
+        le=MAX_STEPS,
+    )
+    max_batches: int = _f(
+        8,
+        doc="Micro-batches per rank per evaluation (micro_batch_size rows each): every evaluation reads the same "
+        "first max_batches x micro_batch_size x ranks rows of the evaluation set, in order.",
+        ge=1,
+        le=1_000_000,
+    )
+    keep_best: bool = _f(
+        False,
+        doc="Keep the checkpoint with the lowest eval loss as output_dir/checkpoints/best (never rotated away by "
+        "checkpoint.keep). Needs evaluation on, checkpoint.interval > 0, interval > 0 and checkpoint.interval a "
+        "multiple of interval, so every checkpoint step is evaluated.",
+    )
+
+    @property
+    def enabled(self) -> bool:
+        return self.path is not None or self.holdout > 0
+
+
 @dataclass
 class PolicyConfig:
     """The execution policy a job asks for; `auto` and unset knobs are AutoPolicy's to choose. The resolved form,
@@ -180,6 +227,32 @@ class CheckpointConfig:
 
 
 @dataclass
+class HealthConfig:
+    """What counts as a sick run. A non-finite loss or gradient norm always ends the job as failed (with clipping
+    that step's update is skipped); the checks below raise warnings, or stop the job with on_warning: stop."""
+
+    on_warning: Literal["warn", "stop"] = _f(
+        "warn",
+        doc="warn: a warning in the metrics record, the job, the log and the UI; the run goes on. stop: the job "
+        "ends as failed at the next step boundary, naming the warning (no checkpoint or export after it).",
+    )
+    loss_spike_factor: float = _f(
+        10.0,
+        doc="Warn when a step's loss is above this many times the lowest loss so far (checked after the "
+        "learning-rate warm-up, from the second step on).",
+        gt=1.0,
+        le=1e12,
+    )
+    zero_grad_steps: int = _f(
+        3,
+        doc="Warn when the gradient norm is exactly 0 for this many steps in a row (nothing is learning). "
+        "0 turns the check off.",
+        ge=0,
+        le=1_000_000,
+    )
+
+
+@dataclass
 class InitFromConfig:
     job: Optional[int] = _f(
         None,
@@ -216,6 +289,7 @@ class JobConfig:
     steps: int = _f(10, doc="Optimizer steps to run.", gt=0, le=MAX_STEPS)
     optimizer: OptimizerConfig = _f(factory=OptimizerConfig, doc="AdamW hyperparameters.")
     schedule: ScheduleConfig = _f(factory=ScheduleConfig, doc="Learning-rate schedule.")
+    eval: EvalConfig = _f(factory=EvalConfig, doc="Held-out evaluation (eval loss and perplexity).")
     gpus: int = _f(0, doc="GPUs to use, one rank each. 0: train on the CPU (gloo) with `ranks` processes. Planning "
                    "refuses more GPUs than the host has.", ge=0, le=MAX_WORLD)
     ranks: int = _f(1, doc="CPU ranks when gpus = 0 (development and CI); with GPUs it is 1 or equal to gpus. "
@@ -226,6 +300,7 @@ class JobConfig:
     )
     policy: PolicyConfig = _f(factory=PolicyConfig, doc="Execution policy (routes, window, activations).")
     checkpoint: CheckpointConfig = _f(factory=CheckpointConfig, doc="Host-state checkpoints for resume.")
+    health: HealthConfig = _f(factory=HealthConfig, doc="Run health: divergence, loss spikes, dead gradients.")
     output_dir: str = _f("runs/job", doc="Where metrics.jsonl, checkpoints/ and final/ are written.")
     seed: int = _f(0, doc="Seed of random initialisation (presets) and of dropout-free training RNG.", ge=0,
                    le=INT64_MAX)
@@ -408,6 +483,8 @@ def _range_check(meta: dict[str, Any], value: Any, loc: str, errors: list[dict[s
         errors.append({"loc": loc, "msg": f"must be greater than {meta['gt']}, got {value}"})
     if "ge" in meta and not value >= meta["ge"]:
         errors.append({"loc": loc, "msg": f"must be at least {meta['ge']}, got {value}"})
+    if "lt" in meta and not value < meta["lt"]:
+        errors.append({"loc": loc, "msg": f"must be less than {meta['lt']}, got {value}"})
     if "le" in meta and not value <= meta["le"]:
         errors.append({"loc": loc, "msg": f"must be at most {meta['le']}, got {value}"})
 
@@ -466,6 +543,7 @@ def _cross_checks(cfg: JobConfig, errors: list[dict[str, str]]) -> None:
                        "GPUs: set policy.grad_reduce to gpu (or auto), or edge_update to host"})
     if cfg.policy.keep_layers is not None and cfg.policy.activations != "auto":
         errors.append({"loc": "policy.keep_layers", "msg": "only applies with policy.activations = auto"})
+    _eval_checks(cfg, errors)
     init = cfg.init_from
     if init is not None:
         if init.checkpoint is not None and not init.checkpoint.strip():
@@ -473,6 +551,27 @@ def _cross_checks(cfg: JobConfig, errors: list[dict[str, str]]) -> None:
         elif init.job is None and init.checkpoint is None:
             errors.append({"loc": "init_from", "msg": "names no source: set init_from.checkpoint to a checkpoint "
                                                       "directory, or init_from.job to a workbench job id"})
+
+
+def _eval_checks(cfg: JobConfig, errors: list[dict[str, str]]) -> None:
+    ev = cfg.eval
+    if ev.path is not None and not ev.path.strip():
+        errors.append({"loc": "eval.path", "msg": "must name an evaluation dataset file (or be null)"})
+    if ev.path is not None and ev.holdout > 0:
+        errors.append({"loc": "eval.holdout", "msg": f"is {ev.holdout:g} while eval.path is set: evaluate either on a "
+                       "file of its own (eval.path) or on rows held out of the training data (eval.holdout), not "
+                       "both; set holdout to 0 or path to null"})
+    if not ev.keep_best:
+        return
+    if not ev.enabled:
+        errors.append({"loc": "eval.keep_best", "msg": "needs evaluation: set eval.path or eval.holdout"})
+    elif cfg.checkpoint.interval == 0:
+        errors.append({"loc": "eval.keep_best", "msg": "keeps one of the run's checkpoints, and checkpoint.interval "
+                       "is 0 (none are written): set checkpoint.interval > 0, or keep_best to false"})
+    elif ev.interval == 0 or cfg.checkpoint.interval % ev.interval:
+        errors.append({"loc": "eval.keep_best", "msg": f"needs every checkpoint step evaluated: checkpoint.interval "
+                       f"({cfg.checkpoint.interval}) must be a multiple of eval.interval ({ev.interval}, and not 0); "
+                       f"set eval.interval to {cfg.checkpoint.interval} or a divisor of it"})
 
 
 class KeyDoc(NamedTuple):

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from slidedp.config import ConfigError, JobConfig, is_model_path
+from slidedp.health import HealthMonitor, finite_json
 from slidedp.policy import ExecutionPolicy, resolve
 from slidedp.ranks import Launch
 from slidedp.step.layout import HostLayout, plan_layout
@@ -25,6 +26,18 @@ from slidedp.step.layout import HostLayout, plan_layout
 
 class TrainError(RuntimeError):
     """A rank failed; the message carries its traceback."""
+
+
+class UnhealthyRun(TrainError):
+    """The run diverged (a non-finite loss or gradient norm), or raised a health warning with on_warning: stop.
+    The message is the reason; nothing was written from the state after `step`."""
+
+    def __init__(self, message: str, step: int | None = None):
+        super().__init__(message)
+        self.step = step
+
+    def __reduce__(self):
+        return (type(self), (str(self), self.step))
 
 
 class ExportFailed(TrainError):
@@ -54,6 +67,7 @@ class TrainResult:
     policy: ExecutionPolicy | None = None  # the policy the ranks ran with
     plan: dict = field(default_factory=dict)  # AutoPolicy's plan it was resolved from ({}: nothing was planned)
     exported_files: list[dict] = field(default_factory=list)  # [{"name", "bytes"}] written into final_dir
+    warnings: list[dict] = field(default_factory=list)  # health warnings raised: [{"step", "kind", "message"}]
 
 
 @dataclass(frozen=True)
@@ -372,13 +386,16 @@ def train(config: dict | JobConfig, on_step: Callable[[dict], None] | None = Non
                      + (" edge_update=gpu" if policy.edge_update == "gpu" else "")
                      + (f" device_layers={policy.device_layers}" if policy.device_layers else ""))
         records: list[dict] = []
+        monitor = HealthMonitor(cfg)
         if start_step >= cfg.steps:  # the checkpoint is of the last step: nothing to train, no rank to start
             _log(on_log, f"step {start_step} of {cfg.steps} is the last: no step to run")
             last, last_data_state = start_step, data_state
         else:
             last, last_data_state = _run_ranks(cfg, state, layout, policy, plan, start_step, data_state, ckpt_root,
                                                metrics_path, records, procs, on_step, on_log, should_stop, RankArgs,
-                                               CKPT_DONE)
+                                               CKPT_DONE, monitor)
+            if monitor.stop_reason is not None:  # nothing is saved or exported from the state after it
+                raise UnhealthyRun(monitor.stop_reason, monitor.diverged_step)
             if last is None:  # stopped before the ranks were started
                 return TrainResult("stopped", start_step, [], cfg.output_dir, None,
                                    ckpt_root if os.path.isdir(ckpt_root) else None, policy, plan)
@@ -396,7 +413,7 @@ def train(config: dict | JobConfig, on_step: Callable[[dict], None] | None = Non
             _log(on_log, f"exported a Hugging Face model to {final_dir}")
         return TrainResult(status, last, records, cfg.output_dir, final_dir,
                            ckpt_root if os.path.isdir(ckpt_root) else None, policy, plan,
-                           exported_files=files)
+                           exported_files=files, warnings=monitor.warnings)
     finally:
         for p in procs:
             if p.poll() is None:
@@ -410,10 +427,12 @@ def train(config: dict | JobConfig, on_step: Callable[[dict], None] | None = Non
 
 def _run_ranks(cfg: JobConfig, state, layout: HostLayout, policy: ExecutionPolicy, plan: dict, start_step: int,
                data_state: dict | None, ckpt_root: str, metrics_path: str, records: list[dict], procs: list,
-               on_step, on_log, should_stop, rank_args, ckpt_done: int) -> tuple[int | None, dict | None]:
+               on_step, on_log, should_stop, rank_args, ckpt_done: int,
+               monitor: HealthMonitor) -> tuple[int | None, dict | None]:
     """Start the rank processes (appended to `procs`, which the caller ends), relay their records and checkpoint
     requests until each reports done; (last step finished, data position after it), or (None, None) when a stop
-    came before any rank was started."""
+    came before any rank was started. Each record passes the health monitor first: a diverged step, or a warning
+    with on_warning stop, asks the ranks to stop at their next boundary, and no checkpoint is written after it."""
     from slidedp.persist import checkpoint as ckpt
 
     world = cfg.world_size
@@ -450,16 +469,30 @@ def _run_ranks(cfg: JobConfig, state, layout: HostLayout, policy: ExecutionPolic
                 continue
             if kind == "record":
                 payload["host_rss_gib"] = _rss_gib([p.pid for p in procs], state.shared_bytes())
+                diverged, raised = monitor.check(payload)
+                if raised:
+                    payload["warnings"] = raised
+                if diverged:
+                    payload["diverged"] = diverged
                 records.append(payload)
                 with open(metrics_path, "a", encoding="utf-8") as fh:
-                    fh.write(json.dumps(payload) + "\n")
+                    fh.write(json.dumps(finite_json(payload)) + "\n")
                 _log(on_log, _format_step(payload, cfg.steps))
+                for w in raised:
+                    _log(on_log, f"warning: {w['message']}")
                 if on_step is not None:
                     on_step(payload)
+                if monitor.stop_reason is not None and not stop_sent:
+                    _log(on_log, f"{monitor.stop_reason}: stopping the ranks at their next step boundary")
+                    state.board.set(state.board.STOP_REQUEST, 1)
+                    stop_sent = True
             elif kind == "checkpoint":
-                path = ckpt.save(ckpt_root, payload["step"], cfg, state, payload["data_state"],
-                                 keep=cfg.checkpoint.keep)
-                _log(on_log, f"checkpoint of step {payload['step']} written to {path}")
+                if monitor.stop_reason is None:
+                    path = ckpt.save(ckpt_root, payload["step"], cfg, state, payload["data_state"],
+                                     keep=cfg.checkpoint.keep)
+                    _log(on_log, f"checkpoint of step {payload['step']} written to {path}")
+                else:  # the earlier checkpoints stay as they are: nothing rotates them away
+                    _log(on_log, f"checkpoint of step {payload['step']} not written: {monitor.stop_reason}")
                 state.board.set(ckpt_done, payload["step"])
             elif kind == "error":
                 state.board.set(state.board.STOP_REQUEST, 2)

@@ -122,7 +122,7 @@ class DeviceUpdate:
         buffers: all on the compute stream, so the next step's first unit reads the new weights."""
         s = self.streams
         lr = lr_at(step, self.total_steps, self.opt, self.sched)
-        coef = None
+        coef = found_inf = None
         if self.opt.max_grad_norm <= 0:
             for u in self.units:  # the reduced shards only, not the other units' copies queued behind them
                 s.compute.wait_event(self._reduced_ev.pop(u))
@@ -130,6 +130,9 @@ class DeviceUpdate:
             s.compute.wait_stream(s.d2h)  # the global norm: every unit's gradient of the step
             norm = self._global_sumsq.sqrt()
             coef = (self.opt.max_grad_norm / (norm + 1e-6)).clamp(max=1.0).to(torch.float32)
+            # a non-finite norm skips the step's update, as the host updater does, without a device sync: the
+            # fused kernel leaves weights and moments untouched when found_inf is 1
+            found_inf = (~torch.isfinite(norm)).to(torch.float32).reshape(())
         step_t = torch.tensor(float(step), device=self.device)
         for u in self.units:
             g = self._reduced.pop(u)
@@ -137,5 +140,6 @@ class DeviceUpdate:
                 g.mul_(coef)
             torch._fused_adamw_([self.master[u]], [g], [self.exp_avg[u]], [self.exp_avg_sq[u]], [], [step_t],
                                 lr=lr, beta1=self.opt.betas[0], beta2=self.opt.betas[1],
-                                weight_decay=self.opt.weight_decay, eps=self.opt.eps, amsgrad=False, maximize=False)
+                                weight_decay=self.opt.weight_decay, eps=self.opt.eps, amsgrad=False, maximize=False,
+                                found_inf=found_inf)
             self._fill(u)

@@ -8,8 +8,8 @@ next forward then overlaps the remaining updates instead of waiting for all of t
 
 Exact global-norm clipping (optimizer.max_grad_norm > 0) needs the norm of the whole gradient before any update is
 final: reduced gradients are held on the host, the ranks exchange their partial sums of squares, and then every
-unit is updated in forward order with the clip factor of torch.nn.utils.clip_grad_norm_. Without clipping the norm
-is still computed and reported.
+unit is updated in forward order with the clip factor of torch.nn.utils.clip_grad_norm_; a non-finite norm skips
+the step's update altogether. Without clipping the norm is still computed and reported.
 
 The update is torch's fused CPU AdamW (4.5x faster than foreach on our host; it is bound by host memory traffic,
 not arithmetic), with the thread count set explicitly per rank.
@@ -91,6 +91,7 @@ class StepResult:
     cast_busy_s: float  # of update_busy_s: writing the bf16 delivery copy
     offcpu_s: float  # of update_busy_s: the updater thread off the CPU inside AdamW and the cast
     finished_at: float  # perf_counter when the last unit of the step was updated
+    skipped: bool = False  # clipping found a non-finite norm: no unit was updated
 
 
 class Updater(threading.Thread):
@@ -284,8 +285,14 @@ class Updater(threading.Thread):
             self._waited += wait_until(lambda: all(board.norm_seq(r) >= step for r in range(self.world)),
                                        "the gradient norm")
             norm = math.sqrt(sum(board.norms(step)))
-        clipped = False
-        if self.clip:
+        clipped = skipped = False
+        if self.clip and not math.isfinite(norm):
+            # a diverged step (slidedp.health): the held gradients are dropped and no unit is updated, so the host
+            # state stays that of the last good step; the units are marked done so no one waits for them
+            skipped = True
+            for u in self.host_units:
+                self.board.set_updated(u, self.rank, step)
+        elif self.clip:
             coef = min(1.0, self.opt.max_grad_norm / (norm + 1e-6))
             clipped = coef < 1.0
             for u in self.host_units:  # forward order: unit 0 is the next forward's first need
@@ -295,6 +302,6 @@ class Updater(threading.Thread):
                     g.mul_(coef)
                 self._update_unit(u, g, step)
         self.results.append(StepResult(step, norm, clipped, self._busy, self._cast, self._offcpu,
-                                       time.perf_counter()))
+                                       time.perf_counter(), skipped))
         self.last_step = step
         self._unit_sumsq, self._done_units, self._busy, self._cast, self._offcpu = {}, 0, 0.0, 0.0, 0.0

@@ -7,6 +7,7 @@ t; the other ranks read it once rank 0 has passed that boundary.
 
 from __future__ import annotations
 
+import math
 import os
 import sys
 import time
@@ -122,6 +123,8 @@ def rank_main(rank: int, world: int, args: RankArgs, queue) -> None:
         reporter = _Reporter(cfg, engine, queue, rank, world, flops_tok, peak, args.predicted)
         last_done = args.start_step
         for step in range(args.start_step + 1, cfg.steps + 1):
+            if rank == 0 and pending and not _loss_finite(pending[-1]):
+                board.set(Board.STOP_REQUEST, 1)  # diverged: no step after it; the launcher names the reason
             if _decide_stop(board, rank, step):
                 break
             t0 = time.perf_counter()
@@ -152,6 +155,13 @@ def rank_main(rank: int, world: int, args: RankArgs, queue) -> None:
     finally:
         if state is not None:
             state.unpin()
+
+
+def _loss_finite(t) -> bool:
+    """Whether the step's loss (summed over the ranks) is finite; waits for the step's last collective. A
+    diverged step must be the last one run (slidedp.health), and its loss is known only once it has been run."""
+    t.events["stats"].synchronize()
+    return math.isfinite(float(t.loss_sum.item()))
 
 
 def _decide_stop(board: Board, rank: int, step: int) -> bool:
@@ -224,6 +234,7 @@ class _Reporter:
             "lr": lr_at(t.step, self.cfg.steps, self.cfg.optimizer, self.cfg.schedule),
             "grad_norm": res.grad_norm,
             "clipped": res.clipped,
+            "update_skipped": res.skipped,
             "step_time_s": step_time,
             "tokens_per_s": tokens / step_time,
             "tflops": tflops,
