@@ -123,7 +123,7 @@ def _train(settings: Any, job_id: int, attempt: int, stop: Any) -> dict[str, Any
         _log(settings, job_id, "stopped before the first step of this attempt")
         return {"status": "stopped", "steps_done": None}
     import slidedp
-    from slidedp.launch import ExportFailed
+    from slidedp.launch import ExportFailed, UnhealthyRun
 
     try:
         result = slidedp.train(
@@ -140,6 +140,12 @@ def _train(settings: Any, job_id: int, attempt: int, stop: Any) -> dict[str, Any
         return {
             "status": "failed",
             "error": {"message": f"the job cannot start: {exc}", "errors": exc.errors},
+        }
+    except UnhealthyRun as exc:  # diverged, or a health warning with on_warning: stop
+        _log(settings, job_id, str(exc))
+        return {
+            "status": "failed",
+            "error": {"message": str(exc), "errors": [{"loc": "health", "msg": str(exc)}]},
         }
     except ExportFailed as exc:  # trained to the end; the state is in a checkpoint when one could be kept
         _log(settings, job_id, f"ExportFailed: {exc}")

@@ -65,6 +65,7 @@ def public(job: Job) -> JobPublic:
         tokens_per_s=tokens_per_s,
         output_dir=job.output_dir,
         checkpoints=[c.name for c in list_checkpoints(job.output_dir)],
+        warnings=list(job.warnings or []),
     )
 
 

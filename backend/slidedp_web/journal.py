@@ -100,15 +100,32 @@ def record_metrics(settings: Settings, job_id: int, record: dict[str, Any]) -> N
     record = clean_json(record)
     step = int(record.get("step", 0))
     ts = utcnow()
+    raised = [w for w in record.get("warnings") or [] if isinstance(w, dict)]
+    events: list[dict] = []
     with write_session(settings) as session:
         event = add_event(session, job_id, "metrics", record, ts)
         if event is None:
             return
+        events.append(event)
         # A resumed job repeats the steps after its checkpoint: the newer record of a step wins.
         session.execute(sa.delete(Metric).where(Metric.job_id == job_id, Metric.step == step))
         session.add(Metric(job_id=job_id, step=step, ts=ts, data=record))
-        session.execute(sa.update(Job).where(Job.id == job_id).values(step=step, last_metrics=record))
-    live.publish(settings, job_id, event)
+        values: dict[str, Any] = {"step": step, "last_metrics": record}
+        if raised:  # kept with the job (a repeated step's warning once) and sent as their own events
+            job = session.get(Job, job_id)
+            kept = list((job.warnings if job is not None else None) or [])
+            seen = {(w.get("step"), w.get("kind")) for w in kept}
+            for w in raised:
+                if (w.get("step"), w.get("kind")) not in seen:
+                    kept.append(w)
+                    seen.add((w.get("step"), w.get("kind")))
+                    warning = add_event(session, job_id, "warning", w, ts)
+                    if warning is not None:
+                        events.append(warning)
+            values["warnings"] = kept
+        session.execute(sa.update(Job).where(Job.id == job_id).values(**values))
+    for e in events:
+        live.publish(settings, job_id, e)
 
 
 def record_log(settings: Settings, job_id: int, line: str) -> None:

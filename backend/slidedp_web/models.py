@@ -79,6 +79,8 @@ class Job(SQLModel, table=True):
     # What the next attempt does: "train" (train, or resume from the newest checkpoint) or "export" (write
     # final/ from the newest checkpoint, which holds the last step: POST /api/jobs/{id}/export).
     action: str = Field(default="train", max_length=16)
+    # Health warnings the job's steps raised (slidedp.health), oldest first: [{"step", "kind", "message"}].
+    warnings: Optional[list] = _json()
 
 
 class StatusChange(SQLModel, table=True):
@@ -167,6 +169,7 @@ class JobPublic(SQLModel):
     tokens_per_s: Optional[float]
     output_dir: str
     checkpoints: list[str]
+    warnings: list[dict[str, Any]] = []
 
 
 class JobList(SQLModel):

@@ -105,6 +105,35 @@ def test_submitted_job_runs_and_streams_metrics_until_completed(client, worker, 
     assert not Path(done["output_dir"]).exists()
 
 
+def test_a_diverged_job_fails_with_its_reason_and_a_sick_one_carries_its_warnings(client, worker, dataset):
+    """Run health over REST: lr 1e30 makes step 2's loss non-finite (failed, `diverged: ...`, no export, the
+    checkpoint of step 1 kept); a loss-spike factor barely above 1 turns ordinary noise into warnings, which the
+    job keeps and the stream sends as `warning` events after the step's metrics."""
+    bad = client.post("/api/jobs", json=tiny_job(dataset, optimizer={"lr": 1e30}, checkpoint={"interval": 1}))
+    assert bad.status_code == 201, bad.text
+    done = wait_status(client, bad.json()["id"], ("failed", "completed"))
+    assert done["status"] == "failed", done
+    assert done["error"]["message"].startswith("diverged: ") and "at step 2" in done["error"]["message"]
+    assert done["error"]["errors"][0]["loc"] == "health"
+    assert done["checkpoints"] == ["step-00000001"]
+    metrics = client.get(f"/api/jobs/{done['id']}/metrics").json()["items"]
+    assert [m["step"] for m in metrics] == [1, 2] and metrics[1]["diverged"] == done["error"]["message"]
+    assert client.get(f"/api/jobs/{done['id']}/export").status_code in (404, 409)
+
+    sick = client.post("/api/jobs", json=tiny_job(dataset, optimizer={"lr": 0.5}, steps=6,
+                                                     health={"loss_spike_factor": 1.01}))
+    assert sick.status_code == 201, sick.text
+    events = read_sse(client, f"/api/jobs/{sick.json()['id']}/events", timeout=120)
+    assert statuses(events)[-1] == "completed"
+    warned = [e["data"] for e in events if e["event"] == "warning"]
+    job = client.get(f"/api/jobs/{sick.json()['id']}").json()
+    assert warned and job["warnings"] == warned
+    assert all(w["kind"] == "loss_spike" and w["message"] for w in warned)
+    order = [(e["event"], e["data"].get("step")) for e in events if e["event"] in ("metrics", "warning")]
+    for w in warned:  # each warning right after its step's metrics
+        assert order[order.index(("warning", w["step"])) - 1] == ("metrics", w["step"])
+
+
 def test_duplicate_queue_message_never_runs_a_job_twice(client, worker, dataset, settings, redis_server):
     from slidedp_web.celery_app import enqueue
 
