@@ -157,24 +157,51 @@ def summarise(row: dict, warmup: int) -> dict:
             "grad_norm": pick.get("grad_norm"), "clipped": pick.get("clipped")}
 
 
-def main(argv: list[str]) -> int:
-    p = argparse.ArgumentParser(prog="slidedp bench")
-    p.add_argument("--model", default="qwen3-8b")
-    p.add_argument("--gpus", type=int, default=2)
-    p.add_argument("--mbs", type=int, default=4)
-    p.add_argument("--seq", type=int, default=2048)
-    p.add_argument("--steps", type=int, default=8)
-    p.add_argument("--warmup", type=int, default=2)
-    p.add_argument("--threads", type=int, default=None, help="CPU threads per rank for the host update")
-    p.add_argument("--policies", default="sharded:gpu", help="comma-separated; empty: peers only")
-    p.add_argument("--peers", default="", help="comma-separated peer specs, e.g. fsdp2:8,fsdp2-offload:0")
-    p.add_argument("--data", choices=("random", "pattern"), default="random")
-    p.add_argument("--lr", type=float, default=1e-5)
-    p.add_argument("--no-plan", action="store_true", help="do not ask the planner for a prediction per policy")
+def build_parser() -> argparse.ArgumentParser:
+    """`slidedp bench`'s options."""
+    p = argparse.ArgumentParser(prog="slidedp bench",
+                                description="SlideDP step time for one model shape over several policies, next to "
+                                "peers (FSDP2, DeepSpeed ZeRO-Offload), in one command; see docs/benchmarks.md.")
+    p.add_argument("--model", default="qwen3-8b",
+                   help="the model: a preset name (`slidedp presets`, random init) or a local Hugging Face model "
+                   "directory (default: %(default)s)")
+    p.add_argument("--gpus", type=int, default=2,
+                   help="GPUs to train on, one rank each; 0: the CPU, with two gloo ranks (default: %(default)s)")
+    p.add_argument("--mbs", type=int, default=4, help="micro-batch size per rank, in sequences (default: %(default)s)")
+    p.add_argument("--seq", type=int, default=2048, help="sequence length in tokens (default: %(default)s)")
+    p.add_argument("--steps", type=int, default=8,
+                   help="optimizer steps each policy and peer runs (default: %(default)s)")
+    p.add_argument("--warmup", type=int, default=2,
+                   help="first steps left out of the reported median step time (default: %(default)s)")
+    p.add_argument("--threads", type=int, default=None,
+                   help="CPU threads per rank, for SlideDP's host update and the peers' CPU work (default: the "
+                   "cores this process may use, divided by the ranks)")
+    p.add_argument("--policies", default="sharded:gpu",
+                   help="comma-separated SlideDP policies, each delivery:grad_reduce[:activations[:clip[:resident"
+                   "[:cast[:edge_update[:device_layers]]]]]] (`auto` for AutoPolicy's choice); empty: peers only "
+                   "(default: %(default)s)")
+    p.add_argument("--peers", default="",
+                   help="comma-separated peer specs run after the policies: fsdp2[:keep[:clip]], "
+                   "fsdp2-offload[:keep[:clip]], ds-zero2[:clip] or ds-zero3[:clip], e.g. fsdp2:8,fsdp2-offload:0 "
+                   "(default: none)")
+    p.add_argument("--data", choices=("random", "pattern"), default="random",
+                   help="token ids to train on: random ids, or pattern (rows repeating a short random motif, so a "
+                   "random-init model's loss visibly falls) (default: %(default)s)")
+    p.add_argument("--lr", type=float, default=1e-5, help="AdamW learning rate, constant (default: %(default)s)")
+    p.add_argument("--no-plan", action="store_true",
+                   help="do not ask the planner for a prediction per policy (default: each row carries the "
+                   "planner's prediction beside the measurement)")
     p.add_argument("--plan-only", action="store_true",
-                   help="write each policy's prediction (as `slidedp plan` makes it) without training")
-    p.add_argument("--out", default=None, help="append one JSON line per policy here")
-    args = p.parse_args(argv)
+                   help="write each policy's prediction (as `slidedp plan` makes it) without training (default: "
+                   "train)")
+    p.add_argument("--out", default=None,
+                   help="append one JSON line per policy and peer to this file (default: none; the summary table "
+                   "is printed either way)")
+    return p
+
+
+def main(argv: list[str]) -> int:
+    args = build_parser().parse_args(argv)
     from slidedp.launch import StateCache
     from slidedp.presets import PRESETS
 

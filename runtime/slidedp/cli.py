@@ -1,7 +1,8 @@
 """The `slidedp` command.
 
-    slidedp train --config job.yaml [--set steps=20 ...]   train; one log line per step (an output_dir that is
-                                                           not empty needs resume: true or --overwrite)
+    slidedp train --config job.yaml [--set steps=20 ...]   train: a progress bar on a terminal, else one log line
+                                                           per step with elapsed time and ETA (an output_dir that
+                                                           is not empty needs resume: true or --overwrite)
     slidedp export --checkpoint DIR [--out DIR]            a checkpoint's weights as a Hugging Face directory
     slidedp plan --config job.yaml                         AutoPolicy's plan for this host, without training
     slidedp topology                                       this host's GPUs, links, CPU and RAM as JSON
@@ -77,8 +78,12 @@ def cmd_train(args) -> int:
         occupied = _occupied_output_dir(cfg.output_dir)
         if occupied:
             return _print_errors(ConfigError([{"loc": "output_dir", "msg": occupied}]))
+    from slidedp.progress import TrainProgress
+
+    bar = {"auto": None, "bar": True, "lines": False}[args.progress]
     try:
-        result = train(cfg, on_log=lambda line: print(line, flush=True))
+        with TrainProgress(cfg.steps, bar=bar) as progress:
+            result = train(cfg, on_step=progress.step, on_log=progress.log)
     except ExportFailed as exc:
         print(str(exc), file=sys.stderr)
         return 1
@@ -131,12 +136,18 @@ def cmd_presets(args) -> int:
     from slidedp.presets import PRESETS, param_count, unit_param_counts
     from slidedp.step.layout import plan_layout
 
+    header = ("name", "family", "layers", "hidden", "params (M)", "host state (GiB)")
+    rows = []
     for name, cfg in PRESETS.items():
         n, units = param_count(cfg), unit_param_counts(cfg)
         # the state in bf16 training (master, moments, bf16 copy), before any rank's staging
         parts = plan_layout(units, 1, ExecutionPolicy.default(len(units) - 2), "bf16", False, directory="").parts()
         state = parts["master_and_moments"] + parts["delivery_copy"]
-        print(f"{name:18s} {cfg['model_type']:8s} {n / 1e6:10.1f} M params  host state {state / 2**30:8.2f} GiB")
+        rows.append((name, cfg["model_type"], str(cfg["num_hidden_layers"]), str(cfg["hidden_size"]),
+                     f"{n / 1e6:.1f}", f"{state / 2**30:.2f}"))
+    widths = [max(len(r[i]) for r in (header, *rows)) for i in range(len(header))]
+    for r in (header, *rows):  # names and families left, figures right
+        print("  ".join(c.ljust(w) if i < 2 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths))).rstrip())
     return 0
 
 
@@ -228,6 +239,10 @@ def build_parser() -> argparse.ArgumentParser:
         if name == "train":
             sp.add_argument("--overwrite", action="store_true",
                             help="start a fresh run even when output_dir holds an earlier run's files")
+            sp.add_argument("--progress", choices=("auto", "bar", "lines"), default="auto",
+                            help="bar: a progress bar with elapsed time, ETA, loss, tokens/s and step time (the "
+                            "full per-step records are in output_dir/metrics.jsonl); lines: one line per step with "
+                            "elapsed time and ETA; auto (default): the bar when stdout is a terminal, else lines")
         sp.set_defaults(fn=fn)
     sp = sub.add_parser("export", help="export a checkpoint's weights as a Hugging Face directory")
     sp.add_argument("--checkpoint", required=True, help="a complete checkpoint directory (checkpoints/step-N)")

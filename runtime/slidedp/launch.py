@@ -91,11 +91,13 @@ def _log(on_log: Callable[[str], None] | None, line: str) -> None:
 
 
 def _format_step(r: dict, steps: int) -> str:
-    hbm = max(r["hbm_peak_gib"]) if r["hbm_peak_gib"] else 0.0
+    """One step's log line. TFLOP/s and peak HBM only for a GPU run: a CPU run's record has no HBM figures
+    (hbm_peak_gib is empty), and its model FLOP rate says nothing useful."""
     rss = r.get("host_rss_gib") or 0.0
+    gpu = f"{r['tflops']:.1f} TFLOP/s | hbm {max(r['hbm_peak_gib']):.1f} GiB | " if r.get("hbm_peak_gib") else ""
     return (f"step {r['step']:>5}/{steps} | loss {r['loss']:.4f} | lr {r['lr']:.2e} | gnorm {r['grad_norm']:.3f}"
             f"{' (clipped)' if r['clipped'] else ''} | {r['step_time_s']:.3f} s | {r['tokens_per_s']:,.0f} tok/s | "
-            f"{r['tflops']:.1f} TFLOP/s | hbm {hbm:.1f} GiB | rss {rss:.1f} GiB")
+            f"{gpu}rss {rss:.1f} GiB")
 
 
 def _rss_gib(pids: list[int], shared_bytes: int) -> float:
