@@ -122,6 +122,9 @@ def _train(settings: Any, job_id: int, attempt: int, stop: Any) -> dict[str, Any
     if stop.value:  # cancelled while this process started: skip importing torch (seconds on a busy host)
         _log(settings, job_id, "stopped before the first step of this attempt")
         return {"status": "stopped", "steps_done": None}
+    from slidedp_web.journal import record_stage
+
+    record_stage(settings, job_id, {"stage": "preparing", "elapsed_s": 0.0})  # importing torch: seconds
     import slidedp
     from slidedp.launch import ExportFailed, UnhealthyRun
 
@@ -132,6 +135,7 @@ def _train(settings: Any, job_id: int, attempt: int, stop: Any) -> dict[str, Any
             on_log=lambda line: _log(settings, job_id, line),
             should_stop=should_stop,
             plan=plan,
+            on_stage=lambda stage: record_stage(settings, job_id, stage),
         )
     except _StoppedBeforeFirstStep:
         _log(settings, job_id, "stopped before the first step of this attempt")

@@ -66,6 +66,7 @@ def public(job: Job) -> JobPublic:
         output_dir=job.output_dir,
         checkpoints=[c.name for c in list_checkpoints(job.output_dir)],
         warnings=list(job.warnings or []),
+        stage=job.stage,
     )
 
 

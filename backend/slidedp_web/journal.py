@@ -128,6 +128,18 @@ def record_metrics(settings: Settings, job_id: int, record: dict[str, Any]) -> N
         live.publish(settings, job_id, e)
 
 
+def record_stage(settings: Settings, job_id: int, stage: dict[str, Any]) -> None:
+    """Where the attempt's start-up is (slidedp.startup's on_stage, or the job process's own "preparing"):
+    kept as the job's `stage` and sent as a `stage` event."""
+    stage = clean_json(stage)
+    with write_session(settings) as session:
+        event = add_event(session, job_id, "stage", stage, utcnow())
+        if event is None:
+            return
+        session.execute(sa.update(Job).where(Job.id == job_id).values(stage=stage))
+    live.publish(settings, job_id, event)
+
+
 def record_log(settings: Settings, job_id: int, line: str) -> None:
     line = line.rstrip("\n")[: settings.max_log_line_chars]
     ts = utcnow()

@@ -81,6 +81,9 @@ class Job(SQLModel, table=True):
     action: str = Field(default="train", max_length=16)
     # Health warnings the job's steps raised (slidedp.health), oldest first: [{"step", "kind", "message"}].
     warnings: Optional[list] = _json()
+    # Where the current attempt's start-up is (slidedp.startup): {"stage", "elapsed_s", ...}; "training" once
+    # its first step is done, with the stages' durations.
+    stage: Optional[dict] = _json()
 
 
 class StatusChange(SQLModel, table=True):
@@ -170,6 +173,7 @@ class JobPublic(SQLModel):
     output_dir: str
     checkpoints: list[str]
     warnings: list[dict[str, Any]] = []
+    stage: Optional[dict[str, Any]] = None
 
 
 class JobList(SQLModel):

@@ -21,6 +21,7 @@ from slidedp.config import ConfigError, JobConfig, is_model_path
 from slidedp.health import HealthMonitor, finite_json
 from slidedp.policy import ExecutionPolicy, resolve
 from slidedp.ranks import Launch
+from slidedp.startup import Startup
 from slidedp.step.layout import HostLayout, plan_layout
 
 
@@ -121,8 +122,8 @@ def _cpu_threads(cfg: JobConfig) -> int:
     return max(1, cores // cfg.world_size)
 
 
-def resolve_policy(cfg: JobConfig, num_layers: int, on_log=None,
-                   plan: dict | None = None) -> tuple[ExecutionPolicy, dict]:
+def resolve_policy(cfg: JobConfig, num_layers: int, on_log=None, plan: dict | None = None,
+                   startup: Startup | None = None) -> tuple[ExecutionPolicy, dict]:
     """The execution policy, resolved once (slidedp.policy.resolve): AutoPolicy's plan where the config says
     `auto`, the config where it fixes a choice. Returns (policy, plan); plan is {} when nothing was planned.
 
@@ -143,7 +144,8 @@ def resolve_policy(cfg: JobConfig, num_layers: int, on_log=None,
             if cfg.gpus > 0:
                 from slidedp.planning import calibration as calib
 
-                calibration = calib.load_or_calibrate(cfg, topo)
+                calibration = calib.load_or_calibrate(
+                    cfg, topo, on_log=startup.calibration_log(on_log) if startup is not None else on_log)
             why = None if stored is None else _stale_plan(stored, autopolicy.plan_basis(cfg, topo, calibration),
                                                           cfg.world_size, num_layers)
             if stored is not None and why is None:
@@ -215,11 +217,13 @@ def _rewind_metrics(path: str, step: int) -> None:
     os.replace(tmp, path)
 
 
-def _init_host_state(cfg: JobConfig, adapter, state) -> None:
+def _init_host_state(cfg: JobConfig, adapter, state, progress: Callable[[int, int], None] | None = None) -> None:
     from slidedp.step.model_adapter import checkpoint_index
 
     index = checkpoint_index(cfg.model) if is_model_path(cfg.model) else None
-    for spec in adapter.units:
+    for done, spec in enumerate(adapter.units):
+        if progress is not None:
+            progress(done, len(adapter.units))
         flat = state.master_unit(spec.index)
         if index is not None:
             adapter.load_unit(spec, flat, cfg.model, index)
@@ -286,8 +290,11 @@ def _export_or_keep(cfg: JobConfig, adapter, state, ckpt_root: str, last: int, d
 def train(config: dict | JobConfig, on_step: Callable[[dict], None] | None = None,
           on_log: Callable[[str], None] | None = None,
           should_stop: Callable[[], Any] | None = None, state_cache: StateCache | None = None,
-          plan: dict | None = None) -> TrainResult:
+          plan: dict | None = None, on_stage: Callable[[dict], None] | None = None) -> TrainResult:
     """Train a job to the end (or until should_stop() is truthy); see docs/interfaces.md §2.
+
+    on_stage: called as each start-up stage begins (slidedp.startup), with progress while the host state is
+    filled, and with stage "training" and the durations once the first step is done.
 
     plan: a plan made for this job before (docs/interfaces.md §5), used when its basis is this run's
     (resolve_policy); TrainResult.plan is the plan the run used, with "replanned" saying why when it was made
@@ -312,8 +319,10 @@ def train(config: dict | JobConfig, on_step: Callable[[dict], None] | None = Non
         raise ConfigError([{"loc": "gpus", "msg": f"asks for {cfg.gpus} GPUs, this host has "
                                                   f"{torch.cuda.device_count()}; lower gpus or use 0 for CPU"}])
     os.makedirs(cfg.output_dir, exist_ok=True)
+    startup = Startup(on_stage, on_log)
+    startup.enter("planning")
     adapter = ModelAdapter(load_hf_config(cfg.model))
-    policy, plan = resolve_policy(cfg, adapter.num_layers, on_log, plan)
+    policy, plan = resolve_policy(cfg, adapter.num_layers, on_log, plan, startup=startup)
     removed = cleanup_orphans()
     if removed:
         _log(on_log, f"removed {len(removed)} shared-memory segments left by a killed run")
@@ -362,17 +371,20 @@ def train(config: dict | JobConfig, on_step: Callable[[dict], None] | None = Non
         start_step, data_state = 0, None
         t0 = time.perf_counter()
         if resume_from is not None:
+            startup.enter("loading_checkpoint")
             start_step, data_state = ckpt.load(resume_from, cfg, state)
             _rewind_metrics(metrics_path, start_step)
             _log(on_log, f"resumed from step {start_step} ({resume_from})")
         else:
             if init_source is not None:  # that run's weights; moments zero, step 0, the data from the start
+                startup.enter("loading_checkpoint")
                 source_step = ckpt.load_weights(init_source, state)
                 _log(on_log, f"initial weights from step {source_step} of {init_source} (AdamW moments zero)")
             elif reuse:
                 _log(on_log, "host state kept from the previous run (benchmark): weights and moments as it left them")
             else:
-                _init_host_state(cfg, adapter, state)
+                startup.enter("loading_weights" if is_model_path(cfg.model) else "building_host_state")
+                _init_host_state(cfg, adapter, state, startup.progress)
             if os.path.exists(metrics_path):
                 os.unlink(metrics_path)
             stale = ckpt.clear(ckpt_root)  # a fresh run must never be resumed from an earlier run's state
@@ -395,7 +407,7 @@ def train(config: dict | JobConfig, on_step: Callable[[dict], None] | None = Non
         else:
             last, last_data_state = _run_ranks(cfg, state, layout, policy, plan, start_step, data_state, ckpt_root,
                                                metrics_path, records, procs, on_step, on_log, should_stop, RankArgs,
-                                               CKPT_DONE, monitor)
+                                               CKPT_DONE, monitor, startup)
             if monitor.stop_reason is not None:  # nothing is saved or exported from the state after it
                 raise UnhealthyRun(monitor.stop_reason, monitor.diverged_step)
             if last is None:  # stopped before the ranks were started
@@ -430,7 +442,7 @@ def train(config: dict | JobConfig, on_step: Callable[[dict], None] | None = Non
 def _run_ranks(cfg: JobConfig, state, layout: HostLayout, policy: ExecutionPolicy, plan: dict, start_step: int,
                data_state: dict | None, ckpt_root: str, metrics_path: str, records: list[dict], procs: list,
                on_step, on_log, should_stop, rank_args, ckpt_done: int,
-               monitor: HealthMonitor) -> tuple[int | None, dict | None]:
+               monitor: HealthMonitor, startup: Startup) -> tuple[int | None, dict | None]:
     """Start the rank processes (appended to `procs`, which the caller ends), relay their records and checkpoint
     requests until each reports done; (last step finished, data position after it), or (None, None) when a stop
     came before any rank was started. Each record passes the health monitor first: a diverged step, or a warning
@@ -446,6 +458,7 @@ def _run_ranks(cfg: JobConfig, state, layout: HostLayout, policy: ExecutionPolic
         if should_stop is not None and should_stop():  # asked while the host state was filled: no rank started
             _log(on_log, "stopped before the ranks were started")
             return None, None
+        startup.enter("starting_ranks")
         ranks.start(args)
         procs.extend(ranks.procs)
         done: dict[int, dict] = {}
@@ -469,7 +482,12 @@ def _run_ranks(cfg: JobConfig, state, layout: HostLayout, policy: ExecutionPolic
                             raise TrainError(f"rank {rank} failed:\n{payload['traceback']}") from None
                     raise TrainError(f"rank {dead[0][0]} exited with code {dead[0][1]} before reporting") from None
                 continue
+            if kind == "stage":  # rank 0 is about to run its first step
+                startup.enter(payload["stage"])
+                continue
             if kind == "record":
+                if not startup.done:
+                    payload["startup_s"] = startup.finish()
                 payload["host_rss_gib"] = _rss_gib([p.pid for p in procs], state.shared_bytes())
                 diverged, raised = monitor.check(payload)
                 if raised:

@@ -62,12 +62,19 @@ def test_submitted_job_runs_and_streams_metrics_until_completed(client, worker, 
     logs = [e["data"] for e in events if e["event"] == "log"]
     assert [entry["seq"] for entry in logs] == list(range(1, len(logs) + 1))
     assert any("step     4/4" in entry["line"] for entry in logs)
+    stages = [e["data"]["stage"] for e in events if e["event"] == "stage" and "progress" not in e["data"]]
+    assert stages[0] == "preparing" and stages[-1] == "training", stages
+    assert [s for s in stages if s in ("planning", "building_host_state", "starting_ranks", "first_step")] == [
+        "planning", "building_host_state", "starting_ranks", "first_step"]
 
     done = client.get(f"/api/jobs/{job['id']}").json()
     assert (done["status"], done["step"], done["host"]) == ("completed", 4, settings.host_name)
     assert done["last_metrics"]["step"] == 4 and done["tokens_per_s"] > 0 and done["eta_s"] is None
     assert done["started_at"] <= done["finished_at"]
     assert done["checkpoints"] == ["step-00000002", "step-00000004"]
+    assert done["stage"]["stage"] == "training" and done["stage"]["total_s"] > 0
+    assert set(done["stage"]["durations"]) >= {"planning", "building_host_state", "starting_ranks", "first_step"}
+    assert done["last_metrics"]["step"] == 4 and "startup_s" not in done["last_metrics"]
 
     metrics = client.get(f"/api/jobs/{job['id']}/metrics").json()["items"]
     assert [m["step"] for m in metrics] == [1, 2, 3, 4]

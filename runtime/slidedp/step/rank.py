@@ -122,6 +122,8 @@ def rank_main(rank: int, world: int, args: RankArgs, queue) -> None:
         pending: deque = deque()
         reporter = _Reporter(cfg, engine, queue, rank, world, flops_tok, peak, args.predicted)
         last_done = args.start_step
+        if rank == 0:
+            queue.put(("stage", 0, {"stage": "first_step"}))  # the launcher's start-up stages
         for step in range(args.start_step + 1, cfg.steps + 1):
             if rank == 0 and pending and not _loss_finite(pending[-1]):
                 board.set(Board.STOP_REQUEST, 1)  # diverged: no step after it; the launcher names the reason

@@ -1,4 +1,5 @@
-"""Run health: the warnings a job's steps raised (loss spikes, dead gradients), kept with the job.
+"""Run health and start-up: the warnings a job's steps raised (loss spikes, dead gradients) and the stage its
+attempt is in while it starts, kept with the job.
 
 Revision ID: 0003
 Revises: 0002
@@ -19,8 +20,10 @@ depends_on = None
 def upgrade() -> None:
     with op.batch_alter_table("jobs") as batch:
         batch.add_column(sa.Column("warnings", sa.JSON(), nullable=True))
+        batch.add_column(sa.Column("stage", sa.JSON(), nullable=True))
 
 
 def downgrade() -> None:
     with op.batch_alter_table("jobs") as batch:
+        batch.drop_column("stage")
         batch.drop_column("warnings")
