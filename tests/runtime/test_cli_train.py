@@ -100,3 +100,26 @@ def test_the_python_api_still_starts_fresh_in_a_used_output_dir(job):
         cfg = json.load(fh)
     result = slidedp.train({**cfg, "export": False})
     assert result.status == "completed" and (job["out"] / "notes.txt").exists()
+
+
+def test_a_two_rank_cli_run_prints_no_library_warning(tmp_path):
+    """The command's own output and its ranks' (which write to the same terminal) carry no FutureWarning or
+    other library warning: the collectives are called by the names this torch has (slidedp.step.collectives)."""
+    import subprocess
+    import sys
+
+    data = make_token_data(str(tmp_path / "data.jsonl"), rows=8, seq_len=32, seed=2)
+    cfg = {"model": "tiny-qwen3", "data": {"path": data, "format": "tokens"}, "seq_len": 32, "micro_batch_size": 2,
+           "steps": 2, "ranks": 2, "precision": "fp32", "output_dir": str(tmp_path / "out"), "cpu_threads": 1,
+           "export": False, "policy": {"delivery": "sharded", "grad_reduce": "gpu"}}
+    path = tmp_path / "job.json"
+    path.write_text(json.dumps(cfg), encoding="utf-8")
+    runtime = os.path.join(os.path.dirname(__file__), "..", "..", "runtime")
+    env = {**os.environ, "PYTHONPATH": os.path.abspath(runtime)}
+    env.pop("PYTHONWARNINGS", None)
+    proc = subprocess.run([sys.executable, "-m", "slidedp.cli", "train", "--config", str(path), "--progress", "lines"],
+                          capture_output=True, text=True, timeout=300, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = proc.stdout + proc.stderr
+    assert "step     2/2" in out
+    assert "Warning" not in out, out[-3000:]

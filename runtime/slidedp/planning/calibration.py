@@ -35,7 +35,6 @@ import socket
 import sys
 import tempfile
 import time
-import warnings
 from collections.abc import Callable
 from datetime import datetime, timezone
 from typing import Any
@@ -59,6 +58,7 @@ from slidedp.planning.shape import calibration_shape
 from slidedp.planning.topology import job_gpus, job_interconnect
 from slidedp.presets import model_config_dict, unit_param_counts
 from slidedp.ranks import Launch, RankFailed
+from slidedp.step.collectives import all_gather, reduce_scatter
 
 # 2: the host update is timed as the engine runs it (AdamW and the bf16 cast, no norm pass) and host_dram's DMA
 # threads no longer spin a core during the update; calibrations of version 1 are measured again.
@@ -258,16 +258,12 @@ def calibrate_collectives(
 
             def run(op: str = op, full: torch.Tensor = full, part: torch.Tensor = part) -> None:
                 if op == "all_gather":
-                    dist.all_gather_into_tensor(full, part, group=group)
+                    all_gather(full, part, group=group)
                 else:
-                    dist.reduce_scatter_tensor(part, full, group=group)
+                    reduce_scatter(part, full, group=group)
 
             dist.barrier(group=group)
-            with (
-                warnings.catch_warnings()
-            ):  # newer torch renames these collectives; the GPU machine's does not
-                warnings.simplefilter("ignore", FutureWarning)
-                t = torch.tensor([median_time(run, reps, cuda, warmup=2)], dtype=torch.float64, device=device)
+            t = torch.tensor([median_time(run, reps, cuda, warmup=2)], dtype=torch.float64, device=device)
             dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group)
             out[op].append({"bytes": numel * esize, "s": float(t.item())})
     return out

@@ -24,6 +24,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 from slidedp.config import OptimizerConfig, ScheduleConfig
+from slidedp.step.collectives import all_gather, reduce_scatter
 from slidedp.step.host_state import HostState
 from slidedp.step.optimizer import lr_at
 from slidedp.step.routes import Routes, ShardMap, sum_of_squares
@@ -81,7 +82,7 @@ class DeviceUpdate:
         r0 = self.rank * sl
         buf[r0 : r0 + sl].copy_(self.master[u])
         if self.world > 1:
-            dist.all_gather_into_tensor(buf[: self.shards.padded[u]], buf[r0 : r0 + sl],
+            all_gather(buf[: self.shards.padded[u]], buf[r0 : r0 + sl],
                                         group=self.routes.delivery_group)
             self.routes.bytes.collective += (self.shards.padded[u] - sl) * buf.element_size()
 
@@ -95,7 +96,7 @@ class DeviceUpdate:
             s.d2h.wait_stream(s.compute)
             if self.world > 1:
                 sl = self.shards.shard_len(u)
-                dist.reduce_scatter_tensor(self.grad[u], grad[: self.shards.padded[u]], op=dist.ReduceOp.SUM,
+                reduce_scatter(self.grad[u], grad[: self.shards.padded[u]], op=dist.ReduceOp.SUM,
                                            group=self.routes.grad_group)
                 self.routes.bytes.collective += (self.shards.padded[u] - sl) * 4
                 shard = self.grad[u]

@@ -27,6 +27,7 @@ from slidedp.config import JobConfig
 from slidedp.policy import ExecutionPolicy
 from slidedp.schedule import step_schedule
 from slidedp.step.activations import SavedActivations
+from slidedp.step.collectives import all_gather
 from slidedp.step.device_update import DeviceUpdate
 from slidedp.step.devices import Streams
 from slidedp.step.host_state import HostState
@@ -372,7 +373,7 @@ class RankEngine:
         peak = torch.cuda.max_memory_reserved(self.device) if s.cuda else 0
         stats = torch.tensor([b["h2d"], b["d2h"], b["collective"], peak], dtype=torch.int64, device=self.device)
         gathered = torch.zeros(4 * self.world, dtype=torch.int64, device=self.device)
-        dist.all_gather_into_tensor(gathered, stats, group=self.routes.grad_group)
+        all_gather(gathered, stats, group=self.routes.grad_group)
         ev["stats"] = s.record(s.compute)
         return StepTiming(step, t_start, data_s, self.window.update_wait_s, self.staging_wait_s, tokens, ev,
                           loss_sum, n_targets, gathered, cpu_start)

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
+from slidedp.step.collectives import all_gather, reduce_scatter
 from slidedp.step.devices import Streams
 
 
@@ -129,7 +130,7 @@ class Routes:
                 if hi > lo:
                     self._copy_chunked(buf[lo:hi], host_unit[lo:hi])
                 self.bytes.h2d += (hi - lo) * esize
-                work = dist.all_gather_into_tensor(buf[: self.shards.padded[u]], buf[r0 : r0 + sl],
+                work = all_gather(buf[: self.shards.padded[u]], buf[r0 : r0 + sl],
                                                    group=self.delivery_group, async_op=True)
                 work.wait()  # on CUDA: the h2d stream waits for the all-gather, the host does not
                 self.bytes.collective += (self.shards.padded[u] - sl) * buf.element_size()
@@ -167,7 +168,7 @@ class Routes:
         n, esize = self.shards.numels[u], grad.element_size()
         if self.grad_reduce == "gpu":
             sl = self.shards.shard_len(u)
-            work = dist.reduce_scatter_tensor(shard_buf[:sl], grad[: self.shards.padded[u]], op=dist.ReduceOp.SUM,
+            work = reduce_scatter(shard_buf[:sl], grad[: self.shards.padded[u]], op=dist.ReduceOp.SUM,
                                               group=self.grad_group, async_op=True)
             self.bytes.collective += (self.shards.padded[u] - sl) * esize
             lo, hi = self.shards.own_range(u)
