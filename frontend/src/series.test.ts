@@ -1,6 +1,6 @@
 import { describe, expect, it } from "vitest";
 import type { MetricsRecord } from "./types";
-import { column, gpuCount, MetricsStore, nonFiniteLossSteps, phaseNames, pickIndices, stack } from "./series";
+import { autoExtent, column, ema, gpuCount, isOverlapped, linearRange, logRange, MetricsStore, nonFiniteLossSteps, phaseKind, phaseNames, pickIndices, presentIndices, stack } from "./series";
 
 describe("MetricsStore", () => {
   it("keeps records unique by step and in step order whatever the arrival order", () => {
@@ -97,5 +97,89 @@ describe("record helpers", () => {
 
   it("stacks parts cumulatively, a step with no part at all stays a gap", () => {
     expect(stack([[1, null, 2], [3, null, null]])).toEqual([[1, null, 2], [4, null, 2]]);
+  });
+});
+
+describe("smoothing", () => {
+  it("is the values themselves at weight 0", () => {
+    expect(ema([3, 1, 4, 1, 5], 0)).toEqual([3, 1, 4, 1, 5]);
+  });
+
+  it("is a bias-corrected exponential moving average", () => {
+    const out = ema([2, 4, 4], 0.5);
+    // 2; (0.5*1 + 0.5*... ) -> weights 1/3, 2/3 on 2 and 4; then 1/7, 2/7, 4/7
+    expect(out[0]).toBeCloseTo(2);
+    expect(out[1]).toBeCloseTo((2 * 0.5 + 4) / 1.5);
+    expect(out[2]).toBeCloseTo((2 * 0.25 + 4 * 0.5 + 4) / 1.75);
+    // a constant stays constant from the first point on: no pull towards zero
+    expect(ema([6.2, 6.2, 6.2], 0.99).map((v) => Number(v?.toFixed(9)))).toEqual([6.2, 6.2, 6.2]);
+  });
+
+  it("skips NaN and missing values without losing the average", () => {
+    const out = ema([1, NaN, null, 1], 0.9);
+    expect(out[1]).toBeNull();
+    expect(out[2]).toBeNull();
+    expect(out[3]).toBeCloseTo(1);
+  });
+
+  it("damps a spike: 7e6 at step 2 no longer dominates a few steps later at a heavy weight of the recent past", () => {
+    const vals = [10, 7e6, ...Array.from({ length: 200 }, () => 6.238)];
+    const out = ema(vals, 0.6);
+    expect(out[1]).toBeGreaterThan(1e6);
+    expect(out[60]).toBeCloseTo(6.238, 2);
+  });
+
+  it("clamps its weight to [0, 0.999]", () => {
+    expect(ema([1, 2], -1)).toEqual([1, 2]);
+    expect(ema([1, 2], 5)[1]).toBeGreaterThan(1);
+  });
+});
+
+describe("autoscale", () => {
+  it("leaves the warm-up step out of the range and reports it", () => {
+    const stepTime = [3.6, 0.55, 0.56, 0.57];
+    expect(autoExtent([stepTime])).toEqual({ min: 0.55, max: 3.6, first: null });
+    expect(autoExtent([stepTime], true)).toEqual({ min: 0.55, max: 0.57, first: 3.6 });
+    const [lo, hi] = linearRange(0.55, 0.57);
+    expect(lo).toBe(0);
+    expect(hi).toBeLessThan(3.6);
+  });
+
+  it("does not report a first step that lies within the later ones", () => {
+    expect(autoExtent([[0.56, 0.55, 0.57]], true)?.first).toBeNull();
+  });
+
+  it("reports a first step below the later ones (a slow first step's throughput)", () => {
+    expect(autoExtent([[100, 900, 1000]], true)).toEqual({ min: 900, max: 1000, first: 100 });
+  });
+
+  it("takes every column into account and the first step when it is all there is", () => {
+    expect(autoExtent([[5, 1, null], [null, 2, 3]], true)).toEqual({ min: 1, max: 3, first: 5 });
+    expect(autoExtent([[4], [null]], true)).toEqual({ min: 4, max: 4, first: null });
+    expect(autoExtent([[null, NaN]], true)).toBeNull();
+  });
+
+  it("keeps only positive values for a log axis, and ranges over whole decades", () => {
+    expect(autoExtent([[0, 7e6, 6.2, -1]], false, true)).toEqual({ min: 6.2, max: 7e6, first: null });
+    expect(logRange(6.2, 7e6)).toEqual([1, 1e7]);
+    expect(logRange(10, 10)).toEqual([1, 100]);
+  });
+
+  it("starts a linear axis at 0 for non-negative values and leaves head room", () => {
+    expect(linearRange(2, 4)).toEqual([0, 4.2]);
+    expect(linearRange(-2, 2)).toEqual([-2, 2.2]);
+    expect(linearRange(null, null)).toEqual([0, 1]);
+  });
+});
+
+describe("phases", () => {
+  it("stacks only the spans that make up the step", () => {
+    expect(["forward", "backward"].map(phaseKind)).toEqual(["span", "span"]);
+    expect(["data", "update_tail", "staging_wait", "delivery_wait", "mystery"].map(phaseKind)).toEqual(["wait", "wait", "wait", "wait", "wait"]);
+    expect(["update_busy", "update_cast_busy", "update_offcpu", "other_busy"].every(isOverlapped)).toBe(true);
+  });
+
+  it("finds the steps a sparse series has", () => {
+    expect(presentIndices([null, 2, NaN, 3])).toEqual([1, 3]);
   });
 });

@@ -116,12 +116,36 @@ export function column(records: readonly MetricsRecord[], get: (r: MetricsRecord
 }
 
 /** Phase names in the order the step runs them, then any other phase the runtime reports, alphabetically. */
-export const PHASE_ORDER = ["data", "forward", "backward", "update_tail", "delivery_wait", "staging_wait"];
+export const PHASE_ORDER = ["data", "forward", "backward", "update_tail", "delivery_wait", "staging_wait", "update_busy", "update_cast_busy", "update_offcpu"];
 
-/** A "_busy" phase is work that overlaps the others (the CPU update running under backward): it is not a
- *  slice of the step's wall time, so it is drawn as a line, never stacked. */
+/**
+ * How a measured phase (docs/interfaces.md §3) relates to the step's wall time:
+ *  - "span": a span of the compute stream; the spans partition the step (forward + backward = the step), so they stack;
+ *  - "wait": a host-side wait of the issuing thread, overlapped with queued GPU work and so inside the spans;
+ *  - "overlapped": work of the updater thread running beside the step (the CPU update under backward).
+ * Only spans are slices of the step; the others are drawn as lines (stacking them would count time twice).
+ */
+export type PhaseKind = "span" | "wait" | "overlapped";
+export const PHASE_KINDS: Readonly<Record<string, PhaseKind>> = {
+  forward: "span",
+  backward: "span",
+  data: "wait",
+  update_tail: "wait",
+  delivery_wait: "wait",
+  staging_wait: "wait",
+  update_busy: "overlapped",
+  update_cast_busy: "overlapped",
+  update_offcpu: "overlapped",
+};
+
+/** A phase this page does not know is drawn as a line, never stacked: it is not known to be a slice of the step. */
+export function phaseKind(phase: string): PhaseKind {
+  return PHASE_KINDS[phase] ?? (phase.endsWith("_busy") ? "overlapped" : "wait");
+}
+
+/** Work that overlaps the step (the updater's time and its parts): drawn as a line, never stacked. */
 export function isOverlapped(phase: string): boolean {
-  return phase.endsWith("_busy");
+  return phaseKind(phase) === "overlapped";
 }
 
 export function phaseNames(records: readonly MetricsRecord[]): string[] {
@@ -157,4 +181,98 @@ export function stack(parts: readonly (number | null)[][]): (number | null)[][] 
     }
   }
   return out;
+}
+
+/**
+ * Exponential moving average with weight w in [0, 1) (0: the values themselves), bias-corrected so the first
+ * points are not pulled towards 0. Missing and non-finite values are skipped (null in the output) and do not
+ * disturb the average, so a NaN step does not wipe out the smoothed curve after it.
+ */
+export function ema(values: readonly (number | null)[], weight: number): (number | null)[] {
+  const w = Number.isFinite(weight) ? Math.min(0.999, Math.max(0, weight)) : 0;
+  let acc = 0;
+  let n = 0;
+  return values.map((v) => {
+    if (v === null || !Number.isFinite(v)) return null;
+    acc = acc * w + (1 - w) * v;
+    n++;
+    return w === 0 ? v : acc / (1 - w ** n);
+  });
+}
+
+/** The y range of some columns, and the first point when it was left out of it. */
+export interface Extent {
+  min: number;
+  max: number;
+  /** The first point's most extreme value outside [min, max] when skipFirst left it out, else null. */
+  first: number | null;
+}
+
+/**
+ * Min and max over the columns' finite values (with `positive`, only values > 0: a log axis). With `skipFirst`
+ * the first point (the warm-up step: compilation, allocation, cold caches) is left out whenever a later point
+ * has a value, so one slow first step does not squash the rest of the run into the bottom of the chart.
+ */
+export function autoExtent(cols: readonly (readonly (number | null)[])[], skipFirst = false, positive = false): Extent | null {
+  const ok = (v: number | null | undefined): v is number => v !== null && v !== undefined && Number.isFinite(v) && (!positive || v > 0);
+  let min = Infinity;
+  let max = -Infinity;
+  for (const c of cols) {
+    for (let i = skipFirst ? 1 : 0; i < c.length; i++) {
+      const v = c[i];
+      if (ok(v)) {
+        if (v < min) min = v;
+        if (v > max) max = v;
+      }
+    }
+  }
+  const firsts = cols.map((c) => c[0]).filter(ok);
+  if (min > max) {
+    // nothing after the first point: the first point is the range
+    if (firsts.length === 0) return null;
+    return { min: Math.min(...firsts), max: Math.max(...firsts), first: null };
+  }
+  let first: number | null = null;
+  if (skipFirst && firsts.length) {
+    const hi = Math.max(...firsts);
+    const lo = Math.min(...firsts);
+    if (hi > max) first = hi;
+    else if (lo < min) first = lo;
+  }
+  return { min, max, first };
+}
+
+/** A linear axis range with 5 % head room; from 0 when every value is >= 0 (or when `fromZero`). */
+export function linearRange(min: number | null, max: number | null, fromZero = false): [number, number] {
+  if (min === null || max === null || !Number.isFinite(min) || !Number.isFinite(max)) return [0, 1];
+  const lo = fromZero || min >= 0 ? Math.min(0, min) : min;
+  let hi = max;
+  if (hi <= lo) hi = lo === 0 ? 1 : lo + Math.abs(lo) * 0.1;
+  return [lo, hi + (hi - lo) * 0.05];
+}
+
+/** A log10 axis range: whole decades around the values (values must be > 0). */
+export function logRange(min: number | null, max: number | null): [number, number] {
+  if (min === null || max === null || !(min > 0) || !(max > 0) || !Number.isFinite(min) || !Number.isFinite(max)) return [0.1, 10];
+  let lo = 10 ** Math.floor(Math.log10(min));
+  let hi = 10 ** Math.ceil(Math.log10(max));
+  if (hi <= lo) {
+    lo /= 10;
+    hi *= 10;
+  }
+  return [lo, hi];
+}
+
+/** Indices whose value is present: the steps a sparse series (eval loss, clipped steps) has. */
+export function presentIndices(col: readonly (number | null)[]): number[] {
+  const out: number[] = [];
+  col.forEach((v, i) => {
+    if (v !== null && Number.isFinite(v)) out.push(i);
+  });
+  return out;
+}
+
+/** Whether the run is on GPUs: some record reports per-GPU memory (a CPU run's hbm_peak_gib is []). */
+export function onGpus(records: readonly MetricsRecord[]): boolean {
+  return records.some((r) => Array.isArray(r.hbm_peak_gib) && r.hbm_peak_gib.length > 0);
 }

@@ -10,6 +10,8 @@ export interface MetricsRecord {
   loss?: number | null;
   lr?: number | null;
   grad_norm?: number | null;
+  /** Loss on the evaluation data, only on the steps where evaluation ran. */
+  eval_loss?: number | null;
   clipped?: boolean | null;
   step_time_s?: number | null;
   tokens_per_s?: number | null;
@@ -54,6 +56,14 @@ export interface Job {
   tokens_per_s: number | null;
   output_dir: string;
   checkpoints: string[];
+  /** Health warnings the run raised, oldest first (docs/interfaces.md §6); absent from servers that do not report them. */
+  warnings?: JobWarning[] | null;
+}
+
+export interface JobWarning {
+  step: number;
+  kind: string;
+  message: string;
 }
 
 export interface LogLine {

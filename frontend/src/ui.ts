@@ -1,6 +1,6 @@
-// Small widgets shared by the pages: status badge, progress bar, error box, two-click confirm.
+// Small widgets shared by the pages: status badge, progress bar, error box, confirm-or-keep control.
 import { ApiError, ApiUnreachable } from "./api";
-import { h } from "./dom";
+import { h, replace } from "./dom";
 import { num } from "./fmt";
 
 export function statusBadge(status: string): HTMLSpanElement {
@@ -26,35 +26,71 @@ export function errorBox(err: unknown, what: string): HTMLElement {
   return h("div", { class: "error-box", role: "alert" }, h("strong", null, `Cannot load ${what}: `), msg);
 }
 
-/** A button that asks to be pressed twice for destructive actions (no modal dialogs). */
-export function confirmButton(label: string, confirmLabel: string, action: () => Promise<void> | void, cls = "danger"): HTMLButtonElement {
-  let armed = false;
-  let timer: ReturnType<typeof setTimeout> | null = null;
-  const btn = h("button", { type: "button", class: cls }, label);
-  btn.addEventListener("click", async () => {
-    if (!armed) {
-      armed = true;
-      btn.textContent = confirmLabel;
-      btn.classList.add("armed");
-      timer = setTimeout(() => {
-        armed = false;
-        btn.textContent = label;
-        btn.classList.remove("armed");
-      }, 5000);
-      return;
-    }
-    if (timer) clearTimeout(timer);
-    armed = false;
-    btn.disabled = true;
+export interface ConfirmOptions {
+  /** The first button: "Cancel job". */
+  label: string;
+  /** The button that does it: "Confirm cancel". */
+  confirmLabel: string;
+  /** The button that backs out: "Keep running". */
+  keepLabel: string;
+  /** Said beside the two buttons: "Stop this job?" */
+  question?: string;
+  /** Class of the first button ("danger", "secondary"). */
+  cls?: string;
+  /** The action; returning false (it failed and said why) brings the first button back. */
+  action: () => Promise<boolean | void> | boolean | void;
+  /** Shown, disabled, once the action is done, until the page replaces the control (the job's final status). */
+  doneLabel?: string;
+}
+
+/**
+ * A destructive action asked twice, without a modal dialog and without a timer: the first button turns into an
+ * explicit choice ("Confirm cancel" / "Keep running") that stays until one of the two is pressed. Its state is in
+ * data-state: idle, asking, working, done.
+ */
+export function confirmControl(opts: ConfirmOptions): HTMLElement {
+  const box = h("span", { class: "confirm", dataset: { state: "idle" } });
+  const first = h("button", { type: "button", class: opts.cls ?? "danger" }, opts.label);
+  const confirm = h("button", { type: "button", class: "armed" }, opts.confirmLabel);
+  const keep = h("button", { type: "button", class: "secondary" }, opts.keepLabel);
+  const question = opts.question ? h("span", { class: "confirm-question" }, opts.question) : null;
+  const show = (state: "idle" | "asking" | "working" | "done") => {
+    box.dataset.state = state;
+    if (state === "idle") replace(box, first);
+    else if (state === "asking") replace(box, question, confirm, keep);
+    else if (state === "working") {
+      confirm.disabled = true;
+      keep.disabled = true;
+    } else replace(box, h("button", { type: "button", class: "secondary", disabled: true }, opts.doneLabel ?? opts.confirmLabel));
+  };
+  first.addEventListener("click", () => {
+    show("asking");
+    // The safe choice has the focus: Enter right after the first press does not destroy anything.
+    keep.focus();
+  });
+  keep.addEventListener("click", () => {
+    show("idle");
+    first.focus();
+  });
+  confirm.addEventListener("click", async () => {
+    show("working");
+    let ok: boolean | void = false;
     try {
-      await action();
+      ok = await opts.action();
     } finally {
-      btn.disabled = false;
-      btn.textContent = label;
-      btn.classList.remove("armed");
+      confirm.disabled = false;
+      keep.disabled = false;
+      if (ok === false || !opts.doneLabel) show("idle");
+      else show("done");
     }
   });
-  return btn;
+  show("idle");
+  return box;
+}
+
+/** confirmControl for the simple case: press, then confirm or keep. */
+export function confirmButton(label: string, confirmLabel: string, action: () => Promise<boolean | void> | boolean | void, cls = "danger", keepLabel = "Keep"): HTMLElement {
+  return confirmControl({ label, confirmLabel, keepLabel, action, cls });
 }
 
 /** Run an action from a button, showing its failure next to it instead of in the console. */

@@ -1,19 +1,21 @@
 // Job page: live charts over SSE, the chosen policy and why, log tail, checkpoints and export.
 import { allMetrics, api, ApiError, apiToken, download, withTicket } from "../api";
-import { JOB_CHARTS, LiveChart } from "../charts";
+import { JOB_CHARTS, jobWarnings, LiveChart } from "../charts";
 import { facts, h, replace } from "../dom";
-import { bytes, duration, num, rate, when } from "../fmt";
+import { bytes, duration, grouped, jobClock, num, seconds, when, words } from "../fmt";
+import { annotate, CHART_TERMS, glossaryEntries, PHASE_TERMS, POLICY_TERMS } from "../glossary";
 import { apiAbsent } from "../health";
 import { parseJson } from "../json";
 import { renderPlan } from "../plan";
 import { navigate, type Cleanup } from "../router";
 import { MetricsStore } from "../series";
 import { ResumableStream, type StreamState } from "../sse";
-import { TERMINAL_STATUSES, type Job, type LogLine, type MetricsRecord, type StatusEvent } from "../types";
-import { confirmButton, errorBox, progress, runAction, statusBadge } from "../ui";
+import { TERMINAL_STATUSES, type Job, type JobWarning, type LogLine, type MetricsRecord, type StatusEvent } from "../types";
+import { confirmButton, confirmControl, errorBox, progress, runAction, statusBadge } from "../ui";
 
 const LOG_TAIL = 500;
 const REFRESH_MS = 3000;
+const CLOCK_MS = 1000;
 
 declare global {
   interface Window {
@@ -73,6 +75,9 @@ export function jobPage(root: HTMLElement, params: string[]): Cleanup {
   let lastEventId: string | null = null;
   let timer: ReturnType<typeof setTimeout> | null = null;
   let shownPolicy = "";
+  let shownWarnings = "";
+  // A cancel this page asked for: its note stays until the job's final status replaces it.
+  let cancelAsked: { save: boolean } | null = null;
   const store = new MetricsStore();
   window.__slidedpStore = store;
   const charts = JOB_CHARTS.map((spec) => new LiveChart(spec, store));
@@ -84,7 +89,9 @@ export function jobPage(root: HTMLElement, params: string[]): Cleanup {
   const actionsEl = h("div", { class: "actions" });
   const actionOut = h("span", { class: "action-note", role: "status" });
   const summaryEl = h("div", { class: "summary" });
+  const clockEl = h("dl", { class: "facts clock", id: "job-clock" });
   const errorEl = h("div");
+  const warningsEl = h("section", { class: "warnings", "aria-label": "Warnings", hidden: true });
   const policyEl = h("div", { class: "policy" }, h("p", { class: "muted" }, "No policy yet: it is resolved when the job starts."));
   const ckptEl = h("div", null, h("p", { class: "muted" }, "No checkpoints."));
   const configEl = h("pre");
@@ -94,7 +101,9 @@ export function jobPage(root: HTMLElement, params: string[]): Cleanup {
     h("div", { class: "page-head" }, h("div", { class: "title-row" }, title, badge, liveEl), h("div", { class: "toolbar" }, actionsEl, actionOut)),
     summaryEl,
     errorEl,
+    warningsEl,
     h("section", { class: "charts", "aria-label": "Live charts" }, charts.map((c) => c.el)),
+    glossaryList(),
     h(
       "div",
       { class: "two-col" },
@@ -126,20 +135,50 @@ export function jobPage(root: HTMLElement, params: string[]): Cleanup {
     replace(actionsEl);
     if (job.status === "queued" || job.status === "running") {
       const save = h("input", { type: "checkbox", id: "cancel-save" });
+      const saveLabel = h("label", { class: "check", for: "cancel-save" }, save, " save a checkpoint");
       actionsEl.append(
-        h("label", { class: "check", for: "cancel-save" }, save, " save a checkpoint"),
-        confirmButton("Cancel", "Confirm cancel", async () => {
-          try {
-            job = await api.cancel(id, save.checked);
+        saveLabel,
+        confirmControl({
+          label: "Cancel job",
+          confirmLabel: "Confirm cancel",
+          keepLabel: "Keep running",
+          question: "Stop this job?",
+          cls: "secondary",
+          doneLabel: "Cancel requested…",
+          action: async () => {
+            const withSave = save.checked;
+            cancelAsked = { save: withSave };
+            let fresh: Job;
+            try {
+              fresh = await api.cancel(id, withSave);
+            } catch (err) {
+              cancelAsked = null;
+              out.className = "action-error";
+              out.textContent = (err as Error).message;
+              return false;
+            }
+            // The stream may have said the job ended while the request was on its way: that is newer.
+            if (job && !TERMINAL_STATUSES.has(job.status)) job = { ...fresh, step: Math.max(fresh.step ?? 0, store.lastStep) };
+            save.disabled = true;
+            if (job?.status === "running") {
+              actionOut.className = "action-note";
+              actionOut.textContent = `Cancel requested: the job stops at the next step boundary${withSave ? " after writing a checkpoint" : ""}.`;
+            }
             renderAll();
-            actionOut.className = "action-note";
-            if (job.status === "running") actionOut.textContent = `Cancel requested: the job stops at the next step boundary${save.checked ? " after writing a checkpoint" : ""}.`;
-          } catch (err) {
-            out.className = "action-error";
-            out.textContent = (err as Error).message;
-          }
-        }, "secondary"),
+            return true;
+          },
+        }),
       );
+    } else if (cancelAsked) {
+      // The job ended: its final status replaces "Cancel requested…".
+      const step = Math.max(job.step ?? 0, store.lastStep);
+      actionOut.className = "action-note";
+      actionOut.dataset.outcome = job.status;
+      actionOut.textContent =
+        job.status === "cancelled"
+          ? `Cancelled at step ${step}.${cancelAsked.save ? " A checkpoint was asked for: the checkpoints are listed below." : ""}`
+          : `The job ended as ${job.status} at step ${step} before the cancel took effect.`;
+      cancelAsked = null;
     }
     if (job.status === "failed" || job.status === "cancelled" || job.status === "interrupted") {
       const btn = h("button", { type: "button", class: "secondary" }, "Resume");
@@ -183,20 +222,48 @@ export function jobPage(root: HTMLElement, params: string[]): Cleanup {
   function renderSummary(): void {
     if (!job) return;
     const m = job.last_metrics ?? null;
+    const tokens = m?.tokens_per_s ?? job.tokens_per_s;
+    const dl = facts([
+      ["ETA", job.status === "running" ? duration(job.eta_s) : null],
+      ["tokens/s", typeof tokens === "number" ? grouped(tokens) : null],
+      ["step time", m && typeof m.step_time_s === "number" ? seconds(m.step_time_s) : null],
+      ["loss", m && "loss" in m ? num(m.loss ?? NaN, 4) : null],
+      ["host", job.host],
+      ["created", when(job.created_at)],
+      ["started", job.started_at ? when(job.started_at) : null],
+      ["finished", job.finished_at ? when(job.finished_at) : null],
+      ["output", h("code", null, job.output_dir)],
+    ]);
+    annotate(dl);
+    replace(summaryEl, progress(job.step ?? 0, job.steps ?? 0), clockEl, dl);
+    renderClock();
+  }
+
+  /** Elapsed while it runs (ticking), the run's duration once it ended. */
+  function renderClock(): void {
+    if (!job) return;
+    const items = jobClock(job);
     replace(
-      summaryEl,
-      progress(job.step ?? 0, job.steps ?? 0),
-      facts([
-        ["ETA", job.status === "running" ? duration(job.eta_s) : null],
-        ["tokens/s", rate(m?.tokens_per_s ?? job.tokens_per_s, "")],
-        ["step time", m && typeof m.step_time_s === "number" ? `${num(m.step_time_s, 3)} s` : null],
-        ["loss", m && "loss" in m ? num(m.loss ?? NaN, 4) : null],
-        ["host", job.host],
-        ["created", when(job.created_at)],
-        ["started", job.started_at ? when(job.started_at) : null],
-        ["finished", job.finished_at ? when(job.finished_at) : null],
-        ["output", h("code", null, job.output_dir)],
-      ]),
+      clockEl,
+      items.map((c) => [h("dt", { title: c.hint, class: "term" }, c.label), h("dd", { dataset: { clock: c.label } }, duration(c.seconds))]),
+    );
+    clockEl.hidden = items.length === 0;
+  }
+
+  function renderWarnings(): void {
+    const list = jobWarnings(job);
+    const key = JSON.stringify(list);
+    if (key === shownWarnings) return;
+    shownWarnings = key;
+    warningsEl.hidden = list.length === 0;
+    replace(
+      warningsEl,
+      list.length
+        ? [
+            h("h2", { title: CHART_TERMS.warning.text }, `Warnings (${list.length})`),
+            h("ul", null, list.map((w) => h("li", null, h("strong", null, `step ${w.step}`), ` · ${words(w.kind)}: ${w.message}`))),
+          ]
+        : [],
     );
   }
 
@@ -223,11 +290,14 @@ export function jobPage(root: HTMLElement, params: string[]): Cleanup {
     renderHeader();
     renderSummary();
     renderError();
+    renderWarnings();
+    for (const c of charts) c.setContext({ job });
     // Redrawn only when it changed, so an opened "Raw JSON" stays open.
     const policy = JSON.stringify(job.policy ?? null);
     if (job.policy && Object.keys(job.policy).length && shownPolicy !== policy) {
       shownPolicy = policy;
       replace(policyEl, renderPlan(job.policy, { title: "Policy" }));
+      annotate(policyEl);
     }
     const config = JSON.stringify(job.config, null, 2);
     if (configEl.textContent !== config) configEl.textContent = config;
@@ -289,6 +359,16 @@ export function jobPage(root: HTMLElement, params: string[]): Cleanup {
     void refreshJob(true);
   }
 
+  /** A health warning as the stream sends it (after its step's metrics): marked now, not at the next refresh. */
+  function onWarning(w: JobWarning): void {
+    if (!job || !w || typeof w.step !== "number") return;
+    const list = Array.isArray(job.warnings) ? job.warnings : [];
+    if (list.some((x) => x.step === w.step && x.kind === w.kind)) return;
+    job.warnings = [...list, w];
+    renderWarnings();
+    for (const c of charts) c.setContext({ job });
+  }
+
   function startStream(): void {
     if (stream && stream.state !== "ended" && stream.state !== "closed") return;
     lastEventId = stream?.lastEventId ?? lastEventId;
@@ -303,10 +383,11 @@ export function jobPage(root: HTMLElement, params: string[]): Cleanup {
         if (type === "metrics") onMetrics([payload as MetricsRecord]);
         else if (type === "log") logs.add([payload as LogLine]);
         else if (type === "status") onStatus(payload as StatusEvent);
+        else if (type === "warning") onWarning(payload as JobWarning);
       },
       onState: setLive,
       onReopen: () => void catchUp().catch(() => undefined),
-    }, apiToken() ? { sign: (url) => withTicket(url) } : {});
+    }, { events: ["metrics", "status", "log", "warning"], ...(apiToken() ? { sign: (url: string) => withTicket(url) } : {}) });
     // A stream reopened after a resume continues after the last event this page saw.
     stream.lastEventId = lastEventId;
     window.__slidedpStream = stream;
@@ -370,9 +451,14 @@ export function jobPage(root: HTMLElement, params: string[]): Cleanup {
     if (!stopped) timer = setTimeout(() => void refreshJob(false), REFRESH_MS);
   }
 
+  const clock = setInterval(() => {
+    if (job && (job.status === "running" || job.status === "queued")) renderClock();
+  }, CLOCK_MS);
+
   void load();
   return () => {
     stopped = true;
+    clearInterval(clock);
     lastEventId = stream?.lastEventId ?? null;
     stream?.close();
     if (window.__slidedpStream === stream) window.__slidedpStream = null;
@@ -395,4 +481,17 @@ async function allLogs(id: number, afterSeq: number): Promise<LogLine[]> {
     if (out.length > 20 * LOG_TAIL) out.splice(0, out.length - LOG_TAIL);
   }
   return out;
+}
+
+/** Every name the charts and the policy panel use, with what it means (the same text as their hover titles). */
+function glossaryList(): HTMLElement {
+  const group = (title: string, entries: [string, string][]) => [h("h3", null, title), h("dl", { class: "facts glossary-list" }, entries.map(([k, v]) => [h("dt", null, k), h("dd", null, v)]))];
+  return h(
+    "details",
+    { class: "glossary", id: "glossary" },
+    h("summary", null, "What the names mean"),
+    group("Phases of a step", glossaryEntries([PHASE_TERMS])),
+    group("Chart lines and figures", glossaryEntries([CHART_TERMS])),
+    group("Policy", glossaryEntries([POLICY_TERMS])),
+  );
 }

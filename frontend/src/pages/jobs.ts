@@ -5,7 +5,7 @@ import { duration, rate, when } from "../fmt";
 import { apiAbsent } from "../health";
 import type { Cleanup } from "../router";
 import { TERMINAL_STATUSES, type Job } from "../types";
-import { confirmButton, errorBox, progress, runAction, statusBadge } from "../ui";
+import { confirmButton, confirmControl, errorBox, progress, runAction, statusBadge } from "../ui";
 
 const PAGE = 50;
 const POLL_MS = 2000;
@@ -74,19 +74,24 @@ export function jobsPage(root: HTMLElement): Cleanup {
     const cell = h("div", { class: "actions" });
     if (job.status === "queued" || job.status === "running") {
       cell.append(
-        confirmButton(
-          "Cancel",
-          "Confirm cancel",
-          async () => {
+        confirmControl({
+          label: "Cancel",
+          confirmLabel: "Confirm cancel",
+          keepLabel: "Keep running",
+          cls: "secondary",
+          doneLabel: "Cancel requested…",
+          action: async () => {
             try {
               await api.cancel(job.id, false);
+              return true;
             } catch (err) {
               out.textContent = (err as Error).message;
+              return false;
+            } finally {
+              void refresh();
             }
-            void refresh();
           },
-          "secondary",
-        ),
+        }),
       );
     }
     if (job.status === "failed" || job.status === "cancelled" || job.status === "interrupted") {
@@ -105,6 +110,7 @@ export function jobsPage(root: HTMLElement): Cleanup {
             rows.delete(job.id);
           } catch (err) {
             out.textContent = (err as Error).message;
+            return false;
           }
         }),
       );

@@ -2,6 +2,7 @@
 // and the API's field errors shown at the field they name.
 import { api, ApiError } from "../api";
 import { h, replace } from "../dom";
+import { annotate } from "../glossary";
 import { apiAbsent } from "../health";
 import { renderPlan } from "../plan";
 import { navigate, type Cleanup } from "../router";
@@ -371,6 +372,7 @@ export function newJobPage(root: HTMLElement): Cleanup {
       try {
         const plan = await api.plan(cfg);
         replace(planEl, h("h2", null, "Plan preview"), renderPlan(plan, { title: "Plan preview" }));
+        annotate(planEl);
       } catch (err) {
         if (err instanceof ApiError && err.fieldErrors.length) {
           replace(planEl);
