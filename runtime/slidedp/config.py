@@ -569,9 +569,10 @@ def _eval_checks(cfg: JobConfig, errors: list[dict[str, str]]) -> None:
         errors.append({"loc": "eval.keep_best", "msg": "keeps one of the run's checkpoints, and checkpoint.interval "
                        "is 0 (none are written): set checkpoint.interval > 0, or keep_best to false"})
     elif ev.interval == 0 or cfg.checkpoint.interval % ev.interval:
-        errors.append({"loc": "eval.keep_best", "msg": f"needs every checkpoint step evaluated: checkpoint.interval "
-                       f"({cfg.checkpoint.interval}) must be a multiple of eval.interval ({ev.interval}, and not 0); "
-                       f"set eval.interval to {cfg.checkpoint.interval} or a divisor of it"})
+        why = ("is 0 (evaluation only before the first step and after the last)" if ev.interval == 0 else
+               f"is {ev.interval}, which does not divide checkpoint.interval ({cfg.checkpoint.interval})")
+        errors.append({"loc": "eval.keep_best", "msg": f"needs every checkpoint step evaluated, and eval.interval "
+                       f"{why}: set eval.interval to {cfg.checkpoint.interval} or a divisor of it"})
 
 
 class KeyDoc(NamedTuple):

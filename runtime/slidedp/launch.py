@@ -450,6 +450,7 @@ def _run_ranks(cfg: JobConfig, state, layout: HostLayout, policy: ExecutionPolic
     from slidedp.persist import checkpoint as ckpt
 
     world = cfg.world_size
+    best = ckpt.BestKeeper(ckpt_root, cfg.eval.keep_best)
     with Launch("slidedp.step.rank:run", world, prefix="slidedp-pg-") as ranks:
         args = rank_args(config=cfg.to_dict(), layout=layout, policy=policy, predicted=_metrics_prediction(plan),
                          init_file=ranks.init_file, start_step=start_step, data_state=data_state,
@@ -511,6 +512,10 @@ def _run_ranks(cfg: JobConfig, state, layout: HostLayout, policy: ExecutionPolic
                     path = ckpt.save(ckpt_root, payload["step"], cfg, state, payload["data_state"],
                                      keep=cfg.checkpoint.keep)
                     _log(on_log, f"checkpoint of step {payload['step']} written to {path}")
+                    kept = best.written(payload["step"], path, records)
+                    if kept is not None:
+                        _log(on_log, f"checkpoint of step {payload['step']} has the lowest eval loss so far: kept "
+                                     f"as {kept}")
                 else:  # the earlier checkpoints stay as they are: nothing rotates them away
                     _log(on_log, f"checkpoint of step {payload['step']} not written: {monitor.stop_reason}")
                 state.board.set(ckpt_done, payload["step"])

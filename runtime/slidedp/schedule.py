@@ -5,7 +5,8 @@ makes. Imports no torch.
 The schedule of one step: embedding, layers 1..L, head, layers L..1 for the first micro-batch, then 1..L, L..1 for
 each further one (the embedding and head keep their own buffers across micro-batches). The window plan walks that
 schedule `slots - 1` items ahead and evicts the buffer whose unit is needed again furthest in the future, from
-the schedule alone, so every rank plans the same deliveries and all-gathers whatever the timing.
+the schedule alone, so every rank plans the same deliveries and all-gathers whatever the timing. A held-out
+evaluation walks its own, forward-only schedule (`eval_schedule`) through the same window.
 """
 
 from __future__ import annotations
@@ -81,4 +82,17 @@ def step_schedule(layers: int, micro_batches: int) -> list[int]:
         if m == 0:
             sched.append(layers + 1)
         sched.extend(range(layers, 0, -1))
+    return sched
+
+
+def eval_schedule(layers: int, micro_batches: int) -> list[int]:
+    """Units in the order a forward-only evaluation uses them: embedding, 1..L, head, then 1..L per further
+    micro-batch (the embedding and head keep their own buffers across micro-batches, as in a step)."""
+    sched: list[int] = []
+    for m in range(micro_batches):
+        if m == 0:
+            sched.append(0)
+        sched.extend(range(1, layers + 1))
+        if m == 0:
+            sched.append(layers + 1)
     return sched

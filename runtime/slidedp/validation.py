@@ -48,6 +48,7 @@ def validate_job(cfg: JobConfig, host_ram_bytes: int | None = None) -> list[dict
     _check_tokenizer(cfg, errors)
     vocab = model_cfg.get("vocab_size") if model_cfg else None
     _check_dataset(cfg, vocab, errors)
+    _check_eval(cfg, vocab, errors)
     if model_cfg is not None:
         _check_host_ram(cfg, model_cfg, host_ram_bytes, errors)
     _check_init_from(cfg, model_cfg, errors)
@@ -294,17 +295,38 @@ def _check_tokenizer(cfg: JobConfig, errors: list[dict[str, str]]) -> None:
 
 
 # ---------------------------------------------------------------------------- dataset
-def _check_dataset(cfg: JobConfig, vocab: int | None, errors: list[dict[str, str]]) -> None:
+def _check_eval(cfg: JobConfig, vocab: int | None, errors: list[dict[str, str]]) -> None:
+    """eval.path is checked as data.path is (its errors name eval.path); eval.holdout must leave a row to train on
+    (counted here for format tokens, where a record is a row; other formats are counted once tokenised)."""
+    ev = cfg.eval
+    if ev.path is not None:
+        found: list[dict[str, str]] = []
+        _check_dataset(cfg, vocab, found, "eval.path")
+        errors.extend({**e, "loc": "eval.path" if e["loc"] == "data.path" else e["loc"]} for e in found)
+    elif ev.holdout > 0 and cfg.data.format == "tokens" and not any(e["loc"] == "data.path" for e in errors):
+        try:
+            rows = count_records(resolve_data_path(cfg.data.path))
+        except (DataError, OSError, UnicodeDecodeError):
+            return
+        if rows - max(1, round(rows * ev.holdout)) < 1:
+            errors.append({"loc": "eval.holdout", "msg": f"{ev.holdout:g} of the dataset's {rows} row(s) leaves no "
+                           "row to train on; use a larger dataset, or an evaluation file of its own (eval.path)"})
+
+
+def _check_dataset(cfg: JobConfig, vocab: int | None, errors: list[dict[str, str]], key: str = "data.path") -> None:
+    """The dataset file of `key` (data.path, or eval.path read in the same format) exists and parses; errors name
+    data.path (the caller renames them for eval.path)."""
     fmt = cfg.data.format
+    value = cfg.eval.path if key == "eval.path" else cfg.data.path
     try:
-        path = resolve_data_path(cfg.data.path)
+        path = resolve_data_path(value)
         if not os.path.exists(path):
             raise DataError(
                 f"dataset file {path} does not exist; give the path of a .jsonl, .json, .parquet or "
                 ".txt file on the host that runs the job"
             )
         if not os.path.isfile(path):
-            raise DataError(f"{path} is a directory; data.path must name one dataset file")
+            raise DataError(f"{path} is a directory; {key} must name one dataset file")
         kind = file_kind(path)
         if kind == ".txt" and fmt != "text":
             raise DataError(
@@ -320,9 +342,9 @@ def _check_dataset(cfg: JobConfig, vocab: int | None, errors: list[dict[str, str
     except DataError as exc:
         errors.extend(exc.errors)
     except OSError as exc:
-        errors.append({"loc": "data.path", "msg": f"cannot read {cfg.data.path}: {exc.strerror or exc}"})
+        errors.append({"loc": "data.path", "msg": f"cannot read {value}: {exc.strerror or exc}"})
     except UnicodeDecodeError:
-        errors.append({"loc": "data.path", "msg": f"{cfg.data.path} is not UTF-8 text; save it as UTF-8"})
+        errors.append({"loc": "data.path", "msg": f"{value} is not UTF-8 text; save it as UTF-8"})
 
 
 def _check_parquet_columns(path: str, cfg: JobConfig) -> None:

@@ -228,7 +228,8 @@ def _cases() -> list[tuple[str, object, bool]]:
 def test_the_json_schema_accepts_and_refuses_what_from_dict_does():
     jsonschema_rs = pytest.importorskip("jsonschema_rs")
     validator = jsonschema_rs.Draft202012Validator(json_schema())
-    base = {**BASE, "steps": 10**9}  # room for the longest warmup
+    # room for the longest warmup; eval.keep_best needs evaluation with every checkpoint evaluated
+    base = {**BASE, "steps": 10**9, "checkpoint": {"interval": 1}, "eval": {"path": "unused-eval.jsonl", "interval": 1}}
     cases = _cases()
     assert len(cases) > 100
     for key, value, accepted in cases:

@@ -15,6 +15,14 @@ step is full. Every rank tokenises the whole file and computes the same stream: 
 
 A background thread assembles the next steps' micro-batches while the current one trains; ``wait_time_s`` is
 how long the last ``next_step`` blocked (0 when the thread kept ahead).
+
+Held-out evaluation (config `eval`): with `eval.holdout` the built rows are split once, before any training
+order is drawn, by a permutation fixed by data.seed (``holdout_split``): the held-out rows are never in the
+stream, and the stream (its state_dict included) is that of the remaining rows. With `eval.path` the evaluation
+rows are built from that file the same way. ``eval_batches()`` is this rank's fixed evaluation micro-batches:
+evaluation batch g holds rows [g·world·mbs, (g+1)·world·mbs) of the evaluation set in order, rank r taking
+[g·world·mbs + r·mbs, … + mbs); every rank gets the same number of them (at most eval.max_batches), the rows
+past the set's end being padding without targets.
 """
 
 from __future__ import annotations
@@ -63,10 +71,11 @@ class MicroBatch:
         )
 
 
-def build_rows(cfg: JobConfig, tokenizer: Any) -> PackedRows:
-    """Read, check, tokenise and pack the job's dataset; DataError for anything that leaves nothing to train."""
+def build_rows(cfg: JobConfig, tokenizer: Any, path: Optional[str] = None) -> PackedRows:
+    """Read, check, tokenise and pack the job's dataset (or another file in its format: `path`); DataError for
+    anything that leaves nothing to train."""
     fmt, seq_len = cfg.data.format, cfg.seq_len
-    path = resolve_data_path(cfg.data.path)
+    path = resolve_data_path(cfg.data.path if path is None else path)
     records = read_dataset(path, fmt, cfg.data.text_field)
     if fmt == "tokens":
         rows = []
@@ -102,6 +111,38 @@ def build_rows(cfg: JobConfig, tokenizer: Any) -> PackedRows:
     return packed
 
 
+def build_eval_rows(cfg: JobConfig, tokenizer: Any) -> PackedRows:
+    """The rows of eval.path, built as the training rows are; its errors name eval.path."""
+    try:
+        return build_rows(cfg, tokenizer, cfg.eval.path)
+    except DataError as exc:
+        first = exc.errors[0]
+        raise DataError(first["msg"], "eval.path" if first["loc"] == "data.path" else first["loc"]) from exc
+
+
+def holdout_split(num_rows: int, fraction: float, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(training rows, held-out rows), each in file order: round(num_rows × fraction) rows, at least one, chosen by a
+    permutation fixed by the data seed. DataError when no training row would be left."""
+    held = max(1, round(num_rows * fraction))
+    if held >= num_rows:
+        raise DataError(
+            f"eval.holdout {fraction:g} of {num_rows} row(s) leaves no row to train on; use a larger dataset, or an "
+            "evaluation file of its own (eval.path)",
+            loc="eval.holdout",
+        )
+    digest = hashlib.sha256(f"slidedp-holdout:{seed}".encode()).digest()
+    gen = torch.Generator().manual_seed(int.from_bytes(digest[:8], "little") & (2**63 - 1))
+    perm = torch.randperm(num_rows, generator=gen)
+    return perm[held:].sort().values, perm[:held].sort().values
+
+
+def select_rows(rows: PackedRows, idx: torch.Tensor) -> PackedRows:
+    """The rows `idx` of a PackedRows (stats copied)."""
+    return PackedRows(rows.input_ids.index_select(0, idx), rows.labels.index_select(0, idx),
+                      rows.position_ids.index_select(0, idx), rows.segment_ids.index_select(0, idx),
+                      rows.single.index_select(0, idx), dict(rows.stats))
+
+
 def epoch_order(num_rows: int, shuffle: bool, seed: int, epoch: int) -> torch.Tensor:
     """The order of rows in an epoch: file order, or a permutation fixed by (seed, epoch) on every host."""
     if not shuffle:
@@ -127,7 +168,15 @@ class DataPipeline:
         self.cfg, self.rank, self.world = cfg, rank, world
         self.mbs, self.grad_accum = cfg.micro_batch_size, cfg.grad_accum
         self.pin_memory, self.prefetch = pin_memory, max(1, prefetch)
-        self.rows = build_rows(cfg, tokenizer)
+        rows = build_rows(cfg, tokenizer)
+        self.eval_rows: Optional[PackedRows] = None
+        if cfg.eval.path is not None:
+            self.eval_rows = build_eval_rows(cfg, tokenizer)
+        elif cfg.eval.holdout > 0:
+            train_idx, held_idx = holdout_split(len(rows), cfg.eval.holdout, cfg.data.seed)
+            rows, self.eval_rows = select_rows(rows, train_idx), select_rows(rows, held_idx)
+        self.rows = rows
+        self._eval_batches: Optional[list[MicroBatch]] = None
         self._state = {"epoch": 0, "position": 0}
         self._orders: dict[int, torch.Tensor] = {}
         self._wait = 0.0
@@ -142,8 +191,27 @@ class DataPipeline:
 
     @property
     def stats(self) -> dict[str, int]:
-        """documents, rows, tokens (non-padding), target_tokens, truncated and dropped examples."""
-        return dict(self.rows.stats)
+        """documents, rows, tokens (non-padding), target_tokens, truncated and dropped examples of the dataset
+        file; with evaluation also train_rows (rows in the training stream) and eval_rows (evaluation rows, held
+        out of the file or read from eval.path)."""
+        out = dict(self.rows.stats)
+        if self.eval_rows is not None:
+            out.update(train_rows=len(self.rows), eval_rows=len(self.eval_rows))
+        return out
+
+    def eval_batches(self) -> list[MicroBatch]:
+        """This rank's evaluation micro-batches, the same at every evaluation ([] without evaluation)."""
+        if self.eval_rows is None:
+            return []
+        if self._eval_batches is None:
+            n, per = len(self.eval_rows), self.mbs * self.world
+            count = min(self.cfg.eval.max_batches, -(-n // per))
+            batches = []
+            for g in range(count):
+                first = g * per + self.rank * self.mbs
+                batches.append(_padded_micro(self.eval_rows, list(range(first, first + self.mbs))))
+            self._eval_batches = batches
+        return self._eval_batches
 
     @property
     def wait_time_s(self) -> float:
@@ -266,6 +334,19 @@ class DataPipeline:
         return MicroBatch(pick(r.input_ids), pick(r.labels), pick(r.position_ids), segments)
 
 
+def _padded_micro(rows: PackedRows, idx: list[int]) -> MicroBatch:
+    """A micro-batch of rows `idx`; an index past the end is padding: the first row's tokens with no target."""
+    n = len(rows)
+    take = torch.tensor([i if i < n else 0 for i in idx])
+    pad = torch.tensor([i >= n for i in idx])
+    labels = rows.labels.index_select(0, take).long()
+    labels[pad] = IGNORE
+    single = bool(rows.single.index_select(0, take).all())
+    return MicroBatch(rows.input_ids.index_select(0, take).long(), labels,
+                      rows.position_ids.index_select(0, take).long(),
+                      None if single else rows.segment_ids.index_select(0, take).long())
+
+
 def _vocab_size(model: str) -> Optional[int]:
     try:
         return int(model_config_dict(model)["vocab_size"])
@@ -273,4 +354,4 @@ def _vocab_size(model: str) -> Optional[int]:
         return None
 
 
-__all__ = ["DataPipeline", "MicroBatch", "build_rows", "epoch_order", "IGNORE"]
+__all__ = ["DataPipeline", "MicroBatch", "build_rows", "build_eval_rows", "epoch_order", "holdout_split", "IGNORE"]

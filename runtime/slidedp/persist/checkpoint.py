@@ -14,6 +14,10 @@ ranks have no RNG state to keep; the launcher's torch RNG is saved anyway. `data
 position (epoch, row) after the checkpoint's step. The files hold exactly the bytes of the shared host state:
 on a GPU host they are written from the same host memory (the GPUs hold no state of their own between steps).
 
+`eval.keep_best` adds `best/`: the checkpoint with the lowest eval loss so far, its files hard links to that
+checkpoint's (a copy where the file system has no links) plus `best.json` {"step", "eval_loss"}; it is not a
+`step-N` directory, so rotation (`keep`) and resume never see it, and it stays when its step is rotated away.
+
 Writes are atomic: everything goes into a hidden `.tmp-step-N-PID/` directory, every file is fsync-ed, the
 directory is renamed into place and the parent fsync-ed. A checkpoint counts only when its meta.json exists and
 its arrays have the sizes meta.json announces, so neither a leftover temporary directory nor a directory missing
@@ -28,6 +32,7 @@ in a process without it); the functions that touch a host state import it themse
 from __future__ import annotations
 
 import json
+import math
 import os
 import shutil
 import time
@@ -40,6 +45,8 @@ if TYPE_CHECKING:
 
 PREFIX = "step-"
 TMP_PREFIX = ".tmp-" + PREFIX
+BEST = "best"
+TMP_BEST = ".tmp-" + BEST + "-"
 FORMAT = 1
 KINDS = ("master", "exp_avg", "exp_avg_sq")
 _CHUNK = 64 * 2**20  # elements per read/write call: 256 MiB, written straight from the shared memory, no copy
@@ -121,7 +128,7 @@ def _remove_stale_temporaries(root: str) -> None:
     from slidedp.step.layout import pid_alive  # imports no torch
 
     for name in os.listdir(root):
-        if not name.startswith(TMP_PREFIX):
+        if not name.startswith((TMP_PREFIX, TMP_BEST)):
             continue
         pid = name.rsplit("-", 1)[-1]
         if pid.isdigit() and int(pid) != os.getpid() and pid_alive(int(pid)):
@@ -191,10 +198,76 @@ def clear(root: str) -> list[str]:
     """Remove every checkpoint under root (a fresh run must never resume from a previous run's state)."""
     if not os.path.isdir(root):
         return []
-    gone = [os.path.join(root, n) for n in os.listdir(root) if n.startswith((PREFIX, TMP_PREFIX, ".old-"))]
+    gone = [os.path.join(root, n) for n in os.listdir(root)
+            if n == BEST or n.startswith((PREFIX, TMP_PREFIX, TMP_BEST, ".old-"))]
     for path in gone:
         shutil.rmtree(path, ignore_errors=True)
     return gone
+
+
+def best_eval_loss(root: str) -> float | None:
+    """The eval loss of the checkpoint kept as root/best, or None when there is none."""
+    try:
+        with open(os.path.join(root, BEST, "best.json"), encoding="utf-8") as fh:
+            return float(json.load(fh)["eval_loss"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def keep_best(root: str, path: str, eval_loss: float) -> str:
+    """Make checkpoint `path` (a step-N directory under root) root/best, replacing the previous one atomically."""
+    _remove_stale_temporaries(root)
+    tmp = os.path.join(root, f"{TMP_BEST}{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    os.makedirs(tmp)
+    try:
+        for name in sorted(os.listdir(path)):
+            src, dst = os.path.join(path, name), os.path.join(tmp, name)
+            try:
+                os.link(src, dst)  # the step's files are never written again: a link is a copy that costs nothing
+            except OSError:
+                shutil.copyfile(src, dst)
+        with open(os.path.join(tmp, "best.json"), "w", encoding="utf-8") as fh:
+            json.dump({"step": step_of(path), "eval_loss": eval_loss}, fh)
+            fh.flush()
+            os.fsync(fh.fileno())
+        fsync_dir(tmp)
+        final, old = os.path.join(root, BEST), None
+        if os.path.exists(final):
+            old = os.path.join(root, f".old-{BEST}-{os.getpid()}")
+            shutil.rmtree(old, ignore_errors=True)
+            os.rename(final, old)
+        os.rename(tmp, final)
+        fsync_dir(root)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+    return final
+
+
+class BestKeeper:
+    """eval.keep_best in the launcher: after each checkpoint written, root/best is made of it when its step's eval
+    loss is lower than the kept one's (the first of equal ones stays). A resumed run starts from the kept best."""
+
+    def __init__(self, root: str, enabled: bool):
+        self.root, self.enabled = root, enabled
+        self.best = best_eval_loss(root) if enabled else None
+
+    def written(self, step: int, path: str, records: list[dict]) -> str | None:
+        """After checkpoint `step` was written at `path`, given the run's metrics records so far (the step's came
+        before its checkpoint): root/best's path when the checkpoint became the best, else None."""
+        if not self.enabled:
+            return None
+        loss = next((r.get("eval_loss") for r in reversed(records) if r.get("step") == step), None)
+        if not isinstance(loss, (int, float)) or isinstance(loss, bool) or not math.isfinite(loss):
+            return None
+        if self.best is not None and not loss < self.best:
+            return None
+        kept = keep_best(self.root, path, float(loss))
+        self.best = float(loss)
+        return kept
 
 
 def check_resumable(path: str, cfg: JobConfig, unit_numels: list[int]) -> dict:
@@ -228,13 +301,15 @@ def load(path: str, cfg: JobConfig, state) -> tuple[int, dict | None]:
 
 def changed_settings(meta: dict, cfg: JobConfig) -> list[str]:
     """Config keys that differ from the checkpoint's run (a resume with them is no longer the same run)."""
-    ignore = {"resume", "output_dir", "export", "checkpoint", "cpu_threads", "policy", "host_ram_gib"}
-    old, new = meta.get("config") or {}, cfg.to_dict()
+    ignore = {"resume", "output_dir", "export", "checkpoint", "cpu_threads", "policy", "host_ram_gib",
+              "eval.path", "eval.interval", "eval.max_batches", "eval.keep_best"}  # eval.holdout moves the rows
+    old, new = dict(meta.get("config") or {}), cfg.to_dict()
+    old.setdefault("eval", {"holdout": 0.0})  # written before the eval section existed
 
     def walk(a: dict, b: dict, prefix: str) -> list[str]:
         out = []
         for k in sorted(set(a) | set(b)):
-            if not prefix and k in ignore:
+            if prefix + k in ignore:
                 continue
             va, vb = a.get(k), b.get(k)
             if isinstance(va, dict) and isinstance(vb, dict):

@@ -8,6 +8,10 @@ Under `policy.edge_update: gpu` the embedding and head stay on the device instea
 `policy.device_layers` layers: reduced there, updated there after the backward (slidedp.step.device_update),
 never delivered from the host.
 
+Held-out evaluation (`eval_loss`) streams the units through the same window on a forward-only schedule
+(slidedp.schedule.eval_schedule) under torch.no_grad(): it reads the weights of the step it follows, sends no
+gradient and never touches the updater, the device-side update or their state.
+
 Semantics are exactly synchronous data-parallel AdamW: the loss is the sum of token cross-entropies divided by
 the number of non-ignored targets of the whole global batch (all ranks, all micro-batches), gradients are summed
 over ranks, and step t+1 reads weights only after step t's update of that unit has finished on every shard it
@@ -25,7 +29,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from slidedp.config import JobConfig
 from slidedp.policy import ExecutionPolicy
-from slidedp.schedule import step_schedule
+from slidedp.schedule import eval_schedule, step_schedule
 from slidedp.step.activations import SavedActivations
 from slidedp.step.collectives import all_gather
 from slidedp.step.device_update import DeviceUpdate
@@ -260,6 +264,75 @@ class RankEngine:
                 self.gH[H : H + V * H].add_(w.grad.reshape(-1))
             w.grad = None
         return grad_h.view_as(h), loss_sum
+
+    def _head_loss(self, h: torch.Tensor, targets: torch.Tensor, chunk_valid: list[bool], hbuf: torch.Tensor,
+                   ebuf: torch.Tensor) -> torch.Tensor:
+        """The summed token cross-entropy of _head's forward, chunk by chunk, without its backward (no_grad)."""
+        H, V = self.adapter.hidden, self.adapter.vocab
+        norm_w = hbuf[:H]
+        w = ebuf[: V * H].view(V, H) if self.adapter.tied else hbuf[H : H + V * H].view(V, H)
+        flat = h.reshape(-1, H)
+        loss_sum = torch.zeros((), dtype=torch.float32, device=h.device)
+        C = self.loss_chunk
+        for ci, c0 in enumerate(range(0, flat.shape[0], C)):
+            if chunk_valid[ci]:
+                logits = F.linear(self.adapter.norm_forward(norm_w, flat[c0 : c0 + C]), w).float()
+                loss_sum += F.cross_entropy(logits, targets[c0 : c0 + C], ignore_index=-100, reduction="sum")
+        return loss_sum
+
+    # ------------------------------------------------------------------ evaluation
+    def eval_loss(self, after_step: int, micro_batches: list) -> tuple[float, int]:
+        """(sum of the token cross-entropies, number of non-ignored targets) of the model as step `after_step`
+        left it, over every rank's evaluation micro-batches (each rank passes the same number of them).
+
+        Forward only: embedding, layers 1..L and the loss head per micro-batch, the units streamed through the
+        window as in a step (a unit's first delivery waits for step after_step's update of it; units updated on
+        the device are read from their kept buffers); no gradient, no updater, no AdamW state or step count."""
+        M = len(micro_batches)
+        if M == 0:
+            return 0.0, 0
+        totals = torch.zeros(2, dtype=torch.float64, device=self.device)
+        with torch.no_grad():
+            self.window.begin_step(after_step + 1, eval_schedule(self.L, M))
+            k = 0
+            for m, mb in enumerate(micro_batches):
+                ids = mb.input_ids.to(self.device, non_blocking=True)
+                pos = mb.position_ids.to(self.device, non_blocking=True)
+                targets = torch.full_like(mb.labels, -100)
+                targets[:, :-1] = mb.labels[:, 1:]
+                C = self.loss_chunk
+                tflat = targets.reshape(-1)
+                valid = tflat != -100
+                chunk_valid = [bool(valid[c0 : c0 + C].any()) for c0 in range(0, tflat.numel(), C)]
+                totals[1] += int(valid.sum())
+                targets_dev = tflat.to(self.device, non_blocking=True)
+                ctx = {"position_ids": pos, "attention_mask": None}
+                if mb.segment_ids is not None:
+                    from slidedp.data.packing import attention_mask_from_segments
+
+                    ctx["attention_mask"] = attention_mask_from_segments(mb.segment_ids).to(self.device)
+                if m == 0:
+                    ebuf = self.window.get(k)
+                    k_embed = k
+                    k += 1
+                h = self.adapter.embed_forward(ebuf[: self.shards.numels[0]].view(self.adapter.vocab, -1), ids)
+                ctx["position_embeddings"] = self.rotary(h, pos)
+                for u in range(1, self.head_unit):
+                    buf = self.window.get(k)
+                    h = self.adapter.layer_forward(self.adapter.param_views(self.adapter.units[u], buf), h, ctx)
+                    self.window.release(k)
+                    k += 1
+                if m == 0:
+                    hbuf = self.window.get(k)
+                    k_head = k
+                    k += 1
+                totals[0] += self._head_loss(h, targets_dev, chunk_valid, hbuf, ebuf).double()
+                del h
+            self.window.release(k_head)
+            self.window.release(k_embed)
+        dist.all_reduce(totals, group=self.routes.grad_group)
+        loss_sum, n_targets = totals.tolist()
+        return loss_sum, int(n_targets)
 
     # ------------------------------------------------------------------ one step
     def run_step(self, step: int, micro_batches: list, data_s: float) -> StepTiming:

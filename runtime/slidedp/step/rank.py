@@ -122,6 +122,8 @@ def rank_main(rank: int, world: int, args: RankArgs, queue) -> None:
         pending: deque = deque()
         reporter = _Reporter(cfg, engine, queue, rank, world, flops_tok, peak, args.predicted)
         last_done = args.start_step
+        if cfg.eval.enabled:  # the model the run starts from, reported with the run's first step
+            reporter.evaluate(pipeline, args.start_step, start=True)
         if rank == 0:
             queue.put(("stage", 0, {"stage": "first_step"}))  # the launcher's start-up stages
         for step in range(args.start_step + 1, cfg.steps + 1):
@@ -135,6 +137,10 @@ def rank_main(rank: int, world: int, args: RankArgs, queue) -> None:
             pending.append(engine.run_step(step, micro, data_s))
             last_done = step
             reporter.emit_ready(pending, final=False)
+            if cfg.eval.enabled and (step == cfg.steps or (cfg.eval.interval and step % cfg.eval.interval == 0)):
+                _wait_step_updated(engine, step)
+                reporter.evaluate(pipeline, step)
+                reporter.emit_ready(pending, final=True)  # the step's time ends with its update, before evaluating
             # A stop-and-save is written by the launcher after every rank has stopped: a save request read here
             # would be seen by some ranks after step t and by others only after t+1, and the ranks would then
             # meet in different barriers.
@@ -200,6 +206,9 @@ class _Reporter:
         self.cfg, self.engine, self.queue, self.rank, self.world = cfg, engine, queue, rank, world
         self.flops_tok, self.peak, self.predicted = flops_tok, peak, predicted
         self.results: dict[int, Any] = {}
+        self.evals: dict[int, dict] = {}  # step -> eval_* keys of the evaluation after it
+        self.eval_cpu: dict[int, tuple[float, float]] = {}  # step -> CPU seconds (issuing thread, process) it took
+        self.start_eval: dict | None = None  # the evaluation before the first step, until the first record
 
     def emit_ready(self, pending: deque, final: bool) -> None:
         upd = self.engine.updater
@@ -214,10 +223,32 @@ class _Reporter:
                 return
             pending.popleft()
             end = pending[0].t_start if pending else res.finished_at
-            cpu_end = pending[0].cpu_start if pending else (time.thread_time(), time.process_time())
+            spent = self.eval_cpu.pop(t.step, (0.0, 0.0))  # an evaluation after the step is not the step's
+            cpu_end = pending[0].cpu_start if pending else (time.thread_time() - spent[0],
+                                                            time.process_time() - spent[1])
+            evaluated = self.evals.pop(t.step, {})
+            if self.start_eval is not None:
+                evaluated.update(eval_loss_start=self.start_eval["eval_loss"],
+                                 eval_ppl_start=self.start_eval["eval_ppl"])
+                self.start_eval = None
             if self.rank == 0:
-                self.queue.put(("record", 0, self._record(t, res, end, cpu_end)))
+                self.queue.put(("record", 0, {**self._record(t, res, end, cpu_end), **evaluated}))
             del self.results[t.step]
+
+    def evaluate(self, pipeline, after_step: int, start: bool = False) -> None:
+        """Evaluate the model as step after_step left it (every rank, the same fixed batches; its update must have
+        finished). The keys join that step's record; an evaluation before the run's first step joins the first
+        record as eval_loss_start and eval_ppl_start (start). Its wall and CPU time are kept out of the step's."""
+        t0, cpu0 = time.perf_counter(), (time.thread_time(), time.process_time())
+        loss_sum, n = self.engine.eval_loss(after_step, pipeline.eval_batches())
+        loss = loss_sum / n if n else None
+        keys = {"eval_loss": loss, "eval_ppl": _perplexity(loss), "eval_tokens": n,
+                "eval_s": time.perf_counter() - t0}
+        if start:
+            self.start_eval = keys
+            return
+        self.evals[after_step] = keys
+        self.eval_cpu[after_step] = (time.thread_time() - cpu0[0], time.process_time() - cpu0[1])
 
     def _record(self, t, res, end: float, cpu_end: tuple[float, float]) -> dict:
         ev = t.events
@@ -254,6 +285,15 @@ class _Reporter:
             "tokens": tokens,
             "target_tokens": int(n_targets),
         }
+
+
+def _perplexity(loss: float | None) -> float | None:
+    if loss is None:
+        return None
+    try:
+        return math.exp(loss)
+    except OverflowError:  # beyond ~709.78 nats
+        return math.inf
 
 
 class _Sender:
