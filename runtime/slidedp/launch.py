@@ -96,9 +96,14 @@ def _format_step(r: dict, steps: int) -> str:
     (hbm_peak_gib is empty), and its model FLOP rate says nothing useful."""
     rss = r.get("host_rss_gib") or 0.0
     gpu = f"{r['tflops']:.1f} TFLOP/s | hbm {max(r['hbm_peak_gib']):.1f} GiB | " if r.get("hbm_peak_gib") else ""
+    evals = ""
+    if r.get("eval_loss_start") is not None:
+        evals += f" | eval before {r['eval_loss_start']:.4f} (ppl {r['eval_ppl_start']:.1f})"
+    if r.get("eval_loss") is not None:
+        evals += f" | eval {r['eval_loss']:.4f} (ppl {r['eval_ppl']:.1f})"
     return (f"step {r['step']:>5}/{steps} | loss {r['loss']:.4f} | lr {r['lr']:.2e} | gnorm {r['grad_norm']:.3f}"
             f"{' (clipped)' if r['clipped'] else ''} | {r['step_time_s']:.3f} s | {r['tokens_per_s']:,.0f} tok/s | "
-            f"{gpu}rss {rss:.1f} GiB")
+            f"{gpu}rss {rss:.1f} GiB{evals}")
 
 
 def _rss_gib(pids: list[int], shared_bytes: int) -> float:

@@ -176,3 +176,11 @@ def test_train_off_a_terminal_prints_plain_step_lines_with_times(job, capsys):
         assert re.search(r" tok/s \| rss \d+\.\d GiB \| \d+:\d\d elapsed, ETA \d+:\d\d$", line), line
         assert "TFLOP/s" not in line and "hbm" not in line  # a CPU run
     assert json.loads(lines[-1])["steps_done"] == 2
+
+
+def test_the_step_line_carries_the_evaluations():
+    first = {**_record(1), "eval_loss_start": 6.25, "eval_ppl_start": 518.0}
+    assert _format_step(first, 4).endswith("| eval before 6.2500 (ppl 518.0)")
+    evald = {**_record(4), "eval_loss": 2.5, "eval_ppl": 12.18}
+    assert _format_step(evald, 4).endswith("| eval 2.5000 (ppl 12.2)")
+    assert "eval" not in _format_step(_record(2), 4)

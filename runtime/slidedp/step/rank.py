@@ -126,15 +126,17 @@ def rank_main(rank: int, world: int, args: RankArgs, queue) -> None:
             reporter.evaluate(pipeline, args.start_step, start=True)
         if rank == 0:
             queue.put(("stage", 0, {"stage": "first_step"}))  # the launcher's start-up stages
+        latest = None  # the last step run (emitting its record may have taken it out of `pending`)
         for step in range(args.start_step + 1, cfg.steps + 1):
-            if rank == 0 and pending and not _loss_finite(pending[-1]):
+            if rank == 0 and latest is not None and not _loss_finite(latest):
                 board.set(Board.STOP_REQUEST, 1)  # diverged: no step after it; the launcher names the reason
             if _decide_stop(board, rank, step):
                 break
             t0 = time.perf_counter()
             micro = pipeline.next_step()
             data_s = time.perf_counter() - t0
-            pending.append(engine.run_step(step, micro, data_s))
+            latest = engine.run_step(step, micro, data_s)
+            pending.append(latest)
             last_done = step
             reporter.emit_ready(pending, final=False)
             if cfg.eval.enabled and (step == cfg.steps or (cfg.eval.interval and step % cfg.eval.interval == 0)):
