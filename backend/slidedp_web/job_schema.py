@@ -2,8 +2,9 @@
 
 The runtime's dataclasses are the only definition of the keys, types, defaults, ranges and docs. Here they
 are turned, field by field, into pydantic models so that the OpenAPI schema documents the request body;
-validation itself is JobConfig.from_dict, then slidedp.validation.validate_job, whose errors are answered
-as FastAPI-style 422s: {"detail": [{"loc": ["body", "optimizer", "lr"], "msg": "...", "type": "..."}]}.
+validation itself is slidedp.validation.check_config (JobConfig.from_dict, and the model and dataset checks of
+the keys that parsed) with the host's checks around it (slidedp_web.jobs.check_request), every problem answered
+at once as a FastAPI-style 422: {"detail": [{"loc": ["body", "optimizer", "lr"], "msg": "...", "type": "..."}]}.
 """
 
 from __future__ import annotations
@@ -17,8 +18,7 @@ from typing import Any, Optional
 
 import pydantic
 from fastapi.exceptions import RequestValidationError
-from slidedp.config import ConfigError, JobConfig
-from slidedp.validation import validate_job
+from slidedp.config import JobConfig
 
 # Keys the API accepts next to the config's own: they say how the job is filed, not how it trains.
 EXTRA_KEYS = {
@@ -183,20 +183,3 @@ def text_errors(value: Any, loc: str, depth: int = 0) -> list[dict[str, Any]]:
         for i, item in enumerate(value):
             out += text_errors(item, f"{loc}[{i}]", depth + 1)
     return out
-
-
-def parse_config(raw: dict[str, Any], host_ram_bytes: Optional[int] = None) -> JobConfig:
-    """JobConfig.from_dict, then the runtime's deeper checks (model exists, dataset readable, memory fits)."""
-    try:
-        cfg = JobConfig.from_dict(raw)
-    except ConfigError as exc:
-        raise unprocessable(exc.errors) from exc
-    errors = run_job_checks(cfg, host_ram_bytes)
-    if errors:
-        raise unprocessable(errors)
-    return cfg
-
-
-def run_job_checks(cfg: JobConfig, host_ram_bytes: Optional[int]) -> list[dict[str, Any]]:
-    """slidedp.validation.validate_job's findings: [{"loc", "msg"}] (model, tokenizer, dataset, host RAM, init_from)."""
-    return validate_job(cfg, host_ram_bytes=host_ram_bytes)

@@ -8,25 +8,29 @@ import logging
 import os
 import re
 import secrets
+from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
 from typing import Any, Optional
 
 import sqlalchemy as sa
 from fastapi import HTTPException
+from slidedp.config import JobConfig
+from slidedp.validation import JobCheck, check_config
 from sqlmodel import Session, func, select
 
 from slidedp_web import celery_app, live, outputs, planning
 from slidedp_web.core.config import Settings
 from slidedp_web.core.db import read_session, write_session
-from slidedp_web.guards import check_roots
-from slidedp_web.job_schema import parse_config, split_body, unprocessable
+from slidedp_web.guards import root_errors
+from slidedp_web.job_schema import split_body, unprocessable
 from slidedp_web.journal import set_status, status_event
 from slidedp_web.models import (
     RESUMABLE_STATUSES,
     TERMINAL_STATUSES,
     CheckpointPublic,
     Event,
+    Host,
     Job,
     JobPublic,
     LogLine,
@@ -108,16 +112,97 @@ def _absolute_if_local(value: Any) -> Any:
     return value
 
 
-def create(settings: Settings, session: Session, body: Any) -> Job:
+@dataclass
+class RequestCheck:
+    """What check_request found in a job request (POST /api/jobs, POST /api/plan)."""
+
+    raw: dict[str, Any]  # the config keys
+    extra: dict[str, Any]  # name, host
+    host: Optional[Host]
+    config: Optional[JobConfig]  # None: the config keys did not parse
+    errors: list[dict[str, Any]] = field(default_factory=list)  # every problem, [{"loc", "msg"}]
+    validation: list[dict[str, Any]] = field(default_factory=list)  # the runtime's findings (validate_job)
+    plannable: bool = False  # a plan can be previewed: the config parsed, and its host, limits and model are usable
+    plan: Optional[dict[str, Any]] = None  # the plan preview on the host (None: not made)
+    plan_failure: Optional[str] = None  # why the planner failed, when it did
+    init_from_job: Optional[int] = None  # the job whose checkpoint init_from names
+    folder: Optional[Path] = None  # the requested output_dir, resolved (None: the job's own default folder)
+
+
+def check_request(settings: Settings, session: Session, body: Any) -> RequestCheck:
+    """Every problem with a job request in one answer, as a job creation would refuse it: paths outside the
+    allowed folders (never read), an unknown host, the config keys and the runtime's checks of those that parsed
+    (slidedp.validation.check_config: model, dataset, host RAM, init_from), the host's limits (cores, CPU ranks,
+    host RAM, GPUs) for the keys that parsed, the init_from job, room in the output folder, and AutoPolicy's
+    refusal on a host that has reported. A body that is not an object, or holds text no database can store, is
+    refused alone (split_body)."""
     raw, extra = split_body(body)
-    check_roots(settings, raw)  # before anything reads the paths it names
-    host = planning.choose_host(session, settings, extra.get("host"))
-    cfg = parse_config(raw, host_ram_bytes=planning.host_ram_bytes(host))
-    check_host_limits(settings, cfg, host)
-    source = resolve_init_from(session, cfg)
-    folder = None
-    if "output_dir" in raw:
-        folder = outputs.resolve(settings, cfg.output_dir)
+    errors: list[dict[str, Any]] = root_errors(
+        settings.model_roots, settings.data_roots, raw, settings.output_roots, settings.data_dir
+    )
+    refused = [str(e["loc"]) for e in errors]
+    host, host_error = planning.find_host(session, settings, extra.get("host"))
+    if host_error is not None:
+        errors.append(host_error)
+    check = check_config(
+        raw, planning.host_ram_bytes(host), refused=refused, host_ram=host_error is None
+    )
+    cfg = check.config
+    out = RequestCheck(raw, extra, host, cfg, validation=[] if cfg is None else list(check.errors))
+    errors += check.errors
+    limits = host_limit_errors(settings, check, host) if host_error is None else []
+    errors += limits
+    model_usable = check.known("model") and not any(
+        e["loc"] in ("model", "seq_len") for e in check.errors
+    )
+    out.plannable = cfg is not None and not refused and host_error is None and not limits and model_usable
+    if check.parsed is not None and check.known("init_from"):
+        out.init_from_job, found = init_from_errors(session, check.parsed)
+        errors += found
+    if check.parsed is not None and check.known("output_dir") and host_error is None:
+        if "output_dir" in raw:
+            out.folder = outputs.resolve(settings, check.parsed.output_dir)
+        room = room_error(out.folder or real_jobs_dir(settings), cfg if model_usable else None)
+        if room:
+            errors.append(room)
+    if cfg is not None and model_usable and host_error is None:
+        try:
+            out.plan = planning.plan_preview(cfg, host, settings)
+        except Exception as exc:  # noqa: BLE001 - a planner bug must not stop a valid job; the worker plans again
+            log.warning("plan preview failed: %s", exc)
+            out.plan_failure = str(exc)
+        if host is not None and out.plan and out.plan.get("feasible") is False:
+            # The target host reported what it has, and the job cannot run there (too many GPUs, too little
+            # memory); a key already reported keeps its first answer.
+            said = {str(e["loc"]) for e in errors}
+            errors += [e for e in out.plan.get("errors") or [] if str(e.get("loc")) not in said]
+    elif host is not None and check.known("gpus") and check.parsed is not None:
+        gpus = gpu_count_error(settings, check.parsed.gpus, host)
+        if gpus:
+            errors.append(gpus)
+    out.errors = _once(errors)
+    return out
+
+
+def _once(errors: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each {"loc", "msg"} once, in the order found."""
+    seen, out = set(), []
+    for e in errors:
+        key = (str(e.get("loc")), str(e.get("msg")))
+        if key not in seen:
+            seen.add(key)
+            out.append(e)
+    return out
+
+
+def create(settings: Settings, session: Session, body: Any) -> Job:
+    checked = check_request(settings, session, body)
+    if checked.errors:
+        raise unprocessable(checked.errors)
+    extra, host, cfg, folder = checked.extra, checked.host, checked.config, checked.folder
+    assert cfg is not None
+    source = checked.init_from_job
+    if folder is not None:
         reserved = outputs.reserved_error(settings, folder, None)
         if reserved:
             raise outputs.conflict("output_dir", reserved)
@@ -127,7 +212,6 @@ def create(settings: Settings, session: Session, body: Any) -> Job:
                 f"{str(folder)!r} already holds files no job of this workbench wrote; name an empty or new folder "
                 "(resume continues a job in its own folder; init_from starts from another job's checkpoint)",
             )
-    check_room(folder or real_jobs_dir(settings), cfg)
     live.require(settings, "job creation")
     queued = session.exec(select(func.count()).select_from(Job).where(Job.status == "queued")).one()
     if queued >= settings.max_queued_jobs:
@@ -136,14 +220,7 @@ def create(settings: Settings, session: Session, body: Any) -> Job:
             f"{queued} jobs are already queued (SLIDEDP_MAX_QUEUED_JOBS = "
             f"{settings.max_queued_jobs}); wait for some to run or cancel them",
         )
-    try:
-        plan = planning.summary(planning.plan_preview(cfg, host, settings))
-    except Exception as exc:  # noqa: BLE001 - a planner bug must not stop a valid job; the worker plans again
-        log.warning("plan preview failed: %s", exc)
-        plan = None
-    if host is not None and plan and plan.get("feasible") is False and plan.get("errors"):
-        # The target host reported what it has, and the job cannot run there (too many GPUs, too little memory).
-        raise unprocessable(plan["errors"])
+    plan = planning.summary(checked.plan) if checked.plan else None
     config = cfg.to_dict()
     config["data"]["path"] = _absolute_if_local(config["data"]["path"])
     config["model"] = _absolute_if_local(config["model"])
@@ -201,14 +278,18 @@ def host_cores(settings: Settings, host: Any) -> int:
     return os.cpu_count() or 1
 
 
-def check_host_limits(settings: Settings, cfg: Any, host: Any) -> None:
-    """Limits that depend on the target host: threads and CPU ranks by its cores, host RAM by its limit."""
+def host_limit_errors(settings: Settings, check: JobCheck, host: Any) -> list[dict[str, str]]:
+    """Limits that depend on the target host, for the keys that parsed: threads and CPU ranks by its cores, host
+    RAM by its limit."""
     from slidedp_web.guards import host_ram_error
 
+    cfg = check.parsed
+    if cfg is None:
+        return []
     cores = host_cores(settings, host)
     where = f"host {host.name}" if host is not None else "this host"
     errors = []
-    if cfg.cpu_threads is not None and cfg.cpu_threads > cores:
+    if check.known("cpu_threads") and cfg.cpu_threads is not None and cfg.cpu_threads > cores:
         errors.append(
             {
                 "loc": "cpu_threads",
@@ -216,7 +297,7 @@ def check_host_limits(settings: Settings, cfg: Any, host: Any) -> None:
                 "to split the cores over the ranks",
             }
         )
-    if cfg.gpus == 0 and cfg.ranks > 4 * cores:
+    if check.known("gpus", "ranks") and cfg.gpus == 0 and cfg.ranks > 4 * cores:
         errors.append(
             {
                 "loc": "ranks",
@@ -227,11 +308,22 @@ def check_host_limits(settings: Settings, cfg: Any, host: Any) -> None:
     detected = planning.host_ram_bytes(host)
     if detected is None:
         detected = hosts_ram_here(settings)
-    raised = host_ram_error(cfg, detected)
+    raised = host_ram_error(cfg, detected) if check.known("host_ram_gib") else None
     if raised:
         errors.append(raised)
-    if errors:
-        raise unprocessable(errors)
+    return errors
+
+
+def gpu_count_error(settings: Settings, gpus: int, host: Host) -> Optional[dict[str, str]]:
+    """More GPUs than the reported host has, said as AutoPolicy says it (for a config it cannot plan)."""
+    topology = host.topology if host.topology else planning.basic_topology(settings)
+    n = len(topology.get("gpus") or []) if isinstance(topology, dict) else 0
+    if gpus <= n:
+        return None
+    return {
+        "loc": "gpus",
+        "msg": f"asks for {gpus} GPUs but this host has {n}; set gpus to at most {n} (0 trains on the CPU)",
+    }
 
 
 def hosts_ram_here(settings: Settings) -> Optional[int]:
@@ -240,57 +332,53 @@ def hosts_ram_here(settings: Settings) -> Optional[int]:
     return host_ram_bytes(planning.basic_topology(settings))
 
 
-def check_room(folder: Path, cfg: Any) -> None:
-    """422 naming output_dir when the job could not write its checkpoints and export there."""
-    try:
-        need = outputs.needed_bytes(cfg)
-    except (OSError, KeyError, ValueError, TypeError):
-        need = None  # a model that cannot be sized was reported by validation already
+def room_error(folder: Path, cfg: Any) -> Optional[dict[str, str]]:
+    """{"loc": "output_dir", ...} when the job could not write its checkpoints and export there (cfg None: only
+    whether it can write there at all)."""
+    need = None
+    if cfg is not None:
+        try:
+            need = outputs.needed_bytes(cfg)
+        except (OSError, KeyError, ValueError, TypeError):
+            need = None  # a model that cannot be sized was reported by validation already
     msg = outputs.writable_error(folder, need)
-    if msg:
-        raise unprocessable([{"loc": "output_dir", "msg": msg}])
+    return {"loc": "output_dir", "msg": msg} if msg else None
 
 
-def resolve_init_from(session: Session, cfg: Any) -> Optional[int]:
-    """The id of the job whose checkpoint init_from names (422 when there is none such). The API takes a job
-    and a checkpoint name; a checkpoint path is for the command line, where the user owns the files."""
+def init_from_errors(session: Session, cfg: Any) -> tuple[Optional[int], list[dict[str, str]]]:
+    """(the id of the job whose checkpoint init_from names, []), or (None, [why not]). The API takes a job and a
+    checkpoint name; a checkpoint path is for the command line, where the user owns the files."""
     source = getattr(cfg, "init_from", None)
     if source is None:
-        return None
+        return None, []
     if source.job is None:
-        raise unprocessable(
-            [
-                {
-                    "loc": "init_from.job",
-                    "msg": "name the job to start from: init_from: {job: ID, "
-                    "checkpoint: NAME or latest}; the API does not take checkpoint paths",
-                }
-            ]
-        )
+        return None, [
+            {
+                "loc": "init_from.job",
+                "msg": "name the job to start from: init_from: {job: ID, "
+                "checkpoint: NAME or latest}; the API does not take checkpoint paths",
+            }
+        ]
     other = session.get(Job, source.job)
     if other is None:
-        raise unprocessable([{"loc": "init_from.job", "msg": f"job {source.job} does not exist"}])
+        return None, [{"loc": "init_from.job", "msg": f"job {source.job} does not exist"}]
     names = [c.name for c in list_checkpoints(other.output_dir) if c.step is not None]
     if not names:
-        raise unprocessable(
-            [
-                {
-                    "loc": "init_from.checkpoint",
-                    "msg": f"job {source.job} has no checkpoint (it keeps them with checkpoint.interval > 0)",
-                }
-            ]
-        )
+        return None, [
+            {
+                "loc": "init_from.checkpoint",
+                "msg": f"job {source.job} has no checkpoint (it keeps them with checkpoint.interval > 0)",
+            }
+        ]
     if source.checkpoint != "latest" and source.checkpoint not in names:
-        raise unprocessable(
-            [
-                {
-                    "loc": "init_from.checkpoint",
-                    "msg": f"job {source.job} has no checkpoint "
-                    f"{source.checkpoint!r}; it has: {', '.join(names)} (or say latest)",
-                }
-            ]
-        )
-    return int(source.job)
+        return None, [
+            {
+                "loc": "init_from.checkpoint",
+                "msg": f"job {source.job} has no checkpoint "
+                f"{source.checkpoint!r}; it has: {', '.join(names)} (or say latest)",
+            }
+        ]
+    return int(source.job), []
 
 
 def checkpoint_path(session: Session, job_id: int, name: str) -> str:

@@ -28,24 +28,26 @@ GIB = 2**30
 def choose_host(session: Session, settings: Settings, requested: Optional[str]) -> Optional[Host]:
     """The named host (422 if unknown), else the online host with the fewest queued and running jobs,
     else None: the job goes to this deployment's default queue and waits for its worker."""
+    host, error = find_host(session, settings, requested)
+    if error is not None:
+        raise RequestValidationError([{"loc": ["body", "host"], "type": "value_error", "msg": error["msg"]}])
+    return host
+
+
+def find_host(
+    session: Session, settings: Settings, requested: Optional[str]
+) -> tuple[Optional[Host], Optional[dict[str, str]]]:
+    """As choose_host, with an unknown host name answered as (None, {"loc": "host", "msg"}) instead of raised."""
     hosts = session.exec(select(Host).order_by(Host.name)).all()
     if requested:
         for host in hosts:
             if host.name == requested:
-                return host
+                return host, None
         known = ", ".join(h.name for h in hosts) or "none has reported yet"
-        raise RequestValidationError(
-            [
-                {
-                    "loc": ["body", "host"],
-                    "type": "value_error",
-                    "msg": f"unknown worker host {requested!r}; hosts: {known}",
-                }
-            ]
-        )
+        return None, {"loc": "host", "msg": f"unknown worker host {requested!r}; hosts: {known}"}
     online = [h for h in hosts if is_online(settings, h)]
     if not online:
-        return None
+        return None, None
 
     def load(host: Host) -> int:
         return session.exec(
@@ -54,7 +56,7 @@ def choose_host(session: Session, settings: Settings, requested: Optional[str]) 
             .where(Job.queue == host.queue, Job.status.in_(("queued", "running")))
         ).one()
 
-    return min(online, key=load)
+    return min(online, key=load), None
 
 
 def host_ram_bytes(host: Optional[Host]) -> Optional[int]:
@@ -101,6 +103,36 @@ def plan_preview(cfg: JobConfig, host: Optional[Host], settings: Settings) -> di
     plan = clean_json(plan_job(cfg, topology, calibration))
     plan.setdefault("host", host.name if host else settings.host_name)
     return plan
+
+
+HEADROOM = 0.9  # a plan using more of a memory budget than this leaves little room: a warning
+
+
+def plan_warnings(plan: dict[str, Any]) -> list[dict[str, str]]:
+    """[{"loc", "msg"}] for a feasible plan that fits with little room to spare: its GPU memory peak or its host
+    RAM above HEADROOM of what the job may use."""
+    if not plan.get("feasible"):
+        return []
+    pred, job = plan.get("predicted") or {}, plan.get("job") or {}
+    out = []
+    for used_key, limit_key, loc, what, advice in (
+        ("hbm_peak_gib", "hbm_budget_gib", "micro_batch_size", "GPU memory peak",
+         "a smaller micro_batch_size or seq_len, or more GPUs, leave more"),
+        ("host_ram_gib", "host_limit_gib", "host_ram_gib", "host RAM",
+         "other processes on the host may run it out of memory; fewer ranks or a host with more memory leave more"),
+    ):
+        used, limit = pred.get(used_key), job.get(limit_key)
+        if not (isinstance(used, (int, float)) and isinstance(limit, (int, float)) and limit > 0):
+            continue
+        if used >= HEADROOM * limit:
+            out.append(
+                {
+                    "loc": loc,
+                    "msg": f"little headroom: the plan's {what} is {used:.1f} GiB of the {limit:.1f} GiB the job "
+                    f"may use ({used / limit:.0%}); {advice}",
+                }
+            )
+    return out
 
 
 def summary(plan: dict[str, Any]) -> dict[str, Any]:

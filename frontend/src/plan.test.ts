@@ -1,5 +1,5 @@
 import { describe, expect, it } from "vitest";
-import { fmtByKey, readPlan, runs } from "./plan";
+import { fmtByKey, readPlan, runs, type PlanAnswer } from "./plan";
 import type { ExecutionPolicy, Plan } from "./types";
 
 describe("plan values", () => {
@@ -117,6 +117,30 @@ describe("readPlan", () => {
     expect(v.memory).toEqual({ fits: false, host_limit_gib: 180.0 });
     expect(v.candidates).toEqual([]);
     expect(v.marginal).toBeNull();
+  });
+
+  it("reads a preview with blocking problems and warnings: they come first, and it is never feasible", () => {
+    const missing = { loc: "data.path", msg: "dataset file /srv/gone.jsonl does not exist" };
+    const headroom = { loc: "host_ram_gib", msg: "little headroom: the plan's host RAM is 120.0 GiB of the 128.0 GiB" };
+    const preview: PlanAnswer = { ...planned, problems: [missing], warnings: [headroom], feasible: false, fits: true, validation: [missing] };
+    const v = readPlan(preview);
+    expect(v.blocked).toBe(true);
+    expect(v.feasible).toBe(false);
+    expect(v.problems).toEqual(["data.path: dataset file /srv/gone.jsonl does not exist"]);
+    expect(v.warnings).toEqual([`host_ram_gib: ${headroom.msg}`]);
+    expect(v.memory?.fits).toBe(true); // the plan itself fits: only the job's problems block it
+    expect(v.policy).toEqual(sharded);
+    expect(Object.keys(v.details)).not.toContain("validation");
+    // Even an answer that says feasible is not shown so while something blocks the job.
+    expect(readPlan({ ...preview, feasible: true }).feasible).toBe(false);
+    // The planner's own refusal on the host is said once, after the job's problems.
+    const gpus = { loc: "gpus", msg: "asks for 8 GPUs but this host has 2" };
+    const refused = readPlan({ ...preview, problems: [missing, gpus], errors: [gpus], fits: false });
+    expect(refused.problems).toEqual([`data.path: ${missing.msg}`, `gpus: ${gpus.msg}`]);
+    expect(refused.memory?.fits).toBe(false);
+    // Nothing blocks it: feasible as the plan says, no warnings.
+    const clean = readPlan({ ...planned, problems: [], warnings: [], fits: true });
+    expect([clean.blocked, clean.feasible, clean.warnings]).toEqual([false, true, []]);
   });
 
   it("reads a job's policy column: the plan made at submit time, then the policy that ran", () => {

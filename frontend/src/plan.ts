@@ -1,12 +1,20 @@
 // The AutoPolicy plan (docs/interfaces.md §5) as the API answers it: the preview of POST /api/plan, and a job's
 // policy column (the plan made at submit time; after a run, stage "resolved" and `policy` the one the engine ran).
 // Its parts get their own place (policy, prediction, memory fit, candidates, the why), every other key is listed
-// under its own name, and nothing absent is filled in.
+// under its own name, and nothing absent is filled in. What blocks the job and what to watch come first, before
+// any verdict: a plan with a blocking problem is never shown as feasible.
 import { h } from "./dom";
 import { bytes, gbps, gib, isNum, num, percent, seconds, words } from "./fmt";
-import type { Candidate, Marginal, Plan, Prediction } from "./types";
+import type { Candidate, FieldErrorItem, Marginal, Plan, Prediction } from "./types";
 
 type Obj = Record<string, unknown>;
+
+/** The plan as POST /api/plan answers it: opened by `problems` (what the job would be refused for; `feasible` is
+ *  then false) and `warnings` (what does not stop it), with `fits` the plan's own verdict. A job's stored policy
+ *  has none of the three. */
+export type PlanAnswer = Plan & { problems?: FieldErrorItem[]; warnings?: FieldErrorItem[]; fits?: boolean };
+
+const said = (e: FieldErrorItem) => (e.loc ? `${e.loc}: ${e.msg}` : e.msg);
 
 function isObj(v: unknown): v is Obj {
   return typeof v === "object" && v !== null && !Array.isArray(v);
@@ -145,7 +153,7 @@ function predictionOf(p: Prediction | null): Obj | null {
 }
 
 /** Memory fit: the prediction's peaks against the job's budgets (the plan's `job`), and whether the plan fits. */
-function memoryOf(plan: Plan): Obj | null {
+function memoryOf(plan: PlanAnswer): Obj | null {
   const pred: Partial<Prediction> = plan.predicted ?? {};
   const job: Obj = plan.job ?? {};
   const out = present({
@@ -158,7 +166,7 @@ function memoryOf(plan: Plan): Obj | null {
     host_parts_gib: pred.host_parts_gib,
   });
   if (Object.keys(out).length === 0) return null;
-  return { fits: plan.feasible, ...out };
+  return { fits: typeof plan.fits === "boolean" ? plan.fits : plan.feasible, ...out };
 }
 
 /** One candidate as a table row: its policy's choices, then what it is predicted to cost. */
@@ -190,11 +198,14 @@ export function marginalRows(m: Marginal): Obj[] {
 }
 
 // Keys with a place of their own; the others are listed under "Details".
-const SHOWN = new Set(["feasible", "policy", "predicted", "candidates", "marginal", "why", "errors", "stage"]);
+// `validation` is in `problems` (the runtime's findings among what blocks the job).
+const SHOWN = new Set(["feasible", "policy", "predicted", "candidates", "marginal", "why", "errors", "stage", "problems", "warnings", "fits", "validation"]);
 
 /** What the plan panel shows, read from the documented plan JSON. */
 export interface PlanView {
-  problems: string[];
+  problems: string[]; // what blocks the job (the preview's problems, then the planner's own errors), each once
+  blocked: boolean; // the job would be refused as it is (the preview has problems)
+  warnings: string[];
   why: string | null;
   asRun: boolean; // a job's policy after its run: `policy` is the one the engine ran
   feasible: boolean;
@@ -207,15 +218,19 @@ export interface PlanView {
   details: Obj;
 }
 
-export function readPlan(plan: Plan): PlanView {
+export function readPlan(plan: PlanAnswer): PlanView {
   const candidates = plan.candidates ?? [];
   const details: Obj = {};
   for (const [k, v] of Object.entries(plan)) if (!SHOWN.has(k) && !isEmpty(v)) details[k] = v;
+  const blocking = plan.problems ?? [];
+  const problems = [...new Set([...blocking, ...(plan.errors ?? [])].map(said))];
   return {
-    problems: (plan.errors ?? []).map((e) => `${e.loc}: ${e.msg}`),
+    problems,
+    blocked: blocking.length > 0,
+    warnings: [...new Set((plan.warnings ?? []).map(said))],
     why: typeof plan.why === "string" && plan.why.trim() ? plan.why : null,
     asRun: plan.stage === "resolved",
-    feasible: plan.feasible,
+    feasible: blocking.length ? false : plan.feasible, // never feasible while something blocks the job
     policy: plan.policy ? { ...plan.policy } : null,
     prediction: predictionOf(plan.predicted),
     memory: memoryOf(plan),
@@ -230,8 +245,9 @@ function badge(ok: boolean, yes: string, no: string): HTMLElement {
   return h("span", { class: ok ? "badge ok" : "badge bad" }, ok ? yes : no);
 }
 
-/** The plan preview / a job's policy: problems, why, policy, prediction, memory fit, candidates, marginal cost. */
-export function renderPlan(plan: Plan | null, opts: { title?: string } = {}): HTMLElement {
+/** The plan preview / a job's policy: problems, warnings, why, policy, prediction, memory fit, candidates, marginal
+ *  cost. */
+export function renderPlan(plan: PlanAnswer | null, opts: { title?: string } = {}): HTMLElement {
   const box = h("section", { class: "plan", "aria-label": opts.title ?? "Plan" });
   if (!isObj(plan)) {
     box.append(h("p", { class: "muted" }, "No plan was returned."));
@@ -239,12 +255,17 @@ export function renderPlan(plan: Plan | null, opts: { title?: string } = {}): HT
   }
   const v = readPlan(plan);
   if (v.problems.length) {
-    box.append(h("div", { class: "error-box", role: "alert" }, h("strong", null, "The plan found problems:"), h("ul", null, v.problems.map((p) => h("li", null, p)))));
+    const heading = v.blocked ? "This job cannot run as it is:" : "The plan found problems:";
+    box.append(h("div", { class: "error-box plan-problems", role: "alert" }, h("strong", null, heading), h("ul", null, v.problems.map((p) => h("li", null, p)))));
+  }
+  if (v.warnings.length) {
+    box.append(h("div", { class: "warn-box plan-warnings", role: "status" }, h("strong", null, "Warnings:"), h("ul", null, v.warnings.map((p) => h("li", null, p)))));
   }
   if (v.why) box.append(h("h3", null, "Why"), h("p", { class: "why" }, v.why));
   box.append(h("h3", null, v.asRun ? "Policy as run" : "Chosen policy", " ", typeof v.feasible === "boolean" ? badge(v.feasible, "feasible", "not feasible") : null));
   if (v.policy) {
     if (v.asRun) box.append(h("p", { class: "muted" }, "What the engine ran. The prediction and candidates are the plan made when the job was submitted."));
+    if (v.blocked) box.append(h("p", { class: "muted" }, "What the job would run with once the problems above are solved."));
     box.append(kvList(v.policy));
   } else box.append(h("p", { class: "muted" }, "No policy: the plan is not feasible (the problems above say why)."));
   if (v.prediction) box.append(h("h3", null, "Predicted"), kvList(v.prediction, new Set(), true));

@@ -7,6 +7,9 @@ the same structured error (slidedp.data.DataError, a ConfigError).
 
     errors = validate_job(cfg)        # [{"loc": "data.path", "msg": "..."}], [] when the job can start
     check_job(cfg)                    # raises slidedp.ConfigError with those errors
+    check_config(raw).errors          # every problem of a raw config: its key errors, and the model and dataset
+                                      # checks of the keys that did parse (one answer, not one stage at a time)
+    parse_job(raw)                    # JobConfig.from_dict, whose ConfigError carries those problems too
 
 Host RAM: the host state is sized by slidedp.step.layout (fp32 master weights and AdamW moments, 12 B/param, plus
 the bf16 copy delivered to the GPUs, 2 B/param, unless the master itself is delivered: fp32 precision or
@@ -17,8 +20,11 @@ machine it starts small and grows as memory is touched, so it understates what a
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
+import re
+import typing
 from typing import Any
 
 from slidedp.config import ConfigError, JobConfig, is_model_path
@@ -60,6 +66,198 @@ def check_job(cfg: JobConfig, host_ram_bytes: int | None = None) -> None:
     errors = validate_job(cfg, host_ram_bytes)
     if errors:
         raise ConfigError(errors)
+
+
+# ---------------------------------------------------------------------------- every problem at once
+PLACEHOLDER = "?not-parsed"  # stands in for a required path that did not parse: neither a preset nor a path
+_NO_RAM_LIMIT = 1 << 62  # host RAM that judges nothing
+# Keys the host RAM a job needs depends on: with one of them unparsed, the need is not known.
+HOST_RAM_KEYS = ("model", "gpus", "ranks", "precision", "policy", "optimizer.max_grad_norm", "host_ram_gib")
+# Keys the records of the dataset are read by: with one of them unparsed only the file's existence is checked.
+DATA_READ_KEYS = ("data.format", "data.text_field")
+
+
+@dataclasses.dataclass(frozen=True)
+class JobCheck:
+    """What check_config found.
+
+    config: the whole config when it parsed, else None. errors: every problem, [{"loc", "msg"}], config errors
+    first. parsed: the keys that did parse, every other key at its default (a required model or data.path as
+    PLACEHOLDER); None when the config is not a mapping. unparsed: the key paths whose value in `parsed` is not
+    the request's (named by an error, or refused by the caller)."""
+
+    config: JobConfig | None
+    errors: list[dict[str, str]]
+    parsed: JobConfig | None = None
+    unparsed: frozenset[str] = frozenset()
+
+    def known(self, *keys: str) -> bool:
+        """Whether `parsed` holds the request's own value of every key (and of everything under it)."""
+        return self.parsed is not None and not any(_related(u, k) for u in self.unparsed for k in keys)
+
+
+def check_config(
+    raw: Any, host_ram_bytes: int | None = None, *, refused: tuple[str, ...] | list[str] = (), host_ram: bool = True
+) -> JobCheck:
+    """Every problem with a raw job config in one answer: JobConfig.from_dict's errors (every bad key), plus
+    validate_job's checks (model, tokenizer, dataset, host RAM, init_from) of the keys that did parse. A dataset
+    path that parsed is read even when seq_len is bad (its rows' length is then not judged), a model path that
+    parsed is read even when steps is bad; a check whose inputs did not all parse is left out rather than run on
+    a default (host RAM with `gpus` unparsed, say). A finding about a key that is itself in error is left to that
+    error.
+
+    refused: key paths the caller refused already (a path outside the allowed folders): never read here, and not
+    reported again. host_ram=False leaves host RAM unjudged (the host is not known)."""
+    try:
+        cfg: JobConfig | None = JobConfig.from_dict(raw)
+        errors: list[dict[str, str]] = []
+    except ConfigError as exc:
+        cfg, errors = None, list(exc.errors)
+    ram = host_ram_bytes if host_ram else _NO_RAM_LIMIT
+    skip = frozenset(_key_path(loc) for loc in refused)
+    if cfg is not None and not skip:
+        return JobCheck(cfg, validate_job(cfg, ram), cfg)
+    parsed, unparsed = _parsed_part(raw, errors, skip)
+    if parsed is None:
+        return JobCheck(cfg, errors)
+    check = JobCheck(cfg, errors, parsed, unparsed)
+    return dataclasses.replace(check, errors=errors + _check_parsed(check, ram))
+
+
+def parse_job(raw: Any) -> JobConfig:
+    """JobConfig.from_dict(raw), whose ConfigError also carries the model and dataset problems of the keys that
+    did parse (check_config): the command line's one answer, as the web API's."""
+    try:
+        return JobConfig.from_dict(raw)
+    except ConfigError:
+        raise ConfigError(check_config(raw).errors) from None
+
+
+def job_warnings(cfg: JobConfig) -> list[dict[str, str]]:
+    """What does not stop a job but may not be what was meant, as [{"loc", "msg"}]: a dataset the run goes over
+    more than once. Counted for format tokens (a record is a row) and the supervised formats (whose rows, packed
+    or not, are at most their records); documents of format text split into any number of rows, so are not."""
+    if cfg.data.format == "text":
+        return []
+    try:
+        records = count_records(resolve_data_path(cfg.data.path))
+    except (DataError, OSError, UnicodeDecodeError, ValueError):
+        return []  # an unreadable dataset is validate_job's to report
+    rows = records
+    if cfg.eval.path is None and cfg.eval.holdout > 0:
+        rows -= max(1, round(records * cfg.eval.holdout))
+    need = cfg.steps * cfg.global_batch_sequences
+    if rows <= 0 or need <= rows:
+        return []
+    exact = "" if cfg.data.format == "tokens" else "at most "
+    held = f" ({records - rows} held out for evaluation)" if rows != records else ""
+    return [{"loc": "data.path", "msg": f"the dataset is small for the steps: it holds {exact}{rows} rows{held} and "
+             f"{cfg.steps} steps of {cfg.global_batch_sequences} sequences read {need}, so the run goes over it "
+             f"{'at least ' if exact else ''}{need / rows:.1f} times; more data or fewer steps train less on repeats"}]
+
+
+def _key_path(loc: str) -> str:
+    """'optimizer.betas[1]' -> 'optimizer.betas': the key a loc names."""
+    return re.sub(r"\[\d+\]", "", str(loc))
+
+
+def _related(a: str, b: str) -> bool:
+    """One key path is the other, or lies under it."""
+    return a == b or a.startswith(b + ".") or b.startswith(a + ".")
+
+
+def _known_keys(cls: Any, raw: dict[str, Any]) -> dict[str, Any]:
+    """raw without the keys `cls` does not have (unknown and retired keys), sections likewise."""
+    hints = typing.get_type_hints(cls)
+    out: dict[str, Any] = {}
+    for f in dataclasses.fields(cls):
+        if f.name not in raw:
+            continue
+        value, tp = raw[f.name], hints[f.name]
+        section = tp if dataclasses.is_dataclass(tp) else _section_of(tp)
+        out[f.name] = _known_keys(section, value) if section is not None and isinstance(value, dict) else value
+    return out
+
+
+def _section_of(tp: Any) -> Any:
+    """The dataclass of an Optional[Section] type, else None."""
+    inner = [a for a in typing.get_args(tp) if a is not type(None)]
+    return inner[0] if len(inner) == 1 and dataclasses.is_dataclass(inner[0]) else None
+
+
+def _without(raw: dict[str, Any], path: str) -> None:
+    """Remove the key at a dotted path, in place (the sections on the way are copies)."""
+    head, _, rest = path.partition(".")
+    if head not in raw:
+        return
+    if not rest:
+        del raw[head]
+    elif isinstance(raw[head], dict):
+        raw[head] = dict(raw[head])
+        _without(raw[head], rest)
+
+
+def _parsed_part(
+    raw: Any, errors: list[dict[str, str]], skip: frozenset[str]
+) -> tuple[JobConfig | None, frozenset[str]]:
+    """(the config of the keys that parse, the key paths that did not), by leaving out every key an error names
+    and parsing again until it parses; (None, ...) when the config is not a mapping."""
+    if not isinstance(raw, dict):
+        return None, frozenset()
+    unparsed = set(skip) | {_key_path(e["loc"]) for e in errors}
+    if unparsed & {"", "config"}:
+        return None, frozenset()
+    for _ in range(8):  # each round leaves out at least one more key; cross-key checks add a few at most
+        trial = _known_keys(JobConfig, raw)
+        for path in unparsed:
+            _without(trial, path)
+        if not isinstance(trial.get("model"), str):
+            trial["model"] = PLACEHOLDER
+            unparsed.add("model")
+        data = trial.get("data")
+        data = dict(data) if isinstance(data, dict) else {}
+        if not isinstance(data.get("path"), str):
+            data["path"] = PLACEHOLDER
+            unparsed.add("data.path")
+        trial["data"] = data
+        try:
+            return JobConfig.from_dict(trial), frozenset(unparsed)
+        except ConfigError as exc:
+            more = {_key_path(e["loc"]) for e in exc.errors} - unparsed
+            if not more or more & {"", "config"}:
+                return None, frozenset()
+            unparsed |= more
+    return None, frozenset()
+
+
+def _check_parsed(check: JobCheck, host_ram_bytes: int | None) -> list[dict[str, str]]:
+    """validate_job's findings for the keys of check.parsed that parsed; none about a key that did not."""
+    cfg, known = check.parsed, check.known
+    assert cfg is not None
+    found: list[dict[str, str]] = []
+    hidden: set[str] = set()  # findings there are about a stand-in value
+    if not known("seq_len"):
+        cfg = dataclasses.replace(cfg, seq_len=None)  # rows of format tokens are not measured against a default
+    if known("data.path") and not known(*DATA_READ_KEYS):
+        _check_dataset_exists(cfg.data.path, found)  # how to read its records is not known: only that it is there
+        cfg = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, path=PLACEHOLDER))
+        hidden.add("data.path")
+    if cfg.init_from is not None and not known("init_from", "output_dir", "resume", "model"):
+        cfg = dataclasses.replace(cfg, init_from=None)
+    ram = host_ram_bytes if known(*HOST_RAM_KEYS) else _NO_RAM_LIMIT
+    later = validate_job(cfg, ram)
+    return found + [e for e in later if known(e["loc"]) and e["loc"] not in hidden]
+
+
+def _check_dataset_exists(value: str, errors: list[dict[str, str]]) -> None:
+    try:
+        path = resolve_data_path(value)
+    except DataError as exc:
+        errors.extend(exc.errors)
+        return
+    if not os.path.exists(path):
+        errors.append({"loc": "data.path", "msg": f"dataset file {path} does not exist; give the path of a .jsonl, "
+                       ".json, .parquet or .txt file on the host that runs the job"})
 
 
 # ---------------------------------------------------------------------------- host RAM
@@ -226,7 +424,7 @@ def _check_model(cfg: JobConfig, errors: list[dict[str, str]]) -> dict[str, Any]
         )
         return None
     limit = model_cfg.get("max_position_embeddings")
-    if isinstance(limit, int) and cfg.seq_len > limit:
+    if isinstance(limit, int) and isinstance(cfg.seq_len, int) and cfg.seq_len > limit:
         errors.append(
             {
                 "loc": "seq_len",
@@ -386,9 +584,10 @@ def _check_records(path: str, cfg: JobConfig, vocab: int | None, errors: list[di
         errors.append({"loc": "data.path", "msg": f"{path} tokenises to nothing: every text is empty"})
 
 
-def _check_token_row(record: dict, seq_len: int, vocab: int | None) -> str | None:
+def _check_token_row(record: dict, seq_len: int | None, vocab: int | None) -> str | None:
+    """Why a tokens row is unusable, or None; seq_len None: its length is not judged (seq_len did not parse)."""
     ids = record["input_ids"]
-    if len(ids) != seq_len:
+    if seq_len is not None and len(ids) != seq_len:
         return (
             f"input_ids has {len(ids)} tokens but seq_len is {seq_len}; format tokens needs every row to be "
             "exactly seq_len tokens (re-tokenise the data, or set seq_len)"

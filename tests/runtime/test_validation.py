@@ -299,3 +299,89 @@ def test_host_ram_limit_prefers_configured_then_cgroup_then_memtotal(tmp_path):
     with open("/proc/meminfo") as fh:
         memtotal = int(next(line for line in fh if line.startswith("MemTotal:")).split()[1]) * 1024
     assert (limit, source) == (memtotal, "MemTotal")
+
+
+# ---------------------------------------------------------------------------- every problem at once
+def raw_job(path, **kw):
+    data = {"path": str(path), "format": "tokens", **kw.pop("data", {})}
+    return {"model": "tiny-qwen3", "data": data, "seq_len": 16, **kw}
+
+
+def tokens_file(tmp_path, rows=4, length=16):
+    p = tmp_path / "t.jsonl"
+    p.write_text("".join(json.dumps({"input_ids": [5] * length}) + "\n" for _ in range(rows)))
+    return p
+
+
+def locs(check):
+    return [e["loc"] for e in check.errors]
+
+
+def test_check_config_reports_the_config_errors_and_the_checks_of_the_keys_that_parsed(tmp_path):
+    from slidedp.validation import check_config
+
+    check = check_config(raw_job(tmp_path / "nope.jsonl", steps="abc", optimizer={"lr": -1}), PLENTY)
+    assert check.config is None
+    assert locs(check) == ["steps", "optimizer.lr", "data.path"]  # config errors first, then the files
+    assert "does not exist" in check.errors[2]["msg"]
+    check = check_config(raw_job(tokens_file(tmp_path), model="/models/nope", seq_len=0), PLENTY)
+    assert locs(check) == ["seq_len", "model"]
+    assert "/models/nope does not exist" in check.errors[1]["msg"]
+    # A config that parses is validate_job's, exactly.
+    good = raw_job(tokens_file(tmp_path))
+    check = check_config(good, PLENTY)
+    assert check.config == JobConfig.from_dict(good) and check.errors == [] and check.known("model", "seq_len")
+
+
+def test_check_config_never_judges_a_key_by_a_default_standing_in_for_a_bad_value(tmp_path):
+    from slidedp.validation import check_config
+
+    rows_of_16 = tokens_file(tmp_path)
+    # seq_len did not parse: the rows are read, but their length is not measured against the default 2048.
+    assert locs(check_config(raw_job(rows_of_16, seq_len="x"), PLENTY)) == ["seq_len"]
+    short = tmp_path / "short.jsonl"
+    short.write_text(json.dumps({"input_ids": [600] * 3}) + "\n")
+    check = check_config(raw_job(short, seq_len="x"), PLENTY)
+    assert locs(check) == ["seq_len", "data.path"] and "vocabulary of 512" in check.errors[1]["msg"]
+    # The format did not parse: the file is not read as format tokens, only found to be missing.
+    assert locs(check_config(raw_job(rows_of_16, data={"format": "csv"}), PLENTY)) == ["data.format"]
+    assert locs(check_config(raw_job(tmp_path / "gone.jsonl", data={"format": "csv"}), PLENTY)) == [
+        "data.format", "data.path"]
+    # Host RAM is judged only when everything it depends on parsed.
+    big = raw_job(rows_of_16, model="qwen3-8b")
+    assert locs(check_config({**big, "steps": 0}, GIB)) == ["steps", "model"]
+    assert "host RAM too small" in check_config({**big, "steps": 0}, GIB).errors[1]["msg"]
+    assert locs(check_config({**big, "gpus": -1}, GIB)) == ["gpus"]
+    assert locs(check_config({**big, "steps": 0}, GIB, host_ram=False)) == ["steps"]
+    # Unknown keys, a section that is not a mapping, missing required keys: the rest is still checked.
+    check = check_config(raw_job(tmp_path / "gone.jsonl", bogus=1, optimizer="fast"), PLENTY)
+    assert locs(check) == ["bogus", "optimizer", "data.path"]
+    check = check_config({"data": {"path": str(tmp_path / "gone.jsonl")}}, PLENTY)
+    assert locs(check) == ["model", "data.path"] and "does not exist" in check.errors[1]["msg"]
+    assert locs(check_config([1, 2], PLENTY)) == ["config"]
+    # A key the caller refused is never read, even when the config parses.
+    check = check_config(raw_job(rows_of_16, model="/models/nope"), PLENTY, refused=["model"])
+    assert check.config is not None and check.errors == [] and not check.known("model") and check.known("data")
+
+
+def test_parse_job_raises_every_problem_and_returns_the_config_otherwise(tmp_path):
+    from slidedp.validation import parse_job
+
+    with pytest.raises(ConfigError) as err:
+        parse_job(raw_job(tmp_path / "gone.jsonl", steps="abc"))
+    assert [e["loc"] for e in err.value.errors] == ["steps", "data.path"]
+    good = raw_job(tokens_file(tmp_path))
+    assert parse_job(good) == JobConfig.from_dict(good)
+
+
+def test_a_dataset_small_for_the_steps_is_a_warning(tmp_path):
+    from slidedp.validation import job_warnings
+
+    p = tokens_file(tmp_path, rows=10)
+    assert job_warnings(JobConfig.from_dict(raw_job(p, steps=5, micro_batch_size=2))) == []
+    (w,) = job_warnings(JobConfig.from_dict(raw_job(p, steps=10, micro_batch_size=2)))
+    assert w["loc"] == "data.path" and "holds 10 rows" in w["msg"] and "2.0 times" in w["msg"]
+    (w,) = job_warnings(JobConfig.from_dict(raw_job(p, steps=5, micro_batch_size=2, eval={"holdout": 0.2})))
+    assert "holds 8 rows (2 held out for evaluation)" in w["msg"]
+    # format text splits documents into any number of rows: not counted
+    assert job_warnings(cfg_for(steps=10_000)) == []

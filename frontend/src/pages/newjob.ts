@@ -4,7 +4,7 @@ import { api, ApiError } from "../api";
 import { h, replace } from "../dom";
 import { annotate } from "../glossary";
 import { apiAbsent } from "../health";
-import { renderPlan } from "../plan";
+import { renderPlan, type PlanAnswer } from "../plan";
 import { navigate, type Cleanup } from "../router";
 import { fieldForLoc, getPath, jobKeys, leafPaths, setPath, type KeyInfo } from "../schema";
 import type { FieldErrorItem, Host, Preset } from "../types";
@@ -173,6 +173,19 @@ class Field {
   focus(): void {
     this.inputs[0].focus();
   }
+
+  /** What was typed (a pair: both texts), sent as it is when it cannot be read as the key's type: the API then
+   *  names it together with every other problem it finds. */
+  text(): unknown {
+    const raw = this.inputs.map((i) => i.value.trim());
+    return this.info.type === "pair" ? raw : raw[0];
+  }
+}
+
+/** The API's problems together with the form's own: a field the form could not read keeps the form's message. */
+export function mergeProblems(local: FieldErrorItem[], remote: FieldErrorItem[]): FieldErrorItem[] {
+  const under = (loc: string, path: string) => loc === path || loc.startsWith(path + ".") || loc.startsWith(path + "[");
+  return [...local, ...remote.filter((e) => !local.some((l) => under(e.loc, l.loc)))];
 }
 
 function fallbackInfo(slot: Slot): KeyInfo {
@@ -270,7 +283,8 @@ export function newJobPage(root: HTMLElement): Cleanup {
     }
     const isPolicy = (path: string) => path.startsWith("policy.");
 
-    function collect(): Record<string, unknown> {
+    /** The request body. A field that cannot be read throws, or with `unread` is told there and sent as typed. */
+    function collect(unread?: (e: FieldErrorItem) => void): Record<string, unknown> {
       // Keys a preset sets that no field shows are sent as the preset has them.
       const out: Record<string, unknown> = {};
       for (const p of leafPaths(presetBase)) if (!fields.has(p)) setPath(out, p, getPath(presetBase, p));
@@ -280,7 +294,9 @@ export function newJobPage(root: HTMLElement): Cleanup {
         try {
           v = f.value();
         } catch (err) {
-          throw new ParseProblem(`${path}: ${(err as Error).message}`);
+          if (!unread) throw new ParseProblem(`${path}: ${(err as Error).message}`);
+          unread({ loc: path, msg: (err as Error).message });
+          v = f.text();
         }
         if (v !== undefined) setPath(out, path, v);
       }
@@ -310,27 +326,31 @@ export function newJobPage(root: HTMLElement): Cleanup {
     }
     presetSel.addEventListener("change", () => applyPreset(presetSel.value));
 
-    /** Show the API's (or our own) errors at their fields; the rest in the summary. Focus the first. */
-    function showErrors(errs: FieldErrorItem[], heading: string): void {
+    /** Show every problem at once: each at its field (a field's messages together under it), all of them in the
+     *  summary at the top. Focus the first field (or the summary), unless `focus` is false. */
+    function showErrors(errs: FieldErrorItem[], heading: string, focus = true): void {
       for (const f of fields.values()) f.setError(null);
       const shown = new Set(fields.keys());
-      const loose: FieldErrorItem[] = [];
-      let first: Field | null = null;
+      const at = new Map<Field, string[]>();
+      let marked = 0;
       for (const e of errs) {
         const path = fieldForLoc(e.loc, shown);
         const f = path ? fields.get(path) : undefined;
         if (f && !(isPolicy(f.path) && !overRadio.checked)) {
-          f.setError(path === e.loc ? e.msg : `${e.loc}: ${e.msg}`);
-          first ??= f;
-        } else loose.push(e);
+          at.set(f, [...(at.get(f) ?? []), path === e.loc ? e.msg : `${e.loc}: ${e.msg}`]);
+          marked++;
+        }
       }
+      for (const [f, msgs] of at) f.setError(msgs.join("\n"));
+      const first = [...fields.values()].find((f) => at.has(f)) ?? null; // in the form's order
       summary.hidden = false;
       replace(
         summary,
         h("strong", null, heading),
-        ` ${errs.length} problem${errs.length === 1 ? "" : "s"}${first ? " (marked at the fields)" : ""}.`,
-        loose.length ? h("ul", null, loose.map((e) => h("li", null, e.loc ? `${e.loc}: ${e.msg}` : e.msg))) : null,
+        ` ${errs.length} problem${errs.length === 1 ? "" : "s"}${marked ? `, ${marked === errs.length ? "each" : marked} marked at ${marked === 1 ? "its field" : "the fields"}` : ""}:`,
+        h("ul", { class: "problem-list" }, errs.map((e) => h("li", null, e.loc ? `${e.loc}: ${e.msg}` : e.msg))),
       );
+      if (!focus) return;
       if (first) first.focus();
       else summary.focus();
     }
@@ -341,21 +361,12 @@ export function newJobPage(root: HTMLElement): Cleanup {
       replace(summary);
     }
 
-    function bodyOrErrors(): Record<string, unknown> | null {
-      const errs: FieldErrorItem[] = [];
-      for (const [path, f] of fields) {
-        if (isPolicy(path) && !overRadio.checked) continue;
-        try {
-          f.value();
-        } catch (err) {
-          errs.push({ loc: path, msg: (err as Error).message });
-        }
-      }
-      if (errs.length) {
-        showErrors(errs, "Check the form:");
-        return null;
-      }
-      return collect();
+    /** The body to send, and the fields the form could not read (sent as typed, which the API refuses by name, so
+     *  that one answer holds every problem). */
+    function gather(): { cfg: Record<string, unknown>; local: FieldErrorItem[] } {
+      const local: FieldErrorItem[] = [];
+      const cfg = collect((e) => local.push(e));
+      return { cfg, local };
     }
 
     const planBtn = h("button", { type: "button", id: "plan-button", class: "secondary" }, "Plan");
@@ -363,21 +374,26 @@ export function newJobPage(root: HTMLElement): Cleanup {
     const busy = h("span", { class: "muted", role: "status" });
 
     planBtn.addEventListener("click", async () => {
-      const cfg = bodyOrErrors();
-      if (!cfg) return;
+      const { cfg, local } = gather();
       clearErrors();
       planBtn.disabled = true;
       busy.textContent = "Planning…";
       replace(planEl, h("p", { class: "muted" }, "Planning…"));
       try {
-        const plan = await api.plan(cfg);
+        const plan: PlanAnswer = await api.plan(cfg);
         replace(planEl, h("h2", null, "Plan preview"), renderPlan(plan, { title: "Plan preview" }));
+        // What blocks the job is also marked at its fields; the preview says it first, and keeps the focus.
+        const blocking = mergeProblems(local, plan.problems ?? []);
+        if (blocking.length) showErrors(blocking, "The job cannot run as it is:", false);
         annotate(planEl);
       } catch (err) {
         if (err instanceof ApiError && err.fieldErrors.length) {
           replace(planEl);
-          showErrors(err.fieldErrors, "The plan cannot be made:");
-        } else replace(planEl, errorBox(err, "the plan"));
+          showErrors(mergeProblems(local, err.fieldErrors), "The plan cannot be made:");
+        } else {
+          replace(planEl, errorBox(err, "the plan"));
+          if (local.length) showErrors(local, "Check the form:", false);
+        }
       } finally {
         planBtn.disabled = false;
         busy.textContent = "";
@@ -387,16 +403,23 @@ export function newJobPage(root: HTMLElement): Cleanup {
     const form = h("form", { class: "job-form", novalidate: true, "aria-label": "New job" });
     form.addEventListener("submit", async (ev) => {
       ev.preventDefault();
-      const cfg = bodyOrErrors();
-      if (!cfg) return;
+      const { cfg, local } = gather();
       clearErrors();
       submitBtn.disabled = true;
       busy.textContent = "Submitting…";
       try {
-        const job = await api.createJob(cfg);
-        navigate(`/jobs/${job.id}`);
+        if (local.length) {
+          // A field the form cannot read is never submitted: the plan preview, which creates nothing, names what
+          // else is wrong (it refuses such a body with every problem), so all of them are marked at once.
+          const plan: PlanAnswer = await api.plan(cfg);
+          showErrors(mergeProblems(local, plan.problems ?? []), "The job was not submitted:");
+        } else {
+          const job = await api.createJob(cfg);
+          navigate(`/jobs/${job.id}`);
+        }
       } catch (err) {
-        if (err instanceof ApiError && err.fieldErrors.length) showErrors(err.fieldErrors, "The job was not submitted:");
+        if (err instanceof ApiError && err.fieldErrors.length) showErrors(mergeProblems(local, err.fieldErrors), "The job was not submitted:");
+        else if (local.length) showErrors(local, "The job was not submitted:");
         else {
           summary.hidden = false;
           replace(summary, errorBox(err, "the job submission"));

@@ -4,12 +4,11 @@ from typing import Any
 
 from fastapi import APIRouter, Body
 from fastapi.exceptions import RequestValidationError
-from slidedp.config import ConfigError, JobConfig
+from slidedp.validation import job_warnings
 
 from slidedp_web import jobs, planning
 from slidedp_web.api.deps import SessionDep, SettingsDep
-from slidedp_web.guards import check_roots
-from slidedp_web.job_schema import request_body_openapi, run_job_checks, split_body, unprocessable
+from slidedp_web.job_schema import request_body_openapi, unprocessable
 
 router = APIRouter(prefix="/plan", tags=["plan"])
 
@@ -20,25 +19,26 @@ router = APIRouter(prefix="/plan", tags=["plan"])
 def plan(session: SessionDep, settings: SettingsDep, body: Any = Body(...)) -> dict[str, Any]:
     """The AutoPolicy dry run for a job on a host, from the host's reported topology and calibration.
 
-    Bad config keys and an unusable model are a 422; other findings (dataset, memory) come back in the
-    plan's `validation` list so the form can show them next to the plan.
+    What a plan cannot be made without (config keys that do not parse, paths outside the allowed folders, an
+    unknown host, the host's limits, an unusable model or seq_len) is a 422 listing every problem found. Otherwise
+    the answer opens with `problems` (what POST /api/jobs would refuse the job for: a dataset, say; `feasible` is
+    then false) and `warnings` (what does not stop it), before the plan itself; `fits` is the plan's own verdict.
     """
-    raw, extra = split_body(body)
-    check_roots(settings, raw)  # before anything reads the paths it names
-    try:
-        cfg = JobConfig.from_dict(raw)
-    except ConfigError as exc:
-        raise unprocessable(exc.errors) from exc
-    host = planning.choose_host(session, settings, extra.get("host"))
-    jobs.check_host_limits(settings, cfg, host)
-    findings = run_job_checks(cfg, planning.host_ram_bytes(host))
-    model_errors = [e for e in findings if e["loc"] in ("model", "seq_len")]
-    if model_errors:
-        raise unprocessable(model_errors)
-    try:
-        result = planning.plan_preview(cfg, host, settings)
-    except (ValueError, KeyError) as exc:
+    checked = jobs.check_request(settings, session, body)
+    if not checked.plannable:
+        raise unprocessable(checked.errors)
+    if checked.plan is None:
         raise RequestValidationError(
-            [{"loc": ["body"], "msg": f"cannot plan this job: {exc}", "type": "value_error"}]
-        ) from exc
-    return {**result, "validation": findings}
+            [{"loc": ["body"], "msg": f"cannot plan this job: {checked.plan_failure}", "type": "value_error"}]
+        )
+    assert checked.config is not None
+    result = checked.plan
+    warnings = job_warnings(checked.config) + planning.plan_warnings(result)
+    return {
+        "problems": checked.errors,
+        "warnings": warnings,
+        "feasible": bool(result.get("feasible")) and not checked.errors,
+        "fits": result.get("feasible"),
+        **{k: v for k, v in result.items() if k != "feasible"},
+        "validation": checked.validation,
+    }
