@@ -44,7 +44,9 @@ def _load(args) -> JobConfig:
             node[parts[-1]] = json.loads(value)
         except json.JSONDecodeError:
             node[parts[-1]] = value
-    return JobConfig.from_dict(raw)
+    from slidedp.validation import parse_job
+
+    return parse_job(raw)  # every problem of a config that does not parse, the files' included
 
 
 def _print_errors(exc: ConfigError) -> int:

@@ -123,3 +123,16 @@ def test_a_two_rank_cli_run_prints_no_library_warning(tmp_path):
     out = proc.stdout + proc.stderr
     assert "step     2/2" in out
     assert "Warning" not in out, out[-3000:]
+
+
+def test_train_and_plan_name_every_problem_of_a_config_at_once(tmp_path, capsys):
+    """A config with bad keys, a missing model and a missing dataset: one answer lists all four."""
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps({"model": str(tmp_path / "nope"), "data": {"path": str(tmp_path / "nope.jsonl")},
+                                "seq_len": 0, "steps": "abc"}), encoding="utf-8")
+    for argv in (["plan", "--config", str(path), "--no-calibration"], ["train", "--config", str(path)]):
+        assert cli.main(argv) == 2
+        out = capsys.readouterr()
+        text = out.out + out.err
+        for key in ("seq_len:", "steps:", "model:", "data.path:"):
+            assert key in text, (argv, text)
