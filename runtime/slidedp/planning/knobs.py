@@ -1,0 +1,91 @@
+"""The knob sweep: window depth, transfer chunk and loss chunk around the route and activation mix the route
+search chose.
+
+Each knob takes the user's value where one is set, else the options below (with times) or its default (without).
+The route search runs at the defaults; the sweep then tries every combination, defaults first, refitting the mix
+to the memory a knob frees or takes (planning/marginal.py's refill and shrink_to_fit), and a change is taken only
+when it is at least 0.1% faster or makes a plan that did not fit fit. Imports no torch.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from slidedp.config import PolicyConfig
+from slidedp.planning.cost_model import Rates
+from slidedp.planning.job import Job
+from slidedp.policy import ExecutionPolicy
+
+WINDOWS = (2, 3, 4, 6)
+CHUNKS_MB = (16, 64, 256)
+LOSS_CHUNKS = (1024, 2048, 4096, 8192)
+DEFAULTS = {f.name: f.default for f in dataclasses.fields(PolicyConfig)}  # every policy setting's default
+
+
+@dataclasses.dataclass(frozen=True)
+class StartKnobs:
+    """The knobs the route search runs at: the user's or the defaults; the loss chunks the micro-batch allows."""
+
+    window: int
+    chunk_mb: int
+    loss_chunk_tokens: int
+    loss_chunks: list[int]
+
+
+class KnobSearch:
+    """Mixed into the planner, which provides job, user (the settings the user fixed), rates, fits(), time(),
+    candidate(), refill() and shrink_to_fit()."""
+
+    job: Job
+    user: dict[str, Any]
+    rates: Rates | None
+
+    def knob(self, name: str, options: tuple[int, ...]) -> list[int]:
+        """The values of a knob to try: the user's, else these options with times, the default without."""
+        if name in self.user:
+            return [self.user[name]]
+        return list(options) if self.rates else [DEFAULTS[name]]
+
+    def start_knobs(self) -> StartKnobs:
+        """The user's window and chunk or the defaults, and the loss chunk nearest the default that the
+        micro-batch's tokens allow."""
+        loss_chunks = [
+            c for c in self.knob("loss_chunk_tokens", LOSS_CHUNKS) if c <= max(self.job.tokens_per_micro_batch, 1)
+        ]
+        loss_chunks = loss_chunks or [min(LOSS_CHUNKS)]
+        return StartKnobs(
+            window=self.user.get("window", DEFAULTS["window"]),
+            chunk_mb=self.user.get("chunk_mb", DEFAULTS["chunk_mb"]),
+            loss_chunk_tokens=min(loss_chunks, key=lambda c: abs(c - DEFAULTS["loss_chunk_tokens"])),
+            loss_chunks=loss_chunks,
+        )
+
+    def sweep_knobs(
+        self,
+        pol: ExecutionPolicy,
+        marginal: dict[str, Any],
+        loss_chunks: list[int],
+        candidates: list[dict[str, Any]],
+    ) -> ExecutionPolicy:
+        """The best policy of the sweep around `pol` (the route search's choice); every policy tried is appended
+        to `candidates`."""
+        # knobs around the best route and mix, defaults first (a change must beat them by 0.1%): window depth,
+        # transfer chunk, and the loss chunk (a smaller one frees HBM that kept activations can use)
+        for w in self._defaults_first("window", self.knob("window", WINDOWS)):
+            for c in self._defaults_first("chunk_mb", self.knob("chunk_mb", CHUNKS_MB)):
+                for lc in self._defaults_first("loss_chunk_tokens", loss_chunks):
+                    alt = dataclasses.replace(pol, window=w, chunk_mb=c, loss_chunk_tokens=lc)
+                    alt = self.refill(self.shrink_to_fit(alt), marginal)
+                    if alt is None or alt == pol:
+                        continue
+                    candidates.append(self.candidate(alt))
+                    # a change must be 0.1% faster, or make a plan that does not fit fit
+                    if self.time(alt) < self.time(pol) * 0.999 or (self.fits(pol) is not None
+                                                                   and self.fits(alt) is None):
+                        pol = alt
+        return pol
+
+    def _defaults_first(self, name: str, options: list[int]) -> list[int]:
+        d = DEFAULTS[name]
+        return sorted(options, key=lambda v: (v != d, v))

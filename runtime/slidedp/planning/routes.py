@@ -1,0 +1,157 @@
+"""The route search: which ways a job's bytes may take — delivery (replicated or sharded), gradient route (reduced
+on the GPUs or summed on the host), where the embedding and head are updated, and how many leading layers are
+updated on the GPUs — and which of them to run.
+
+With times, every route starts from the default knobs, its activation mix is solved by the marginal pipeline cost
+(planning/marginal.py) and the mix is priced by the overlap model; a route that fits beats one that does not, then
+the faster wins. A route the calibration cannot price is left out and said so. Without times the route follows the
+topology (GPU reduction and sharded delivery over NVLink or PCIe P2P) and only memory is checked. route_why says,
+in the plan's words, which route was taken and on what grounds. Imports no torch.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from slidedp.planning.cost_model import Rates, Uncalibrated
+from slidedp.planning.job import Job
+from slidedp.planning.refusals import Infeasible
+from slidedp.policy import ExecutionPolicy
+
+# (policy, its activation mix's marginal costs): the best route the search found
+Best = tuple[ExecutionPolicy, dict[str, Any]]
+
+
+class RouteSearch:
+    """Mixed into the planner, which provides job, cfg, user (the settings the user fixed), rates, base(),
+    fits(), time(), fixed_mix(), mem(), candidate(), result(), solve_mix() and hbm_error()."""
+
+    job: Job
+    cfg: Any
+    user: dict[str, Any]
+    rates: Rates | None
+
+    # ------------------------------------------------------------------ the candidates
+    def edges(self) -> list[str]:
+        """Where the embedding and head may be updated: as configured, or both places under `auto`."""
+        choice = self.cfg.policy.edge_update
+        return ["host", "gpu"] if choice == "auto" else [choice]
+
+    def device_counts(self, grad: str) -> list[int]:
+        """How many leading layers to try updating on the GPUs: as configured, or (None: the planner's) a few
+        counts up to every layer when gradients are reduced on the GPUs and there are times to compare."""
+        n = self.cfg.policy.device_layers
+        L = self.job.layers
+        if n is not None:
+            return [min(n, L)]
+        if not self.rates or (self.job.world > 1 and grad != "gpu"):
+            return [0]
+        return sorted({0, L // 4, L // 2, (3 * L) // 4, L})
+
+    def routes(self) -> list[tuple[str, str, str]]:
+        """(delivery, gradient route, edge update) triples to compare; a device edge update needs gpu reduction."""
+        if self.job.world == 1:
+            return [("replicated", "host", e) for e in self.edges()]
+        dl = [self.user["delivery"]] if "delivery" in self.user else ["sharded", "replicated"]
+        gr = [self.user["grad_reduce"]] if "grad_reduce" in self.user else ["gpu", "host"]
+        if self.cfg.policy.edge_update == "gpu" or self.cfg.policy.device_layers:
+            gr = ["gpu"]
+        return [(a, b, e) for a in dl for b in gr for e in self.edges() if e == "host" or b == "gpu"]
+
+    # ------------------------------------------------------------------ the search, with times
+    def search_routes(
+        self, window: int, chunk: int, loss_chunk: int
+    ) -> tuple[list[dict[str, Any]], Best | None, list[str]]:
+        """Every route and count of device layers at these knobs, each with its activation mix solved: the
+        candidates weighed, the best (None when no route could be priced) and the routes left out, why."""
+        candidates: list[dict[str, Any]] = []
+        best: tuple[tuple[bool, float], ExecutionPolicy, dict] | None = None
+        untimed = []
+        for delivery, grad, edge in self.routes():
+            for n_dev in self.device_counts(grad):
+                start = self.base(delivery, grad, window, chunk, loss_chunk, {}, edge, n_dev)
+                if self.fits(start) is not None and n_dev:
+                    continue  # the layers' device state alone does not fit: fewer layers were tried
+                try:
+                    pol, marginal = self.solve_mix(start)
+                except Uncalibrated as exc:  # e.g. collectives not measured: this route cannot be priced
+                    label = f"{delivery}/{grad}{'/edge-gpu' if edge == 'gpu' else ''}"
+                    label += f"/{n_dev} device layers" if n_dev else ""
+                    untimed.append(f"{label} not timed ({exc})")
+                    continue
+                candidates.append(self.candidate(pol))
+                rank = (self.fits(pol) is not None, self.time(pol))  # a plan that fits beats one that does not
+                if best is None or rank < best[0]:
+                    best = (rank, pol, marginal)
+        return candidates, None if best is None else (best[1], best[2]), untimed
+
+    # ------------------------------------------------------------------ without times
+    def memory_only(self, window: int, chunk: int, loss_chunk: int) -> dict[str, Any]:
+        """The plan without times: the route by the topology rule (or as configured), every layer checkpointed
+        unless configured otherwise; refused when even that does not fit."""
+        j = self.job
+        grad = (
+            "host"
+            if j.world == 1
+            else self.user.get("grad_reduce", "gpu" if j.interconnect in ("nvlink", "pcie-p2p") else "host")
+        )
+        delivery = (
+            "replicated"
+            if j.world == 1
+            else self.user.get(
+                "delivery", "sharded" if j.interconnect in ("nvlink", "pcie-p2p") else "replicated"
+            )
+        )
+        edge = "gpu" if self.cfg.policy.edge_update == "gpu" else "host"
+        n_dev = self.cfg.policy.device_layers or 0
+        if (edge == "gpu" or n_dev) and j.world > 1:
+            grad = "gpu"
+        pol = self.base(delivery, grad, window, chunk, loss_chunk, {}, edge, n_dev)
+        why_not = self.fits(pol)
+        if why_not is not None:
+            raise Infeasible([self.hbm_error(pol, self.mem(pol))])
+        why = [
+            "No calibration: this plan checks memory only and predicts no times (run `slidedp bench` or a job "
+            "on the host to calibrate)."
+        ]
+        why.append(self.route_why(pol, None))
+        why.append(
+            "Activations: "
+            + (
+                "as configured."
+                if self.fixed_mix()
+                else "every layer checkpointed (without times the planner does not trade HBM for speed)."
+            )
+        )
+        return self.result(pol, [self.candidate(pol)], None, why=why)
+
+    # ------------------------------------------------------------------ why
+    def route_why(self, pol: ExecutionPolicy, table: dict | None) -> str:
+        """The plan's sentence on its route: which one, over which link, chosen how (`table`: the best step time
+        per route when routes were compared by time, None without times)."""
+        j = self.job
+        if not j.on_gpu:
+            return (
+                f"CPU training with {j.world} rank(s) over gloo: {pol.delivery} delivery, {pol.grad_reduce} "
+                "gradient reduction; no copy streams, so copies and collectives run in each rank's thread."
+            )
+        if j.world == 1:
+            return (
+                "1 rank: nothing to share or reduce — each unit goes to the GPU whole and its gradient comes "
+                "back whole (routes are trivially replicated / host)."
+            )
+        src = (
+            "as configured"
+            if ("delivery" in self.user and "grad_reduce" in self.user)
+            else ("by predicted step time" if table else f"by topology rule ({j.interconnect} between GPUs)")
+        )
+        link = {
+            "nvlink": "NVLink with P2P",
+            "pcie-p2p": "PCIe P2P",
+            "pcie-host": "no P2P: collectives cross host memory",
+        }.get(j.interconnect, j.interconnect)
+        on_gpu = (["the embedding and head"] if pol.edge_units_on_gpu else []) + (
+            [f"layers 1-{pol.device_layers}"] if pol.device_layers else []
+        )
+        edge = f" Updated on the GPUs: {' and '.join(on_gpu)}." if on_gpu else ""
+        return f"Routes ({link}): {pol.delivery} delivery, {pol.grad_reduce} gradient reduction, {src}.{edge}"
