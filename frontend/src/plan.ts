@@ -6,6 +6,7 @@
 import { h } from "./dom";
 import { bytes, gbps, gib, isNum, num, percent, seconds, words } from "./fmt";
 import type { Candidate, FieldErrorItem, Marginal, Plan, Prediction } from "./types";
+import { renderAlternatives, renderMemoryBars, renderVerdict } from "./planview/glance";
 
 type Obj = Record<string, unknown>;
 
@@ -36,8 +37,9 @@ export function fmtByKey(key: string, v: unknown): string {
     const k = key.toLowerCase();
     if (!Number.isFinite(v)) return num(v);
     if (k === "tokens_per_s" || k.endsWith("tokens_per_s")) return `${num(v, 4)} tokens/s`;
-    if (k.endsWith("_s") || k === "s" || k.endsWith("seconds")) return seconds(v);
-    if (k.endsWith("_gib") || k === "gib") return gib(v);
+    // below a nanosecond / a byte is float noise of a sum, not a figure: "0"
+    if (k.endsWith("_s") || k === "s" || k.endsWith("seconds")) return Math.abs(v) < 1e-9 ? "0 ms" : seconds(v);
+    if (k.endsWith("_gib") || k === "gib") return Math.abs(v) < 1e-9 ? "0 GiB" : gib(v);
     if (k.endsWith("bytes")) return bytes(v);
     if (k.endsWith("gbps") || k.endsWith("gb_s")) return gbps(v);
     if (k === "mfu" || k.endsWith("_frac") || k.endsWith("_ratio") || k.endsWith("fraction")) return percent(v);
@@ -261,17 +263,33 @@ export function renderPlan(plan: PlanAnswer | null, opts: { title?: string } = {
   if (v.warnings.length) {
     box.append(h("div", { class: "warn-box plan-warnings", role: "status" }, h("strong", null, "Warnings:"), h("ul", null, v.warnings.map((p) => h("li", null, p)))));
   }
+  // At a glance (a plan, not a job's policy as run: its prediction is of the plan made at submit time): the
+  // verdict, the alternatives compared, memory as bars. The full figures follow.
+  const glance = !v.asRun && v.policy;
+  if (glance) {
+    const verdict = renderVerdict(plan);
+    if (verdict) {
+      box.append(h("h3", null, "Verdict ", typeof v.feasible === "boolean" ? badge(v.feasible, "feasible", "not feasible") : null));
+      if (v.blocked) box.append(h("p", { class: "muted" }, "What the job would run with once the problems above are solved."));
+      box.append(verdict);
+    }
+    const alts = renderAlternatives(plan);
+    if (alts) box.append(h("h3", null, "Alternatives"), alts);
+  }
+  const bars = glance ? renderMemoryBars(plan) : null;
+  if (bars) box.append(h("h3", null, "Memory fit ", typeof v.memory?.fits === "boolean" ? badge(v.memory.fits, "fits", "does not fit") : null), bars);
   if (v.why) box.append(h("h3", null, "Why"), h("p", { class: "why" }, v.why));
-  box.append(h("h3", null, v.asRun ? "Policy as run" : "Chosen policy", " ", typeof v.feasible === "boolean" ? badge(v.feasible, "feasible", "not feasible") : null));
+  box.append(h("h3", null, v.asRun ? "Policy as run" : "Chosen policy", " ", typeof v.feasible === "boolean" && !glance ? badge(v.feasible, "feasible", "not feasible") : null));
   if (v.policy) {
     if (v.asRun) box.append(h("p", { class: "muted" }, "What the engine ran. The prediction and candidates are the plan made when the job was submitted."));
-    if (v.blocked) box.append(h("p", { class: "muted" }, "What the job would run with once the problems above are solved."));
+    if (v.blocked && !glance) box.append(h("p", { class: "muted" }, "What the job would run with once the problems above are solved."));
     box.append(kvList(v.policy));
   } else box.append(h("p", { class: "muted" }, "No policy: the plan is not feasible (the problems above say why)."));
   if (v.prediction) box.append(h("h3", null, "Predicted"), kvList(v.prediction, new Set(), true));
   if (v.memory) {
     const { fits, ...figures } = v.memory;
-    box.append(h("h3", null, "Memory fit ", typeof fits === "boolean" ? badge(fits, "fits", "does not fit") : null), kvList(figures, new Set(), true));
+    if (bars) box.append(h("details", { class: "memory-figures" }, h("summary", null, "Memory figures"), kvList(figures, new Set(), true)));
+    else box.append(h("h3", null, "Memory fit ", typeof fits === "boolean" ? badge(fits, "fits", "does not fit") : null), kvList(figures, new Set(), true));
   }
   if (v.candidates.length) {
     // Columns that are the same for every candidate are said once; the table shows what varies.
@@ -287,13 +305,13 @@ export function renderPlan(plan: PlanAnswer | null, opts: { title?: string } = {
       for (const [k, x] of Object.entries(r)) if (!(k in common)) out[k] = x;
       return out;
     });
-    box.append(
-      h("h3", null, "Candidates"),
-      Object.keys(common).length ? h("div", { class: "muted" }, h("span", null, `Common to all ${flat.length}:`), kvList(common)) : "",
-      objectTable(varying, undefined, `${flat.length} candidate polic${flat.length === 1 ? "y" : "ies"}`),
-    );
+    const table = objectTable(varying, undefined, `${flat.length} candidate polic${flat.length === 1 ? "y" : "ies"}`);
+    const parts = [Object.keys(common).length ? h("div", { class: "muted" }, h("span", null, `Common to all ${flat.length}:`), kvList(common)) : "", table];
+    // With the alternatives above, every candidate as planned is one click away.
+    if (glance) box.append(h("details", { class: "all-candidates" }, h("summary", null, `Every candidate as planned (${flat.length})`), ...parts));
+    else box.append(h("h3", null, "Candidates"), ...parts);
     // Highlight the plan's policy (rows keep the candidates' order).
-    const rows = box.querySelectorAll<HTMLTableRowElement>("table.data-table tbody tr");
+    const rows = table.querySelectorAll<HTMLTableRowElement>("tbody tr");
     v.chosen.forEach((chosen, i) => {
       if (chosen) rows[i]?.classList.add("chosen-row");
     });

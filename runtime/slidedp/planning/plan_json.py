@@ -10,7 +10,7 @@ from typing import Any
 
 from slidedp.planning.bound import bound
 from slidedp.planning.cost_model import GIB, PHASES, Rates, predict
-from slidedp.planning.job import Job
+from slidedp.planning.job import HBM_BUDGET_FRACTION, Job
 from slidedp.planning.memory_model import ALLOCATOR_SLACK, ActivationSizes
 from slidedp.planning.report import shortlist
 from slidedp.policy import ExecutionPolicy
@@ -68,6 +68,11 @@ class PlanJson:
             "on_gpu": j.on_gpu,
             "cpu_threads_per_rank": j.cpu_threads,
             "hbm_budget_gib": j.hbm_budget / GIB if j.hbm_budget else None,
+            # what the budget is cut from: each GPU's memory, of which HBM_BUDGET_FRACTION is planned on (the rest
+            # holds the CUDA context, NCCL and fragmentation); HBM parts include the allocator's slack
+            "hbm_card_gib": j.hbm_bytes / GIB if j.hbm_bytes else None,
+            "hbm_budget_fraction": HBM_BUDGET_FRACTION,
+            "allocator_slack_fraction": ALLOCATOR_SLACK,
             "host_limit_gib": j.host_limit_bytes / GIB,
             "host_limit_source": j.host_limit_source,
             "activation_sizes": "measured" if self.acts.measured else "estimated (no calibration)",
