@@ -23,7 +23,7 @@ from slidedp_web import job_process, live, logs
 from slidedp_web.celery_app import TASK_NAME
 from slidedp_web.core.config import Settings, get_settings
 from slidedp_web.core.db import read_session, write_session
-from slidedp_web.hosts import set_current_job
+from slidedp_web.hosts import report, set_current_job
 from slidedp_web.journal import clean_json, record_log, status_event
 from slidedp_web.models import Job, utcnow
 
@@ -134,6 +134,10 @@ def supervise(settings: Settings, job_id: int, attempt: int) -> str:
             pass
     receiver.close()
     _kill_group(proc.pid)  # rank processes left behind by a crashed job
+    try:  # a job calibrates this host for its shape on its first run: report that now, not at the next report
+        report(settings)
+    except Exception as exc:  # noqa: BLE001 - the periodic report carries it anyway
+        log.warning("host report after job %s failed: %s", job_id, exc)
     return _finish(settings, job_id, attempt, outcome, reason, killed, proc.exitcode)
 
 

@@ -112,10 +112,10 @@ def cmd_plan(args) -> int:
     cfg = _load(args)
     topo = topology.detect(cfg.host_ram_gib)
     calibration = None
-    if cfg.gpus > 0 and not args.no_calibration:
+    if not args.no_calibration:  # GPU and CPU jobs alike: cached per host and shape
         from slidedp.planning import calibration as calib
 
-        calibration = calib.load_or_calibrate(cfg, topo)
+        calibration = calib.load_or_calibrate(cfg, topo, on_log=lambda line: print(line, file=sys.stderr))
     from slidedp.planning import autopolicy
 
     plan = autopolicy.plan_job(cfg, topo, calibration)

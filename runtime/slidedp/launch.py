@@ -146,11 +146,10 @@ def resolve_policy(cfg: JobConfig, num_layers: int, on_log=None, plan: dict | No
         try:
             calibration = None
             topo = topology.detect(cfg.host_ram_gib)
-            if cfg.gpus > 0:
-                from slidedp.planning import calibration as calib
+            from slidedp.planning import calibration as calib  # CPU jobs too: cached per host and shape
 
-                calibration = calib.load_or_calibrate(
-                    cfg, topo, on_log=startup.calibration_log(on_log) if startup is not None else on_log)
+            calibration = calib.load_or_calibrate(
+                cfg, topo, on_log=startup.calibration_log(on_log) if startup is not None else on_log)
             why = None if stored is None else _stale_plan(stored, autopolicy.plan_basis(cfg, topo, calibration),
                                                           cfg.world_size, num_layers)
             if stored is not None and why is None:

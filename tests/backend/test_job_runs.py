@@ -226,7 +226,8 @@ def test_worker_reports_its_host_topology(client, worker, settings):
 
 
 def test_plan_preview_uses_the_calibration_the_host_reported(client, worker, settings, dataset, module_dir):
-    job = tiny_job(dataset, host=settings.host_name)
+    # a shape no job of this module runs (each run calibrates its own shape, and the worker reports it)
+    job = tiny_job(dataset, host=settings.host_name, micro_batch_size=3)
     before = client.post("/api/plan", json=job).json()
     assert before["feasible"] is True and before["calibration"] == "missing"
     assert before["predicted"]["step_time_s"] is None and before["validation"] == []
@@ -244,17 +245,43 @@ def test_plan_preview_uses_the_calibration_the_host_reported(client, worker, set
     )
     assert done.returncode == 0, done.stderr[-2000:]
 
-    def reported():
-        host = next(h for h in client.get("/api/hosts").json()["items"] if h["name"] == settings.host_name)
-        return host["calibration"]
-
-    calibration = wait_for(reported, 30, "the worker to report the calibration")
-    assert calibration["entries"][0]["shape"]["micro_batch"] == 2
+    calibration = wait_for(lambda: reported_entry(client, settings, micro_batch=3), 30,
+                           "the worker to report the calibration")
+    assert calibration["shape"]["micro_batch"] == 3
     after = client.post("/api/plan", json=job).json()
     assert after["calibration"] == "measured" and after["predicted"]["step_time_s"] > 0
     assert after["host"] == settings.host_name
-    other_shape = client.post("/api/plan", json={**job, "micro_batch_size": 4}).json()
+    other_shape = client.post("/api/plan", json={**job, "micro_batch_size": 5}).json()
     assert other_shape["calibration"] == "missing"  # measured at another shape: not used
+
+
+def reported_entry(client, settings, **shape) -> dict | None:
+    """The calibration entry of that shape that the worker's host reported (None: not yet)."""
+    host = next(h for h in client.get("/api/hosts").json()["items"] if h["name"] == settings.host_name)
+    for entry in (host["calibration"] or {}).get("entries") or []:
+        if all(entry["shape"].get(k) == v for k, v in shape.items()):
+            return entry
+    return None
+
+
+@pytest.mark.slow
+def test_a_cpu_job_calibrates_its_host_and_the_host_reports_it(client, worker, settings, dataset):
+    """A CPU job's run calibrates the worker's host at its shape (cached where the worker reports from): the
+    job's records carry a predicted step time, /api/hosts carries the calibration, and the plan preview of the
+    next job of that shape predicts times."""
+    job = tiny_job(dataset, host=settings.host_name, micro_batch_size=1)
+    before = client.post("/api/plan", json=job).json()
+    assert before["calibration"] == "missing" and before["predicted"]["step_time_s"] is None
+    created = client.post("/api/jobs", json=job)
+    assert created.status_code == 201, created.text
+    done = wait_status(client, created.json()["id"], ("completed", "failed"))
+    assert done["status"] == "completed", done
+    metrics = client.get(f"/api/jobs/{done['id']}/metrics").json()["items"]
+    assert metrics and all(m["predicted"]["step_time_s"] > 0 for m in metrics)
+    entry = wait_for(lambda: reported_entry(client, settings, micro_batch=1), 30, "the host to report the calibration")
+    assert entry["device"] == "cpu" and entry["shape"]["model"] == "tiny-qwen3" and entry["unit"]["fwd_keep_s"] > 0
+    after = client.post("/api/plan", json=job).json()
+    assert after["calibration"] == "measured" and after["predicted"]["step_time_s"] > 0
 
 
 def test_job_that_cannot_fit_the_reported_host_is_422(client, worker, settings, dataset):

@@ -137,3 +137,101 @@ def test_gpu_calibration_sees_pcie_and_the_loss_head_peak(host):
         assert got["collectives"]["backend"] == "nccl" and got["collectives"]["world"] == cfg.gpus
     plan = autopolicy.plan_job(cfg, host, got)
     assert plan["feasible"] and plan["predicted"]["step_time_s"] > 0
+
+
+# ---------------------------------------------------------------------------- CPU jobs calibrate themselves
+DEMO_JOB = os.path.join(os.path.dirname(calibration.__file__), "..", "assets", "demo", "job.yaml")
+
+_TWO_CORE_CALIBRATION = """
+import json, os, sys
+os.sched_setaffinity(0, sorted(os.sched_getaffinity(0))[:2])
+from slidedp.config import JobConfig, load_config_file
+from slidedp.planning import calibration, topology
+cfg = JobConfig.from_dict(load_config_file(sys.argv[1]))
+host = topology.detect(cfg.host_ram_gib)
+first = calibration.load_or_calibrate(cfg, host, on_log=lambda line: print(line, file=sys.stderr))
+def measured_again(*_a, **_k):
+    raise AssertionError("measured again: the cached calibration was not used")
+calibration.calibrate = measured_again
+second = calibration.load_or_calibrate(cfg, host)
+print(json.dumps({"cores": host["cpu"]["cores"], "same": first == second, "first": first,
+                  "files": os.listdir(calibration.cache_dir())}))
+"""
+
+
+@pytest.mark.slow  # a fresh interpreter loads torch and transformers' model classes before it measures
+@pytest.mark.timeout(300)
+def test_the_cpu_demo_calibrates_on_two_cores_and_is_cached(tmp_path):
+    """The CPU demo's calibration on two cores (the process pinned to two of this machine's): it measures what
+    a CPU job needs (its own thread count, no transfers, no device update), and the second call reads the cache."""
+    if len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("needs two cores")
+    import subprocess
+    import sys
+
+    env = {**os.environ, "SLIDEDP_CACHE_DIR": str(tmp_path), "HF_HUB_OFFLINE": "1"}
+    done = subprocess.run([sys.executable, "-c", _TWO_CORE_CALIBRATION, DEMO_JOB], env=env, capture_output=True,
+                          text=True, timeout=280)
+    assert done.returncode == 0, done.stderr[-3000:]
+    got = json.loads(done.stdout.strip().splitlines()[-1])
+    assert got["cores"] == 2 and got["same"] is True and "calibrating this host for demo-qwen3" in done.stderr
+    cal = got["first"]
+    assert cal["device"] == "cpu" and cal["quick"] is False and cal["shape"]["model"] == "demo-qwen3"
+    assert cal["cpu"]["threads"] == [2]  # the demo's one rank on both cores: nothing else is timed
+    assert not {"transfers", "device_update", "host_dram", "update_in_step"} & set(cal)
+    assert cal["unit"]["fwd_keep_s"] > 0 and cal["unit"]["bwd_keep_s"] > 0 and cal["elapsed_s"] > 0
+    assert got["files"] == [f"{cal['host']}-{cal['key']}.json"]
+
+
+def test_a_cpu_job_is_calibrated_at_its_own_thread_count(host):
+    """The cache key of a CPU job carries its rank's thread count (its parts are timed at it); a GPU job's key
+    does not depend on it."""
+    one, two = _cfg(cpu_threads=1), _cfg(cpu_threads=2)
+    assert calibration.calibration_key(one, host) != calibration.calibration_key(two, host)
+    gpu_host = {**host, "gpus": [{"index": 0, "name": "NVIDIA H200", "hbm_bytes": 140 * 2**30}]}
+    assert calibration.calibration_key(_cfg(gpus=1, cpu_threads=1), gpu_host) == calibration.calibration_key(
+        _cfg(gpus=1, cpu_threads=2), gpu_host)
+    from slidedp.planning import microbench
+
+    assert microbench.thread_counts(_cfg(ranks=2, cpu_threads=1), {"cpu": {"cores": 16}}, cuda=False) == [1, 2]
+    assert microbench.thread_counts(_cfg(gpus=1), {"cpu": {"cores": 16}}) == [4, 8, 16]
+
+
+def _tokens(path) -> str:
+    rows = [{"input_ids": [3 + (7 * r + i) % 500 for i in range(32)]} for r in range(8)]
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    return str(path)
+
+
+def test_train_on_the_cpu_calibrates_and_records_a_prediction(tmp_path, monkeypatch):
+    """train() of a CPU job calibrates this host for its shape (cached) and every metrics record carries the
+    predicted step time beside the measured one."""
+    import slidedp
+
+    monkeypatch.setenv("SLIDEDP_CACHE_DIR", str(tmp_path / "calibration"))
+    cfg = _cfg(data={"path": _tokens(tmp_path / "tokens.jsonl"), "format": "tokens"}, steps=2, export=False,
+               cpu_threads=1, precision="fp32", output_dir=str(tmp_path / "run"))
+    records, lines = [], []
+    result = slidedp.train(cfg, on_step=records.append, on_log=lines.append)
+    assert result.status == "completed" and result.plan["calibration"] == "measured"
+    assert any(line.startswith("calibrating this host for tiny-qwen3") for line in lines), lines
+    assert len(records) == 2
+    for rec in records:
+        assert rec["predicted"]["step_time_s"] > 0 and rec["step_time_s"] > 0
+    assert os.listdir(tmp_path / "calibration") == [os.path.basename(calibration.cache_path(cfg, topology.detect()))]
+
+
+def test_slidedp_plan_prints_a_cpu_jobs_predicted_step_time(tmp_path, monkeypatch, capsys):
+    from slidedp import cli
+
+    monkeypatch.setenv("SLIDEDP_CACHE_DIR", str(tmp_path))
+    job = tmp_path / "job.json"
+    job.write_text(json.dumps({"model": "tiny-qwen3", "data": {"path": "x.jsonl"}, "gpus": 0, "ranks": 1,
+                               "micro_batch_size": 2, "seq_len": 32, "cpu_threads": 1}))
+    assert cli.main(["plan", "--config", str(job)]) == 0
+    out = capsys.readouterr()
+    assert "calibrating this host for tiny-qwen3" in out.err
+    step = [line for line in out.out.splitlines() if line.startswith("predicted:")]
+    assert step and step[0].split()[1].replace(".", "", 1).isdigit() and float(step[0].split()[1]) > 0, out.out
+    assert cli.main(["plan", "--config", str(job), "--no-calibration"]) == 0
+    assert "predicted: no step time" in capsys.readouterr().out

@@ -1,5 +1,6 @@
 """A plan records its basis (the host facts and the calibration it was made on); slidedp.train(config, plan=p) runs
-with p when the basis it sees now is p's, and otherwise plans again and says why (tiny model, CPU)."""
+with p when the basis it sees now is p's, and otherwise plans again and says why (tiny model, CPU: the run
+calibrates this host for the job's shape, cached, so a plan made here is made on that calibration)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import slidedp  # noqa: E402
 from slidedp import launch  # noqa: E402
 from slidedp.config import JobConfig  # noqa: E402
-from slidedp.planning import autopolicy, topology  # noqa: E402
+from slidedp.planning import autopolicy, calibration, topology  # noqa: E402
 from slidedp.presets import PRESETS  # noqa: E402
 
 LAYERS = PRESETS["tiny-qwen3"]["num_hidden_layers"]
@@ -26,6 +27,19 @@ def _cfg(**over) -> JobConfig:
            "micro_batch_size": 2, "seq_len": 32, "precision": "fp32"}
     raw.update(over)
     return JobConfig.from_dict(raw)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _calibration_cache(tmp_path_factory):
+    """This module's calibrations in a folder of its own (measured once per shape, then read from it)."""
+    with pytest.MonkeyPatch.context() as m:
+        m.setenv("SLIDEDP_CACHE_DIR", str(tmp_path_factory.mktemp("calibration")))
+        yield
+
+
+def _calibration(cfg: JobConfig, topo: dict) -> dict:
+    """The calibration a run of cfg on this host plans with (slidedp.launch.resolve_policy loads the same)."""
+    return calibration.load_or_calibrate(cfg, topo)
 
 
 def _refuse_planning(monkeypatch) -> None:
@@ -96,7 +110,8 @@ def test_the_calibration_is_part_of_the_basis():
 
 def test_resolve_policy_uses_a_stored_plan_only_on_its_basis(monkeypatch):
     cfg = _cfg()
-    plan = autopolicy.plan_job(cfg, topology.detect(), None)
+    topo = topology.detect()
+    plan = autopolicy.plan_job(cfg, topo, _calibration(cfg, topo))
     plan["policy"] = {**plan["policy"], "window": 5}  # a choice the planner would not make here
     lines: list[str] = []
     with monkeypatch.context() as m:
@@ -105,10 +120,17 @@ def test_resolve_policy_uses_a_stored_plan_only_on_its_basis(monkeypatch):
     assert policy.window == 5 and used == plan and "replanned" not in used
     assert not any(line.startswith(("re-planned", "planner unavailable")) for line in lines), lines
 
-    # No stored plan (the CLI): planned as before, nothing said about re-planning.
+    # No stored plan (the CLI): planned as before, nothing said about re-planning (the calibration is cached).
     lines.clear()
     policy, used = launch.resolve_policy(cfg, LAYERS, lines.append)
     assert policy.window == 3 and "replanned" not in used and lines == []
+    assert used["calibration"] == "measured" and used["predicted"]["step_time_s"] > 0
+
+    # A plan made before this host had a calibration: planned again, with it.
+    bare = autopolicy.plan_job(cfg, topo, None)
+    lines.clear()
+    policy, used = launch.resolve_policy(cfg, LAYERS, lines.append, bare)
+    assert used["replanned"] == "a calibration for this shape exists now" and used["calibration"] == "measured"
 
     # Without a basis, for another model depth: planned again, and said why.
     for stored, why in (({k: v for k, v in plan.items() if k != "basis"}, "the stored plan has no basis"),
@@ -130,7 +152,8 @@ def _train_cfg(tmp_path, name: str) -> JobConfig:
 
 def test_train_runs_a_stored_plan_made_on_this_host_without_planning(tmp_path, monkeypatch):
     cfg = _train_cfg(tmp_path, "reused")
-    plan = autopolicy.plan_job(cfg, topology.detect(), None)
+    topo = topology.detect()
+    plan = autopolicy.plan_job(cfg, topo, _calibration(cfg, topo))
     plan["policy"] = {**plan["policy"], "window": 4}
     _refuse_planning(monkeypatch)
     lines: list[str] = []
@@ -146,14 +169,15 @@ def test_train_plans_again_when_the_host_changed_and_says_why(tmp_path):
     cfg = _train_cfg(tmp_path, "replanned")
     now = topology.detect()
     elsewhere = {**now, "host_ram": {**now["host_ram"], "limit_bytes": now["host_ram"]["limit_bytes"] // 2}}
-    plan = autopolicy.plan_job(cfg, elsewhere, None)
+    calib = _calibration(cfg, now)
+    plan = autopolicy.plan_job(cfg, elsewhere, calib)
     plan["policy"] = {**plan["policy"], "window": 4}
     lines: list[str] = []
     result = slidedp.train(cfg, on_log=lines.append, plan=plan)
     why = "the host's RAM limit changed since the job was planned"
     assert result.status == "completed"
     assert result.plan["replanned"] == why and f"re-planned: {why}" in lines
-    assert result.plan["basis"] == autopolicy.plan_basis(cfg, now, None) != plan["basis"]
+    assert result.plan["basis"] == autopolicy.plan_basis(cfg, now, calib) != plan["basis"]
     assert result.policy.window == 3  # the new plan's, not the stale one's
 
 

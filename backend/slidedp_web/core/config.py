@@ -169,6 +169,8 @@ class Settings(BaseSettings):
             "REDIS_URL": self.redis_url,
             "SLIDEDP_HOST_NAME": self.host_name,
             "SLIDEDP_WORKER_QUEUE": self.queue,
+            # where a job's own calibration is cached (the runtime's cache dir), so the worker reports it
+            "SLIDEDP_CACHE_DIR": str(self.calibration_path),
         }
         for name in (
             "api_token",

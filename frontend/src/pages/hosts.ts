@@ -9,13 +9,18 @@ import { calibrationRecords, drawHost, linkLabel, readHost } from "../topology";
 import type { Host } from "../types";
 import { errorBox } from "../ui";
 
+const NO_CALIBRATION =
+  "No calibration yet: plans for this host check memory only and predict no times until a job has run on it. " +
+  "A job's first run calibrates the host at its shape (seconds on a CPU, 15-25 s on a GPU), the " +
+  "figures are kept for the next runs of that shape, and plans then predict step times.";
+
 /** The calibration's records (one per measured job shape), each with what it measured. */
 function calibration(host: Host): HTMLElement {
   const records = calibrationRecords(host.calibration);
-  if (!host.calibration) return h("p", { class: "muted" }, "No calibration yet: plans for this host check memory only and predict no times (run `slidedp bench` on it).");
+  if (!host.calibration) return h("p", { class: "muted" }, NO_CALIBRATION);
   if (!records.length) {
     // A worker with an empty cache reports {"dir", "entries": []}: nothing measured yet.
-    if (Array.isArray((host.calibration as Record<string, unknown>).entries)) return h("p", { class: "muted" }, "No calibration yet: plans for this host check memory only and predict no times (run `slidedp bench` on it).");
+    if (Array.isArray((host.calibration as Record<string, unknown>).entries)) return h("p", { class: "muted" }, NO_CALIBRATION);
     return h("details", null, h("summary", null, "Calibration"), kvList(host.calibration, new Set(), true));
   }
   const dir = (host.calibration as Record<string, unknown>).dir;

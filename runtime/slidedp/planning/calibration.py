@@ -20,6 +20,10 @@ What is measured (docs/interfaces.md §5 has the JSON):
                per chunk, and the peak memory per token of a chunk)
   pinned_alloc_s_per_gib
 
+A CPU job (gpus 0) measures what its step runs and no more: `cpu` at its own thread counts, the model's parts at
+its rank's thread count (each figure with reps only while they move its median), and gloo collectives with
+several ranks (docs/planning.md, "CPU hosts").
+
 The measurements live in microbench.py (host and links) and model_bench.py (the model's parts); this module
 runs them, times the collectives in rank processes and caches the result. Medians after warm-up; CUDA timings
 with events. Never fitted to training runs. On CUDA the measurement runs in a process of its own (slidedp.ranks,
@@ -188,6 +192,10 @@ def calibration_key(cfg: JobConfig, topology: dict[str, Any]) -> str:
         "shape": calibration_shape(cfg, mc),
         "torch": torch.__version__,
     }
+    if not cfg.gpus:
+        # A CPU job's model parts and host rates are timed at its rank's thread count (cpu_threads, else the
+        # cores over the ranks): a job that sets another count is measured again. GPU keys stay as they were.
+        ident["threads"] = compute_threads(cfg, topology)
     return hashlib.sha1(json.dumps(ident, sort_keys=True).encode()).hexdigest()[:16]
 
 

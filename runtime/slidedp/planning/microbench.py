@@ -52,6 +52,31 @@ def median_time(fn: Callable[[], Any], reps: int, cuda: bool, warmup: int = 1) -
     return statistics.median(times)
 
 
+SETTLE_BUDGET_S = 1.0  # a CPU figure that has not settled stops after this many seconds of reps (at least 3)
+
+
+def settled(times: list[float], min_reps: int = 3, tol: float = 0.05) -> bool:
+    """Whether a CPU timing has reps enough: at least min_reps, and the last one moved the median by less than
+    `tol` of it, or the reps took SETTLE_BUDGET_S (a busy host's medians may never settle)."""
+    if len(times) < max(2, min_reps):
+        return False
+    m = statistics.median(times)
+    return abs(m - statistics.median(times[:-1])) <= tol * m or sum(times) >= SETTLE_BUDGET_S
+
+
+def settled_median(fn: Callable[[], Any], max_reps: int, warmup: int = 1) -> float:
+    """CPU timing: the median after warm-up, with reps only while they move it (settled), at most max_reps: a
+    quiet host settles in three reps; a noisy one gets the reps its median needs."""
+    for _ in range(warmup):
+        fn()
+    times: list[float] = []
+    while len(times) < max(1, max_reps) and not settled(times):
+        t = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t)
+    return statistics.median(times)
+
+
 # ---------------------------------------------------------------------------- host work
 def state_like(n: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """A buffer mapped as the engine maps its host state: a shared file in the state's directory (/dev/shm), not
@@ -77,21 +102,30 @@ def update_buffers(n: int, cast: bool = True) -> tuple[torch.Tensor, ...]:
     return p, g, m, v, (state_like(n, torch.bfloat16) if cast else None)
 
 
-def thread_counts(cfg: JobConfig, topology: dict) -> list[int]:
+def thread_counts(cfg: JobConfig, topology: dict, cuda: bool = True) -> list[int]:
+    """The thread counts the host rates are measured at. A CPU job's only: its rank's threads (the updater's,
+    and a device-side update's in the rank's own thread) and every rank's together (cost_model.Rates.update_s,
+    copy_s), never more than the cores the job has. A GPU job's also a quarter, half and all of the cores."""
     cores = int(topology.get("cpu", {}).get("cores") or os.cpu_count() or 1)
     per_rank = compute_threads(cfg, topology)
-    counts = {per_rank, min(cores, per_rank * cfg.world_size), cores, max(1, cores // 4), max(1, cores // 2)}
+    counts = {per_rank, min(cores, per_rank * cfg.world_size)}
+    if cuda:
+        counts |= {cores, max(1, cores // 4), max(1, cores // 2)}
     return sorted(c for c in counts if c >= 1)
 
 
 def cpu_rates(cfg: JobConfig, topology: dict, max_unit: int, quick: bool, cuda: bool) -> dict[str, Any]:
     """Seconds per 1e9 parameters of fused AdamW and of the engine's whole host update, and copy bandwidth
-    (bytes read + written per second), by thread count, on buffers larger than the caches."""
+    (bytes read + written per second), by thread count. On CUDA on buffers larger than the caches; a CPU job's
+    on its largest unit (at least 256 Ki and at most 2 Mi parameters), with reps while the median moves."""
     cap = (1 << 24) if quick else (1 << 25)
     n = max(1 << 20, min(cap, max_unit)) if cuda else max(1 << 18, min(1 << 21, max_unit))
     p, g, m, v, deliver = update_buffers(n)
     src, dst = torch.randn(n), torch.empty(n)
     reps = 3 if quick else 5
+
+    def timed(fn: Callable[[], Any]) -> float:
+        return median_time(fn, reps, False) if cuda else settled_median(fn, reps)
 
     def adamw() -> None:
         adamw_(p, g, m, v, 1, 1e-6, _BENCH_OPT)
@@ -99,13 +133,13 @@ def cpu_rates(cfg: JobConfig, topology: dict, max_unit: int, quick: bool, cuda: 
     def update() -> None:  # what the engine runs per shard: AdamW and the bf16 delivery copy
         update_shard_(p, g, m, v, deliver if cfg.precision == "bf16" else None, 1, 1e-6, _BENCH_OPT)
 
-    threads = thread_counts(cfg, topology)
+    threads = thread_counts(cfg, topology, cuda)
     rows: dict[str, list[float]] = {"adamw_s_per_1e9": [], "update_s_per_1e9": [], "copy_GBps": []}
     for t in threads:
         torch.set_num_threads(t)
-        rows["adamw_s_per_1e9"].append(median_time(adamw, reps, False) * 1e9 / n)
-        rows["update_s_per_1e9"].append(median_time(update, reps, False) * 1e9 / n)
-        rows["copy_GBps"].append(2 * 4 * n / median_time(lambda: dst.copy_(src), reps, False) / 1e9)
+        rows["adamw_s_per_1e9"].append(timed(adamw) * 1e9 / n)
+        rows["update_s_per_1e9"].append(timed(update) * 1e9 / n)
+        rows["copy_GBps"].append(2 * 4 * n / timed(lambda: dst.copy_(src)) / 1e9)
     return {"threads": threads, "params": n, **rows}
 
 

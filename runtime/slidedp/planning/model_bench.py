@@ -1,6 +1,7 @@
 """The model's parts for calibration: one decoder layer, the embedding and the chunked loss head of the job's
 architecture, built with transformers' own classes from the HF config (random weights; nothing is downloaded),
-timed at the job's (micro-batch, seq) shape."""
+timed at the job's (micro-batch, seq) shape. On CUDA each figure is the median of `reps` timings; on the CPU
+`reps` is the most a figure gets: it stops once its median settles (microbench.settled_median)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from typing import Any
 
 import torch
 
-from slidedp.planning.microbench import median_time
+from slidedp.planning.microbench import median_time, settled, settled_median
 
 
 class ModelParts:
@@ -39,6 +40,9 @@ class ModelParts:
         self.norm_cls = type(skeleton.model.norm)
         self.cuda = device.type == "cuda"
         del skeleton
+
+    def _median(self, fn: Callable[[], Any], reps: int, warmup: int = 1) -> float:
+        return median_time(fn, reps, True, warmup) if self.cuda else settled_median(fn, reps, warmup)
 
     def _inputs(self, mb: int, seq: int) -> tuple[torch.Tensor, torch.Tensor, tuple]:
         x = torch.randn(mb, seq, self.config.hidden_size, device=self.device, dtype=self.dtype) * 0.02
@@ -72,8 +76,8 @@ class ModelParts:
             fwd_graph().backward(grad)
 
         fwd_keep = self._alternating(keep_fwd, keep_bwd, reps)
-        fwd_ckpt = median_time(ckpt_fwd, reps, self.cuda)
-        bwd_ckpt = median_time(ckpt_bwd, reps, self.cuda)
+        fwd_ckpt = self._median(ckpt_fwd, reps)
+        bwd_ckpt = self._median(ckpt_bwd, reps)
         saved = self._saved_bytes(fwd_graph, [p.untyped_storage().data_ptr() for p in layer.parameters()])
         return {
             "params": sum(p.numel() for p in layer.parameters()),
@@ -115,13 +119,17 @@ class ModelParts:
     def _alternating(
         self, first: Callable[[], None], second: Callable[[], None], reps: int
     ) -> tuple[float, float]:
-        """Median times of first() and second(), run as pairs (the backward needs its forward)."""
+        """Median times of first() and second(), run as pairs (the backward needs its forward); on the CPU the
+        pairs stop once both medians have settled (microbench.settled)."""
         first()
         second()
-        a_times, b_times = [], []
+        a_times: list[float] = []
+        b_times: list[float] = []
         for _ in range(reps):
             for fn, times in ((first, a_times), (second, b_times)):
                 times.append(median_time(fn, 1, self.cuda, warmup=0))
+            if not self.cuda and settled(a_times) and settled(b_times):
+                break
         return statistics.median(a_times), statistics.median(b_times)
 
     def _saved_bytes(self, fwd: Callable[[], torch.Tensor], param_ptrs: list[int]) -> int:
@@ -146,8 +154,8 @@ class ModelParts:
         ids = torch.randint(0, V, (mb * seq,), device=self.device)
         g = torch.randn(mb * seq, H, device=self.device, dtype=self.dtype)
         acc = torch.zeros(V, H, device=self.device, dtype=torch.float32)
-        fwd = median_time(lambda: torch.nn.functional.embedding(ids, w), reps, self.cuda)
-        bwd = median_time(lambda: acc.index_add_(0, ids, g.float()), reps, self.cuda)
+        fwd = self._median(lambda: torch.nn.functional.embedding(ids, w), reps)
+        bwd = self._median(lambda: acc.index_add_(0, ids, g.float()), reps)
         return {"fwd_s": fwd, "bwd_s": bwd}
 
     def loss_head(self, chunk: int, tokens: int, reps: int) -> dict[str, Any]:
@@ -170,7 +178,7 @@ class ModelParts:
                 w.grad = None
                 x.grad = None
 
-            times.append(median_time(step, reps, self.cuda))
+            times.append(self._median(step, reps))
             if self.cuda:
                 torch.cuda.synchronize()
                 base = torch.cuda.memory_allocated(self.device)

@@ -18,7 +18,9 @@ Ranks are symmetric, so one rank is replayed; its transfers stand for N identica
 memory. Shared bandwidth is modelled as pools with a capacity: host DRAM (CPU update, host reduction and every
 rank's PCIe copies) and each GPU's PCIe link (both directions at once). A task that overlaps others in a pool
 whose total demand exceeds the capacity is slowed by demand / capacity (proportional sharing, which reproduces
-the measured AdamW-vs-DMA contention); the replay is repeated with the slowed durations until it settles.
+the measured AdamW-vs-DMA contention); the replay is repeated with the slowed durations until it settles. In CPU
+training (no streams: the rank's thread computes and copies in order) the rank's cores are a pool too: its
+compute and its updater each use all of them, so while both run each goes at half speed.
 
 Step time is the period between the ends of two consecutive backward passes (the second step, which starts
 with the first step's leftover updates: the steady state). That period is split into phases on the compute
@@ -167,6 +169,8 @@ class _Replay:
             res = "compute"  # CPU training: no streams, the rank's thread does everything in order
         if kind in self.d.zero:
             dur = 0.0
+        if self.d.cpu_mode and res in ("compute", "cpu"):
+            kw["loads"] = {**(kw.get("loads") or {}), "cores": dur}
         t = _Task(kind, res, dur, deps, **kw)
         t.order = len(self.tasks)
         self.tasks.append(t)
@@ -379,7 +383,7 @@ class _Replay:
                 for u in (u for u in range(len(d.units)) if u not in self.on_device):
                     f = _Task("final", "cpu", 0.0 if "final" in d.zero else d.update[u], [], unit=u, step=s)
                     f.base = f.dur
-                    f.loads = {"dram": d.update_bytes[u]}
+                    f.loads = {"dram": d.update_bytes[u], **({"cores": f.dur} if d.cpu_mode else {})}
                     f.order = len(self.tasks)
                     self.tasks.append(f)
                     self.final[s].append(f)
@@ -526,6 +530,8 @@ def simulate(d: Durations, iterations: int = 3) -> Outcome:
     capacity = {k: v for k, v in (("dram", d.dram_capacity), ("pcie", d.pcie_capacity)) if v}
     if "host_dram" in d.zero:
         capacity = {}
+    if d.cpu_mode:  # the rank's compute and its updater share the rank's cores
+        capacity["cores"] = 1.0
     rep.run()
     for _ in range(iterations if capacity else 0):
         factors = _slowdowns(rep.tasks, capacity)
