@@ -51,9 +51,9 @@ for method, url, headers, body in json.loads(sys.argv[1]):
         req.add_header("Content-Type", "application/json")
     try:
         with urllib.request.urlopen(req, timeout=20) as r:
-            out.append([r.status, r.read(4000).decode(errors="replace")])
+            out.append([r.status, r.read().decode(errors="replace")])
     except urllib.error.HTTPError as e:
-        out.append([e.code, e.read(4000).decode(errors="replace")])
+        out.append([e.code, e.read().decode(errors="replace")])
     except OSError as e:
         out.append([0, repr(e)])
 print(json.dumps(out))
