@@ -3,7 +3,7 @@ import { fmtByKey, readPlan, runs, type PlanAnswer } from "./plan";
 import type { ExecutionPolicy, Plan } from "./types";
 import planBs4 from "./fixtures/plan-8b-bs4.json";
 import planBs8 from "./fixtures/plan-8b-bs8.json";
-import { TIE_RULE, activationWords, alternativesOf, differenceWords, foldKey, gibs, headroom, memoryBarsOf, pct, secs, verdictOf } from "./planview/glance";
+import { TIE_RULE, activationWords, alternativesOf, differenceWords, foldKey, gibs, headroom, memoryBarsOf, pct, secs, stepLanesOf, verdictOf } from "./planview/glance";
 
 describe("plan values", () => {
   it("reads per-unit lists as runs", () => {
@@ -263,6 +263,20 @@ describe("the plan at a glance", () => {
         "Per GPU: each GPU holds its own copy of these parts. The budget is 129.2 GiB (92%) of the card's 140.4 GiB: the other 11.2 GiB is left for the CUDA context, NCCL and fragmentation. Each part includes 10% for the caching allocator's rounding.",
       );
     }
+  });
+
+  it("draws one step: the GPU stream's phases and the spans each add up to the step", () => {
+    for (const plan of [bs4, bs8]) {
+      const step = stepLanesOf(plan)!;
+      expect(step.step_s).toBe(plan.predicted?.step_time_s);
+      for (const key of ["phases", "spans"]) {
+        const lane = step.lanes.find((l) => l.key === key)!;
+        expect(lane.segments.reduce((s, x) => s + x.s, 0)).toBeCloseTo(step.step_s, 6);
+      }
+      expect(step.lanes.find((l) => l.key === "phases")!.segments.map((x) => x.key)).toEqual(["forward", "backward", "update_tail", "delivery_wait"]);
+      expect(step.lanes.find((l) => l.key === "busy-cpu")?.label).toBe("CPU update");
+    }
+    expect(stepLanesOf({ ...bs8, predicted: { ...bs8.predicted!, step_time_s: null } })).toBeNull();
   });
 
   it("formats without float noise", () => {

@@ -6,7 +6,7 @@
 import { h } from "./dom";
 import { bytes, gbps, gib, isNum, num, percent, seconds, words } from "./fmt";
 import type { Candidate, FieldErrorItem, Marginal, Plan, Prediction } from "./types";
-import { renderAlternatives, renderMemoryBars, renderVerdict } from "./planview/glance";
+import { renderAlternatives, renderMemoryBars, renderStep, renderVerdict } from "./planview/glance";
 
 type Obj = Record<string, unknown>;
 
@@ -278,6 +278,8 @@ export function renderPlan(plan: PlanAnswer | null, opts: { title?: string } = {
   }
   const bars = glance ? renderMemoryBars(plan) : null;
   if (bars) box.append(h("h3", null, "Memory fit ", typeof v.memory?.fits === "boolean" ? badge(v.memory.fits, "fits", "does not fit") : null), bars);
+  const step = glance ? renderStep(plan) : null;
+  if (step) box.append(h("h3", null, "One step"), step);
   if (v.why) box.append(h("h3", null, "Why"), h("p", { class: "why" }, v.why));
   box.append(h("h3", null, v.asRun ? "Policy as run" : "Chosen policy", " ", typeof v.feasible === "boolean" && !glance ? badge(v.feasible, "feasible", "not feasible") : null));
   if (v.policy) {

@@ -112,6 +112,13 @@ def test_a_gpu_plan_reads_at_a_glance_with_sorted_alternatives(page, workbench):
     assert "GPU memory, per GPU" in bars.first.inner_text()
     assert "of the card's 140.4 GiB" in bars.first.inner_text()
     assert bars.first.locator(".mem-part").count() == 6
+
+    # One step: the GPU stream's phases in order, the spans, and how long each resource is busy.
+    assert _headings(plan)[3] == "One step"
+    lanes = plan.locator(".plan-step .step-lane")
+    assert lanes.first.get_attribute("data-lane") == "phases"
+    assert "forward compute" in lanes.first.inner_text()
+    assert plan.locator('.plan-step [data-lane="busy-cpu"]').count() == 1
     # the panel scrolls within the viewport: a tall one shows all of it
     page.set_viewport_size({"width": 1400, "height": 2600})
     screenshot(page, "plan-preview-at-a-glance")

@@ -481,3 +481,65 @@ export function renderMemoryBars(plan: Plan): HTMLElement | null {
   }
   return box;
 }
+
+// ---------------------------------------------------------------- one step
+
+export interface StepLane {
+  key: string;
+  label: string;
+  segments: { key: string; label: string; s: number; title?: string }[];
+}
+
+const PHASE_WORDS: Record<string, string> = {
+  data: "data",
+  forward: "forward compute",
+  backward: "backward compute",
+  update_tail: "waiting on the host update",
+  delivery_wait: "waiting on transfers",
+};
+
+const BUSY_WORDS: Record<string, string> = {
+  compute: "GPU compute",
+  h2d: "PCIe host → GPU",
+  d2h: "PCIe GPU → host",
+  coll: "GPU collectives",
+  cpu: "CPU update",
+};
+
+/** One predicted step: the GPU compute stream's phases in their order (they partition the step), the engine's two
+ *  spans, and how long each resource is busy in it (its length, not its place in time: the plan does not say
+ *  when). Empty without times. */
+export function stepLanesOf(plan: Plan): { step_s: number; lanes: StepLane[] } | null {
+  const pred = plan.predicted;
+  if (!pred || !isNum(pred.step_time_s) || pred.step_time_s <= 0) return null;
+  const lanes: StepLane[] = [];
+  const phases = Object.entries(pred.phases ?? {}).filter(([, v]) => isNum(v) && v > 1e-6);
+  if (phases.length)
+    lanes.push({ key: "phases", label: "GPU stream", segments: phases.map(([k, v]) => ({ key: k, label: PHASE_WORDS[k] ?? k.replace(/_/g, " "), s: v, title: PHASE_TERMS[k]?.text })) });
+  const spans = Object.entries(pred.spans ?? {}).filter(([, v]) => isNum(v) && v > 1e-6);
+  if (spans.length) lanes.push({ key: "spans", label: "spans", segments: spans.map(([k, v]) => ({ key: k, label: `${k} span`, s: v, title: PHASE_TERMS[k]?.text })) });
+  for (const [k, v] of Object.entries(pred.busy ?? {})) {
+    if (!isNum(v) || v <= 1e-6) continue;
+    lanes.push({ key: `busy-${k}`, label: BUSY_WORDS[k] ?? k, segments: [{ key: k, label: "busy", s: v, title: explain("busy") }] });
+  }
+  return lanes.length ? { step_s: pred.step_time_s, lanes } : null;
+}
+
+export function renderStep(plan: Plan): HTMLElement | null {
+  const step = stepLanesOf(plan);
+  if (!step) return null;
+  const scale = Math.max(step.step_s, ...step.lanes.map((l) => l.segments.reduce((s, x) => s + x.s, 0)));
+  const box = h("div", { class: "plan-step", "data-part": "step" });
+  box.append(h("p", { class: "muted" }, `One predicted step of ${secs(step.step_s)}. The GPU stream's phases and the two spans are in time order and add up to the step; the other lanes show how long each resource is busy per step, not when.`));
+  for (const lane of step.lanes) {
+    const track = h("div", { class: "step-track" });
+    lane.segments.forEach((seg, i) => {
+      track.append(
+        h("span", { class: `step-seg mem-c${(i * 2) % 8}`, style: `width:${((100 * seg.s) / scale).toFixed(3)}%`, title: `${seg.label}: ${secs(seg.s)}${seg.title ? `\n${seg.title}` : ""}` }, (100 * seg.s) / scale > 18 ? `${seg.label} ${secs(seg.s)}` : ""),
+      );
+    });
+    track.append(h("span", { class: "step-end", style: `left:${((100 * step.step_s) / scale).toFixed(3)}%`, title: `end of the step: ${secs(step.step_s)}` }));
+    box.append(h("div", { class: "step-lane", "data-lane": lane.key }, h("span", { class: "step-label" }, lane.label), track));
+  }
+  return box;
+}
