@@ -111,8 +111,9 @@ class RouteSearch:
         if why_not is not None:
             raise Infeasible([self.hbm_error(pol, self.mem(pol))])
         why = [
-            "No calibration: this plan checks memory only and predicts no times (run `slidedp bench` or a job "
-            "on the host to calibrate)."
+            "No calibration: this plan checks memory only and predicts no times (a job's first run on the host "
+            "calibrates it at the job's shape, as `slidedp plan` does without --no-calibration; cached for the "
+            "next runs)."
         ]
         why.append(self.route_why(pol, None))
         why.append(
