@@ -176,8 +176,9 @@ class PolicyConfig:
         "AdamW on the host state like every other unit. gpu: each rank keeps 1/N of their fp32 weights and AdamW "
         "moments in GPU memory (16 B/param / N), reduces, updates and all-gathers them there: no host traffic for "
         "them; needs grad_reduce gpu with several GPUs; the host state is written back before every checkpoint. "
-        "auto (default): AutoPolicy chooses; without a calibration that has the device AdamW rate (CPU jobs, "
-        "`--no-calibration` plans) it stays host.",
+        "On CPU ranks the 'device' is the rank itself: the update runs in the rank's own thread. "
+        "auto (default): AutoPolicy chooses; without a calibration that has the device AdamW rate "
+        "(`--no-calibration` plans) it stays host.",
     )
     device_layers: Optional[int] = _f(
         None,

@@ -18,7 +18,10 @@ def test_train_reports_its_start_up_stages_in_order_with_their_durations(tmp_pat
                     "micro_batch_size": 2, "steps": 2, "precision": "fp32", "output_dir": str(tmp_path / "out"),
                     "export": False}, on_stage=seen.append, on_log=lines.append)
     order = [e["stage"] for e in seen if "progress" not in e]
-    assert order == ["planning", "building_host_state", "starting_ranks", "first_step", "training"]
+    if "calibrating" in order:  # this host had no calibration of the job's shape yet: measured, then cached
+        assert order.index("calibrating") == 1
+    assert [s for s in order if s != "calibrating"] == [
+        "planning", "building_host_state", "starting_ranks", "first_step", "training"]
     progress = [e for e in seen if "progress" in e]
     assert progress and progress[-1]["stage"] == "building_host_state" and 0 <= progress[-1]["progress"] < 1
     assert all(e["elapsed_s"] >= 0 for e in seen)
