@@ -44,12 +44,39 @@ def _set_topology(settings, topology: dict) -> None:
         session.execute(sa.update(Host).where(Host.name == settings.host_name).values(topology=topology))
 
 
-def test_the_worker_trains_with_the_plan_made_at_submit_time(client, worker, dataset, settings):
+def _calibrated(client, settings) -> dict:
+    def calibration():
+        for host in client.get("/api/hosts").json()["items"]:
+            if host["name"] == settings.host_name and host.get("calibration"):
+                return host["calibration"]
+        return None
+
+    return wait_for(calibration, 60, "the worker to report the calibration its first job made")
+
+
+def test_the_first_job_on_a_host_calibrates_it_and_is_planned_again_saying_why(client, worker, dataset, settings):
+    """A host with no calibration of the job's shape: the plan made at submit time has none, the run measures
+    it (CPU jobs too), plans again with it, says why, and the worker reports the calibration for the next jobs."""
     _reported(client, settings)
     job = client.post("/api/jobs", json=tiny_job(dataset, steps=2)).json()
     planned = job["policy"]
     assert planned["stage"] == "planned" and planned["feasible"] is True
     assert planned["basis"]["topology"] and planned["basis"]["calibration"] is None
+    done = wait_status(client, job["id"], ("completed", "failed"), timeout=180)
+    assert done["status"] == "completed", done["error"]
+    lines = _lines(client, job["id"])
+    assert "re-planned: a calibration for this shape exists now" in lines and REUSED not in lines
+    assert done["policy"]["basis"]["calibration"] is not None
+    _calibrated(client, settings)
+
+
+def test_the_worker_trains_with_the_plan_made_at_submit_time(client, worker, dataset, settings):
+    _reported(client, settings)
+    _calibrated(client, settings)  # the module's first job calibrated this shape on this host
+    job = client.post("/api/jobs", json=tiny_job(dataset, steps=2)).json()
+    planned = job["policy"]
+    assert planned["stage"] == "planned" and planned["feasible"] is True
+    assert planned["basis"]["topology"] and planned["basis"]["calibration"] is not None
 
     done = wait_status(client, job["id"], ("completed", "failed"), timeout=180)
     assert done["status"] == "completed", done["error"]
