@@ -71,6 +71,11 @@ def public(job: Job) -> JobPublic:
         checkpoints=[c.name for c in list_checkpoints(job.output_dir)],
         warnings=list(job.warnings or []),
         stage=job.stage,
+        # A cancel asked of the running attempt and not yet done (cleared when the attempt ends).
+        cancel_request=job.cancel_request if job.status == "running" and job.cancel_request else None,
+        cancel_requested_at=(
+            iso(job.cancel_requested_at) if job.status == "running" and job.cancel_request else None
+        ),
     )
 
 
@@ -439,6 +444,7 @@ def _new_attempt(ws: Session, job: Job, action: str, what: str) -> dict[str, Any
     job.attempt += 1
     job.action = action
     job.error, job.finished_at, job.cancel_request, job.heartbeat_at = None, None, None, None
+    job.stage = None  # the new attempt reports its own start-up
     return status_event(ws, job, "queued", message=f"{what} (attempt {job.attempt})")
 
 

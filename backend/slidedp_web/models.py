@@ -174,6 +174,8 @@ class JobPublic(SQLModel):
     checkpoints: list[str]
     warnings: list[dict[str, Any]] = []
     stage: Optional[dict[str, Any]] = None
+    cancel_request: Optional[Literal["stop", "save"]] = None
+    cancel_requested_at: Optional[str] = None
 
 
 class JobList(SQLModel):

@@ -191,7 +191,7 @@ export class LiveChart {
     private readonly maxPoints = 1500,
   ) {
     this.view = spec.controls ? loadView(spec.id) : { ...DEFAULT_VIEW };
-    this.plotEl = h("div", { class: "chart-plot" }, h("p", { class: "muted chart-empty" }, "Waiting for the first step…"));
+    this.plotEl = h("div", { class: "chart-plot" }, h("p", { class: "muted chart-empty" }, "No step yet."));
     this.noteEl = h("p", { class: "chart-note", role: "status", hidden: true });
     this.infoEl = h("div", { class: "chart-info", hidden: true });
     this.hoverEl = h("p", { class: "chart-hover", hidden: true });

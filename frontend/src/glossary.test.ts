@@ -1,14 +1,21 @@
 import { describe, expect, it } from "vitest";
 import { DEFAULT_VIEW, stepTimeChart } from "./charts";
-import { CHART_TERMS, explain, explainLabel, explainPhase, explainValue, glossaryEntries, keyOf, PHASE_TERMS, POLICY_TERMS } from "./glossary";
+import { CHART_TERMS, explain, explainLabel, explainPhase, explainValue, glossaryEntries, keyOf, PHASE_TERMS, POLICY_TERMS, STAGE_TERMS } from "./glossary";
 import { PHASE_KINDS, PHASE_ORDER } from "./series";
 
 // The runtime's own sources, where the names are made: a new phase or policy value fails here until it is explained.
 import costModelPy from "../../runtime/slidedp/planning/cost_model.py?raw";
 import policyPy from "../../runtime/slidedp/policy.py?raw";
 import rankPy from "../../runtime/slidedp/step/rank.py?raw";
+import startupPy from "../../runtime/slidedp/startup.py?raw";
+import jobProcessPy from "../../backend/slidedp_web/job_process.py?raw";
 
-const SOURCES: Record<string, string> = { "step/rank.py": rankPy, "planning/cost_model.py": costModelPy, "policy.py": policyPy };
+const SOURCES: Record<string, string> = {
+  "step/rank.py": rankPy,
+  "planning/cost_model.py": costModelPy,
+  "policy.py": policyPy,
+  "startup.py": startupPy,
+};
 const source = (path: string) => SOURCES[path];
 
 /** The keys of the `"phases": {...}` dict literal the runtime writes into every metrics record. */
@@ -43,6 +50,21 @@ describe("glossary", () => {
       expect(line?.hint, p).toBe(PHASE_TERMS[p].text);
     }
     for (const l of lay.lines) expect(l.hint, l.label).toBeTruthy();
+  });
+
+  it("explains every start-up stage the runtime and the job process report", () => {
+    const words = /^WORDS\s*=\s*\{([\s\S]*?)^\}/m.exec(source("startup.py"));
+    expect(words, "WORDS in runtime/slidedp/startup.py").not.toBeNull();
+    const stages = [...(words?.[1] ?? "").matchAll(/^\s*"(\w+)":/gm)].map((x) => x[1]);
+    expect(stages).toContain("planning");
+    expect(stages).toContain("first_step");
+    // the job process's own stage, before the runtime is loaded, and the one that ends the start
+    const own = [...jobProcessPy.matchAll(/record_stage\([^)]*\{"stage":\s*"(\w+)"/g)].map((x) => x[1]);
+    expect(own).toContain("preparing");
+    for (const s of [...stages, ...own, "training", "queued"]) {
+      expect(STAGE_TERMS[s], s).toBeDefined();
+      expect(STAGE_TERMS[s].text).toMatch(/\.$/);
+    }
   });
 
   it("still says something for a phase it does not know", () => {
@@ -83,7 +105,9 @@ describe("glossary", () => {
 
   it("lists every entry with a label and a sentence", () => {
     const all = glossaryEntries();
-    expect(all.length).toBe(Object.keys(PHASE_TERMS).length + Object.keys(CHART_TERMS).length + Object.keys(POLICY_TERMS).length);
+    expect(all.length).toBe(
+      Object.keys(PHASE_TERMS).length + Object.keys(CHART_TERMS).length + Object.keys(POLICY_TERMS).length + Object.keys(STAGE_TERMS).length,
+    );
     for (const [label, text] of all) {
       expect(label.length).toBeGreaterThan(0);
       expect(text).toMatch(/\.$/);

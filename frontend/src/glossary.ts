@@ -1,7 +1,7 @@
 // What the names on the job page mean, in words: the measured phases of a step (docs/interfaces.md §3), the
-// lines of the charts, and the terms of an execution policy (§5). One place, so a chart legend, the plan panel
-// and the summary explain a name the same way. Shown as hover text (title attributes) and in the page's
-// "What the names mean" list.
+// lines of the charts, the terms of an execution policy (§5) and the stages of a job's start (§2, §6). One
+// place, so a chart legend, the plan panel, the start-up line and the summary explain a name the same way. Shown
+// as hover text (title attributes) and in the page's "What the names mean" list.
 
 export interface Term {
   /** The name as the page shows it. */
@@ -85,6 +85,45 @@ export const CHART_TERMS: Readonly<Record<string, Term>> = {
   eta: { label: "ETA", text: "Remaining steps × the last step time." },
 };
 
+/** The stages of a job's start, before its first step (docs/interfaces.md §2 on_stage, §6 `stage`), keyed as the
+ *  runtime names them; the label is the name the job summary's start-up line uses. */
+export const STAGE_TERMS: Readonly<Record<string, Term>> = {
+  queued: { label: "queued", text: "The job waits in its host's queue until the worker, which runs one job at a time, takes it." },
+  preparing: {
+    label: "preparing",
+    text: "The job's process has started and loads the runtime (Python, PyTorch and slidedp): a few seconds, more on a busy host.",
+  },
+  planning: {
+    label: "planning",
+    text: "The execution policy is chosen for this job on this host (AutoPolicy), or the one the job names is resolved: what stays on the GPUs, what is updated where, how the weights travel.",
+  },
+  calibrating: {
+    label: "calibrating",
+    text: "This host's speeds (copies, GPU compute, the CPU update) are measured at the job's shape for the cost model. Only when no calibration of that shape is cached: later runs skip it.",
+  },
+  building_host_state: {
+    label: "host state",
+    text: "The host state (fp32 master weights, AdamW moments and the copy sent to the GPUs) is allocated in shared memory and filled with random initial weights, unit by unit.",
+  },
+  loading_weights: {
+    label: "loading weights",
+    text: "The host state is allocated in shared memory and filled with the weights of the local model directory, unit by unit.",
+  },
+  loading_checkpoint: {
+    label: "loading checkpoint",
+    text: "The host state is filled from a checkpoint (a resumed job, or init_from): weights and AdamW moments, unit by unit.",
+  },
+  starting_ranks: {
+    label: "ranks",
+    text: "One process per GPU (or the job's CPU ranks) is started; each joins the process group and sets up its buffers.",
+  },
+  first_step: {
+    label: "first step",
+    text: "The first optimizer step. It also compiles kernels, allocates memory and fills caches, so it takes longer than the steps after it.",
+  },
+  training: { label: "training", text: "The start-up is over and the job runs its steps; the summary says how long each stage of the start took." },
+};
+
 /** Terms of an execution policy and its plan (docs/interfaces.md §5), keyed as the JSON names them; a value's
  *  meaning is keyed "<key>.<value>". */
 export const POLICY_TERMS: Readonly<Record<string, Term>> = {
@@ -126,7 +165,7 @@ export const POLICY_TERMS: Readonly<Record<string, Term>> = {
   tau: { label: "τ", text: "Marginal pipeline cost of one more layer with this activation policy." },
 };
 
-const ALL: Readonly<Record<string, Term>> = { ...POLICY_TERMS, ...CHART_TERMS, ...PHASE_TERMS };
+const ALL: Readonly<Record<string, Term>> = { ...STAGE_TERMS, ...POLICY_TERMS, ...CHART_TERMS, ...PHASE_TERMS };
 
 /** The explanation of a term by its key ("update_tail", "grad_norm", "delivery.sharded"), or undefined. */
 export function explain(key: string): string | undefined {
@@ -192,7 +231,7 @@ export function annotate(root: ParentNode): void {
 }
 
 /** Every term as [label, text], for the page's list of what the names mean. */
-export function glossaryEntries(groups: readonly Readonly<Record<string, Term>>[] = [PHASE_TERMS, CHART_TERMS, POLICY_TERMS]): [string, string][] {
+export function glossaryEntries(groups: readonly Readonly<Record<string, Term>>[] = [PHASE_TERMS, CHART_TERMS, POLICY_TERMS, STAGE_TERMS]): [string, string][] {
   const out: [string, string][] = [];
   for (const g of groups) {
     for (const [key, t] of Object.entries(g)) out.push([key.includes(".") ? `${key.split(".")[0].replace(/_/g, " ")}: ${t.label}` : t.label, t.text]);

@@ -58,6 +58,23 @@ export interface Job {
   checkpoints: string[];
   /** Health warnings the run raised, oldest first (docs/interfaces.md §6); absent from servers that do not report them. */
   warnings?: JobWarning[] | null;
+  /** Where the current attempt's start-up is (§6): the last `stage` event; null before the attempt starts. */
+  stage?: JobStage | null;
+  /** A cancel asked of the running job and not yet done: "stop", or "save" (a checkpoint first). */
+  cancel_request?: "stop" | "save" | string | null;
+  cancel_requested_at?: string | null;
+}
+
+/** A start-up stage as on_stage reports it (docs/interfaces.md §2): `progress` with done/total while the host
+ *  state is filled; "training" once the first step is done, with every stage's duration. */
+export interface JobStage {
+  stage: string;
+  elapsed_s?: number | null;
+  done?: number | null;
+  total?: number | null;
+  progress?: number | null;
+  durations?: Record<string, number | null> | null;
+  total_s?: number | null;
 }
 
 export interface JobWarning {

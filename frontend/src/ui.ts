@@ -1,10 +1,42 @@
-// Small widgets shared by the pages: status badge, progress bar, error box, confirm-or-keep control.
+// Small widgets shared by the pages: status and warning badges, progress bar, error box, confirm-or-keep control.
 import { ApiError, ApiUnreachable } from "./api";
 import { h, replace } from "./dom";
-import { num } from "./fmt";
+import { num, words } from "./fmt";
+import type { JobWarning } from "./types";
 
 export function statusBadge(status: string): HTMLSpanElement {
   return h("span", { class: `badge status-${status}`, "data-status": status }, status);
+}
+
+/** A job's status badge: a job that completed with health warnings is never a plain green "completed". */
+export function jobStatusBadge(job: { status: string; warnings?: JobWarning[] | null }): HTMLSpanElement {
+  const n = Array.isArray(job.warnings) ? job.warnings.length : 0;
+  if (job.status !== "completed" || n === 0) return statusBadge(job.status);
+  return h(
+    "span",
+    { class: "badge status-completed-warned", "data-status": "completed", "data-warned": "true", title: `Completed, with ${n} health warning${n === 1 ? "" : "s"}:\n${warningLines(job.warnings ?? []).join("\n")}` },
+    "completed with warnings",
+  );
+}
+
+/** One line per warning, "step 3 · loss spike: ...", at most `max` of them and how many more. */
+export function warningLines(list: readonly JobWarning[], max = 12): string[] {
+  const lines = list.slice(0, max).map((w) => `step ${w.step} · ${words(String(w.kind ?? "warning"))}: ${w.message ?? ""}`);
+  if (list.length > max) lines.push(`… and ${list.length - max} more`);
+  return lines;
+}
+
+/** The count of a job's health warnings, its messages as hover text; null when it has none. */
+export function warningBadge(list: readonly JobWarning[] | null | undefined): HTMLSpanElement | null {
+  const n = Array.isArray(list) ? list.length : 0;
+  if (!n) return null;
+  return h(
+    "span",
+    { class: "badge warn-count", title: warningLines(list ?? []).join("\n"), "data-warnings": String(n) },
+    "⚠ ",
+    String(n),
+    h("span", { class: "sr-only" }, n === 1 ? " warning" : " warnings"),
+  );
 }
 
 export function progress(step: number, steps: number): HTMLElement {

@@ -51,6 +51,7 @@ def test_submitted_job_runs_and_streams_metrics_until_completed(client, worker, 
     assert resp.status_code == 201, resp.text
     job = resp.json()
     assert (job["status"], job["name"], job["steps"], job["step"]) == ("queued", "tiny", 4, 0)
+    assert (job["stage"], job["cancel_request"], job["cancel_requested_at"]) == (None, None, None)
     assert job["output_dir"] == str(settings.jobs_dir / str(job["id"]))
     assert job["config"]["optimizer"]["lr"] == 1e-5  # stored with defaults filled in
 
@@ -164,6 +165,8 @@ def test_cancel_stops_a_running_job_at_a_step_boundary_and_a_queued_one_at_once(
     assert cancelled.status_code == 200 and cancelled.json()["status"] == "cancelled"
     resp = client.post(f"/api/jobs/{long_job['id']}/cancel", json={"save": False})
     assert resp.status_code == 200 and resp.json()["status"] == "running"
+    # The pending cancel is on the job, so a page opened now says so.
+    assert resp.json()["cancel_request"] == "stop" and resp.json()["cancel_requested_at"].endswith("Z")
 
     rest = read_sse(
         client,
@@ -175,6 +178,7 @@ def test_cancel_stops_a_running_job_at_a_step_boundary_and_a_queued_one_at_once(
     done = client.get(f"/api/jobs/{long_job['id']}").json()
     assert 1 <= done["step"] < 100_000 and done["step"] == metric_steps(first + rest)[-1]
     assert done["checkpoints"] == [] and done["error"] is None
+    assert (done["cancel_request"], done["cancel_requested_at"]) == (None, None)
     assert client.post(f"/api/jobs/{long_job['id']}/cancel").status_code == 409
 
     # The queued job's message reaches the worker later and is dropped: it never ran.
@@ -198,6 +202,7 @@ def test_cancel_with_save_then_resume_continues_from_the_checkpoint(client, work
 
     resumed = client.post(f"/api/jobs/{job['id']}/resume")
     assert resumed.status_code == 200 and resumed.json()["status"] == "queued"
+    assert resumed.json()["stage"] is None  # the new attempt reports its own start-up
     seen = first[-1]["id"] if not rest else rest[-1]["id"]
     after = read_sse(
         client, f"/api/jobs/{job['id']}/events", headers={"Last-Event-ID": str(seen)}, timeout=240

@@ -1,17 +1,19 @@
-// Job page: live charts over SSE, the chosen policy and why, log tail, checkpoints and export.
+// Job page: where the job's start-up is, live charts over SSE, the chosen policy and why, log tail, checkpoints and
+// export; a diverged run's reason at the top, a cancel asked for as long as it is pending.
 import { allMetrics, api, ApiError, apiToken, download, withTicket } from "../api";
 import { JOB_CHARTS, jobWarnings, LiveChart } from "../charts";
 import { facts, h, replace } from "../dom";
 import { bytes, duration, grouped, jobClock, num, seconds, when, words } from "../fmt";
-import { annotate, CHART_TERMS, glossaryEntries, PHASE_TERMS, POLICY_TERMS } from "../glossary";
+import { annotate, CHART_TERMS, glossaryEntries, PHASE_TERMS, POLICY_TERMS, STAGE_TERMS } from "../glossary";
 import { apiAbsent } from "../health";
 import { parseJson } from "../json";
 import { renderPlan } from "../plan";
 import { navigate, type Cleanup } from "../router";
 import { MetricsStore } from "../series";
+import { divergence, stageAhead, stageHeadline, stageHint, stageProgress, startingStage, startupSummary, tenths } from "../stage";
 import { ResumableStream, type StreamState } from "../sse";
-import { TERMINAL_STATUSES, type Job, type JobWarning, type LogLine, type MetricsRecord, type StatusEvent } from "../types";
-import { confirmButton, confirmControl, errorBox, progress, runAction, statusBadge } from "../ui";
+import { TERMINAL_STATUSES, type Job, type JobStage, type JobWarning, type LogLine, type MetricsRecord, type StatusEvent } from "../types";
+import { confirmButton, confirmControl, errorBox, jobStatusBadge, progress, runAction } from "../ui";
 
 const LOG_TAIL = 500;
 const REFRESH_MS = 3000;
@@ -76,8 +78,14 @@ export function jobPage(root: HTMLElement, params: string[]): Cleanup {
   let timer: ReturnType<typeof setTimeout> | null = null;
   let shownPolicy = "";
   let shownWarnings = "";
-  // A cancel this page asked for: its note stays until the job's final status replaces it.
+  // A cancel this page asked for, or the job's pending one: its note stays until the final status replaces it.
   let cancelAsked: { save: boolean } | null = null;
+  // When the shown start-up stage began: the newest "start-up: ..." log line of the runtime (written as each
+  // stage begins, so a reloaded page knows too), else when this page first saw the stage.
+  let startupLine: { seq: number; at: number } | null = null;
+  let seenStage = { key: "", at: 0 };
+  // When the job was last queued (its newest "queued" status event): a resumed job waits again from then.
+  let queuedAt: number | null = null;
   const store = new MetricsStore();
   window.__slidedpStore = store;
   const charts = JOB_CHARTS.map((spec) => new LiveChart(spec, store));
@@ -89,6 +97,9 @@ export function jobPage(root: HTMLElement, params: string[]): Cleanup {
   const actionsEl = h("div", { class: "actions" });
   const actionOut = h("span", { class: "action-note", role: "status" });
   const summaryEl = h("div", { class: "summary" });
+  const divergedEl = h("div", { class: "diverged-slot" });
+  const stageEl = h("section", { class: "startup", id: "job-stage", "aria-label": "Start-up", hidden: true });
+  const stageClockEl = h("dl", { class: "facts stage-clock" });
   const clockEl = h("dl", { class: "facts clock", id: "job-clock" });
   const errorEl = h("div");
   const warningsEl = h("section", { class: "warnings", "aria-label": "Warnings", hidden: true });
@@ -99,7 +110,9 @@ export function jobPage(root: HTMLElement, params: string[]): Cleanup {
   replace(
     root,
     h("div", { class: "page-head" }, h("div", { class: "title-row" }, title, badge, liveEl), h("div", { class: "toolbar" }, actionsEl, actionOut)),
+    divergedEl,
     summaryEl,
+    stageEl,
     errorEl,
     warningsEl,
     h("section", { class: "charts", "aria-label": "Live charts" }, charts.map((c) => c.el)),
@@ -121,19 +134,46 @@ export function jobPage(root: HTMLElement, params: string[]): Cleanup {
       job.step = Math.max(job.step ?? 0, store.lastStep);
       job.last_metrics = store.records[store.length - 1];
       renderSummary();
+      renderStage();
     }
+  }
+
+  /** Log lines into the tail; the runtime's "start-up: ..." lines also date the stage they begin. */
+  function addLogs(lines: LogLine[]): void {
+    logs.add(lines);
+    let changed = false;
+    for (const l of lines) {
+      if (!l || typeof l.line !== "string" || !l.line.startsWith("start-up: ")) continue;
+      const at = Date.parse(l.ts);
+      if (Number.isFinite(at) && (!startupLine || l.seq > startupLine.seq)) {
+        startupLine = { seq: l.seq, at };
+        changed = true;
+      }
+    }
+    if (changed) renderStage();
   }
 
   function renderHeader(): void {
     if (!job) return;
     title.textContent = `Job #${job.id}${job.name ? ` · ${job.name}` : ""}`;
-    replace(badge, statusBadge(job.status));
-    // Rebuilt only when the status changes: a half-confirmed cancel, a ticked box or the focus survive refreshes.
-    if (actionsEl.dataset.status === job.status) return;
+    replace(badge, jobStatusBadge(job));
+    // Rebuilt only when the status or a pending cancel changes: a half-confirmed cancel, a ticked box or the focus
+    // survive refreshes.
+    const key = `${job.status}|${job.status === "running" ? (job.cancel_request ?? "") : ""}`;
+    if (actionsEl.dataset.state === key) return;
+    actionsEl.dataset.state = key;
     actionsEl.dataset.status = job.status;
     const out = actionOut;
     replace(actionsEl);
-    if (job.status === "queued" || job.status === "running") {
+    if (job.status === "running" && job.cancel_request) {
+      // Asked for here or elsewhere, before a reload too: said until the job's final status replaces it.
+      const save = job.cancel_request === "save";
+      cancelAsked = { save };
+      actionsEl.append(h("button", { type: "button", class: "secondary", disabled: true }, "Cancel requested…"));
+      actionOut.className = "action-note";
+      delete actionOut.dataset.outcome;
+      actionOut.textContent = cancelNote(save, job.cancel_requested_at);
+    } else if (job.status === "queued" || job.status === "running") {
       const save = h("input", { type: "checkbox", id: "cancel-save" });
       const saveLabel = h("label", { class: "check", for: "cancel-save" }, save, " save a checkpoint");
       actionsEl.append(
@@ -162,7 +202,7 @@ export function jobPage(root: HTMLElement, params: string[]): Cleanup {
             save.disabled = true;
             if (job?.status === "running") {
               actionOut.className = "action-note";
-              actionOut.textContent = `Cancel requested: the job stops at the next step boundary${withSave ? " after writing a checkpoint" : ""}.`;
+              actionOut.textContent = cancelNote(withSave, job.cancel_requested_at);
             }
             renderAll();
             return true;
@@ -235,8 +275,92 @@ export function jobPage(root: HTMLElement, params: string[]): Cleanup {
       ["output", h("code", null, job.output_dir)],
     ]);
     annotate(dl);
-    replace(summaryEl, progress(job.step ?? 0, job.steps ?? 0), clockEl, dl);
+    replace(summaryEl, progress(job.step ?? 0, job.steps ?? 0), clockEl, dl, startupLineEl());
     renderClock();
+  }
+
+  /** "Start-up: 12.3 s (planning 0.4 s, ...)" once the job trains; where the start ended when it never did. */
+  function startupLineEl(): HTMLElement | null {
+    if (!job) return null;
+    const sum = startupSummary(job.stage);
+    if (sum) {
+      const parts = sum.parts.map((p) => h("span", { class: "term", title: p.hint, dataset: { stage: p.stage } }, `${p.label} ${tenths(p.seconds)}`));
+      return h(
+        "p",
+        { class: "startup-summary", id: "startup-summary", dataset: { complete: "true" } },
+        h("span", { class: "term", title: "From the start of training (planning) to the end of the first step; loading the runtime before it is not counted. Each stage's share follows." }, "Start-up"),
+        `: ${tenths(sum.total)}`,
+        parts.length ? [" (", parts.flatMap((p, i) => (i ? [", ", p] : [p])), ")"] : null,
+      );
+    }
+    const s = job.stage;
+    if (TERMINAL_STATUSES.has(job.status) && job.status !== "completed" && s && typeof s.stage === "string" && s.stage !== "training") {
+      const where = stageHeadline(s);
+      return h(
+        "p",
+        { class: "startup-summary", id: "startup-summary", dataset: { complete: "false" } },
+        "The start-up did not finish: the job ended while ",
+        h("span", { class: "term", title: stageHint(s.stage) }, where.charAt(0).toLowerCase() + where.slice(1)),
+        ".",
+      );
+    }
+    return null;
+  }
+
+  /** Where the job is before its first step, in words, with the time in this stage and since the start. */
+  function renderStage(): void {
+    if (!job) return;
+    const s = startingStage(job, store.length > 0);
+    if (!s) {
+      if (!stageEl.hidden) {
+        stageEl.hidden = true;
+        replace(stageEl);
+        delete stageEl.dataset.stage;
+      }
+      return;
+    }
+    if (s.stage !== seenStage.key) seenStage = { key: s.stage, at: Date.now() };
+    const frac = stageProgress(s);
+    stageEl.hidden = false;
+    stageEl.dataset.stage = s.stage;
+    replace(
+      stageEl,
+      h("p", { class: "stage-now" }, h("span", { class: "stage-name term", title: stageHint(s.stage) }, stageHeadline(s))),
+      frac !== null
+        ? h("progress", { class: "stage-progress", max: 1000, value: Math.round(frac * 1000), "aria-label": `${s.stage.replace(/_/g, " ")}: ${Math.round(frac * 100)} %` })
+        : null,
+      stageClockEl,
+    );
+    renderStageClock();
+  }
+
+  function renderStageClock(): void {
+    if (!job || stageEl.hidden) return;
+    const s = startingStage(job, store.length > 0);
+    if (!s) return;
+    const now = Date.now();
+    const since = (t: number | null) => (t === null || !Number.isFinite(t) ? null : Math.max(0, (now - t) / 1000));
+    const items: [string, string, number | null, string][] = [];
+    if (s.stage === "queued") {
+      const created = job.created_at ? Date.parse(job.created_at) : NaN;
+      items.push(["queued for", "queued", since(queuedAt ?? created), "Time since the job was submitted or resumed; it starts when the worker takes it."]);
+    } else {
+      const started = job.started_at ? Date.parse(job.started_at) : NaN;
+      items.push(["in this stage", "stage", since(stageStart(s.stage, started)), "Time since this stage began."]);
+      items.push(["start-up so far", "startup", since(started), "Time since the worker started this attempt."]);
+    }
+    replace(
+      stageClockEl,
+      items.filter((i) => i[2] !== null).map(([label, key, sec, hint]) => [h("dt", { title: hint, class: "term" }, label), h("dd", { dataset: { clock: key } }, duration(sec))]),
+    );
+  }
+
+  /** When the shown stage began (ms): the process's start for "preparing", the newest start-up log line of this
+   *  attempt for the runtime's stages, else when this page first saw it. */
+  function stageStart(stage: string, started: number): number {
+    if (stage === "launching" || stage === "preparing") return Number.isFinite(started) ? started : seenStage.at;
+    if (startupLine && (!Number.isFinite(started) || startupLine.at >= started - 1000)) return startupLine.at;
+    return seenStage.at;
   }
 
   /** Elapsed while it runs (ticking), the run's duration once it ended. */
@@ -268,6 +392,33 @@ export function jobPage(root: HTMLElement, params: string[]): Cleanup {
   }
 
   function renderError(): void {
+    const div = job?.status === "failed" ? divergence(job.error) : null;
+    if (div) {
+      // The run went non-finite: said at the top in red, in place of the error box below.
+      const key = div.text;
+      if (divergedEl.dataset.shown !== key) {
+        divergedEl.dataset.shown = key;
+        replace(
+          divergedEl,
+          h(
+            "div",
+            { class: "error-box diverged", id: "diverged", role: "alert" },
+            h("strong", { class: "diverged-title" }, div.text),
+            h(
+              "p",
+              null,
+              "The run was stopped there and failed; no checkpoint or export is written after it. The charts draw the steps it recorded, the values that were not finite as gaps. A lower learning rate (optimizer.lr) or gradient clipping (optimizer.max_grad_norm) usually keeps a run finite.",
+            ),
+          ),
+        );
+      }
+      replace(errorEl);
+      return;
+    }
+    if (divergedEl.dataset.shown) {
+      delete divergedEl.dataset.shown;
+      replace(divergedEl);
+    }
     if (!job?.error) {
       replace(errorEl);
       return;
@@ -289,6 +440,7 @@ export function jobPage(root: HTMLElement, params: string[]): Cleanup {
     if (!job) return;
     renderHeader();
     renderSummary();
+    renderStage();
     renderError();
     renderWarnings();
     for (const c of charts) c.setContext({ job });
@@ -328,7 +480,7 @@ export function jobPage(root: HTMLElement, params: string[]): Cleanup {
     const [recs, lines] = await Promise.all([allMetrics(id, store.contiguousStep()), allLogs(id, logs.lastSeq)]);
     if (stopped) return;
     onMetrics(recs);
-    logs.add(lines);
+    addLogs(lines);
   }
 
   function setLive(state: StreamState | "final"): void {
@@ -348,10 +500,15 @@ export function jobPage(root: HTMLElement, params: string[]): Cleanup {
     if (!job) return;
     // A stream opened from the start replays a resumed job's earlier attempts; their end is not this one's.
     if (TERMINAL_STATUSES.has(ev.status) && !TERMINAL_STATUSES.has(job.status) && ev.ts && job.started_at && Date.parse(ev.ts) < Date.parse(job.started_at)) return;
+    const at = ev.ts ? Date.parse(ev.ts) : NaN;
+    if (ev.status === "queued" && Number.isFinite(at)) queuedAt = at;
+    // The attempt starts with its "running" event: its clock too, before the next refresh brings started_at.
+    if (ev.status === "running" && Number.isFinite(at) && (!job.started_at || at > Date.parse(job.started_at))) job.started_at = ev.ts ?? null;
     job.status = ev.status;
     if (ev.error) job.error = ev.error;
     renderHeader();
     renderError();
+    renderStage();
     if (TERMINAL_STATUSES.has(ev.status)) {
       stream?.end();
       setLive("final");
@@ -366,7 +523,16 @@ export function jobPage(root: HTMLElement, params: string[]): Cleanup {
     if (list.some((x) => x.step === w.step && x.kind === w.kind)) return;
     job.warnings = [...list, w];
     renderWarnings();
+    replace(badge, jobStatusBadge(job));
     for (const c of charts) c.setContext({ job });
+  }
+
+  /** A start-up stage as the stream sends it: where the attempt is now; "training" ends the start-up line. */
+  function onStage(st: JobStage): void {
+    if (!job || !st || typeof st.stage !== "string") return;
+    job.stage = st;
+    renderStage();
+    if (st.stage === "training" || TERMINAL_STATUSES.has(job.status)) renderSummary();
   }
 
   function startStream(): void {
@@ -381,13 +547,14 @@ export function jobPage(root: HTMLElement, params: string[]): Cleanup {
           return;
         }
         if (type === "metrics") onMetrics([payload as MetricsRecord]);
-        else if (type === "log") logs.add([payload as LogLine]);
+        else if (type === "log") addLogs([payload as LogLine]);
         else if (type === "status") onStatus(payload as StatusEvent);
         else if (type === "warning") onWarning(payload as JobWarning);
+        else if (type === "stage") onStage(payload as JobStage);
       },
       onState: setLive,
       onReopen: () => void catchUp().catch(() => undefined),
-    }, { events: ["metrics", "status", "log", "warning"], ...(apiToken() ? { sign: (url: string) => withTicket(url) } : {}) });
+    }, { events: ["metrics", "status", "log", "warning", "stage"], ...(apiToken() ? { sign: (url: string) => withTicket(url) } : {}) });
     // A stream reopened after a resume continues after the last event this page saw.
     stream.lastEventId = lastEventId;
     window.__slidedpStream = stream;
@@ -400,7 +567,10 @@ export function jobPage(root: HTMLElement, params: string[]): Cleanup {
     try {
       const fresh = await api.job(id);
       if (stopped) return;
+      const prev = job;
       job = { ...fresh, step: Math.max(fresh.step ?? 0, store.lastStep) };
+      // Read before the stream's newest stage event of this attempt: that event stays.
+      if (prev && prev.status === "running" && fresh.status === "running" && prev.started_at === fresh.started_at && stageAhead(prev.stage, fresh.stage)) job.stage = prev.stage;
       if (!job.last_metrics && store.length) job.last_metrics = store.records[store.length - 1];
       renderAll();
       const live = stream?.state === "open";
@@ -452,7 +622,10 @@ export function jobPage(root: HTMLElement, params: string[]): Cleanup {
   }
 
   const clock = setInterval(() => {
-    if (job && (job.status === "running" || job.status === "queued")) renderClock();
+    if (job && (job.status === "running" || job.status === "queued")) {
+      renderClock();
+      renderStageClock();
+    }
   }, CLOCK_MS);
 
   void load();
@@ -493,5 +666,13 @@ function glossaryList(): HTMLElement {
     group("Phases of a step", glossaryEntries([PHASE_TERMS])),
     group("Chart lines and figures", glossaryEntries([CHART_TERMS])),
     group("Policy", glossaryEntries([POLICY_TERMS])),
+    group("Stages of the start", glossaryEntries([STAGE_TERMS])),
   );
+}
+
+/** What the page says while a cancel is pending. */
+function cancelNote(save: boolean, at: string | null | undefined): string {
+  const t = at ? new Date(at) : null;
+  const when = t && !Number.isNaN(t.getTime()) ? ` at ${t.toLocaleTimeString()}` : "";
+  return `Cancel requested${when}: the job stops at the next step boundary${save ? " after writing a checkpoint" : ""}.`;
 }

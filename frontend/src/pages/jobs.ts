@@ -1,11 +1,12 @@
-// Jobs list: status, progress, ETA and throughput of every job, with cancel, resume and delete.
+// Jobs list: status (with its health warnings), progress, ETA and throughput of every job, with cancel, resume and
+// delete.
 import { api } from "../api";
 import { h, replace } from "../dom";
 import { duration, rate, when } from "../fmt";
 import { apiAbsent } from "../health";
 import type { Cleanup } from "../router";
 import { TERMINAL_STATUSES, type Job } from "../types";
-import { confirmButton, confirmControl, errorBox, progress, runAction, statusBadge } from "../ui";
+import { confirmButton, confirmControl, errorBox, jobStatusBadge, progress, runAction, warningBadge } from "../ui";
 
 const PAGE = 50;
 const POLL_MS = 2000;
@@ -72,7 +73,16 @@ export function jobsPage(root: HTMLElement): Cleanup {
   function actions(job: Job): HTMLElement {
     const out = h("span", { class: "action-error", role: "status" });
     const cell = h("div", { class: "actions" });
-    if (job.status === "queued" || job.status === "running") {
+    if (job.status === "running" && job.cancel_request) {
+      // Asked already (here, on the job page or by another client): said until the job ends.
+      cell.append(
+        h(
+          "button",
+          { type: "button", class: "secondary", disabled: true, title: job.cancel_request === "save" ? "The job writes a checkpoint, then stops." : "The job stops at the next step boundary." },
+          "Cancel requested…",
+        ),
+      );
+    } else if (job.status === "queued" || job.status === "running") {
       cell.append(
         confirmControl({
           label: "Cancel",
@@ -122,11 +132,19 @@ export function jobsPage(root: HTMLElement): Cleanup {
   function fill(row: HTMLTableRowElement, job: Job): void {
     const cells = row.cells;
     replace(cells[0], h("a", { href: `/jobs/${job.id}` }, `#${job.id}`), job.name ? ` ${job.name}` : "");
-    if (row.dataset.status !== job.status) {
-      replace(cells[1], statusBadge(job.status));
+    const warnings = Array.isArray(job.warnings) ? job.warnings : [];
+    // Rebuilt only when what they show changed, so a half-confirmed cancel survives the polling.
+    const key = JSON.stringify([job.status, job.cancel_request ?? null]);
+    if (row.dataset.state !== key) {
       replace(cells[7], actions(job));
-      row.dataset.status = job.status;
+      row.dataset.state = key;
     }
+    const badges = JSON.stringify([job.status, warnings]);
+    if (row.dataset.badges !== badges) {
+      replace(cells[1], h("span", { class: "status-cell" }, jobStatusBadge(job), warningBadge(warnings)));
+      row.dataset.badges = badges;
+    }
+    row.dataset.status = job.status;
     replace(cells[2], progress(job.step ?? 0, job.steps ?? 0));
     cells[3].textContent = job.status === "running" ? duration(job.eta_s) : "–";
     cells[4].textContent = rate(job.tokens_per_s ?? job.last_metrics?.tokens_per_s, "");
