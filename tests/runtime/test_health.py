@@ -111,3 +111,18 @@ def test_lr_1000_never_ends_as_a_plain_success(tmp_path):
         assert str(exc).startswith("diverged:")
         return
     assert "loss_spike" in {w["kind"] for w in result.warnings}, [r["loss"] for r in result.metrics]
+
+
+def test_a_step_whose_only_bad_figure_is_its_gradient_norm_is_the_last_one_run(tmp_path):
+    """The demo shape at lr 1e6 without warm-up: step 2's loss is finite but its gradient norm is not. No step
+    runs after it (rank 0 reads the norm reduced on the device before the next step), nothing is exported."""
+    cfg = {"model": "demo-qwen3", "data": {"path": "demo:demo_sft.jsonl", "format": "prompt_completion"},
+           "seq_len": 128, "micro_batch_size": 8, "steps": 5, "precision": "fp32", "export": True,
+           "output_dir": str(tmp_path / "out"), "optimizer": {"lr": 1e6}, "schedule": {"warmup_steps": 0}}
+    with pytest.raises(UnhealthyRun) as err:
+        train(cfg)
+    step = err.value.step
+    with open(tmp_path / "out" / "metrics.jsonl", encoding="utf-8") as fh:
+        rows = [json.loads(line) for line in fh]
+    assert [r["step"] for r in rows] == list(range(1, step + 1)), (str(err.value), rows[-1])
+    assert not (tmp_path / "out" / "final").exists()

@@ -54,6 +54,7 @@ class StepTiming:
     target_tokens: Any = None
     stats: Any = None  # device tensor gathered from every rank: bytes and peak HBM
     cpu_start: tuple[float, float] = (0.0, 0.0)  # CPU seconds so far: the issuing thread's, the whole process's
+    norm: Any = None  # (event, host sum of squares of the gradient) where the norm is reduced on the devices
 
 
 class RankEngine:
@@ -434,8 +435,10 @@ class RankEngine:
             host_norm = self._norm_host[step % 2]
             dev = self.device_update
             keep = dev.keep_norm if dev is not None and self.updater.clip else None
-            self.updater.end_backward(step, (self.routes.finish_norm(host_norm, keep), host_norm))
+            norm = (self.routes.finish_norm(host_norm, keep), host_norm)
+            self.updater.end_backward(step, norm)
         else:
+            norm = None
             self.updater.end_backward(step)
         if self.device_update is not None:
             self.device_update.update(step)
@@ -449,4 +452,4 @@ class RankEngine:
         all_gather(gathered, stats, group=self.routes.grad_group)
         ev["stats"] = s.record(s.compute)
         return StepTiming(step, t_start, data_s, self.window.update_wait_s, self.staging_wait_s, tokens, ev,
-                          loss_sum, n_targets, gathered, cpu_start)
+                          loss_sum, n_targets, gathered, cpu_start, norm)

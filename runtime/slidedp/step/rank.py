@@ -128,7 +128,7 @@ def rank_main(rank: int, world: int, args: RankArgs, queue) -> None:
             queue.put(("stage", 0, {"stage": "first_step"}))  # the launcher's start-up stages
         latest = None  # the last step run (emitting its record may have taken it out of `pending`)
         for step in range(args.start_step + 1, cfg.steps + 1):
-            if rank == 0 and latest is not None and not _loss_finite(latest):
+            if rank == 0 and latest is not None and not _step_finite(latest):
                 board.set(Board.STOP_REQUEST, 1)  # diverged: no step after it; the launcher names the reason
             if _decide_stop(board, rank, step):
                 break
@@ -167,11 +167,19 @@ def rank_main(rank: int, world: int, args: RankArgs, queue) -> None:
             state.unpin()
 
 
-def _loss_finite(t) -> bool:
-    """Whether the step's loss (summed over the ranks) is finite; waits for the step's last collective. A
-    diverged step must be the last one run (slidedp.health), and its loss is known only once it has been run."""
+def _step_finite(t) -> bool:
+    """Whether the step's loss (summed over the ranks) and, where the norm is reduced on the devices (one rank,
+    or GPU reduction), its gradient norm are finite; waits for the step's last collective. A diverged step must
+    be the last one run (slidedp.health), and its figures are known only once it has been run. (With host
+    reduction on several ranks the norm is summed by the updaters after the update: only the loss is read.)"""
     t.events["stats"].synchronize()
-    return math.isfinite(float(t.loss_sum.item()))
+    if not math.isfinite(float(t.loss_sum.item())):
+        return False
+    if t.norm is not None:
+        event, sumsq = t.norm
+        event.synchronize()
+        return math.isfinite(float(sumsq))
+    return True
 
 
 def _decide_stop(board: Board, rank: int, step: int) -> bool:
