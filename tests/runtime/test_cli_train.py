@@ -102,6 +102,7 @@ def test_the_python_api_still_starts_fresh_in_a_used_output_dir(job):
     assert result.status == "completed" and (job["out"] / "notes.txt").exists()
 
 
+@pytest.mark.slow
 def test_a_two_rank_cli_run_prints_no_library_warning(tmp_path):
     """The command's own output and its ranks' (which write to the same terminal) carry no FutureWarning or
     other library warning: the collectives are called by the names this torch has (slidedp.step.collectives)."""

@@ -248,6 +248,7 @@ def _reference_loss(model_dir: str, data_path: str, rows: int | None = None) -> 
     return float(loss) / n, n
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", list(RUNS))
 def test_eval_loss_equals_a_plain_torch_forward(workdir, name):
     """Before the first step the model is the model directory's; after the last it is the exported one."""
@@ -267,6 +268,7 @@ def test_eval_loss_equals_a_plain_torch_forward(workdir, name):
     assert read_metrics(run["out"])[0]["eval_loss_start"] == records[0]["eval_loss_start"]
 
 
+@pytest.mark.slow
 def test_evaluation_does_not_change_training(workdir):
     """The same run with and without evaluation after every step: the same losses, norms and trained state, to
     the bit (the evaluation sends no gradient and leaves the updater, AdamW moments and step count alone)."""
@@ -290,6 +292,7 @@ def _keep_best_run(workdir) -> dict:
                 checkpoint={"interval": 1, "keep": 1})
 
 
+@pytest.mark.slow
 def test_keep_best_keeps_the_checkpoint_with_the_lowest_eval_loss(workdir):
     """Held-out rows, evaluated and checkpointed after every step, one checkpoint kept: best/ is the checkpoint of
     the lowest eval loss, kept after rotation, and its weights give that loss again."""
@@ -320,6 +323,7 @@ def test_keep_best_keeps_the_checkpoint_with_the_lowest_eval_loss(workdir):
     assert abs(again - losses[best_step]) <= 1e-5 * again, (again, losses[best_step])
 
 
+@pytest.mark.slow
 def test_a_resumed_run_evaluates_before_its_first_step_and_keeps_the_best_going(workdir):
     """Resuming the keep_best run (a copy of its folder) for two more steps: the evaluation before the resumed
     run's first step sees the checkpoint's weights (the earlier run's last eval loss, to the bit), the held-out

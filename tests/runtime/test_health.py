@@ -87,6 +87,7 @@ def test_a_diverged_run_fails_and_keeps_the_last_good_checkpoint(tmp_path, clip)
     assert any("checkpoint" not in line and "diverged" in line for line in lines)
 
 
+@pytest.mark.slow
 def test_a_warned_run_completes_with_its_warnings_and_stop_mode_fails_it(tmp_path):
     cfg = _cfg(tmp_path, optimizer={"lr": 0.5}, health={"loss_spike_factor": 1.01}, steps=4)
     result = train(cfg)
@@ -101,6 +102,7 @@ def test_a_warned_run_completes_with_its_warnings_and_stop_mode_fails_it(tmp_pat
     assert not (tmp_path / "stop" / "final").exists()
 
 
+@pytest.mark.slow
 def test_lr_1000_never_ends_as_a_plain_success(tmp_path):
     """The run users reported: lr 1000 in bf16 on the demo shape. It diverges (failed with the reason) or it
     completes with warnings; never a silent completion."""
@@ -113,6 +115,7 @@ def test_lr_1000_never_ends_as_a_plain_success(tmp_path):
     assert "loss_spike" in {w["kind"] for w in result.warnings}, [r["loss"] for r in result.metrics]
 
 
+@pytest.mark.slow
 def test_a_step_whose_only_bad_figure_is_its_gradient_norm_is_the_last_one_run(tmp_path):
     """The demo shape at lr 1e6 without warm-up: step 2's loss is finite but its gradient norm is not. No step
     runs after it (rank 0 reads the norm reduced on the device before the next step), nothing is exported."""
