@@ -67,6 +67,7 @@ def test_non_finite_numbers_are_written_as_null():
         "loss": None, "x": [1.0, None], "d": {"y": None}}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("clip", [0.0, 1.0])
 def test_a_diverged_run_fails_and_keeps_the_last_good_checkpoint(tmp_path, clip):
     """lr 1e30: step 1 is finite, its update blows the weights up, step 2's loss is not finite. The run ends with
