@@ -74,20 +74,16 @@ def window_plan(schedule: list[int], dedicated: set[int], slots: int) -> tuple[l
 
 def step_schedule(layers: int, micro_batches: int) -> list[int]:
     """Units in the order the engine uses them: embedding, 1..L, head, L..1 (then 1..L, L..1 per micro-batch)."""
-    sched: list[int] = []
-    for m in range(micro_batches):
-        if m == 0:
-            sched.append(0)
-        sched.extend(range(1, layers + 1))
-        if m == 0:
-            sched.append(layers + 1)
-        sched.extend(range(layers, 0, -1))
-    return sched
+    return _schedule(layers, micro_batches, backward=True)
 
 
 def eval_schedule(layers: int, micro_batches: int) -> list[int]:
     """Units in the order a forward-only evaluation uses them: embedding, 1..L, head, then 1..L per further
     micro-batch (the embedding and head keep their own buffers across micro-batches, as in a step)."""
+    return _schedule(layers, micro_batches, backward=False)
+
+
+def _schedule(layers: int, micro_batches: int, backward: bool) -> list[int]:
     sched: list[int] = []
     for m in range(micro_batches):
         if m == 0:
@@ -95,4 +91,6 @@ def eval_schedule(layers: int, micro_batches: int) -> list[int]:
         sched.extend(range(1, layers + 1))
         if m == 0:
             sched.append(layers + 1)
+        if backward:
+            sched.extend(range(layers, 0, -1))
     return sched
