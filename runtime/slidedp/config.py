@@ -532,6 +532,11 @@ def _cross_checks(cfg: JobConfig, errors: list[dict[str, str]]) -> None:
     for i, b in enumerate(cfg.optimizer.betas):
         if not 0.0 <= b < 1.0:
             errors.append({"loc": f"optimizer.betas[{i}]", "msg": f"must be in [0, 1), got {b}"})
+    decay = cfg.optimizer.lr * cfg.optimizer.weight_decay
+    if decay >= 1.0:
+        errors.append({"loc": "optimizer.weight_decay", "msg": f"times optimizer.lr is {decay:.3g}: every step "
+                       "multiplies each weight by 1 - lr x weight_decay, which would zero or flip the sign of every "
+                       "weight; use a weight_decay below 1/lr (typically 0 to 0.1)"})
     if cfg.gpus > 0 and cfg.ranks != 1 and cfg.ranks != cfg.gpus:
         errors.append({"loc": "ranks", "msg": "is for CPU training (gpus = 0); with GPUs there is one rank per GPU"})
     if cfg.schedule.warmup_steps > cfg.steps:

@@ -191,6 +191,8 @@ def test_fuzzed_requests_never_get_a_server_error_and_accepted_jobs_run(api, cli
             outcomes.append((body, now["status"], now["step"], now["error"]))
     finally:
         worker.stop()
-    failed = [o for o in outcomes if o[1] not in ("completed", "cancelled")]
+    # A run the health check stopped (a fuzzed lr of 1e300 diverges) was judged as designed, not failed by a bug.
+    judged = [o for o in outcomes if o[1] == "failed" and (o[3] or {}).get("message", "").startswith("diverged: ")]
+    failed = [o for o in outcomes if o[1] not in ("completed", "cancelled") and o not in judged]
     assert failed == [], "accepted jobs failed later:\n" + "\n".join(map(str, failed))
     assert any(o[2] > 0 for o in outcomes), outcomes  # they trained, not only started

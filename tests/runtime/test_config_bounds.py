@@ -144,6 +144,16 @@ def test_unknown_keys_and_huge_values_still_make_printable_errors():
     assert any("bits" in e["msg"] for e in errors if e["loc"] == "precision")
 
 
+def test_a_weight_decay_that_flips_the_weights_is_refused_with_the_bound():
+    # lr 1e-4 x weight_decay 7e307: every step would multiply each weight by a huge negative factor, the run
+    # diverging at step 2 instead of being refused at submit.
+    errors = _refused({**BASE, "optimizer": {"lr": 1e-4, "weight_decay": 7.458054569214979e307}})
+    assert [e["loc"] for e in errors] == ["optimizer.weight_decay"]
+    assert "below 1/lr" in errors[0]["msg"]
+    _refused({**BASE, "optimizer": {"lr": 0.5, "weight_decay": 2.0}})  # exactly 1 zeroes every weight
+    JobConfig.from_dict({**BASE, "optimizer": {"lr": 1e-3, "weight_decay": 0.1}})
+
+
 def test_schema_doc_lists_the_init_from_keys():
     rows = {r[0]: r for r in schema_doc()}
     assert rows["init_from"][1:3] == ("mapping or null", "null")
@@ -172,6 +182,8 @@ def _numeric_max_configs(base: dict) -> list[tuple[str, dict]]:
             raw["steps"] = 10**9  # warmup may not outlast the run
         if path == "schedule.min_lr_ratio":
             raw["schedule"]["decay"] = "cosine"
+        if path == "optimizer.weight_decay":
+            raw["optimizer"]["lr"] = 0.5 / sys.float_info.max  # lr x weight_decay must stay below 1
         if path.startswith("init_from."):
             continue  # a job id is resolved by the web service; not planned
         out.append((path, raw))
@@ -221,6 +233,7 @@ def test_every_key_at_its_largest_accepted_value_at_once(topo, data_file, tmp_pa
             raw = _with(raw, path, _max_value(tp, meta))
     raw["policy"]["activations"] = "auto"
     raw["schedule"]["decay"] = "linear"
+    raw["optimizer"]["weight_decay"] = 0.5 / sys.float_info.max  # lr x weight_decay must stay below 1
     JobConfig.from_dict(raw)
     _plan_and_validate(raw, topo)
     _plan_and_validate({**raw, "gpus": 0}, topo)  # CPU ranks at their largest
