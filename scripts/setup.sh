@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Create .venv and install the project with what `make run` / `make test` need. Idempotent.
-#   scripts/setup.sh            runtime + web stack + dev tools, frontend build
+#   scripts/setup.sh            runtime + web stack + dev tools + experiment trackers, frontend build
 #   SETUP_BROWSER=1 ...         also Debian's Chromium for the browser tests
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -46,8 +46,8 @@ if ! "$VENV/bin/python" -c "import torch" >/dev/null 2>&1; then
 fi
 # Skipped when a complete set-up is newer than pyproject.toml (`make test` calls this again for the browser).
 if [ ! -f "$STAMP" ] || [ pyproject.toml -nt "$STAMP" ] || [ scripts/setup.sh -nt "$STAMP" ]; then
-  stage dependencies "installing the project (editable) with its web, dev and data extras into $VENV"
-  "$PIP" install -q -e ".[web,dev,data]"
+  stage dependencies "installing the project (editable) with its web, dev, data and trackers extras into $VENV"
+  "$PIP" install -q -e ".[web,dev,data,trackers]"
   stage_done
 else
   echo "setup: dependencies: $VENV is up to date with pyproject.toml"

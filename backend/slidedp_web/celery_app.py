@@ -28,6 +28,7 @@ from celery import Celery
 from slidedp_web.core.config import Settings, get_settings
 
 TASK_NAME = "slidedp.run_job"
+GENERATE_TASK = "slidedp.run_generation"  # a prompt for a job's model, on the job's queue (generations.py)
 _apps: dict[str, Celery] = {}
 _lock = threading.Lock()
 
@@ -82,6 +83,19 @@ def enqueue(settings: Settings, job_id: int, attempt: int, queue: str) -> None:
     get_celery(settings).send_task(
         TASK_NAME,
         args=[job_id, attempt],
+        queue=queue,
+        ignore_result=True,
+        retry=True,
+        retry_policy={"max_retries": 2, "interval_start": 0, "interval_step": 0.2, "interval_max": 0.5},
+    )
+
+
+def enqueue_generation(settings: Settings, generation_id: int, queue: str) -> None:
+    """Send one generation message to the job's queue: the host's single worker thread takes it after whatever
+    is ahead of it (a running job first), so a generation never competes with training for the host."""
+    get_celery(settings).send_task(
+        GENERATE_TASK,
+        args=[generation_id],
         queue=queue,
         ignore_result=True,
         retry=True,

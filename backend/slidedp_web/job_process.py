@@ -65,6 +65,7 @@ def _train(settings: Any, job_id: int, attempt: int, stop: Any) -> dict[str, Any
         config = dict(job.config)
         output_dir, action = job.output_dir, job.action or "train"
         stored = job.policy
+        run_name = job.name or f"job-{job_id}"  # what W&B and MLflow call the run (config report_to)
     config["output_dir"] = output_dir
     plan = stored_plan(stored)
     from slidedp.config import ConfigError, JobConfig
@@ -136,6 +137,7 @@ def _train(settings: Any, job_id: int, attempt: int, stop: Any) -> dict[str, Any
             should_stop=should_stop,
             plan=plan,
             on_stage=lambda stage: record_stage(settings, job_id, stage),
+            run_name=run_name,
         )
     except _StoppedBeforeFirstStep:
         _log(settings, job_id, "stopped before the first step of this attempt")

@@ -19,7 +19,7 @@ from slidedp.config import JobConfig
 from slidedp.validation import JobCheck, check_config
 from sqlmodel import Session, func, select
 
-from slidedp_web import celery_app, live, outputs, planning
+from slidedp_web import celery_app, generations, live, outputs, planning
 from slidedp_web.core.config import Settings
 from slidedp_web.core.db import read_session, write_session
 from slidedp_web.guards import root_errors
@@ -30,6 +30,7 @@ from slidedp_web.models import (
     TERMINAL_STATUSES,
     CheckpointPublic,
     Event,
+    Generation,
     Host,
     Job,
     JobPublic,
@@ -500,7 +501,8 @@ def delete(settings: Settings, job_id: int) -> None:
 
 def _delete_rows(settings: Settings, job_id: int) -> None:
     with write_session(settings) as ws:
-        for table in (Event, Metric, LogLine, StatusChange):
+        generations.refuse_delete_while_running(ws, job_id)
+        for table in (Event, Metric, LogLine, StatusChange, Generation):
             ws.execute(sa.delete(table).where(table.job_id == job_id))
         ws.execute(sa.delete(Job).where(Job.id == job_id))
 

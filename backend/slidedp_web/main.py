@@ -137,9 +137,11 @@ ERRORS = {
 CONFLICTS = {  # operations that answer 409
     ("post", "/api/jobs"), ("post", "/api/jobs/{job_id}/cancel"), ("post", "/api/jobs/{job_id}/resume"),
     ("delete", "/api/jobs/{job_id}"), ("post", "/api/jobs/{job_id}/export"), ("get", "/api/jobs/{job_id}/export"),
+    ("post", "/api/jobs/{job_id}/generate"),
 }
 NEEDS_REDIS = {("post", "/api/jobs"), ("post", "/api/jobs/{job_id}/cancel"), ("post", "/api/jobs/{job_id}/resume"),
-               ("post", "/api/jobs/{job_id}/export"), ("get", "/api/jobs/{job_id}/events")}
+               ("post", "/api/jobs/{job_id}/export"), ("get", "/api/jobs/{job_id}/events"),
+               ("post", "/api/jobs/{job_id}/generate")}
 
 
 def _document_errors(schema: dict[str, Any]) -> None:

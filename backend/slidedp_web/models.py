@@ -148,6 +148,36 @@ class Host(SQLModel, table=True):
     current_job_id: Optional[int] = None
 
 
+GenerationStatus = Literal["queued", "running", "done", "failed"]
+
+
+class Generation(SQLModel, table=True):
+    """A prompt for a job's trained model (its export, or one of its checkpoints converted), answered on the job's
+    host through the job's queue (slidedp_web/generations.py, generation_process.py)."""
+
+    __tablename__ = "generations"
+
+    id: Optional[int] = Field(default=None, primary_key=True)
+    job_id: int = Field(index=True)
+    status: str = Field(default="queued", max_length=16)
+    queue: str = Field(max_length=200)
+    host: Optional[str] = Field(default=None, max_length=200)
+    prompt: str = Field(sa_column=sa.Column(sa.Text, nullable=False))
+    max_new_tokens: int = 64
+    temperature: float = 0.0
+    seed: int = 0
+    checkpoint: Optional[str] = Field(default=None, max_length=32)  # None: the job's export (final/)
+    formatted_prompt: Optional[str] = Field(default=None, sa_column=sa.Column(sa.Text, nullable=True))
+    text: Optional[str] = Field(default=None, sa_column=sa.Column(sa.Text, nullable=True))
+    # {"format", "prompt_tokens", "new_tokens", "stop", "model_dir", "converted"} once answered
+    result: Optional[dict] = _json()
+    timings: Optional[dict] = _json()  # {"queued_s", "convert_s", "load_s", "generate_s", "total_s", ...}
+    error: Optional[str] = Field(default=None, sa_column=sa.Column(sa.Text, nullable=True))
+    created_at: Optional[datetime] = _ts(nullable=False)
+    started_at: Optional[datetime] = _ts()
+    finished_at: Optional[datetime] = _ts()
+
+
 # ------------------------------------------------------------------------------------------ public shapes
 class JobError(SQLModel):
     message: str
@@ -178,8 +208,22 @@ class JobPublic(SQLModel):
     cancel_requested_at: Optional[str] = None
 
 
+class JobSummary(SQLModel):
+    """What tells runs apart in the jobs list (slidedp_web/job_summary.py); null where the job has no such figure."""
+
+    final_loss: Optional[float] = None
+    final_eval_loss: Optional[float] = None
+    final_eval_step: Optional[int] = None
+    median_tokens_per_s: Optional[float] = None
+    duration_s: Optional[float] = None
+
+
+class JobListItem(JobPublic):
+    summary: JobSummary
+
+
 class JobList(SQLModel):
-    items: list[JobPublic]
+    items: list[JobListItem]
     total: int
 
 
@@ -241,3 +285,29 @@ class PresetPublic(SQLModel):
 
 class PresetList(SQLModel):
     items: list[PresetPublic]
+
+
+class GenerationPublic(SQLModel):
+    id: int
+    job_id: int
+    status: GenerationStatus
+    url: str  # where to poll it
+    prompt: str
+    max_new_tokens: int
+    temperature: float
+    seed: int
+    checkpoint: Optional[str]
+    host: Optional[str]
+    waiting: Optional[str] = None  # while queued: what it waits for, in words
+    waiting_for_job: Optional[int] = None  # while queued behind a running job: that job's id
+    formatted_prompt: Optional[str] = None
+    text: Optional[str] = None
+    format: Optional[str] = None
+    prompt_tokens: Optional[int] = None
+    new_tokens: Optional[int] = None
+    stop: Optional[Literal["eos", "length"]] = None
+    error: Optional[str] = None
+    created_at: Optional[str] = None
+    started_at: Optional[str] = None
+    finished_at: Optional[str] = None
+    timings: dict[str, Optional[float]] = {}

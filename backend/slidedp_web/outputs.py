@@ -12,8 +12,9 @@ Every job writes into one folder, recorded in its row (`jobs.output_dir`, resolv
   marked by another job, or holding files without a marker, is refused; the job's own retry finds its own marker.
   What the claim created (folders that did not exist) is recorded in the row.
 * **DELETE removes what the job wrote**: the run's outputs by name (metrics.jsonl, checkpoints' step folders,
-  final/ and its temporaries), the marker, then the folders the job created, each only if empty. Never a parent,
-  never a folder another job has recorded, never anything in a folder whose marker names another job.
+  final/ and its temporaries, converted/ with the checkpoints converted for generation), the marker, then the
+  folders the job created, each only if empty. Never a parent, never a folder another job has recorded, never
+  anything in a folder whose marker names another job.
 * **The download serves what the export wrote**: the files the runtime listed when it exported (name and size,
   stored in the row), each a regular file of that size; anything else in final/ is not sent.
 """
@@ -31,6 +32,10 @@ from typing import Any, Optional
 MARKER = ".slidedp-job.json"
 RUN_FILES = ("metrics.jsonl", "metrics.jsonl.tmp")  # files train() writes in the folder
 RUN_DIRS = ("final", "final.tmp", "final.old")  # the export, its temporary and the one it replaces
+# checkpoints converted to model directories for generation (slidedp_web/generations.py): the folder is the job's
+CONVERTED_DIRS = ("converted",)
+# what the experiment trackers write in the folder (slidedp.trackers, config report_to)
+TRACKER_OUTPUTS = ("tensorboard", "wandb", "mlflow", "trackers.json", "trackers.json.tmp")
 CHECKPOINTS = "checkpoints"
 CHECKPOINT_ENTRY = re.compile(
     r"^(step-\d+|\.tmp-step-\d+-\d+|\.old-step-\d+-\d+)$"
@@ -285,7 +290,7 @@ def remove(
             return
         removed.append(str(path))
 
-    for name in RUN_FILES + RUN_DIRS:
+    for name in RUN_FILES + RUN_DIRS + CONVERTED_DIRS + TRACKER_OUTPUTS:
         path = folder / name
         if path.exists() or path.is_symlink():
             drop(path)

@@ -20,7 +20,7 @@ from celery import shared_task
 from celery.signals import worker_shutting_down
 
 from slidedp_web import job_process, live, logs
-from slidedp_web.celery_app import TASK_NAME
+from slidedp_web.celery_app import GENERATE_TASK, TASK_NAME
 from slidedp_web.core.config import Settings, get_settings
 from slidedp_web.core.db import read_session, write_session
 from slidedp_web.hosts import report, set_current_job
@@ -41,6 +41,18 @@ def run_job(job_id: int, attempt: int) -> Optional[str]:
     try:
         with logs.job_context(int(job_id)):
             return supervise(get_settings(), int(job_id), int(attempt))
+    finally:
+        supervising.clear()
+
+
+@shared_task(name=GENERATE_TASK, ignore_result=True)
+def run_generation(generation_id: int) -> Optional[str]:
+    """A prompt for a job's model (generation_process.py): on the job's queue, so it runs between jobs."""
+    from slidedp_web import generation_process
+
+    supervising.set()
+    try:
+        return generation_process.supervise(get_settings(), int(generation_id))
     finally:
         supervising.clear()
 

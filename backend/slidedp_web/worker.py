@@ -33,13 +33,15 @@ def parse_args(argv: Optional[list[str]]) -> argparse.Namespace:
 
 def prepare(settings) -> None:
     """What a worker does before it takes jobs."""
-    from slidedp_web import hosts, jobs
+    from slidedp_web import generations, hosts, jobs
     from slidedp_web.core.db import upgrade
 
     settings.data_dir.mkdir(parents=True, exist_ok=True)
     upgrade(settings)
     for job_id in jobs.interrupt_stale(settings, host_name=settings.host_name):
         log.warning("job %s was running when this worker last stopped: marked interrupted", job_id)
+    for gen_id in generations.fail_leftovers(settings, settings.host_name):
+        log.warning("generation %s was running when this worker last stopped: marked failed", gen_id)
     _clean_orphaned_host_state()
     hosts.report(settings, topology=hosts.local_topology(settings), started=True)
 

@@ -24,7 +24,7 @@ import {
 } from "./series";
 import type { Job, JobWarning, MetricsRecord } from "./types";
 
-const PALETTE = ["#4e79a7", "#f28e2b", "#59a14f", "#e15759", "#76b7b2", "#edc948", "#b07aa1", "#ff9da7", "#9c755f", "#bab0ac"];
+export const PALETTE = ["#4e79a7", "#f28e2b", "#59a14f", "#e15759", "#76b7b2", "#edc948", "#b07aa1", "#ff9da7", "#9c755f", "#bab0ac"];
 const PHASE_COLOURS: Record<string, string> = {
   data: "#7f7f7f",
   forward: "#4e79a7",

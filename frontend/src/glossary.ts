@@ -113,6 +113,10 @@ export const STAGE_TERMS: Readonly<Record<string, Term>> = {
     label: "loading checkpoint",
     text: "The host state is filled from a checkpoint (a resumed job, or init_from): weights and AdamW moments, unit by unit.",
   },
+  opening_trackers: {
+    label: "trackers",
+    text: "The experiment trackers the job's report_to names start their run: W&B logs in (or opens its offline folder), MLflow opens its store. TensorBoard alone takes no time.",
+  },
   starting_ranks: {
     label: "ranks",
     text: "One process per GPU (or the job's CPU ranks) is started; each joins the process group and sets up its buffers.",

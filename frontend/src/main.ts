@@ -4,6 +4,7 @@ import "./style.css";
 import { adoptTokenFromLocation } from "./api";
 import { h } from "./dom";
 import { firstCheck, onReachability, renderBanner } from "./health";
+import { comparePage } from "./pages/compare";
 import { hostsPage } from "./pages/hosts";
 import { jobPage } from "./pages/job";
 import { jobsPage } from "./pages/jobs";
@@ -15,6 +16,7 @@ adoptTokenFromLocation();
 
 route(/^\/jobs\/?$/, "Jobs", jobsPage);
 route(/^\/jobs\/new\/?$/, "New job", newJobPage);
+route(/^\/jobs\/compare\/?$/, "Compare jobs", comparePage);
 route(/^\/jobs\/(\d+)\/?$/, "Job", jobPage);
 route(/^\/hosts\/?$/, "Hosts", hostsPage);
 
@@ -41,7 +43,7 @@ app.replaceChildren(
 function markNav(path: string): void {
   for (const a of nav.querySelectorAll<HTMLAnchorElement>("a")) {
     const href = a.dataset.nav ?? "";
-    const active = href === "/jobs" ? /^\/jobs(\/\d+)?\/?$/.test(path) : path.startsWith(href);
+    const active = href === "/jobs" ? /^\/jobs(\/\d+|\/compare)?\/?$/.test(path) : path.startsWith(href);
     if (active) a.setAttribute("aria-current", "page");
     else a.removeAttribute("aria-current");
   }

@@ -63,6 +63,21 @@ export interface Job {
   /** A cancel asked of the running job and not yet done: "stop", or "save" (a checkpoint first). */
   cancel_request?: "stop" | "save" | string | null;
   cancel_requested_at?: string | null;
+  /** What tells runs apart (docs/interfaces.md §6): only in the jobs list's answer. */
+  summary?: JobSummary | null;
+}
+
+/** A job's figures in the jobs list (docs/interfaces.md §6, `summary`); null where the job has none. */
+export interface JobSummary {
+  /** Loss of its newest stored step (nats/token). */
+  final_loss?: number | null;
+  /** Eval loss of its newest step that evaluated, and that step; null when it never evaluated. */
+  final_eval_loss?: number | null;
+  final_eval_step?: number | null;
+  /** Median tokens/s of its steps, the first (warm-up) step left out. */
+  median_tokens_per_s?: number | null;
+  /** Seconds it ran, summed over its attempts; growing while it runs. */
+  duration_s?: number | null;
 }
 
 /** A start-up stage as on_stage reports it (docs/interfaces.md §2): `progress` with done/total while the host

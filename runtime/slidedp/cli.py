@@ -4,6 +4,8 @@
                                                            per step with elapsed time and ETA (an output_dir that
                                                            is not empty needs resume: true or --overwrite)
     slidedp export --checkpoint DIR [--out DIR]            a checkpoint's weights as a Hugging Face directory
+    slidedp generate --model DIR [--prompt TEXT ...]       answer prompts with an exported model (stdin: one
+                                                           prompt a line), formatted as the job's data.format
     slidedp plan --config job.yaml                         AutoPolicy's plan for this host, without training
     slidedp topology                                       this host's GPUs, links, CPU and RAM as JSON
     slidedp presets                                        model presets (random init) and their sizes
@@ -30,6 +32,7 @@ import sys
 from importlib import metadata
 
 from slidedp.config import ConfigError, JobConfig, load_config_file
+from slidedp.generate import FORMATS as GENERATE_FORMATS  # no torch: imported when it runs
 
 
 def _load(args) -> JobConfig:
@@ -103,6 +106,34 @@ def cmd_export(args) -> int:
         print(f"export failed: {exc}", file=sys.stderr)
         return 2
     print(json.dumps(exported, indent=2))
+    return 0
+
+
+def cmd_generate(args) -> int:
+    from slidedp.generate import GenerateError, Generator, check_settings
+
+    prompts = list(args.prompt or [])
+    if not prompts:  # one prompt a line; blank lines are not prompts
+        prompts = [line.rstrip("\r\n") for line in sys.stdin if line.strip()]
+    if not prompts:
+        print("generate: no prompt: give --prompt TEXT or prompts on stdin, one a line", file=sys.stderr)
+        return 2
+    try:
+        check_settings(args.max_new_tokens, args.temperature)
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()  # stderr stays for what went wrong
+        gen = Generator(args.model, args.format, args.device)
+        for prompt in prompts:
+            out = gen(prompt, args.max_new_tokens, args.temperature, args.seed)
+            if args.json:
+                record = {k: v for k, v in out.to_dict().items() if k != "token_ids"}
+                print(json.dumps({**record, "format": gen.format, "load_s": round(gen.load_s, 3)}), flush=True)
+            else:
+                print(out.text, flush=True)
+    except GenerateError as exc:
+        print(f"generate: {exc}", file=sys.stderr)
+        return 2
     return 0
 
 
@@ -190,7 +221,7 @@ def cmd_bench(args) -> int:
 # ---- commands other packages provide (the web package's serve and worker)
 COMMANDS_GROUP = "slidedp.commands"
 # the runtime's own commands, which the group cannot replace
-_BUILTIN = {"train", "plan", "validate", "export", "topology", "presets", "config-schema", "bench"}
+_BUILTIN = {"train", "plan", "validate", "export", "generate", "topology", "presets", "config-schema", "bench"}
 # Commands an optional extra of this project registers: named here only to say what to install when it is absent.
 EXTRA_COMMANDS = {"serve": ("web", "run the workbench"), "worker": ("web", "run a workbench worker")}
 
@@ -250,6 +281,26 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--checkpoint", required=True, help="a complete checkpoint directory (checkpoints/step-N)")
     sp.add_argument("--out", default=None, help="output folder (default: the run's output_dir/final)")
     sp.set_defaults(fn=cmd_export)
+    sp = sub.add_parser(
+        "generate", help="answer prompts with an exported model",
+        description="Load a Hugging Face model directory (an export: output_dir/final, or `slidedp export "
+        "--checkpoint DIR`'s) and answer each prompt, formatted as the job's data.format formatted its training "
+        "examples. Greedy unless --temperature > 0; on the GPU when there is one.",
+    )
+    sp.add_argument("--model", required=True, help="the model directory (config.json, weights, tokenizer)")
+    sp.add_argument("--prompt", action="append", metavar="TEXT",
+                    help="a prompt (repeat for several); without any, prompts are read from stdin, one a line")
+    sp.add_argument("--max-new-tokens", type=int, default=64, help="tokens to generate at most (default 64)")
+    sp.add_argument("--temperature", type=float, default=0.0,
+                    help="0 (default): greedy; > 0: sample from softmax(logits / T), seeded by --seed")
+    sp.add_argument("--seed", type=int, default=0, help="seed of the sampling (default 0)")
+    sp.add_argument("--format", default=None, choices=GENERATE_FORMATS,
+                    help="how to format prompts (default: data.format of the job config saved with the export, "
+                    "slidedp_job.json; else text, the prompt as it is)")
+    sp.add_argument("--device", default=None, help="cuda, cuda:1, cpu (default: cuda when available)")
+    sp.add_argument("--json", action="store_true",
+                    help="one JSON object a prompt: prompt, formatted_prompt, text, token counts, stop, timings")
+    sp.set_defaults(fn=cmd_generate)
     sp = sub.add_parser("topology", help="print this host's topology as JSON")
     sp.add_argument("--host-ram-gib", type=float, default=None)
     sp.set_defaults(fn=cmd_topology)

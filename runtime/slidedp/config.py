@@ -303,6 +303,14 @@ class JobConfig:
     checkpoint: CheckpointConfig = _f(factory=CheckpointConfig, doc="Host-state checkpoints for resume.")
     health: HealthConfig = _f(factory=HealthConfig, doc="Run health: divergence, loss spikes, dead gradients.")
     output_dir: str = _f("runs/job", doc="Where metrics.jsonl, checkpoints/ and final/ are written.")
+    report_to: Optional[list[Literal["tensorboard", "wandb", "mlflow", "none"]]] = _f(
+        None,
+        doc="Experiment trackers that get every metrics record and the job config (slidedp.trackers): tensorboard "
+        "(event files in output_dir/tensorboard), wandb (Weights & Biases; WANDB_MODE, WANDB_PROJECT as usual), "
+        "mlflow (MLFLOW_TRACKING_URI, else a SQLite store in output_dir/mlflow). A named tracker whose package is "
+        "missing is an error (pip install 'slidedp[trackers]'). null (default): tensorboard when its package is "
+        "installed, else none (the job log says so). [] or [\"none\"]: none.",
+    )
     seed: int = _f(0, doc="Seed of random initialisation (presets) and of dropout-free training RNG.", ge=0,
                    le=INT64_MAX)
     cpu_threads: Optional[int] = _f(
@@ -388,6 +396,10 @@ def _type_name(tp: Any) -> str:
         return " or ".join(_type_name(a) for a in get_args(tp) if a is not type(None)) + " or null"
     if origin is tuple:
         return "a list of " + str(len(get_args(tp))) + " numbers"
+    if origin is list:  # of one item type; a choice of strings is "strings" (the choices are its range)
+        item = get_args(tp)[0]
+        kind = type(get_args(item)[0]) if get_origin(item) is Literal else item
+        return "a list of " + {int: "integers", float: "numbers", str: "strings"}.get(kind, "values")
     return {int: "an integer", float: "a number", bool: "true or false", str: "a string"}.get(tp, str(tp))
 
 
@@ -438,6 +450,12 @@ def _coerce(tp: Any, value: Any, loc: str, errors: list[dict[str, str]]) -> Any:
             errors.append({"loc": loc, "msg": f"must be {_type_name(tp)}, got {_show(value)}"})
             return value
         return tuple(_coerce(a, v, f"{loc}[{i}]", errors) for i, (a, v) in enumerate(zip(args, value)))
+    if origin is list:
+        if not isinstance(value, (list, tuple)):
+            one = f": write [{json.dumps(value)}]" if isinstance(value, str) else ""
+            errors.append({"loc": loc, "msg": f"must be {_type_name(tp)}, got {_show(value)}{one}"})
+            return value
+        return [_coerce(get_args(tp)[0], v, f"{loc}[{i}]", errors) for i, v in enumerate(value)]
     if tp is bool:
         if not isinstance(value, bool):
             errors.append({"loc": loc, "msg": f"must be true or false, got {_show(value)}"})
@@ -550,6 +568,9 @@ def _cross_checks(cfg: JobConfig, errors: list[dict[str, str]]) -> None:
     if cfg.policy.keep_layers is not None and cfg.policy.activations != "auto":
         errors.append({"loc": "policy.keep_layers", "msg": "only applies with policy.activations = auto"})
     _eval_checks(cfg, errors)
+    if cfg.report_to and "none" in cfg.report_to and len(set(cfg.report_to)) > 1:
+        errors.append({"loc": "report_to", "msg": f"lists \"none\" with trackers ({json.dumps(cfg.report_to)}): "
+                       "leave \"none\" out to report to them, or give [\"none\"] alone (or []) to report to none"})
     init = cfg.init_from
     if init is not None:
         if init.checkpoint is not None and not init.checkpoint.strip():
@@ -656,6 +677,9 @@ def _range(tp: Any, checks: dict[str, Any]) -> str:
     if get_origin(tp) is tuple:
         items = {k[len("item_"):]: v for k, v in checks.items() if k.startswith("item_")}
         return "each in " + _interval(items) if items else ""
+    if get_origin(tp) is list:
+        item = get_args(tp)[0]
+        return "each one of " + _range(item, {}) if get_origin(item) is Literal else ""
     if checks.get("not_blank"):
         return "not blank"
     if tp is int:  # every integer fits a signed 64-bit integer (_coerce)

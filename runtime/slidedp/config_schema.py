@@ -100,6 +100,8 @@ def _value_schema(tp: Any, checks: dict[str, Any]) -> dict[str, Any]:
             "minItems": len(items),
             "maxItems": len(items),
         }
+    if get_origin(tp) is list:
+        return {"type": "array", "items": _value_schema(get_args(tp)[0], {})}
     out: dict[str, Any] = {"type": SCALARS[tp], **_bounds(checks)}
     if tp is int:  # every integer the config accepts fits a signed 64-bit integer
         if "minimum" not in out and "exclusiveMinimum" not in out:

@@ -23,6 +23,7 @@ from slidedp.policy import ExecutionPolicy, resolve
 from slidedp.ranks import Launch
 from slidedp.startup import Startup
 from slidedp.step.layout import HostLayout, plan_layout
+from slidedp.trackers import Trackers, requested
 
 
 class TrainError(RuntimeError):
@@ -294,8 +295,12 @@ def _export_or_keep(cfg: JobConfig, adapter, state, ckpt_root: str, last: int, d
 def train(config: dict | JobConfig, on_step: Callable[[dict], None] | None = None,
           on_log: Callable[[str], None] | None = None,
           should_stop: Callable[[], Any] | None = None, state_cache: StateCache | None = None,
-          plan: dict | None = None, on_stage: Callable[[dict], None] | None = None) -> TrainResult:
+          plan: dict | None = None, on_stage: Callable[[dict], None] | None = None,
+          run_name: str | None = None) -> TrainResult:
     """Train a job to the end (or until should_stop() is truthy); see docs/interfaces.md §2.
+
+    run_name: what the experiment trackers (config report_to, slidedp.trackers) call the run; default: the name
+    of the output folder.
 
     on_stage: called as each start-up stage begins (slidedp.startup), with progress while the host state is
     filled, and with stage "training" and the durations once the first step is done.
@@ -371,6 +376,8 @@ def train(config: dict | JobConfig, on_step: Callable[[dict], None] | None = Non
     if state_cache is not None:
         state_cache.layout = layout
     procs: list = []
+    trackers: Trackers | None = None
+    ended = "failed"  # how the trackers' run ends, unless a return below says otherwise
     try:
         start_step, data_state = 0, None
         t0 = time.perf_counter()
@@ -405,16 +412,26 @@ def train(config: dict | JobConfig, on_step: Callable[[dict], None] | None = Non
                      + (f" device_layers={policy.device_layers}" if policy.device_layers else ""))
         records: list[dict] = []
         monitor = HealthMonitor(cfg)
+        if set(requested(cfg.report_to)) - {"tensorboard"}:  # W&B and MLflow take seconds (a login, a store)
+            startup.enter("opening_trackers")
+        trackers = Trackers(cfg, start_step, run_name, on_log)
+
+        def on_record(record: dict) -> None:  # each metrics record, as metrics.jsonl has it, to both
+            trackers.log(record)
+            if on_step is not None:
+                on_step(record)
+
         if start_step >= cfg.steps:  # the checkpoint is of the last step: nothing to train, no rank to start
             _log(on_log, f"step {start_step} of {cfg.steps} is the last: no step to run")
             last, last_data_state = start_step, data_state
         else:
             last, last_data_state = _run_ranks(cfg, state, layout, policy, plan, start_step, data_state, ckpt_root,
-                                               metrics_path, records, procs, on_step, on_log, should_stop, RankArgs,
+                                               metrics_path, records, procs, on_record, on_log, should_stop, RankArgs,
                                                CKPT_DONE, monitor, startup)
             if monitor.stop_reason is not None:  # nothing is saved or exported from the state after it
                 raise UnhealthyRun(monitor.stop_reason, monitor.diverged_step)
             if last is None:  # stopped before the ranks were started
+                ended = "stopped"
                 return TrainResult("stopped", start_step, [], cfg.output_dir, None,
                                    ckpt_root if os.path.isdir(ckpt_root) else None, policy, plan)
         status = "completed" if last >= cfg.steps else "stopped"
@@ -429,6 +446,7 @@ def train(config: dict | JobConfig, on_step: Callable[[dict], None] | None = Non
             exported = _export_or_keep(cfg, adapter, state, ckpt_root, last, last_data_state, on_log)
             final_dir, files = exported["final_dir"], exported["files"]
             _log(on_log, f"exported a Hugging Face model to {final_dir}")
+        ended = status
         return TrainResult(status, last, records, cfg.output_dir, final_dir,
                            ckpt_root if os.path.isdir(ckpt_root) else None, policy, plan,
                            exported_files=files, warnings=monitor.warnings)
@@ -441,6 +459,8 @@ def train(config: dict | JobConfig, on_step: Callable[[dict], None] | None = Non
                 except subprocess.TimeoutExpired:
                     p.kill()
         unlink(layout, keep_state=state_cache is not None)
+        if trackers is not None:
+            trackers.close(ended)
 
 
 def _run_ranks(cfg: JobConfig, state, layout: HostLayout, policy: ExecutionPolicy, plan: dict, start_step: int,

@@ -18,6 +18,7 @@ WORDS = {
     "building_host_state": "building the host state (random initial weights)",
     "loading_weights": "building the host state (loading the model's weights)",
     "loading_checkpoint": "loading the checkpoint into the host state",
+    "opening_trackers": "opening the experiment trackers (report_to)",
     "starting_ranks": "starting the rank processes",
     "first_step": "running the first step",
 }

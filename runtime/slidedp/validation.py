@@ -40,6 +40,7 @@ from slidedp.data.sources import (
 )
 from slidedp.data.tokenizer import TOKENIZER_FILES, tokenizer_source
 from slidedp.presets import PRESETS, SUPPORTED_ARCHITECTURES, param_count, unit_param_counts
+from slidedp.trackers import EXTRA, missing_packages, requested, wandb_login_missing
 
 SCAN_RECORDS = 1000  # records read in full; the rest of the file is only counted
 MAX_RECORD_ERRORS = 3  # bad records reported per dataset
@@ -58,6 +59,7 @@ def validate_job(cfg: JobConfig, host_ram_bytes: int | None = None) -> list[dict
     if model_cfg is not None:
         _check_host_ram(cfg, model_cfg, host_ram_bytes, errors)
     _check_init_from(cfg, model_cfg, errors)
+    _check_trackers(cfg, errors)
     return errors
 
 
@@ -247,6 +249,19 @@ def _check_parsed(check: JobCheck, host_ram_bytes: int | None) -> list[dict[str,
     ram = host_ram_bytes if known(*HOST_RAM_KEYS) else _NO_RAM_LIMIT
     later = validate_job(cfg, ram)
     return found + [e for e in later if known(e["loc"]) and e["loc"] not in hidden]
+
+
+def _check_trackers(cfg: JobConfig, errors: list[dict[str, str]]) -> None:
+    """Each tracker report_to names must be installed here, and W&B online must find an API key: both would only
+    fail once the job runs. The default (null) asks for none: without TensorBoard the job says so in its log."""
+    for tracker in requested(cfg.report_to) if cfg.report_to is not None else []:
+        missing = missing_packages(tracker)
+        if missing:
+            errors.append({"loc": "report_to", "msg": f"names {tracker}, which needs {' and '.join(missing)}, not "
+                           f"installed on this host: pip install '{EXTRA}' (or pip install {' '.join(missing)}), "
+                           f"or leave {tracker} out"})
+        elif tracker == "wandb" and (why := wandb_login_missing()):
+            errors.append({"loc": "report_to", "msg": why})
 
 
 def _check_dataset_exists(value: str, errors: list[dict[str, str]]) -> None:

@@ -92,6 +92,7 @@ def test_delete_removes_only_what_the_job_wrote_even_when_its_recorded_folder_ov
     (named_dir / "user-notes.txt").write_text("keep me")
     own_files = sorted(p.relative_to(own["output_dir"]) for p in Path(own["output_dir"]).rglob("*"))
     assert Path("checkpoints") in own_files and Path("final") in own_files
+    assert Path("tensorboard") in own_files  # the default tracker's event files (config report_to)
 
     # Rows written before folders were owned: one job recorded the jobs root, one the data folder itself.
     for legacy_dir in (settings.jobs_dir, settings.data_dir):

@@ -1,7 +1,8 @@
 """The job page's charts and controls in a real browser against the real app (the embedded workbench, a CPU demo
 job run by its worker): the grad-norm chart, the loss chart's log axis and smoothing, warm-up autoscale, hover
-text for the names, warnings and eval loss when the API carries them, the run's clock, and a cancel that asks
-once and does not change its mind by itself."""
+text for the names, warnings and eval loss when the API carries them, the run's clock, a cancel that asks
+once and does not change its mind by itself, and two finished runs compared from the jobs list (their loss curves
+overlaid on one step axis, the selection kept in the URL)."""
 
 from __future__ import annotations
 
@@ -233,3 +234,105 @@ def test_cancel_asks_once_and_keeps_asking_until_answered(page, workbench):
     assert head.get_by_role("button", name="Cancel job").count() == 0
     page.locator('#job-clock [data-clock="duration"]').wait_for()
     assert page.console.unexpected() == []
+
+
+def _four_digits(v: float) -> str:
+    """A loss as the page writes it (fmt.ts num(v, 4)), for values between 0.001 and 1000."""
+    return f"{float(f'{v:.4g}'):g}"
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_two_finished_runs_compared_from_the_list_and_kept_in_the_url(page, workbench, finished_job):
+    demo = _demo(workbench)
+    short = _post(
+        workbench + "/api/jobs",
+        {
+            **demo,
+            "name": "evaluated",
+            "steps": 4,
+            "schedule": {**demo.get("schedule", {}), "warmup_steps": 0},
+            "export": False,
+            "eval": {"holdout": 0.1, "interval": 2},
+        },
+    )
+    ia, ib = finished_job["id"], short["id"]
+    _wait_status(workbench, ib, {"completed"}, 240)
+    recs = {i: _get(f"{workbench}/api/jobs/{i}/metrics")["items"] for i in (ia, ib)}
+    evals = [r for r in recs[ib] if r.get("eval_loss") is not None]
+    assert [r["step"] for r in evals] == [2, 4]
+
+    # The list says each run's final loss, eval loss, median tokens/s and how long it ran, with units.
+    page.goto(workbench + "/jobs")
+    row_a, row_b = (page.locator(f'tr[data-job-id="{i}"]') for i in (ia, ib))
+    row_b.locator('[data-status="completed"]').wait_for()
+    assert row_a.locator('[data-col="final-loss"]').inner_text() == _four_digits(recs[ia][-1]["loss"])
+    assert row_b.locator('[data-col="eval-loss"]').inner_text() == _four_digits(evals[-1]["eval_loss"])
+    assert row_a.locator('[data-col="eval-loss"]').inner_text() == "–"
+    assert re.fullmatch(r"[\d,.]+ tokens/s", row_a.locator('[data-col="tokens-per-s"]').inner_text())
+    assert re.fullmatch(r"\d+ s|\d+ min \d\d s", row_a.locator('[data-col="duration"]').inner_text())
+
+    # Tick both (the short one first: the comparison keeps that order) and compare.
+    compare = page.get_by_role("button", name="Compare", exact=True)
+    assert compare.is_disabled()
+    row_b.get_by_label(f"Compare job #{ib}").check()
+    row_a.get_by_label(f"Compare job #{ia}").check()
+    assert page.locator("#compare-count").inner_text() == "2 selected"
+    screenshot(page, "jobs-list-compare")
+    compare.click()
+    page.wait_for_url(f"**/jobs/compare?ids={ib},{ia}")
+    chart = page.locator("#chart-compare")
+
+    def both_drawn() -> None:
+        page.wait_for_function("() => document.querySelector('#chart-compare')?.dataset.jobs === '2'")
+        plot = "window.__slidedpCharts.compare"
+        assert page.evaluate(f"{plot}.series.map(s => s.label)") == [
+            "step",
+            f"#{ib} evaluated",
+            f"#{ib} evaluated eval",
+            f"#{ia} charts",
+        ]
+        data = page.evaluate(f"{plot}.data")
+        assert data[0] == list(range(1, STEPS + 1))  # one step axis for both runs
+        assert data[1] == pytest.approx([r["loss"] for r in recs[ib]] + [None] * (STEPS - 4))
+        assert data[2] == pytest.approx(
+            [None, evals[0]["eval_loss"], None, evals[1]["eval_loss"]] + [None] * (STEPS - 4)
+        )
+        assert data[3] == pytest.approx([r["loss"] for r in recs[ia]])
+        # the eval loss is dashed in its run's colour; each run has its own colour
+        strokes = page.evaluate(f"{plot}.series.map(s => [s._stroke, s.dash || null])")
+        assert strokes[2] == [strokes[1][0], [6, 4]] and strokes[1][0] != strokes[3][0]
+        legend = chart.locator(".u-legend").inner_text()
+        assert f"#{ia} charts" in legend and f"#{ib} evaluated" in legend
+
+    both_drawn()
+    assert page.locator("#compare-runs").get_by_role("link", name=f"#{ia}").is_visible()
+
+    # The log axis is part of the URL too; a reload shows the same comparison.
+    chart.get_by_label("log scale").check()
+    page.wait_for_function("() => window.__slidedpCharts.compare.scales.y.distr === 3")
+    assert page.url.endswith(f"/jobs/compare?ids={ib},{ia}&log=1")
+    page.reload()
+    both_drawn()
+    assert chart.get_by_label("log scale").is_checked()
+    assert page.evaluate("window.__slidedpCharts.compare.scales.y.distr") == 3
+    screenshot(page, "compare")
+
+    # "Change selection" goes back to the list with both still ticked.
+    page.get_by_role("link", name="Change selection").click()
+    page.wait_for_url(f"**/jobs?select={ib},{ia}")
+    for i in (ia, ib):
+        page.locator(f'tr[data-job-id="{i}"]').get_by_label(f"Compare job #{i}").wait_for()
+        assert page.get_by_label(f"Compare job #{i}").is_checked()
+
+    # An address naming something that is not a job says so, and the rest is still drawn.
+    page.goto(f"{workbench}/jobs/compare?ids={ia},abc,{ib + 1000}")
+    problems = page.locator("#compare-problems")
+    problems.get_by_text('"abc" is not a job id').wait_for()
+    assert f"Job #{ib + 1000} does not exist" in problems.inner_text()
+    page.wait_for_function("() => document.querySelector('#chart-compare')?.dataset.jobs === '1'")
+    page.goto(f"{workbench}/jobs/compare?ids=x")
+    page.get_by_text("No jobs to compare").wait_for()
+    assert page.locator("#chart-compare").is_hidden()
+    # the browser itself logs the 404 of the job that is not there
+    assert page.console.unexpected(allowed=(f"/api/jobs/{ib + 1000}",)) == []

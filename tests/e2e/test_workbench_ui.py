@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import json
 import re
+import time
 import urllib.error
 import urllib.request
+from pathlib import Path
 
 import pytest
 from e2e_support import get_json as _get
@@ -151,6 +153,10 @@ def test_demo_job_from_the_form_runs_live_to_completion(page, workbench):
 
     # The log tail, the policy and the export link are on the page.
     assert page.locator("pre.log").inner_text().strip() != ""
+    # Where the default tracker wrote (config report_to): the TensorBoard folder in the job's folder, and the command.
+    events = Path(_get(f"{workbench}/api/jobs/{job_id}")["output_dir"], "tensorboard")
+    assert page.locator("#job-tensorboard").inner_text() == f"{events}\ntensorboard --logdir {events}"
+    assert list(events.glob("events.out.tfevents.*"))
     page.get_by_role("link", name="Download export").wait_for()
     screenshot(page, "job-page")
 
@@ -312,3 +318,46 @@ def test_cancel_with_checkpoint_resume_and_delete_from_the_ui(page, workbench):
         _get(f"{workbench}/api/jobs/{jid}")
     assert gone.value.code == 404
     assert page.console.unexpected() == []
+
+
+def _job_to_try(url: str) -> dict:
+    """A completed CPU demo job with an export: the one the form run above left, else a short one made now."""
+    for job in _get(url + "/api/jobs?status=completed")["items"]:
+        if job["config"].get("export") and job["config"]["data"]["format"] == "prompt_completion":
+            return job
+    demo = next(p for p in _get(url + "/api/presets")["items"] if p["id"] == "cpu-demo")["config"]
+    job = _post(url + "/api/jobs", {**demo, "name": "try me", "steps": 2, "schedule": {"warmup_steps": 0}})
+    deadline = time.monotonic() + 180
+    while job["status"] not in ("completed", "failed") and time.monotonic() < deadline:
+        time.sleep(0.5)
+        job = _get(f"{url}/api/jobs/{job['id']}")
+    assert job["status"] == "completed", job
+    return job
+
+
+@pytest.mark.timeout(300)
+def test_the_prompt_box_answers_with_the_jobs_model(page, workbench):
+    """The job page's prompt box: what the API refuses is said at the box, and a prompt is answered by the job's
+    export on its host (the answer shown is the one the API recorded)."""
+    job = _job_to_try(workbench)
+    page.goto(f"{workbench}/jobs/{job['id']}")
+    box = page.get_by_role("region", name="Try the model")
+    box.wait_for()
+    assert box.get_by_label("Model").input_value() == ""  # the export first
+    # The browser's own checks catch numbers out of range; a blank prompt passes them and the API says why.
+    box.get_by_label("Prompt").fill("   ")
+    box.get_by_role("button", name="Generate").click()
+    box.get_by_role("alert").get_by_text("prompt: is required: the text for the model to answer").wait_for()
+
+    box.get_by_label("Prompt").fill("3 + 5 =")
+    box.get_by_label("Max new tokens").fill("6")
+    box.get_by_role("button", name="Generate").click()
+    status = page.locator("#gen-status")
+    page.locator('#gen-status[data-status="done"]').wait_for(timeout=120_000)
+    gen = _get(f"{workbench}/api/jobs/{job['id']}/generations/{status.get_attribute('data-generation')}")
+    assert gen["status"] == "done" and gen["max_new_tokens"] == 6 and gen["checkpoint"] is None
+    assert page.locator("#gen-answer").inner_text() == gen["text"]
+    assert status.inner_text().startswith(f"Answered on {gen['host']} ({gen['new_tokens']} tokens")
+    assert page.locator("#gen-formatted").text_content() == "3 + 5 ="  # the demo trains prompt_completion
+    screenshot(page, "generate-box")
+    assert page.console.unexpected(allowed=("status of 422",)) == []  # the blank prompt's answer

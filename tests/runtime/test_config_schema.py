@@ -218,6 +218,10 @@ def _cases() -> list[tuple[str, object, bool]]:
             out += [(key, True, True), (key, False, True), (key, 1, False)]
         elif "string" in types:
             out += [(key, "x", True), (key, 5, False)] + ([(key, " ", False)] if "pattern" in node else [])
+        elif "array" in types and isinstance(node.get("items"), dict):  # a list of choices (report_to)
+            choices = node["items"]["enum"]
+            out += [(key, [], True), (key, choices[:1], True), (key, ["none-of-these"], False),
+                    (key, choices[0], False)]
         elif "array" in types:
             out += [(key, [0.0, 0.999], True), (key, [0.9, 1.0], False), (key, [-0.1, 0.9], False)]
         if "object" in types:

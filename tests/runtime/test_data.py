@@ -385,10 +385,11 @@ def test_job_start_errors_name_the_file_line_or_field(tmp_path, tok):
 
 # ---------------------------------------------------------------------------- the demo
 def test_demo_paths_resolve_to_the_packaged_files():
-    assert set(demo_paths()) == {"demo_text.jsonl", "demo_sft.jsonl"}
+    assert set(demo_paths()) == {"demo_text.jsonl", "demo_sft.jsonl", "demo_heldout.jsonl"}
     assert resolve_data_path("demo:demo_sft.jsonl") == demo_paths()["demo_sft.jsonl"]
     with pytest.raises(
-        DataError, match="no demo dataset named 'nope.jsonl'; shipped: demo_sft.jsonl, demo_text.jsonl"
+        DataError,
+        match="no demo dataset named 'nope.jsonl'; shipped: demo_heldout.jsonl, demo_sft.jsonl, demo_text.jsonl",
     ):
         resolve_data_path("demo:nope.jsonl")
     assert sum(os.path.getsize(p) for p in demo_paths().values()) < 400_000

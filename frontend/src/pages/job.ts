@@ -10,8 +10,10 @@ import { parseJson } from "../json";
 import { renderPlan } from "../plan";
 import { navigate, type Cleanup } from "../router";
 import { MetricsStore } from "../series";
+import { generatePanel } from "./generate";
 import { divergence, stageAhead, stageHeadline, stageHint, stageProgress, startingStage, startupSummary, tenths } from "../stage";
 import { ResumableStream, type StreamState } from "../sse";
+import { tensorboardFact } from "../trackers";
 import { TERMINAL_STATUSES, type Job, type JobStage, type JobWarning, type LogLine, type MetricsRecord, type StatusEvent } from "../types";
 import { confirmButton, confirmControl, errorBox, jobStatusBadge, progress, runAction } from "../ui";
 
@@ -106,6 +108,7 @@ export function jobPage(root: HTMLElement, params: string[]): Cleanup {
   const policyEl = h("div", { class: "policy" }, h("p", { class: "muted" }, "No policy yet: it is resolved when the job starts."));
   const ckptEl = h("div", null, h("p", { class: "muted" }, "No checkpoints."));
   const configEl = h("pre");
+  const generate = generatePanel(id); // the prompt box: try the trained model (pages/generate.ts)
 
   replace(
     root,
@@ -124,6 +127,7 @@ export function jobPage(root: HTMLElement, params: string[]): Cleanup {
       h("section", { "aria-labelledby": "log-h" }, h("h2", { id: "log-h" }, "Log"), logs.el),
     ),
     h("section", { "aria-labelledby": "ckpt-h" }, h("h2", { id: "ckpt-h" }, "Checkpoints and export"), ckptEl),
+    generate.el,
     h("details", { class: "raw" }, h("summary", null, "Job config"), configEl),
   );
 
@@ -273,6 +277,7 @@ export function jobPage(root: HTMLElement, params: string[]): Cleanup {
       ["started", job.started_at ? when(job.started_at) : null],
       ["finished", job.finished_at ? when(job.finished_at) : null],
       ["output", h("code", null, job.output_dir)],
+      ["TensorBoard", tensorboardFact(job)], // config report_to: the event files and the command that serves them
     ]);
     annotate(dl);
     replace(summaryEl, progress(job.step ?? 0, job.steps ?? 0), clockEl, dl, startupLineEl());
@@ -444,6 +449,7 @@ export function jobPage(root: HTMLElement, params: string[]): Cleanup {
     renderError();
     renderWarnings();
     for (const c of charts) c.setContext({ job });
+    generate.update(job);
     // Redrawn only when it changed, so an opened "Raw JSON" stays open.
     const policy = JSON.stringify(job.policy ?? null);
     if (job.policy && Object.keys(job.policy).length && shownPolicy !== policy) {

@@ -1,16 +1,31 @@
-// Jobs list: status (with its health warnings), progress, ETA and throughput of every job, with cancel, resume and
-// delete.
+// Jobs list: status (with its health warnings), progress, final loss and eval loss, median throughput, how long it ran
+// and ETA of every job, with cancel, resume and delete; ticked jobs open side by side on the compare page.
 import { api } from "../api";
 import { h, replace } from "../dom";
-import { duration, rate, when } from "../fmt";
+import { duration, grouped, num, rate, when } from "../fmt";
 import { apiAbsent } from "../health";
-import type { Cleanup } from "../router";
+import { compareHref, MAX_COMPARED, parseSelection } from "../overlay";
+import { navigate, type Cleanup } from "../router";
 import { TERMINAL_STATUSES, type Job } from "../types";
 import { confirmButton, confirmControl, errorBox, jobStatusBadge, progress, runAction, warningBadge } from "../ui";
 
 const PAGE = 50;
 const POLL_MS = 2000;
 const STATUSES = ["", "queued", "running", "completed", "failed", "cancelled", "interrupted"];
+/** The columns after the tick box, with what each says (docs/interfaces.md §6, `summary`). */
+const COLUMNS: [string, string | null][] = [
+  ["Job", null],
+  ["Status", null],
+  ["Progress", null],
+  ["Final loss", "Training loss of the newest step, in nats per target token."],
+  ["Eval loss", "Loss on the evaluation data at the newest step that evaluated, in nats per target token."],
+  ["Tokens/s", "Median tokens per second of the job's steps, the first (warm-up) step left out."],
+  ["Duration", "How long the job has run: from start to end, its attempts summed when it was resumed; growing while it runs."],
+  ["ETA", null],
+  ["Host", null],
+  ["Created", null],
+  ["Actions", null],
+];
 
 export function jobsPage(root: HTMLElement): Cleanup {
   let offset = 0;
@@ -18,6 +33,9 @@ export function jobsPage(root: HTMLElement): Cleanup {
   let stopped = false;
   let timer: ReturnType<typeof setTimeout> | null = null;
   const rows = new Map<number, HTMLTableRowElement>();
+  // Ticked jobs, in the order they were ticked; kept across pages and filters. The compare page's "Change
+  // selection" comes back with them (`?select=3,5`).
+  const selected = new Set<number>(parseSelection(new URLSearchParams({ ids: new URLSearchParams(location.search).get("select") ?? "" }).toString()).ids);
 
   const filter = h(
     "select",
@@ -32,7 +50,12 @@ export function jobsPage(root: HTMLElement): Cleanup {
     h(
       "thead",
       null,
-      h("tr", null, ["Job", "Status", "Progress", "ETA", "Tokens/s", "Host", "Created", "Actions"].map((c) => h("th", { scope: "col" }, c))),
+      h(
+        "tr",
+        null,
+        h("th", { scope: "col" }, h("span", { class: "sr-only" }, "Compare")),
+        COLUMNS.map(([c, hint]) => h("th", { scope: "col", title: hint }, c)),
+      ),
     ),
     tbody,
   );
@@ -41,6 +64,8 @@ export function jobsPage(root: HTMLElement): Cleanup {
   const prev = h("button", { type: "button", disabled: true }, "Previous");
   const next = h("button", { type: "button", disabled: true }, "Next");
   const count = h("span", { class: "muted" });
+  const compare = h("button", { type: "button", id: "compare-jobs", disabled: true }, "Compare");
+  const picked = h("span", { class: "muted", id: "compare-count" });
 
   replace(
     root,
@@ -48,13 +73,34 @@ export function jobsPage(root: HTMLElement): Cleanup {
       "div",
       { class: "page-head" },
       h("h1", null, "Jobs"),
-      h("div", { class: "toolbar" }, h("label", { for: "status-filter" }, "Status "), filter, h("a", { class: "button primary", href: "/jobs/new" }, "New job")),
+      h("div", { class: "toolbar" }, picked, compare, h("label", { for: "status-filter" }, "Status "), filter, h("a", { class: "button primary", href: "/jobs/new" }, "New job")),
     ),
     message,
     h("div", { class: "table-wrap" }, table),
     empty,
     h("div", { class: "pager" }, prev, count, next),
   );
+
+  compare.addEventListener("click", () => navigate(compareHref([...selected])));
+  showSelection();
+
+  function showSelection(): void {
+    const n = selected.size;
+    compare.disabled = n < 2 || n > MAX_COMPARED;
+    compare.title = n < 2 ? "Tick two or more jobs to compare their loss curves." : n > MAX_COMPARED ? `At most ${MAX_COMPARED} jobs are compared at once.` : `Overlay the loss curves of jobs ${[...selected].map((id) => `#${id}`).join(", ")}.`;
+    picked.textContent = n ? `${n} selected` : "";
+  }
+
+  /** The row's tick box, made once so that polling never undoes a tick. */
+  function tickBox(job: Job): HTMLInputElement {
+    const box = h("input", { type: "checkbox", class: "pick", "aria-label": `Compare job #${job.id}`, checked: selected.has(job.id) });
+    box.addEventListener("change", () => {
+      if (box.checked) selected.add(job.id);
+      else selected.delete(job.id);
+      showSelection();
+    });
+    return box;
+  }
 
   filter.addEventListener("change", () => {
     status = filter.value;
@@ -118,6 +164,8 @@ export function jobsPage(root: HTMLElement): Cleanup {
             await api.remove(job.id);
             rows.get(job.id)?.remove();
             rows.delete(job.id);
+            selected.delete(job.id);
+            showSelection();
           } catch (err) {
             out.textContent = (err as Error).message;
             return false;
@@ -131,25 +179,41 @@ export function jobsPage(root: HTMLElement): Cleanup {
 
   function fill(row: HTMLTableRowElement, job: Job): void {
     const cells = row.cells;
-    replace(cells[0], h("a", { href: `/jobs/${job.id}` }, `#${job.id}`), job.name ? ` ${job.name}` : "");
+    if (!cells[0].firstChild) cells[0].append(tickBox(job));
+    replace(cells[1], h("a", { href: `/jobs/${job.id}` }, `#${job.id}`), job.name ? ` ${job.name}` : "");
     const warnings = Array.isArray(job.warnings) ? job.warnings : [];
     // Rebuilt only when what they show changed, so a half-confirmed cancel survives the polling.
     const key = JSON.stringify([job.status, job.cancel_request ?? null]);
     if (row.dataset.state !== key) {
-      replace(cells[7], actions(job));
+      replace(cells[11], actions(job));
       row.dataset.state = key;
     }
     const badges = JSON.stringify([job.status, warnings]);
     if (row.dataset.badges !== badges) {
-      replace(cells[1], h("span", { class: "status-cell" }, jobStatusBadge(job), warningBadge(warnings)));
+      replace(cells[2], h("span", { class: "status-cell" }, jobStatusBadge(job), warningBadge(warnings)));
       row.dataset.badges = badges;
     }
     row.dataset.status = job.status;
-    replace(cells[2], progress(job.step ?? 0, job.steps ?? 0));
-    cells[3].textContent = job.status === "running" ? duration(job.eta_s) : "–";
-    cells[4].textContent = rate(job.tokens_per_s ?? job.last_metrics?.tokens_per_s, "");
-    cells[5].textContent = job.host ?? "–";
-    cells[6].textContent = when(job.created_at);
+    replace(cells[3], progress(job.step ?? 0, job.steps ?? 0));
+    const s = job.summary;
+    setFigure(cells[4], "final-loss", s ? num(s.final_loss, 4) : "–");
+    const evaluated = typeof s?.final_eval_loss === "number";
+    setFigure(cells[5], "eval-loss", evaluated ? num(s?.final_eval_loss, 4) : "–", evaluated ? `At step ${s?.final_eval_step}.` : "The job has not evaluated (config eval).");
+    // An older server has no summary: its newest step's rate then.
+    const tps = s ? s.median_tokens_per_s : (job.tokens_per_s ?? job.last_metrics?.tokens_per_s);
+    setFigure(cells[6], "tokens-per-s", typeof tps === "number" ? `${grouped(tps)} tokens/s` : rate(tps, ""));
+    setFigure(cells[7], "duration", duration(s?.duration_s));
+    cells[8].textContent = job.status === "running" ? duration(job.eta_s) : "–";
+    cells[9].textContent = job.host ?? "–";
+    cells[10].textContent = when(job.created_at);
+  }
+
+  function setFigure(cell: HTMLTableCellElement, name: string, text: string, hint?: string): void {
+    cell.className = "num";
+    cell.dataset.col = name;
+    cell.textContent = text;
+    if (hint) cell.title = hint;
+    else cell.removeAttribute("title");
   }
 
   async function refresh(): Promise<void> {
@@ -168,7 +232,7 @@ export function jobsPage(root: HTMLElement): Cleanup {
         keep.add(job.id);
         let row = rows.get(job.id);
         if (!row) {
-          row = h("tr", { dataset: { jobId: String(job.id) } }, Array.from({ length: 8 }, () => h("td")));
+          row = h("tr", { dataset: { jobId: String(job.id) } }, Array.from({ length: COLUMNS.length + 1 }, () => h("td")));
           rows.set(job.id, row);
         }
         if (tbody.children[i] !== row) tbody.insertBefore(row, tbody.children[i] ?? null);

@@ -9,7 +9,9 @@ document is trained on every token whose label is not -100. What each format tra
     chat               the assistant turns as rendered by the tokenizer's chat template (end-of-turn marker
                        included); system and user turns and the template's role headers are context only
 
-Pre-tokenised rows (format tokens) bypass this module. Imports no torch.
+Pre-tokenised rows (format tokens) bypass this module. `generation_prompt` renders a prompt for a trained model
+(slidedp.generate) through the same code, so the model reads what training showed it before each answer.
+Imports no torch.
 """
 
 from __future__ import annotations
@@ -46,18 +48,8 @@ def documents(records: list[Any], fmt: str, tokenizer: Any, text_field: str = "t
             Document(ids, list(ids)) for ids in (_with_eos(x, eos) for x in _encode(tokenizer, texts, True))
         ]
     if fmt in ("prompt_completion", "alpaca"):
-        if fmt == "alpaca":
-            prompts = [
-                ALPACA_PROMPT.format(
-                    instruction=r["instruction"],
-                    input_block=ALPACA_INPUT.format(input=r["input"]) if r.get("input") else "",
-                )
-                for r in records
-            ]
-            answers = [r["output"] for r in records]
-        else:
-            prompts = [r["prompt"] for r in records]
-            answers = [r["completion"] for r in records]
+        prompts = [prompt_text(r, fmt) for r in records]
+        answers = [r["output" if fmt == "alpaca" else "completion"] for r in records]
         p_ids = _encode(tokenizer, prompts, True)
         a_ids = _encode(tokenizer, answers, False)
         out = []
@@ -66,14 +58,55 @@ def documents(records: list[Any], fmt: str, tokenizer: Any, text_field: str = "t
             out.append(Document(p + a, [IGNORE] * len(p) + a))
         return out
     if fmt == "chat":
-        if not getattr(tokenizer, "chat_template", None):
-            raise DataError(
-                "format chat renders messages with the tokenizer's chat template, and this tokenizer has none; "
-                "add a chat_template to tokenizer_config.json or use format prompt_completion",
-                loc="data.format",
-            )
+        _require_chat_template(tokenizer)
         return [_chat_document(tokenizer, r["messages"]) for r in records]
     raise ValueError(f"format {fmt!r} is not tokenised here")
+
+
+def prompt_text(record: dict, fmt: str) -> str:
+    """The text a supervised example's answer follows: the prompt (prompt_completion), or the instruction and
+    input rendered with ALPACA_PROMPT (alpaca)."""
+    if fmt == "alpaca":
+        return ALPACA_PROMPT.format(
+            instruction=record["instruction"],
+            input_block=ALPACA_INPUT.format(input=record["input"]) if record.get("input") else "",
+        )
+    return record["prompt"]
+
+
+def generation_prompt(tokenizer: Any, fmt: str, prompt: str) -> tuple[str, list[int]]:
+    """What a model trained on format `fmt` reads before it answers `prompt`: (text, token ids), rendered and
+    tokenised as training rendered and tokenised the context of an example's target, so the model sees the
+    shape it learned. prompt_completion: the prompt as given; alpaca: the prompt as the instruction (no input);
+    chat: one user turn, rendered by the chat template with its generation prompt (the assistant header);
+    text and tokens: the text as given. All but chat with the tokenizer's own special tokens (a BOS), as
+    training encoded prompts and documents; chat as the template renders it."""
+    if fmt == "chat":
+        _require_chat_template(tokenizer)
+        text = _render(tokenizer, [{"role": "user", "content": prompt}], generation_prompt=True)
+        return text, _encode(tokenizer, [text], False)[0]
+    if fmt in ("prompt_completion", "alpaca"):
+        text = prompt_text({"instruction": prompt} if fmt == "alpaca" else {"prompt": prompt}, fmt)
+    elif fmt in ("text", "tokens"):
+        text = prompt
+    else:
+        raise ValueError(f"unknown data format {fmt!r}; one of tokens, text, prompt_completion, chat, alpaca")
+    return text, _encode(tokenizer, [text], True)[0]
+
+
+def end_markers(tokenizer: Any) -> list[str]:
+    """The tokens that end a turn: EOS, and special tokens named like <|im_end|>, <|eot_id|>, <end_of_turn>."""
+    markers = [t for t in [tokenizer.eos_token, *getattr(tokenizer, "all_special_tokens", [])] if t]
+    return [t for t in markers if t == tokenizer.eos_token or "end" in t.lower() or "eot" in t.lower()]
+
+
+def _require_chat_template(tokenizer: Any) -> None:
+    if not getattr(tokenizer, "chat_template", None):
+        raise DataError(
+            "format chat renders messages with the tokenizer's chat template, and this tokenizer has none; "
+            "add a chat_template to tokenizer_config.json or use format prompt_completion",
+            loc="data.format",
+        )
 
 
 def _encode(tokenizer: Any, texts: list[str], special: bool) -> list[list[int]]:
@@ -105,8 +138,7 @@ def assistant_spans(tokenizer: Any, messages: list[dict]) -> tuple[str, list[tup
     full = _render(tokenizer, messages)
     spans = []
     cursor = 0
-    markers = [t for t in [tokenizer.eos_token, *getattr(tokenizer, "all_special_tokens", [])] if t]
-    markers = [t for t in markers if t == tokenizer.eos_token or "end" in t.lower() or "eot" in t.lower()]
+    markers = end_markers(tokenizer)
     for i, m in enumerate(messages):
         if m["role"] != "assistant":
             continue

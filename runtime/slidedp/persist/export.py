@@ -7,6 +7,9 @@
         model-0000i-of-0000n.safetensors    shards, filled in unit order
         model.safetensors.index.json        {"metadata": {"total_size"}, "weight_map": {tensor: file}}
         tokenizer files                     copied from the model directory or the shipped tiny tokenizer
+        slidedp_job.json                    the job config the weights were trained with (JOB_FILE), when known:
+                                            `slidedp generate` reads its data.format to format prompts as
+                                            training formatted examples
 
 That is what `AutoModelForCausalLM.from_pretrained` loads and vLLM serves. Weights are written in the training
 precision (bf16 or fp32), from the fp32 master, one shard at a time, so the export never holds a second copy of
@@ -37,6 +40,7 @@ from slidedp.persist.checkpoint import fsync_dir
 SHARD_BYTES = 2 * 2**30
 TOKENIZER_PREFIXES = ("tokenizer", "special_tokens_map", "vocab", "merges", "chat_template", "added_tokens")
 SLACK_BYTES = 2**20  # config files, index, directory entries
+JOB_FILE = "slidedp_job.json"  # the job config, written with the weights
 
 
 class ExportError(OSError):
@@ -147,10 +151,12 @@ def _write_shards(tmp: str, adapter, units: Iterable[torch.Tensor], dtype: torch
         json.dump({"metadata": {"total_size": total}, "weight_map": weight_map}, fh, indent=2)
 
 
-def write_hf(out_dir: str, model: str, precision: str, adapter, units: Iterable[torch.Tensor]) -> dict[str, Any]:
+def write_hf(out_dir: str, model: str, precision: str, adapter, units: Iterable[torch.Tensor],
+             job_config: dict[str, Any] | None = None) -> dict[str, Any]:
     """Write a Hugging Face directory at out_dir from `units`, which yields each unit's flat fp32 master tensor
-    in unit order; `model` (preset or directory) gives the generation config and tokenizer. Atomic: built in
-    out_dir.tmp and swapped in. Returns {"final_dir", "files": [{"name", "bytes"}, ...]}; raises ExportError."""
+    in unit order; `model` (preset or directory) gives the generation config and tokenizer; `job_config`, when
+    given, is written as JOB_FILE. Atomic: built in out_dir.tmp and swapped in. Returns {"final_dir", "files":
+    [{"name", "bytes"}, ...]}; raises ExportError."""
     dtype = torch.bfloat16 if precision == "bf16" else torch.float32
     out_dir = os.path.abspath(out_dir)
     parent = os.path.dirname(out_dir)
@@ -173,6 +179,9 @@ def write_hf(out_dir: str, model: str, precision: str, adapter, units: Iterable[
         _write_config(tmp, model, adapter, dtype)
         for path in tokenizer:
             shutil.copy2(path, os.path.join(tmp, os.path.basename(path)))
+        if job_config is not None:
+            with open(os.path.join(tmp, JOB_FILE), "w", encoding="utf-8") as fh:
+                json.dump(job_config, fh, indent=2)
         files = []
         for name in sorted(os.listdir(tmp)):
             with open(os.path.join(tmp, name), "rb") as fh:
@@ -210,7 +219,7 @@ def export_hf(out_dir: str, cfg: JobConfig, adapter, master) -> dict[str, Any]:
         units: Iterable[torch.Tensor] = (master.master_unit(spec.index) for spec in adapter.units)
     else:
         units = master
-    return write_hf(out_dir, cfg.model, cfg.precision, adapter, units)
+    return write_hf(out_dir, cfg.model, cfg.precision, adapter, units, cfg.to_dict())
 
 
 def _checkpoint_units(path: str, numels: list[int]) -> Iterator[torch.Tensor]:
@@ -256,4 +265,4 @@ def export_checkpoint(checkpoint_dir: str, out_dir: str | None = None) -> dict[s
     if out_dir is None:
         out_dir = os.path.join(os.path.dirname(os.path.dirname(path)), "final")
     return write_hf(out_dir, model, precision, adapter,
-                    _checkpoint_units(os.path.join(path, "master.f32"), numels))
+                    _checkpoint_units(os.path.join(path, "master.f32"), numels), config)

@@ -8,7 +8,7 @@ from fastapi.responses import StreamingResponse
 from sqlmodel import func, select
 from starlette.concurrency import run_in_threadpool
 
-from slidedp_web import jobs, outputs
+from slidedp_web import job_summary, jobs, outputs
 from slidedp_web.api.deps import DB_INT_MAX, JobId, SessionDep, SettingsDep
 from slidedp_web.export_archive import stream_tar_gz
 from slidedp_web.job_schema import request_body_openapi
@@ -17,6 +17,7 @@ from slidedp_web.models import (
     CheckpointList,
     Job,
     JobList,
+    JobListItem,
     JobPublic,
     JobStatus,
     LogItem,
@@ -39,13 +40,16 @@ def list_jobs(
     limit: int = Query(50, ge=1),
     offset: int = Query(0, ge=0, le=DB_INT_MAX),
 ) -> JobList:
-    """Jobs, newest first, optionally with one status."""
+    """Jobs, newest first, optionally with one status; each with the summary that tells runs apart (final loss,
+    final eval loss, median tokens/s, time run)."""
     limit = min(limit, settings.max_page_size)
     query, count = select(Job), select(func.count()).select_from(Job)
     if status:
         query, count = query.where(Job.status == status), count.where(Job.status == status)
     rows = session.exec(query.order_by(Job.id.desc()).offset(offset).limit(limit)).all()
-    return JobList(items=[jobs.public(j) for j in rows], total=session.exec(count).one())
+    figures = job_summary.summaries(session, rows)
+    items = [JobListItem(**jobs.public(j).model_dump(), summary=figures[j.id]) for j in rows]
+    return JobList(items=items, total=session.exec(count).one())
 
 
 @router.post(
