@@ -13,6 +13,7 @@ from typing import Any, Optional
 from fastapi.exceptions import RequestValidationError
 from slidedp.config import JobConfig
 from slidedp.planning.autopolicy import plan_job
+from slidedp.planning.shape import SCHEMA_VERSION, shape_differences
 from sqlmodel import Session, func, select
 
 from slidedp_web import hosts
@@ -72,36 +73,83 @@ def job_shape(cfg: JobConfig) -> dict[str, Any]:
     return calibration_shape(cfg, model_config_dict(cfg.model))
 
 
-def pick_calibration(cfg: JobConfig, report: Optional[dict[str, Any]]) -> Optional[dict[str, Any]]:
-    """The host's calibration measured at this job's shape, world size and device (full before quick, then the
-    newest); None when the host has none, and the plan is a memory fit only."""
+def calibration_entries(report: Optional[dict[str, Any]]) -> list[dict[str, Any]]:
+    """A host's calibration records (§5) as the planner reads them: each upgraded where an older runtime wrote its
+    shape without fields its model's config gives (`shape_upgraded`), or marked `outdated` with the reason."""
+    from slidedp.planning.shape import upgrade_calibration
+
     if not report:
-        return None
+        return []
     entries = report.get("entries") if "entries" in report else [report]
+    return [upgrade_calibration(e) for e in entries or [] if isinstance(e, dict)]
+
+
+def pick_calibration(
+    cfg: JobConfig, report: Optional[dict[str, Any]], topology: Optional[dict[str, Any]] = None
+) -> Optional[dict[str, Any]]:
+    """The host's calibration measured at this job's shape, world size and device, with GPU peer-to-peer on or off
+    as the host's topology has it (full before quick, then the newest); None when the host has none, and the plan
+    is a memory fit only."""
+    return calibration_choice(cfg, report, topology)[0]
+
+
+def calibration_choice(
+    cfg: JobConfig, report: Optional[dict[str, Any]], topology: Optional[dict[str, Any]] = None
+) -> tuple[Optional[dict[str, Any]], dict[str, Any]]:
+    """(the calibration the plan uses or None, the plan's `calibration_match`: which record was used, or why each
+    of the host's records was not, and the command that measures the job's shape)."""
     try:
         shape = job_shape(cfg)
     except (OSError, KeyError, ValueError):
-        return None
+        return None, {"used": None, "why_not": [], "run": None}
     device = "cuda" if cfg.gpus > 0 else "cpu"
-    matches = [
-        e
-        for e in entries or []
-        if isinstance(e, dict)
-        and e.get("shape") == shape
-        and e.get("world") == cfg.world_size
-        and e.get("device") == device
-    ]
+    matches, why_not = [], []
+    for e in calibration_entries(report):
+        if e.get("outdated"):
+            reasons = [e["outdated"]]
+        else:
+            reasons = shape_differences(shape, e.get("shape") or {})
+            if e.get("world") != cfg.world_size:
+                reasons.append(f"{e.get('world')} ranks, not {cfg.world_size}")
+            if e.get("device") != device:
+                reasons.append(f"measured on {e.get('device')}, not {device}")
+            if topology is not None and device == "cuda" and "p2p_disabled" in topology:
+                if bool(e.get("p2p_disabled")) != bool(topology["p2p_disabled"]):
+                    on_off = ("off", "on") if e.get("p2p_disabled") else ("on", "off")
+                    reasons.append(f"measured with GPU peer-to-peer {on_off[0]}, this host has it {on_off[1]}")
+        if reasons:
+            why_not.append({"record": record_header(e), "why": reasons})
+        else:
+            matches.append(e)
+    # `slidedp bench --plan-only` calibrates a bf16 GPU shape; any other job is calibrated by planning its config
+    run = (
+        f"slidedp bench --model {cfg.model} --gpus {cfg.gpus} --mbs {cfg.micro_batch_size} --seq {cfg.seq_len} "
+        "--plan-only"
+        if cfg.gpus > 0 and cfg.precision == "bf16"
+        else "slidedp plan --config JOB.yaml (this job's config: planning it calibrates the host at its shape)"
+    )
     if not matches:
-        return None
-    return max(matches, key=lambda e: (not e.get("quick"), str(e.get("created_at", ""))))
+        return None, {"used": None, "why_not": why_not, "run": run}
+    chosen = max(matches, key=lambda e: (not e.get("quick"), str(e.get("created_at", ""))))
+    return chosen, {"used": record_header(chosen), "why_not": [], "run": None}
+
+
+def record_header(entry: dict[str, Any]) -> dict[str, Any]:
+    """What a person needs to recognise a calibration record: when and by what it was measured, and its shape."""
+    keys = ("key", "created_at", "schema", "quick", "world", "device", "interconnect", "shape", "shape_upgraded")
+    return {**{k: entry.get(k) for k in keys}, "software": entry.get("software"), "current_schema": SCHEMA_VERSION}
 
 
 def plan_preview(cfg: JobConfig, host: Optional[Host], settings: Settings) -> dict[str, Any]:
-    """The plan JSON (docs/interfaces.md §5) for the job on that host, with the host's name under "host"."""
+    """The plan JSON (docs/interfaces.md §5) for the job on that host, with the host's name under "host" and which
+    calibration priced it (or why none of the host's could) under "calibration_match"."""
     topology = host.topology if host and host.topology else basic_topology(settings)
-    calibration = pick_calibration(cfg, host.calibration if host else local_calibration(settings))
+    calibration, match = calibration_choice(
+        cfg, host.calibration if host else local_calibration(settings), topology
+    )
     plan = clean_json(plan_job(cfg, topology, calibration))
     plan.setdefault("host", host.name if host else settings.host_name)
+    plan["calibration_match"] = clean_json(match)
     return plan
 
 

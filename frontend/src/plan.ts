@@ -7,6 +7,7 @@ import { h } from "./dom";
 import { bytes, gbps, gib, isNum, num, percent, seconds, words } from "./fmt";
 import type { Candidate, FieldErrorItem, Marginal, Plan, Prediction } from "./types";
 import { renderAlternatives, renderMemoryBars, renderStep, renderVerdict } from "./planview/glance";
+import { matchWords } from "./calibration";
 
 type Obj = Record<string, unknown>;
 
@@ -201,7 +202,7 @@ export function marginalRows(m: Marginal): Obj[] {
 
 // Keys with a place of their own; the others are listed under "Details".
 // `validation` is in `problems` (the runtime's findings among what blocks the job).
-const SHOWN = new Set(["feasible", "policy", "predicted", "candidates", "marginal", "why", "errors", "stage", "problems", "warnings", "fits", "validation"]);
+const SHOWN = new Set(["feasible", "policy", "predicted", "candidates", "marginal", "why", "errors", "stage", "problems", "warnings", "fits", "validation", "calibration_match"]);
 
 /** What the plan panel shows, read from the documented plan JSON. */
 export interface PlanView {
@@ -273,6 +274,11 @@ export function renderPlan(plan: PlanAnswer | null, opts: { title?: string } = {
       if (v.blocked) box.append(h("p", { class: "muted" }, "What the job would run with once the problems above are solved."));
       box.append(verdict);
     }
+  }
+  // which calibration priced the plan (a job's policy as run keeps the one of its submit-time plan, not said here)
+  const cal = v.asRun ? null : renderCalibrationLine(plan);
+  if (cal) box.append(cal);
+  if (glance) {
     const alts = renderAlternatives(plan);
     if (alts) box.append(h("h3", null, "Alternatives"), alts);
   }
@@ -329,4 +335,20 @@ export function renderPlan(plan: PlanAnswer | null, opts: { title?: string } = {
   if (Object.keys(v.details).length) box.append(h("h3", null, "Details"), kvList(v.details, new Set(), true));
   box.append(h("details", { class: "raw" }, h("summary", null, "Raw JSON"), h("pre", null, JSON.stringify(plan, null, 2))));
   return box;
+}
+
+/** Which stored calibration priced the plan, or why none of the host's could and the command that measures the
+ *  job's shape (the API's `calibration_match`); a plan without one says nothing here. */
+export function renderCalibrationLine(plan: PlanAnswer): HTMLElement | null {
+  const m = matchWords(plan.calibration_match, plan.calibration_note);
+  if (!m) return null;
+  // a record that matched but lacked a figure the planner needs: the planner's own words say which
+  const unusable = m.used && plan.calibration === "missing" && plan.calibration_note ? ` The planner could not use it: ${plan.calibration_note}.` : "";
+  return h(
+    "div",
+    { class: `plan-calibration ${m.used && !unusable ? "cal-used" : "cal-unused"}`, "data-part": "calibration" },
+    h("p", null, m.text + unusable, m.key ? [" ", h("a", { href: `/hosts?calibration=${encodeURIComponent(m.key)}` }, "See it on the Hosts page.")] : null),
+    m.reasons.length ? h("ul", { class: "cal-reasons" }, m.reasons.map((r) => h("li", null, r))) : null,
+    m.run ? h("p", null, "To predict step times, measure this shape on the host: ", h("code", { class: "cal-run" }, m.run)) : null,
+  );
 }

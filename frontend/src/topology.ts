@@ -1,6 +1,7 @@
 // Reading a host's topology (docs/interfaces.md §4) and its calibration (§5) defensively, and drawing it.
 // A field that is absent is not drawn; nothing is estimated here.
 import { svg } from "./dom";
+import { type CopyRates, copyRates, type HostDram, hostDram } from "./calibration";
 import { isNum, num } from "./fmt";
 
 type Obj = Record<string, unknown>;
@@ -34,6 +35,39 @@ export interface HostView {
   ramGiB: number | null;
   ramSource: string | null;
   notes: string[];
+  /** Host<->GPU copy rates of the calibration record that has them (null: none measured). */
+  copies: CopyRates | null;
+  /** Host memory shared by the GPUs' copies and the CPU update (null: not measured). */
+  hostDram: HostDram | null;
+  /** "torch 2.11.0+cu130", "CUDA 13.0", "NVIDIA driver not reported", … as the topology reports them. */
+  software: string[];
+}
+
+const SOFTWARE: [string, string][] = [
+  ["torch", "torch"],
+  ["cuda", "CUDA"],
+  ["driver", "NVIDIA driver"],
+  ["nccl", "NCCL"],
+  ["python", "Python"],
+  ["transformers", "transformers"],
+];
+
+/** The software versions a topology reports, each "not reported" where it is absent. */
+export function softwareLines(topology: unknown): string[] {
+  const sw = pick(topology, "software");
+  if (!isObj(sw)) return ["software versions not reported"];
+  return SOFTWARE.map(([k, name]) => {
+    const v = sw[k] ?? (k === "driver" ? sw.driver_version : undefined);
+    return v === undefined || v === null || v === "" ? `${name} not reported` : `${name} ${String(v)}`;
+  });
+}
+
+/** The record whose measured rates the drawing shows: the newest of those that measured copies (an outdated
+ *  record's rates are still this host's). */
+function ratesRecord(cal: unknown): Obj | null {
+  const with_ = calibrationRecords(cal).filter((r) => isObj(r.transfers));
+  if (!with_.length) return null;
+  return with_.reduce((a, b) => (String(b.created_at ?? "") > String(a.created_at ?? "") ? b : a));
 }
 
 const GIB = 1024 ** 3;
@@ -203,6 +237,12 @@ export function readHost(topology: unknown, calibration: unknown): HostView {
       const n = pick(topology, "notes");
       return Array.isArray(n) ? n.map(String) : [];
     })(),
+    copies: ratesRecord(calibration) ? copyRates(ratesRecord(calibration)) : null,
+    hostDram: (() => {
+      const r = calibrationRecords(calibration).find((x) => isObj(x.host_dram));
+      return r ? hostDram(r) : null;
+    })(),
+    software: softwareLines(topology),
   };
 }
 
@@ -217,39 +257,49 @@ function linkLabel(l: LinkView): string {
 export function drawHost(v: HostView, hostName: string): SVGSVGElement {
   const n = Math.max(1, v.gpus.length);
   const gpuW = 150;
-  const gap = 40;
-  const width = Math.max(420, n * gpuW + (n - 1) * gap + 40);
+  const gap = 90; // room for each GPU's link label (PCIe, copy rates, NUMA node) beside its line
+  const width = Math.max(600, n * gpuW + (n - 1) * gap + 160);
   const arcRows = v.gpus.length > 1 ? Math.min(v.links.length, 6) : 0;
-  const height = v.gpus.length === 0 ? 160 : 270 + arcRows * 26 + (v.links.length > 6 ? 20 : 0);
-  // Drawn at its natural size (text stays text-sized), shrunk only when the page is narrower.
-  const root = svg("svg", { viewBox: `0 0 ${width} ${height}`, width, height, role: "img", class: "topology" });
-  root.append(svg("title", {}, `Topology of ${hostName}`));
   const cpuLines = [
     v.cpuModel,
     v.cpuCores !== null ? `${v.cpuCores} CPU cores${v.cpuThreads !== null ? ` / ${v.cpuThreads} threads` : ""}` : null,
     v.numaNodes !== null ? `${v.numaNodes} NUMA node${v.numaNodes === 1 ? "" : "s"}` : null,
     v.ramGiB !== null ? `${num(v.ramGiB, 3)} GiB host RAM${v.ramSource ? ` (${v.ramSource})` : ""}` : null,
   ].filter((s): s is string => !!s);
-  const hostW = Math.min(width - 40, 360);
+  // The measured figures of host memory and of all GPUs copying at once: they belong to the host, not to one GPU.
+  const d = v.hostDram;
+  const memLine =
+    d && d.copyAloneGBps !== null
+      ? `memory: GPU copies ${num(d.copyAloneGBps, 3)} GB/s, ${d.copyBesideUpdateGBps !== null ? `${num(d.copyBesideUpdateGBps, 3)} GB/s during the CPU update${d.copyAloneGBps > 0 ? ` (−${Math.round((100 * (d.copyAloneGBps - d.copyBesideUpdateGBps)) / d.copyAloneGBps)}%)` : ""}` : "during the CPU update not measured"}`
+      : "memory bandwidth: not measured";
+  const c = v.copies;
+  const allLine = c && (c.h2dAll !== null || c.d2hAll !== null) ? `all GPUs at once: ↓${c.h2dAll !== null ? num(c.h2dAll, 3) : "–"} ↑${c.d2hAll !== null ? num(c.d2hAll, 3) : "–"} GB/s per GPU` : "all GPUs at once: copies not measured";
+  const hostLines = [...cpuLines.slice(0, 4), ...(v.gpus.length ? [memLine, allLine] : []), v.software.filter((x) => !/Python|transformers/.test(x)).join(" · ")];
+  const hostH = 34 + hostLines.length * 15;
+  const gpuY = hostH + 10 + 78;
+  const height = v.gpus.length === 0 ? hostH + 70 : gpuY + 100 + arcRows * 26 + (v.links.length > 6 ? 20 : 0);
+  // Drawn at its natural size (text stays text-sized), shrunk only when the page is narrower.
+  const root = svg("svg", { viewBox: `0 0 ${width} ${height}`, width, height, role: "img", class: "topology" });
+  root.append(svg("title", {}, `Topology of ${hostName}`));
+  const hostW = Math.min(width - 40, 560);
   const hostX = (width - hostW) / 2;
   root.append(
-    svg("rect", { x: hostX, y: 10, width: hostW, height: 92, rx: 8, class: "topo-host" }),
+    svg("rect", { x: hostX, y: 10, width: hostW, height: hostH, rx: 8, class: "topo-host" }),
     svg("text", { x: width / 2, y: 30, "text-anchor": "middle", class: "topo-title" }, `Host ${hostName}`),
   );
-  cpuLines.slice(0, 4).forEach((t, i) => root.append(svg("text", { x: width / 2, y: 48 + i * 15, "text-anchor": "middle" }, t)));
+  hostLines.forEach((t, i) => root.append(svg("text", { x: width / 2, y: 48 + i * 15, "text-anchor": "middle", class: i >= cpuLines.length ? "topo-small" : "" }, t)));
   if (v.gpus.length === 0) {
-    root.append(svg("text", { x: width / 2, y: 140, "text-anchor": "middle", class: "topo-small" }, "No GPU reported (CPU training only)"));
+    root.append(svg("text", { x: width / 2, y: hostH + 50, "text-anchor": "middle", class: "topo-small" }, "No GPU reported (CPU training only)"));
     return root;
   }
   const x0 = (width - (n * gpuW + (n - 1) * gap)) / 2;
-  const gpuY = 170;
   const centre = (i: number) => x0 + i * (gpuW + gap) + gpuW / 2;
   v.gpus.forEach((g, i) => {
     const cx = centre(i);
-    root.append(svg("line", { x1: cx, y1: 102, x2: cx, y2: gpuY, class: "topo-pcie" }));
-    const bw = [g.h2dGBs !== null ? `↓${num(g.h2dGBs, 3)}` : null, g.d2hGBs !== null ? `↑${num(g.d2hGBs, 3)}` : null].filter(Boolean);
-    const label = [g.pcie ?? "PCIe", bw.length ? `${bw.join(" ")} GB/s` : null].filter(Boolean) as string[];
-    label.forEach((t, k) => root.append(svg("text", { x: cx + 6, y: 126 + k * 14, class: "topo-small" }, t)));
+    root.append(svg("line", { x1: cx, y1: 10 + hostH, x2: cx, y2: gpuY, class: "topo-pcie" }));
+    const alone = g.h2dGBs !== null || g.d2hGBs !== null ? `alone ↓${g.h2dGBs !== null ? num(g.h2dGBs, 3) : "–"} ↑${g.d2hGBs !== null ? num(g.d2hGBs, 3) : "–"} GB/s` : "copy rate not measured";
+    const label = [g.pcie ?? "PCIe", alone, g.numa !== null ? `NUMA node ${g.numa}` : "NUMA node not reported"];
+    label.forEach((t, k) => root.append(svg("text", { x: cx + 6, y: hostH + 32 + k * 14, class: "topo-small" }, t)));
     root.append(
       svg("rect", { x: cx - gpuW / 2, y: gpuY, width: gpuW, height: 62, rx: 6, class: "topo-gpu" }),
       svg("text", { x: cx, y: gpuY + 18, "text-anchor": "middle", class: "topo-title" }, `GPU ${g.index}`),
@@ -270,7 +320,7 @@ export function drawHost(v: HostView, hostName: string): SVGSVGElement {
     const cls = l.kind === "NVLink" ? "topo-nvlink" : "topo-link";
     root.append(
       svg("path", { d: `M ${xa} ${y} C ${xa} ${y + depth}, ${xb} ${y + depth}, ${xb} ${y}`, class: cls }),
-      svg("text", { x: (xa + xb) / 2, y: y + depth * 0.75 + 12, "text-anchor": "middle", class: "topo-small" }, `${l.a}–${l.b}: ${linkLabel(l)}`),
+      svg("text", { x: (xa + xb) / 2, y: y + depth * 0.75 + 12, "text-anchor": "middle", class: "topo-small" }, `${l.a}–${l.b}: ${linkLabel(l)}${l.bandwidthGBs === null ? ", bandwidth not measured" : ""}`),
     );
   });
   if (v.links.length > 6) root.append(svg("text", { x: width / 2, y: height - 6, "text-anchor": "middle", class: "topo-small" }, `${v.links.length - 6} more links in the table`));

@@ -198,6 +198,8 @@ export interface Plan {
   errors: FieldErrorItem[];
   calibration: "measured" | "missing";
   calibration_note?: string;
+  /** POST /api/plan: the host's calibration record that priced the plan, or why none could (docs/interfaces.md §6). */
+  calibration_match?: { used: Record<string, unknown> | null; why_not: { record: Record<string, unknown>; why: string[] }[]; run: string | null };
   host_update?: Record<string, number>;
   job?: Record<string, unknown>;
   host?: string;

@@ -5,6 +5,7 @@ import { gbps, gib, when } from "../fmt";
 import { apiAbsent } from "../health";
 import { kvList } from "../plan";
 import type { Cleanup } from "../router";
+import { type CalState, measuredLines, summarizeCalibration } from "../calibration";
 import { calibrationRecords, drawHost, linkLabel, readHost } from "../topology";
 import type { Host } from "../types";
 import { errorBox } from "../ui";
@@ -14,7 +15,24 @@ const NO_CALIBRATION =
   "A job's first run calibrates the host at its shape (seconds on a CPU, 15-25 s on a GPU), the " +
   "figures are kept for the next runs of that shape, and plans then predict step times.";
 
-/** The calibration's records (one per measured job shape), each with what it measured. */
+const STATE_BADGE: Record<CalState, string> = { current: "ok", upgraded: "ok", older: "warn", outdated: "bad" };
+
+/** One calibration record as a person reads it: its job shape, the model's dimensions, when and by which runtime it
+ *  was measured, whether it is current, and its measured rates; the raw record folded below. */
+function calibrationRecord(r: Record<string, unknown>, currentSchema: unknown, planned: string | null): HTMLElement {
+  const s = summarizeCalibration(r, currentSchema);
+  const matches = planned !== null && r.key === planned; // the record the plan preview's link named
+  return h(
+    "div",
+    { class: `calibration cal-${s.state}${matches ? " cal-planned" : ""}`, "data-state": s.state },
+    h("h4", null, h("span", { class: `badge ${STATE_BADGE[s.state]}` }, s.state), " ", matches ? h("span", { class: "badge ok" }, "matches the job being planned") : null, matches ? " " : null, s.title),
+    h("ul", { class: "cal-summary" }, [s.model, s.measured, s.version, s.stateText].map((t) => h("li", null, t))),
+    h("ul", { class: "cal-measured" }, measuredLines(r).map((t) => h("li", null, t))),
+    h("details", { class: "raw" }, h("summary", null, "Raw record"), h("pre", null, JSON.stringify(r, null, 2))),
+  );
+}
+
+/** The calibration's records (one per measured job shape), each summarised. */
 function calibration(host: Host): HTMLElement {
   const records = calibrationRecords(host.calibration);
   if (!host.calibration) return h("p", { class: "muted" }, NO_CALIBRATION);
@@ -23,13 +41,13 @@ function calibration(host: Host): HTMLElement {
     if (Array.isArray((host.calibration as Record<string, unknown>).entries)) return h("p", { class: "muted" }, NO_CALIBRATION);
     return h("details", null, h("summary", null, "Calibration"), kvList(host.calibration, new Set(), true));
   }
-  const dir = (host.calibration as Record<string, unknown>).dir;
+  const { dir, current_schema: currentSchema } = host.calibration as Record<string, unknown>;
   return h(
-    "details",
-    null,
-    h("summary", null, `Calibration: ${records.length} measured shape${records.length === 1 ? "" : "s"}`),
+    "section",
+    { class: "calibrations", "aria-label": "Calibrations" },
+    h("h3", null, `Calibration: ${records.length} measured shape${records.length === 1 ? "" : "s"}`),
     typeof dir === "string" ? h("p", { class: "muted" }, "Cached in ", h("code", null, dir)) : null,
-    records.map((r) => h("details", { class: "calibration" }, h("summary", null, String(r.key ?? r.created_at ?? "record")), kvList(r, new Set(["key"]), true))),
+    records.map((r) => calibrationRecord(r, currentSchema, new URLSearchParams(location.search).get("calibration"))),
   );
 }
 
@@ -46,7 +64,7 @@ function hostCard(host: Host): HTMLElement {
           "tbody",
           null,
           view.gpus.map((g) =>
-            h("tr", null, h("td", null, g.index), h("td", null, g.name ?? "–"), h("td", { class: "num" }, gib(g.hbmGiB)), h("td", null, g.pcie ?? "–"), h("td", null, g.numa ?? "–"), h("td", { class: "num" }, gbps(g.h2dGBs)), h("td", { class: "num" }, gbps(g.d2hGBs))),
+            h("tr", null, h("td", null, g.index), h("td", null, g.name ?? "–"), h("td", { class: "num" }, gib(g.hbmGiB)), h("td", null, g.pcie ?? "–"), h("td", null, g.numa ?? "–"), h("td", { class: "num" }, g.h2dGBs === null ? "not measured" : gbps(g.h2dGBs)), h("td", { class: "num" }, g.d2hGBs === null ? "not measured" : gbps(g.d2hGBs))),
           ),
         ),
       )
@@ -60,7 +78,7 @@ function hostCard(host: Host): HTMLElement {
         h(
           "tbody",
           null,
-          view.links.map((l) => h("tr", null, h("td", null, `${l.a} – ${l.b}`), h("td", null, linkLabel({ ...l, bandwidthGBs: null })), h("td", { class: "num" }, gbps(l.bandwidthGBs)), h("td", null, l.p2p === null ? "–" : l.p2p ? "yes" : "no"))),
+          view.links.map((l) => h("tr", null, h("td", null, `${l.a} – ${l.b}`), h("td", null, linkLabel({ ...l, bandwidthGBs: null })), h("td", { class: "num" }, l.bandwidthGBs === null ? "not measured" : gbps(l.bandwidthGBs)), h("td", null, l.p2p === null ? "–" : l.p2p ? "yes" : "no"))),
         ),
       )
     : null;
@@ -93,6 +111,7 @@ export function hostsPage(root: HTMLElement): Cleanup {
       const { items } = await api.hosts();
       if (stopped) return;
       replace(body, items.length ? items.map(hostCard) : h("p", { class: "muted" }, "No worker host has reported yet. Start a worker (make run starts one) and reload."));
+      body.querySelector(".cal-planned")?.scrollIntoView({ block: "center" });
     } catch (err) {
       if (!stopped) replace(body, errorBox(err, "the hosts"));
     }

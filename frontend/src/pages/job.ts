@@ -11,6 +11,7 @@ import { renderPlan } from "../plan";
 import { navigate, type Cleanup } from "../router";
 import { MetricsStore } from "../series";
 import { generatePanel } from "./generate";
+import { stepPicture } from "./jobstep";
 import { divergence, stageAhead, stageHeadline, stageHint, stageProgress, startingStage, startupSummary, tenths } from "../stage";
 import { ResumableStream, type StreamState } from "../sse";
 import { tensorboardFact } from "../trackers";
@@ -109,6 +110,7 @@ export function jobPage(root: HTMLElement, params: string[]): Cleanup {
   const ckptEl = h("div", null, h("p", { class: "muted" }, "No checkpoints."));
   const configEl = h("pre");
   const generate = generatePanel(id); // the prompt box: try the trained model (pages/generate.ts)
+  const stepView = stepPicture(); // the plan's one step with the measured one over it (pages/jobstep.ts)
 
   replace(
     root,
@@ -126,6 +128,7 @@ export function jobPage(root: HTMLElement, params: string[]): Cleanup {
       h("section", { "aria-labelledby": "policy-h" }, h("h2", { id: "policy-h" }, "Policy and why"), policyEl),
       h("section", { "aria-labelledby": "log-h" }, h("h2", { id: "log-h" }, "Log"), logs.el),
     ),
+    stepView.el,
     h("section", { "aria-labelledby": "ckpt-h" }, h("h2", { id: "ckpt-h" }, "Checkpoints and export"), ckptEl),
     generate.el,
     h("details", { class: "raw" }, h("summary", null, "Job config"), configEl),
@@ -281,6 +284,7 @@ export function jobPage(root: HTMLElement, params: string[]): Cleanup {
     ]);
     annotate(dl);
     replace(summaryEl, progress(job.step ?? 0, job.steps ?? 0), clockEl, dl, startupLineEl());
+    stepView.update(job, store.records);
     renderClock();
   }
 

@@ -525,21 +525,40 @@ export function stepLanesOf(plan: Plan): { step_s: number; lanes: StepLane[] } |
   return lanes.length ? { step_s: pred.step_time_s, lanes } : null;
 }
 
-export function renderStep(plan: Plan): HTMLElement | null {
+/** What a run measured, drawn over the plan's step on the same scale (pages/jobstep.ts makes it from the metrics
+ *  records): the median step and lanes of measured spans and busy times. */
+export interface MeasuredStep {
+  step_s: number;
+  steps: number; // how many steps the medians are over
+  lanes: StepLane[];
+}
+
+function laneRow(lane: StepLane, scale: number, end_s: number, measured: boolean): HTMLElement {
+  const track = h("div", { class: "step-track" });
+  lane.segments.forEach((seg, i) => {
+    track.append(
+      h("span", { class: `step-seg mem-c${(i * 2 + (measured ? 1 : 0)) % 8}`, style: `width:${((100 * seg.s) / scale).toFixed(3)}%`, title: `${seg.label}: ${secs(seg.s)}${seg.title ? `\n${seg.title}` : ""}` }, (100 * seg.s) / scale > 18 ? `${seg.label} ${secs(seg.s)}` : ""),
+    );
+  });
+  track.append(h("span", { class: "step-end", style: `left:${((100 * end_s) / scale).toFixed(3)}%`, title: `end of the ${measured ? "measured" : "predicted"} step: ${secs(end_s)}` }));
+  return h("div", { class: `step-lane${measured ? " step-measured" : ""}`, "data-lane": lane.key }, h("span", { class: "step-label" }, lane.label), track);
+}
+
+/** The plan's one step; with `measured`, the run's measured step above it on the same time scale. */
+export function renderStep(plan: Plan, measured: MeasuredStep | null = null): HTMLElement | null {
   const step = stepLanesOf(plan);
-  if (!step) return null;
-  const scale = Math.max(step.step_s, ...step.lanes.map((l) => l.segments.reduce((s, x) => s + x.s, 0)));
+  if (!step && !measured) return null;
+  const all = [...(step?.lanes ?? []), ...(measured?.lanes ?? [])];
+  const scale = Math.max(step?.step_s ?? 0, measured?.step_s ?? 0, ...all.map((l) => l.segments.reduce((s, x) => s + x.s, 0)));
   const box = h("div", { class: "plan-step", "data-part": "step" });
-  box.append(h("p", { class: "muted" }, `One predicted step of ${secs(step.step_s)}. The GPU stream's phases and the two spans are in time order and add up to the step; the other lanes show how long each resource is busy per step, not when.`));
-  for (const lane of step.lanes) {
-    const track = h("div", { class: "step-track" });
-    lane.segments.forEach((seg, i) => {
-      track.append(
-        h("span", { class: `step-seg mem-c${(i * 2) % 8}`, style: `width:${((100 * seg.s) / scale).toFixed(3)}%`, title: `${seg.label}: ${secs(seg.s)}${seg.title ? `\n${seg.title}` : ""}` }, (100 * seg.s) / scale > 18 ? `${seg.label} ${secs(seg.s)}` : ""),
-      );
-    });
-    track.append(h("span", { class: "step-end", style: `left:${((100 * step.step_s) / scale).toFixed(3)}%`, title: `end of the step: ${secs(step.step_s)}` }));
-    box.append(h("div", { class: "step-lane", "data-lane": lane.key }, h("span", { class: "step-label" }, lane.label), track));
+  if (measured) {
+    const vs = step ? `; predicted ${secs(step.step_s)}, so the run is ${pct(Math.abs(measured.step_s / step.step_s - 1))} ${measured.step_s >= step.step_s ? "slower" : "faster"} than planned` : "; the plan predicted no step time (no calibration)";
+    box.append(h("p", { class: "step-measured-note" }, `Measured: ${secs(measured.step_s)} per step, the median of ${measured.steps} step${measured.steps === 1 ? "" : "s"} (the first left out)${vs}.`));
+    for (const lane of measured.lanes) box.append(laneRow(lane, scale, measured.step_s, true));
+  }
+  if (step) {
+    box.append(h("p", { class: "muted" }, `One predicted step of ${secs(step.step_s)}. The GPU stream's phases and the two spans are in time order and add up to the step; the other lanes show how long each resource is busy per step, not when.`));
+    for (const lane of step.lanes) box.append(laneRow(lane, scale, step.step_s, false));
   }
   return box;
 }

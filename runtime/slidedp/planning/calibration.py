@@ -45,6 +45,7 @@ from typing import Any
 
 import torch
 
+from slidedp import __version__ as slidedp_version
 from slidedp.config import JobConfig
 from slidedp.planning.microbench import (
     MIB,
@@ -58,7 +59,7 @@ from slidedp.planning.microbench import (
     update_in_step,
 )
 from slidedp.planning.model_bench import ModelParts
-from slidedp.planning.shape import calibration_shape
+from slidedp.planning.shape import SCHEMA_VERSION, calibration_shape
 from slidedp.planning.topology import job_gpus, job_interconnect
 from slidedp.presets import model_config_dict, unit_param_counts
 from slidedp.ranks import Launch, RankFailed
@@ -71,7 +72,7 @@ from slidedp.step.collectives import all_gather, reduce_scatter
 # memory that the kernel may back with huge pages: the engine's update ran ~20% slower than version 3 said.
 # 5: update_in_step, the host update beside a thread issuing a decoder layer's forward and backward, unit by unit
 # on cold buffers: the updater ran 20-40% slower in steps than the `cpu` rates alone.
-SCHEMA_VERSION = 5
+# (SCHEMA_VERSION lives in shape.py, which the API reads without torch.)
 
 
 # ---------------------------------------------------------------------------- public entry points
@@ -230,6 +231,7 @@ def _header(cfg: JobConfig, topology: dict, mc: dict, quick: bool) -> dict[str, 
             "torch": torch.__version__,
             "cuda": torch.version.cuda,
             "python": sys.version.split()[0],
+            "slidedp": slidedp_version,
         },
         "shape": calibration_shape(cfg, mc),
     }
