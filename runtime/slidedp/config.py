@@ -314,8 +314,10 @@ class JobConfig:
     seed: int = _f(0, doc="Seed of random initialisation (presets) and of dropout-free training RNG.", ge=0,
                    le=INT64_MAX)
     cpu_threads: Optional[int] = _f(
-        None, doc="CPU threads per rank for the host update (None: the host's cores split over ranks). The web API "
-        "refuses more than the cores of the job's host.", gt=0,
+        None, doc="CPU threads per rank: the host update's, and on the CPU (gpus = 0) also the forward and backward's. "
+        "None: a GPU job splits the host's cores over its ranks; a CPU job keeps one core for the rest of the host "
+        "and splits the others (at least one thread per rank). The web API refuses more than the cores of the "
+        "job's host.", gt=0,
         le=MAX_WORLD,
     )
     host_ram_gib: Optional[float] = _f(

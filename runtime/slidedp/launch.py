@@ -122,10 +122,10 @@ def _rss_gib(pids: list[int], shared_bytes: int) -> float:
 
 
 def _cpu_threads(cfg: JobConfig) -> int:
-    if cfg.cpu_threads:
-        return cfg.cpu_threads
+    from slidedp.planning.job import rank_threads
+
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    return max(1, cores // cfg.world_size)
+    return rank_threads(cfg, cores)
 
 
 def resolve_policy(cfg: JobConfig, num_layers: int, on_log=None, plan: dict | None = None,

@@ -13,6 +13,7 @@ from slidedp.config import JobConfig  # noqa: E402
 from slidedp.planning import autopolicy, calibration, model_bench, topology  # noqa: E402
 from slidedp.planning import cost_model as cm  # noqa: E402
 from slidedp.planning import memory_model as mm  # noqa: E402
+from slidedp.planning.job import rank_threads  # noqa: E402
 from slidedp.presets import model_config_dict  # noqa: E402
 
 
@@ -54,10 +55,18 @@ def test_measured_saved_bytes_agree_with_the_structural_estimate(tiny, host):
 
 def test_host_rates_are_measured_for_the_threads_the_job_uses(tiny, host):
     cpu = tiny["cpu"]
-    per_rank = max(1, host["cpu"]["cores"])
-    assert per_rank in cpu["threads"]
+    per_rank = max(1, host["cpu"]["cores"] - 1)  # a one-rank CPU job leaves a core to the rest of the host
+    assert per_rank in cpu["threads"] and rank_threads(_cfg(), host["cpu"]["cores"]) == per_rank
     assert len(cpu["update_s_per_1e9"]) == len(cpu["threads"]) == len(cpu["copy_GBps"])
     assert all(v > 0 for v in cpu["adamw_s_per_1e9"] + cpu["update_s_per_1e9"] + cpu["copy_GBps"])
+
+
+def test_a_cpu_job_leaves_a_core_to_the_host_and_a_gpu_job_splits_them_all():
+    assert [rank_threads(_cfg(gpus=0, ranks=r), 16) for r in (1, 2, 3)] == [15, 7, 5]
+    assert [rank_threads(_cfg(gpus=0, ranks=r), 2) for r in (1, 2)] == [1, 1]
+    assert rank_threads(_cfg(gpus=0, ranks=1), 1) == 1
+    assert [rank_threads(_cfg(gpus=g), 16) for g in (1, 2)] == [16, 8]
+    assert rank_threads(_cfg(gpus=0, cpu_threads=2), 2) == 2  # the config's figure is kept as it is
 
 
 def test_a_cpu_job_is_planned_with_its_own_calibration(tiny, host):
@@ -177,7 +186,7 @@ def test_the_cpu_demo_calibrates_on_two_cores_and_is_cached(tmp_path):
     assert got["cores"] == 2 and got["same"] is True and "calibrating this host for demo-qwen3" in done.stderr
     cal = got["first"]
     assert cal["device"] == "cpu" and cal["quick"] is False and cal["shape"]["model"] == "demo-qwen3"
-    assert cal["cpu"]["threads"] == [2]  # the demo's one rank on both cores: nothing else is timed
+    assert cal["cpu"]["threads"] == [1]  # the demo's one rank on one core, the other left to the host
     assert not {"transfers", "device_update", "host_dram", "update_in_step"} & set(cal)
     assert cal["unit"]["fwd_keep_s"] > 0 and cal["unit"]["bwd_keep_s"] > 0 and cal["elapsed_s"] > 0
     assert got["files"] == [f"{cal['host']}-{cal['key']}.json"]

@@ -20,6 +20,21 @@ HBM_BUDGET_FRACTION = 0.92  # of each GPU's memory: the CUDA context, NCCL and f
 UPDATE_DRAM_BYTES = {"bf16": 34, "fp32": 28}
 
 
+def rank_threads(cfg: Any, cores: int) -> int:
+    """Threads per rank (torch's intra-op team) unless the config sets cpu_threads: the one rule the launcher, the
+    calibration and the cost model share.
+
+    A GPU job's rank threads run the host update only, and split every core between the ranks. A CPU job's run its
+    forward and backward as well, and leave one core to the rest of the rank (the updater, data and waiting threads)
+    and of the host: an OpenMP team on every core stops at each of its thousands of barriers per step whenever one
+    member loses its core. The CPU demo on two cores took 0.085 s a step with two threads on an idle host and 1-4.6 s
+    with one other busy process; with one thread, 0.10-0.13 s either way (docs/planning.md, CPU hosts)."""
+    if cfg.cpu_threads:
+        return cfg.cpu_threads
+    spare = 0 if cfg.gpus > 0 else 1
+    return max(1, (cores - spare) // cfg.world_size)
+
+
 @dataclass
 class Job:
     """The workload, as the planner sees it (derived from a JobConfig and a topology)."""
@@ -72,7 +87,7 @@ class Job:
             on_gpu=cfg.gpus > 0,
             precision=cfg.precision,
             clip=cfg.optimizer.max_grad_norm > 0,
-            cpu_threads=cfg.cpu_threads or max(1, cores // world),  # as slidedp.launch splits the cores
+            cpu_threads=rank_threads(cfg, cores),
             cores=cores,
             hbm_bytes=hbm,
             host_limit_bytes=limit,

@@ -26,8 +26,9 @@ MIB = 2**20
 
 
 def compute_threads(cfg: JobConfig, topology: dict) -> int:
-    cores = int(topology.get("cpu", {}).get("cores") or os.cpu_count() or 1)
-    return cfg.cpu_threads or max(1, cores // cfg.world_size)
+    from slidedp.planning.job import rank_threads
+
+    return rank_threads(cfg, int(topology.get("cpu", {}).get("cores") or os.cpu_count() or 1))
 
 
 # ---------------------------------------------------------------------------- timing helpers
