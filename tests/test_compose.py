@@ -244,7 +244,7 @@ def test_worker_image_builds_on_a_cuda_pytorch_base_and_keeps_its_torch(config):
     base = re.search(r"^ARG BASE_IMAGE=(\S+)", text, re.M).group(1)
     assert re.fullmatch(r"pytorch/pytorch:2\.\d+\.\d+-cuda1\d\.\d+-cudnn\d+-runtime", base), base
     # The project is installed under a constraint that pins the base image's torch.
-    assert re.search(r"pip install -c /tmp/keep-torch\.txt -e \"\.\[web,data\]\"", text)
+    assert re.search(r"pip install -c /tmp/keep-torch\.txt -e \"\.\[web,data,trackers\]\"", text)
 
 
 def free_port() -> int:

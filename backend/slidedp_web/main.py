@@ -18,6 +18,7 @@ import anyio
 from fastapi import FastAPI, HTTPException
 from fastapi.openapi.utils import get_openapi
 from fastapi.responses import FileResponse
+from slidedp.version import __version__ as slidedp_version
 from starlette.concurrency import run_in_threadpool
 
 import slidedp_web
@@ -57,7 +58,7 @@ def create_app(settings: Optional[Settings] = None) -> FastAPI:
 
     app = FastAPI(
         title="SlideDP Workbench",
-        version="0.1.0",
+        version=slidedp_version,
         description="Full-parameter fine-tuning of LLMs larger than GPU memory: jobs, live metrics, hosts, plans.",
         lifespan=lifespan,
     )

@@ -8,9 +8,9 @@ the web API can use them; ``train`` loads the engine on first use.
 """
 
 from slidedp.config import ConfigError, JobConfig
+from slidedp.version import __version__
 
-__all__ = ["ConfigError", "JobConfig", "train", "TrainResult"]
-__version__ = "0.1.0"
+__all__ = ["ConfigError", "JobConfig", "train", "TrainResult", "__version__"]
 
 
 def __getattr__(name: str):

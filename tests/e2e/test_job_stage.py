@@ -199,7 +199,13 @@ def test_the_host_state_stage_shows_its_units_and_the_summary_follows(page, work
         assert line.locator(".stage-name").get_attribute("title").startswith("The host state")
         bar = line.locator("progress")
         assert bar.get_attribute("value") == str(round(12 / 38 * 1000))
-        # In this stage since its start-up log line; the start since the attempt began.
+        # In this stage since its start-up log line (once the log tail has arrived: the job's own answer may
+        # come first, and until then the stage is timed from when the page saw it); the start since the attempt
+        # began.
+        page.wait_for_function(
+            "() => parseInt(document.querySelector('#job-stage [data-clock=\"stage\"]').textContent) >= 4",
+            timeout=10_000,
+        )
         in_stage = int(line.locator('[data-clock="stage"]').inner_text().split()[0])
         so_far = int(line.locator('[data-clock="startup"]').inner_text().split()[0])
         assert 4 <= in_stage <= 12 and 19 <= so_far <= 27, (in_stage, so_far)

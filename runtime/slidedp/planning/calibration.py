@@ -45,7 +45,6 @@ from typing import Any
 
 import torch
 
-from slidedp import __version__ as slidedp_version
 from slidedp.config import JobConfig
 from slidedp.planning.microbench import (
     MIB,
@@ -64,6 +63,7 @@ from slidedp.planning.topology import job_gpus, job_interconnect
 from slidedp.presets import model_config_dict, unit_param_counts
 from slidedp.ranks import Launch, RankFailed
 from slidedp.step.collectives import all_gather, reduce_scatter
+from slidedp.version import __version__ as slidedp_version
 
 # 2: the host update is timed as the engine runs it (AdamW and the bf16 cast, no norm pass) and host_dram's DMA
 # threads no longer spin a core during the update; calibrations of version 1 are measured again.
