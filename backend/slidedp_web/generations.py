@@ -170,10 +170,10 @@ def check_source(job: Job, checkpoint: Optional[str]) -> Path:
 
 # ----------------------------------------------------------------------------------------------- create
 def create(settings: Settings, session: Session, job_id: int, body: Any) -> Generation:
+    from slidedp_web.jobs import get_or_404 as job_or_404  # jobs imports this module
+
     request = parse_request(body)  # a bad body is a 422 whether or not the job exists
-    job = session.get(Job, job_id)
-    if job is None:
-        raise HTTPException(404, f"job {job_id} does not exist")
+    job = job_or_404(session, job_id)
     try:
         check_source(job, request["checkpoint"])
     except Unusable as exc:

@@ -10,6 +10,7 @@ changes whenever the records can have, and a finished job is read once.
 
 from __future__ import annotations
 
+import itertools
 import statistics
 import threading
 from collections import OrderedDict
@@ -82,16 +83,7 @@ def _metric_figures(session: Session, ids: list[int]) -> dict[int, _MetricFigure
         .where(Metric.job_id.in_(ids))
         .order_by(Metric.job_id, Metric.step)
     ).all()
-    out: dict[int, _MetricFigures] = {}
-    start = 0
-    while start < len(rows):
-        job_id = rows[start][0]
-        end = start
-        while end < len(rows) and rows[end][0] == job_id:
-            end += 1
-        out[job_id] = _figures(rows[start:end])
-        start = end
-    return out
+    return {job_id: _figures(list(steps)) for job_id, steps in itertools.groupby(rows, key=lambda row: row[0])}
 
 
 def _figures(rows: Sequence[tuple]) -> _MetricFigures:
