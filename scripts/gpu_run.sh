@@ -54,6 +54,15 @@
 #           10 steps on pattern data, FSDP2 GPU-resident beside it
 #   pol4    after the one-launcher change: Qwen3-4B at MBS (8) on one GPU, AutoPolicy, FSDP2 GPU-resident (first 16
 #           layers not checkpointed) beside it
+#   ctx     what one process's CUDA context (and an NCCL group of one) takes on the card: mem_get_info before any
+#           allocation, the allowance a gpu_memory_gib cap leaves for it (slidedp.planning.job.CONTEXT_BYTES)
+#   cap4    workstation caps: Qwen3-4B on one GPU at micro-batch 4, seq 2048, under --gpu-memory-gib GPU_GIB (24):
+#           SlideDP AutoPolicy without and with clipping at 1.0, then the peers CAP_PEERS (default FSDP2 +
+#           CPUOffloadPolicy and DeepSpeed ZeRO-2 offload, each without and with clipping; every layer checkpointed)
+#           under the same cap (needs .device-wheels, carried)
+#   cap8    Qwen3-8B on one GPU under --gpu-memory-gib GPU_GIB (24), micro-batch MBS (1), 20 steps on pattern data,
+#           AutoPolicy: the first run from the preset (start-up timed, calibration measured), then the start-up again
+#           with the calibration cached (scripts/first_step.py)
 #   grid    the declared AutoPolicy grid (docs/notebook/benchmark-history.md) for MODEL (qwen3-8b), MBS (8), K keep, M offload
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export PYTHONPATH=$PWD/runtime:$PWD PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1
@@ -103,6 +112,25 @@ for part in "$@"; do
            bench --model qwen3-1.7b --seq 2048 --gpus 1 --mbs 4 --steps 6 --threads 16 \
            --policies replicated:gpu:checkpoint:1.0:28,auto:auto:auto:1.0:auto:host:auto:auto \
            --peers ds-zero2:1.0,ds-zero3:1.0 --out "$OUT/bench-ds1.jsonl" 2>&1 | quiet 30 ;;
+    ctx) python3 -c "
+import os, torch, torch.distributed as dist
+torch.cuda.set_device(0); f0, t = torch.cuda.mem_get_info(0)
+print(f'card {t / 2**30:.2f} GiB, in use after the context: {(t - f0) / 2**30:.3f} GiB')
+dist.init_process_group('nccl', init_method='file:///tmp/ctx-init', rank=0, world_size=1, device_id=torch.device('cuda', 0))
+x = torch.ones(1, device='cuda'); dist.all_reduce(x); torch.cuda.synchronize(); f1, _ = torch.cuda.mem_get_info(0)
+print(f'with NCCL and one all-reduce: {(t - f1) / 2**30:.3f} GiB (allocator reserved {torch.cuda.memory_reserved() / 2**20:.0f} MiB)')
+" 2>&1 | quiet 5 ;;
+    cap4) python3 -m pip install -q --no-index --no-deps --target /tmp/peer-pkgs .device-wheels/*.whl 2>&1 | tail -2
+          PYTHONPATH=/tmp/peer-pkgs:$PYTHONPATH PATH=/tmp/peer-pkgs/bin:$PATH timeout ${CAP_S:-540} python3 -m slidedp.cli \
+            bench --model qwen3-4b --seq 2048 --gpus 1 --mbs 4 --steps ${STEPS:-6} --threads 16 --data pattern \
+            --gpu-memory-gib ${GPU_GIB:-24} --policies "${CAP_POLICIES-auto:auto:auto:0:auto:host:auto:auto,auto:auto:auto:1.0:auto:host:auto:auto}" \
+            --peers "${CAP_PEERS-fsdp2-offload:0:0,fsdp2-offload:0:1.0,ds-zero2,ds-zero2:1.0}" \
+            --out "$OUT/cap4-${GPU_GIB:-24}.jsonl" 2>&1 | quiet 30 ;;
+    cap8) timeout ${CAP8_S:-330} python3 -m slidedp.cli bench --model qwen3-8b --seq 2048 --gpus 1 --mbs ${MBS:-1} \
+            --steps 20 --warmup 3 --threads 16 --data pattern --gpu-memory-gib ${GPU_GIB:-24} \
+            --policies auto:auto:auto:0:auto:host:auto:auto --out "$OUT/cap8-${GPU_GIB:-24}.jsonl" 2>&1 | quiet 30
+          timeout ${FIRST_S:-150} python3 scripts/first_step.py --model qwen3-8b --gpu-memory-gib ${GPU_GIB:-24} \
+            --out "$OUT/first8.jsonl" 2>&1 | quiet 20 ;;
     facts) df -h /dev/shm /tmp; free -g; nproc; cat /sys/fs/cgroup/memory.max 2>/dev/null
            cat /sys/kernel/mm/transparent_hugepage/enabled /sys/kernel/mm/transparent_hugepage/shmem_enabled ;;
     grid17b) G=auto:auto:auto:0:auto:host:auto:auto

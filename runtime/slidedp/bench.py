@@ -56,7 +56,7 @@ def parse_policy(policy: str) -> tuple[dict, float]:
 
 
 def job_config(model: str, gpus: int, mbs: int, seq: int, steps: int, policy: str, data: str, out_dir: str,
-               threads: int | None, lr: float = 1e-5) -> dict:
+               threads: int | None, lr: float = 1e-5, gpu_memory_gib: float | None = None) -> dict:
     request, clip = parse_policy(policy)
     cfg = {"model": model, "data": {"path": data, "format": "tokens", "shuffle": False}, "seq_len": seq,
            "micro_batch_size": mbs, "steps": steps, "gpus": gpus, "ranks": 1 if gpus else 2, "precision": "bf16",
@@ -66,6 +66,8 @@ def job_config(model: str, gpus: int, mbs: int, seq: int, steps: int, policy: st
            "checkpoint": {"interval": 0}}
     if threads:
         cfg["cpu_threads"] = threads
+    if gpu_memory_gib:
+        cfg["gpu_memory_gib"] = gpu_memory_gib
     return cfg
 
 
@@ -97,10 +99,10 @@ def plan_one(cfg: dict) -> dict:
 
 
 def run_one(model: str, gpus: int, mbs: int, seq: int, steps: int, policy: str, data: str, out_dir: str,
-            threads: int | None, lr: float = 1e-5, state_cache=None) -> dict:
+            threads: int | None, lr: float = 1e-5, state_cache=None, gpu_memory_gib: float | None = None) -> dict:
     from slidedp.launch import train
 
-    cfg = job_config(model, gpus, mbs, seq, steps, policy, data, out_dir, threads, lr)
+    cfg = job_config(model, gpus, mbs, seq, steps, policy, data, out_dir, threads, lr, gpu_memory_gib)
     t0 = time.perf_counter()
     result = train(cfg, on_log=lambda line: print("   ", line, flush=True), state_cache=state_cache)
     plan = result.plan or {}
@@ -122,7 +124,7 @@ def parse_peer(spec: str) -> dict:
 
 
 def run_peer(spec: str, model: str, gpus: int, mbs: int, seq: int, steps: int, warmup: int, threads: int | None,
-             lr: float, rows: list[list[int]]) -> dict:
+             lr: float, rows: list[list[int]], gpu_memory_gib: float | None = None) -> dict:
     """One peer's row (spec as parse_peer reads it)."""
     peer = parse_peer(spec)
     ranks = 0 if gpus else 2  # the CPU form of a peer runs two gloo ranks
@@ -131,12 +133,13 @@ def run_peer(spec: str, model: str, gpus: int, mbs: int, seq: int, steps: int, w
 
         row = run_fsdp2(model, gpus, mbs, seq, steps, warmup, offload=peer["name"] == "fsdp2-offload",
                         keep_layers=peer["keep"], threads=threads, ranks=ranks, lr=lr, max_grad_norm=peer["clip"],
-                        data_rows=rows)
+                        data_rows=rows, gpu_memory_gib=gpu_memory_gib)
     else:
         from slidedp.peers.deepspeed_zero import run_deepspeed
 
         row = run_deepspeed(model, gpus, mbs, seq, steps, warmup, stage=int(peer["name"][-1]), threads=threads,
-                            lr=lr, max_grad_norm=peer["clip"], data_rows=rows, ranks=ranks)
+                            lr=lr, max_grad_norm=peer["clip"], data_rows=rows, ranks=ranks,
+                            gpu_memory_gib=gpu_memory_gib)
     return {"policy": spec, **row}
 
 
@@ -150,6 +153,8 @@ def summarise(row: dict, warmup: int) -> dict:
             "bound_s": row.get("bound_s"), "of_bound": (row["bound_s"] / med) if row.get("bound_s") else None,
             "tokens_per_s": pick["tokens_per_s"],
             "tflops": pick["tflops"], "hbm_peak_gib": max(max(m["hbm_peak_gib"] or [0.0]) for m in ms),
+            "hbm_device_used_gib": max(max(m.get("hbm_device_used_gib") or [0.0]) for m in ms),
+            "gpu_memory_cap": row["metrics"][0].get("gpu_memory_cap"), "startup_s": row["metrics"][0].get("startup_s"),
             "host_rss_gib": pick["host_rss_gib"], "phases": pick["phases"], "cpu_s": pick.get("cpu_s"),
             "bytes": pick["bytes"],
             "loss_first": row["metrics"][0]["loss"], "loss_last": row["metrics"][-1]["loss"],
@@ -194,6 +199,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--plan-only", action="store_true",
                    help="write each policy's prediction (as `slidedp plan` makes it) without training (default: "
                    "train)")
+    p.add_argument("--gpu-memory-gib", type=float, default=None,
+                   help="GPU memory each rank may use, in GiB, CUDA context included: the job key gpu_memory_gib "
+                   "for SlideDP's rows and the same allocator limit for every peer's ranks, to reproduce a smaller "
+                   "card's memory on a bigger one (default: the whole card)")
     p.add_argument("--out", default=None,
                    help="append one JSON line per policy and peer to this file (default: none; the summary table "
                    "is printed either way)")
@@ -222,7 +231,8 @@ def main(argv: list[str]) -> int:
     cache = StateCache()
 
     def record(row: dict) -> None:
-        row.update(model=args.model, gpus=args.gpus, mbs=args.mbs, seq=args.seq, data=args.data)
+        row.update(model=args.model, gpus=args.gpus, mbs=args.mbs, seq=args.seq, data=args.data,
+                   gpu_memory_gib=args.gpu_memory_gib)
         rows.append(row)
         if args.out:
             with open(args.out, "a", encoding="utf-8") as fh:
@@ -234,7 +244,7 @@ def main(argv: list[str]) -> int:
             try:
                 row = {"policy": policy, "plan_only": True, **plan_one(job_config(
                     args.model, args.gpus, args.mbs, args.seq, args.steps, policy, data, os.path.join(tmp, "plan"),
-                    args.threads, args.lr))}
+                    args.threads, args.lr, args.gpu_memory_gib))}
                 print(f"    predicted step {row['predicted_step_s']} s; chosen {row['chosen']}", flush=True)
             except Exception as exc:
                 row = {"policy": policy, "plan_only": True, "error": f"{type(exc).__name__}: {str(exc)[-2000:]}"}
@@ -246,7 +256,7 @@ def main(argv: list[str]) -> int:
             try:
                 row = summarise(run_one(args.model, args.gpus, args.mbs, args.seq, args.steps, policy, data,
                                         os.path.join(tmp, policy.replace(":", "-")), args.threads, args.lr,
-                                        cache), args.warmup)
+                                        cache, args.gpu_memory_gib), args.warmup)
             except Exception as exc:  # one failing policy must not hide the others' results
                 row = {"policy": policy, "error": f"{type(exc).__name__}: {str(exc)[-2000:]}"}
             record(row)
@@ -256,7 +266,7 @@ def main(argv: list[str]) -> int:
         print(f"== {args.model} gpus={args.gpus} mbs={args.mbs} seq={args.seq} peer={spec}", flush=True)
         try:
             row = run_peer(spec, args.model, args.gpus, args.mbs, args.seq, args.steps, args.warmup, args.threads,
-                           args.lr, token_rows)
+                           args.lr, token_rows, args.gpu_memory_gib)
         except Exception as exc:
             row = {"policy": spec, "error": f"{type(exc).__name__}: {str(exc)[-2000:]}"}
         record(row)

@@ -32,6 +32,7 @@ MAX_WORLD = 4096  # ranks, GPUs, CPU threads: the web API applies tighter limits
 MAX_TOKENS = 2**24  # seq_len, loss_chunk_tokens
 MAX_LAYERS = 65536  # per-layer counts (device_layers, keep_layers, offload_layers, resident_units)
 MAX_HOST_RAM_GIB = 2**20  # 1 PiB
+MAX_GPU_MEMORY_GIB = 2**14  # 16 TiB per GPU: far above any card, a bound for the schema
 
 
 class ConfigError(ValueError):
@@ -324,6 +325,12 @@ class JobConfig:
         None, doc="Host RAM available to the job in GiB (None: the cgroup limit, else MemTotal).", gt=0,
         le=MAX_HOST_RAM_GIB,
     )
+    gpu_memory_gib: Optional[float] = _f(
+        None, doc="GPU memory the job may use on each of its GPUs, in GiB, CUDA context included (None: the whole "
+        "card). The planner plans within it and each rank limits PyTorch's allocator to it, so a card can be shared "
+        "or a smaller card's memory reproduced on a bigger one. A cap the job cannot fit in is refused before "
+        "anything is allocated, naming the smallest cap that fits.", gt=0, le=MAX_GPU_MEMORY_GIB,
+    )
     resume: bool = _f(False, doc="Continue from the newest checkpoint in output_dir/checkpoints.")
     init_from: Optional[InitFromConfig] = _f(
         None,
@@ -561,6 +568,17 @@ def _cross_checks(cfg: JobConfig, errors: list[dict[str, str]]) -> None:
         errors.append({"loc": "ranks", "msg": "is for CPU training (gpus = 0); with GPUs there is one rank per GPU"})
     if cfg.schedule.warmup_steps > cfg.steps:
         errors.append({"loc": "schedule.warmup_steps", "msg": f"is longer than the run ({cfg.steps} steps)"})
+    if cfg.gpu_memory_gib is not None:
+        from slidedp.planning.job import CONTEXT_BYTES
+
+        context = CONTEXT_BYTES / 2**30
+        if cfg.gpus == 0:
+            errors.append({"loc": "gpu_memory_gib", "msg": "caps the memory of each GPU, and this job runs on the "
+                           "CPU (gpus = 0): remove gpu_memory_gib, or set gpus"})
+        elif cfg.gpu_memory_gib <= context:
+            errors.append({"loc": "gpu_memory_gib", "msg": f"{cfg.gpu_memory_gib:g} GiB leaves nothing for the "
+                           f"job: each rank's CUDA context and NCCL take about {context:g} GiB of the cap; give "
+                           "several GiB (the plan names the smallest cap that fits the job)"})
     if cfg.policy.device_layers and cfg.world_size > 1 and cfg.policy.grad_reduce == "host":
         errors.append({"loc": "policy.device_layers", "msg": "layers updated on the GPUs reduce their gradients "
                        "there: set policy.grad_reduce to gpu (or auto), or device_layers to 0"})

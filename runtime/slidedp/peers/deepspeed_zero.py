@@ -104,7 +104,8 @@ def zero_config(stage: int, mbs: int, lr: float, max_grad_norm: float, threads: 
 
 def run_deepspeed(model: str, gpus: int, mbs: int, seq: int, steps: int, warmup: int, *, stage: int,
                   threads: int | None, lr: float = 1e-5, max_grad_norm: float = 0.0,
-                  data_rows: list[list[int]] | None = None, timeout_s: float = 1800.0, ranks: int = 0) -> dict:
+                  data_rows: list[list[int]] | None = None, timeout_s: float = 1800.0, ranks: int = 0,
+                  gpu_memory_gib: float | None = None) -> dict:
     """Run the DeepSpeed ZeRO-Offload peer in `world` fresh rank processes and return its bench row.
 
     world = gpus (one process per GPU, NCCL), or `ranks` gloo processes on DeepSpeed's CPU accelerator when
@@ -124,6 +125,7 @@ def run_deepspeed(model: str, gpus: int, mbs: int, seq: int, steps: int, warmup:
         "steps": steps, "warmup": warmup, "stage": stage,
         "offload": "optimizer" if stage == 2 else "optimizer+parameters", "keep_layers": 0, "threads": threads,
         "lr": lr, "max_grad_norm": max_grad_norm, "optimizer": "DeepSpeedCPUAdam", "ds_config": config,
+        "gpu_memory_gib": gpu_memory_gib,
     }
     site = deepspeed_site()
     if site is None:

@@ -55,7 +55,7 @@ __all__ = ["apply_checkpointing", "global_rows", "random_rows", "run_fsdp2"]
 def run_fsdp2(model: str, gpus: int, mbs: int, seq: int, steps: int, warmup: int, *, offload: bool,
               keep_layers: int | None, threads: int | None, ranks: int = 0, lr: float = 1e-5,
               max_grad_norm: float = 0.0, data_rows: list[list[int]] | None = None,
-              timeout_s: float = 1800.0) -> dict:
+              timeout_s: float = 1800.0, gpu_memory_gib: float | None = None) -> dict:
     """Run the FSDP2 peer in `world` fresh rank processes and return its bench row.
 
     world = gpus (one process per GPU, NCCL), or `ranks` gloo processes on the CPU when gpus == 0. `steps` counts
@@ -73,6 +73,7 @@ def run_fsdp2(model: str, gpus: int, mbs: int, seq: int, steps: int, warmup: int
         "peer": "fsdp2-offload" if offload else "fsdp2", "model": model, "gpus": gpus, "world": world,
         "mbs": mbs, "seq": seq, "steps": steps, "warmup": warmup, "offload": offload,
         "keep_layers": keep_layers, "threads": threads, "lr": lr, "max_grad_norm": max_grad_norm,
+        "gpu_memory_gib": gpu_memory_gib,
     }
     return run_ranks("slidedp.peers.fsdp2", row, world, timeout_s, data_rows=data_rows)
 

@@ -119,6 +119,7 @@ def finish(row: dict, reports: list[dict | None], codes: list[int | None], logs:
         threads=r0["threads"], step_s=step_s, times=times, tokens_per_s=tokens_per_s,
         tflops=_flops_per_token(row["model"], row["seq"]) * tokens_per_s / 1e12,
         hbm_peak_gib=r0["hbm_peak_gib"], hbm_peak_gib_ranks=[r["hbm_peak_gib"] for r in reports],
+        hbm_device_used_gib=max(r.get("hbm_device_used_gib", 0.0) for r in reports),
         host_rss_gib=sum(r["rss_gib"] for r in reports),
         host_rss_peak_gib=sum(r["rss_peak_gib"] for r in reports),
         losses=r0["losses"], params=r0["params"],
@@ -217,8 +218,18 @@ def timed_steps(a: dict, rank: int, world: int, vocab: int, device, step: Callab
     return {
         "threads": torch.get_num_threads(), "times": times, "losses": mean_loss.tolist(),
         "hbm_peak_gib": torch.cuda.max_memory_reserved(device) / 2**30 if cuda else 0.0,
+        # the card's memory in use as the driver counts it (context and NCCL included), after the last step
+        "hbm_device_used_gib": device_used_gib(device) if cuda else 0.0,
         "rss_gib": proc_status_gib("VmRSS"), "rss_peak_gib": proc_status_gib("VmHWM"),
     }
+
+
+def device_used_gib(device) -> float:
+    """GiB of the GPU `device` in use by every process, as the driver counts it."""
+    import torch
+
+    free, total = torch.cuda.mem_get_info(device)
+    return (total - free) / 2**30
 
 
 def proc_status_gib(key: str) -> float:
@@ -249,6 +260,10 @@ def join_group(a: dict, rank: int, world: int):
     if a["gpus"] > 0:
         device = torch.device("cuda", rank)
         torch.cuda.set_device(device)
+        if a.get("gpu_memory_gib"):  # the same cap as SlideDP's ranks get (slidedp bench --gpu-memory-gib)
+            from slidedp.step.devices import apply_memory_cap
+
+            apply_memory_cap(device, int(a["gpu_memory_gib"] * 2**30))
         dist.init_process_group("nccl", init_method=init, rank=rank, world_size=world, device_id=device)
     else:
         device = torch.device("cpu")

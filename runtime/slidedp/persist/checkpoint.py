@@ -110,17 +110,41 @@ def _write_array(path: str, flat: torch.Tensor) -> None:
         os.fsync(fh.fileno())
 
 
-def _read_array(path: str, flat: torch.Tensor) -> None:
+def _read_array(path: str, flat: torch.Tensor, then=None) -> None:
+    """Read an array file into `flat` (the shared memory itself, no copy), its chunks on every core
+    (slidedp.step.host_fill); then(a, b), when given, runs on elements [a, b) right after they are read, in the
+    same thread, while they are in cache (the delivery copy: one pass over the master instead of two)."""
+    from slidedp.step.host_fill import fill_threads, parallel_for
+
     expected = flat.numel() * 4
     size = os.path.getsize(path)
     if size != expected:
         raise ConfigError([{"loc": "resume", "msg": f"{path} has {size} bytes, the model needs {expected}: the "
                                                    "checkpoint belongs to another model or was cut short"}])
     with open(path, "rb") as fh:
-        for a in range(0, flat.numel(), _CHUNK):
-            view = flat[a : a + _CHUNK].numpy()  # the shared memory itself: read straight into it
-            if fh.readinto(memoryview(view).cast("B")) != view.nbytes:
-                raise OSError(f"{path}: short read at element {a}")
+        fd = fh.fileno()
+
+        def read_chunk(a: int) -> None:
+            buf = memoryview(flat[a : a + _CHUNK].numpy()).cast("B")
+            got = 0
+            while got < len(buf):  # pread at the chunk's own offset: the threads share no file position
+                n = os.preadv(fd, [buf[got:]], a * 4 + got)
+                if n <= 0:
+                    raise OSError(f"{path}: short read at element {a}")
+                got += n
+            if then is not None:
+                then(a, min(a + _CHUNK, flat.numel()))
+
+        chunks = range(0, flat.numel(), _CHUNK)
+        parallel_for(chunks, read_chunk, fill_threads(len(chunks)))
+
+
+def _delivery_copy(state):
+    """then() for _read_array of the master: the bf16 delivery copy of the elements just read (None when the
+    master itself is delivered). The copy is the master rounded, exactly as the updater writes it."""
+    if state.delivery is state.master:
+        return None
+    return lambda a, b: state.delivery[a:b].copy_(state.master[a:b])
 
 
 def _remove_stale_temporaries(root: str) -> None:
@@ -291,17 +315,14 @@ def load(path: str, cfg: JobConfig, state) -> tuple[int, dict | None]:
 
     meta = check_resumable(path, cfg, state.layout.unit_numels)
     for kind in KINDS:
-        _read_array(_array_path(path, kind), getattr(state, kind))
-    if state.delivery is not state.master:  # the bf16 copy is the master rounded, exactly as the updater writes it
-        for a in range(0, state.master.numel(), _CHUNK):
-            state.delivery[a : a + _CHUNK].copy_(state.master[a : a + _CHUNK])
+        _read_array(_array_path(path, kind), getattr(state, kind), _delivery_copy(state) if kind == "master" else None)
     torch.set_rng_state(torch.tensor(meta["rng"], dtype=torch.uint8))
     return int(meta["step"]), meta.get("data_state")
 
 
 def changed_settings(meta: dict, cfg: JobConfig) -> list[str]:
     """Config keys that differ from the checkpoint's run (a resume with them is no longer the same run)."""
-    ignore = {"resume", "output_dir", "export", "checkpoint", "cpu_threads", "policy", "host_ram_gib",
+    ignore = {"resume", "output_dir", "export", "checkpoint", "cpu_threads", "policy", "host_ram_gib", "gpu_memory_gib",
               "eval.path", "eval.interval", "eval.max_batches", "eval.keep_best"}  # eval.holdout moves the rows
     old, new = dict(meta.get("config") or {}), cfg.to_dict()
     old.setdefault("eval", {"holdout": 0.0})  # written before the eval section existed
@@ -359,14 +380,15 @@ def check_init_from(path: str, output_dir: str, unit_numels: list[int]) -> dict:
     return read_meta(path)
 
 
-def load_weights(path: str, state) -> int:
+def load_weights(path: str, state, zero_moments: bool = True) -> int:
     """Fill a host state's master weights from a checkpoint's master.f32 (opened read-only); the AdamW moments
-    are zeroed and the bf16 delivery copy is made from the master. Returns the checkpoint's step."""
+    are zeroed and the bf16 delivery copy is made from the master. Returns the checkpoint's step.
+
+    zero_moments=False leaves the moments as they are: for a state just created (HostState.fresh), whose moments
+    read as zeros already, writing zeros would only touch 8 B/param."""
     meta = read_meta(path)
-    _read_array(_array_path(path, "master"), state.master)
-    state.exp_avg.zero_()
-    state.exp_avg_sq.zero_()
-    if state.delivery is not state.master:
-        for a in range(0, state.master.numel(), _CHUNK):
-            state.delivery[a : a + _CHUNK].copy_(state.master[a : a + _CHUNK])
+    _read_array(_array_path(path, "master"), state.master, _delivery_copy(state))
+    if zero_moments:
+        state.exp_avg.zero_()
+        state.exp_avg_sq.zero_()
     return int(meta["step"])

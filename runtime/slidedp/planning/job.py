@@ -14,10 +14,26 @@ from slidedp.presets import model_config_dict, unit_param_counts
 
 GIB = 2**30
 HBM_BUDGET_FRACTION = 0.92  # of each GPU's memory: the CUDA context, NCCL and fragmentation live in the rest
+# Under a gpu_memory_gib cap: what each rank's CUDA context and NCCL take outside PyTorch's allocator, which the
+# rank's allocator limit leaves out of the cap (slidedp.step.devices.apply_memory_cap), and the share of the rest
+# the planner plans on (fragmentation lives in the remainder).
+CONTEXT_BYTES = 1 * GIB
+CAP_BUDGET_FRACTION = 0.95
 # Host DRAM bytes per parameter of one host update (slidedp.step.optimizer.update_shard_): fused AdamW reads param,
 # grad, m, v and writes param, m, v (28); the bf16 delivery copy reads 4 and writes 2. The gradient norm costs the
 # host nothing on the gpu route (reduced on the GPUs).
 UPDATE_DRAM_BYTES = {"bf16": 34, "fp32": 28}
+
+
+def cap_budget(cap_bytes: int) -> int:
+    """The planner's HBM budget under a gpu_memory_gib cap of cap_bytes (0 when the cap holds only the context)."""
+    return max(0, int((cap_bytes - CONTEXT_BYTES) * CAP_BUDGET_FRACTION))
+
+
+def smallest_cap_gib(hbm_peak_bytes: float) -> float:
+    """The smallest gpu_memory_gib (rounded up to 0.5 GiB) whose budget holds a plan of this HBM peak."""
+    need = hbm_peak_bytes / CAP_BUDGET_FRACTION + CONTEXT_BYTES
+    return -(-need // (GIB / 2)) / 2
 
 
 def rank_threads(cfg: Any, cores: int) -> int:
@@ -59,6 +75,7 @@ class Job:
     interconnect: str  # nvlink | pcie-p2p | pcie-host | none
     model_cfg: dict[str, Any] = field(repr=False, default_factory=dict)
     delivery_cast: str = "host"  # policy.delivery_cast: where bf16 weights are made from the fp32 master
+    hbm_cap_bytes: int | None = None  # the job's gpu_memory_gib: what it may use of each GPU, context included
 
     @classmethod
     def from_config(cls, cfg: Any, topology: dict[str, Any], model_cfg: dict[str, Any] | None = None) -> Job:
@@ -95,6 +112,7 @@ class Job:
             interconnect=job_interconnect(topology, cfg.gpus) if cfg.gpus else "none",
             model_cfg=mc,
             delivery_cast=getattr(getattr(cfg, "policy", None), "delivery_cast", "host"),
+            hbm_cap_bytes=int(cfg.gpu_memory_gib * GIB) if getattr(cfg, "gpu_memory_gib", None) else None,
         )
 
     @property
@@ -133,7 +151,19 @@ class Job:
 
     @property
     def hbm_budget(self) -> int | None:
-        return int(self.hbm_bytes * HBM_BUDGET_FRACTION) if self.hbm_bytes else None
+        """Bytes of each GPU the plan may fill: HBM_BUDGET_FRACTION of the card, or under a cap what the rank's
+        allocator may hold (the cap less CONTEXT_BYTES), CAP_BUDGET_FRACTION of it, whichever is smaller."""
+        if not self.hbm_bytes:
+            return None
+        card = int(self.hbm_bytes * HBM_BUDGET_FRACTION)
+        return card if self.hbm_cap_bytes is None else min(card, cap_budget(self.hbm_cap_bytes))
+
+    @property
+    def hbm_limit_bytes(self) -> int | None:
+        """What each GPU offers the job: the card, or the job's cap when that is smaller."""
+        if self.hbm_cap_bytes is None:
+            return self.hbm_bytes
+        return min(self.hbm_cap_bytes, self.hbm_bytes) if self.hbm_bytes else self.hbm_cap_bytes
 
     def padded(self, u: int) -> int:
         return -(-self.units[u] // self.world) * self.world  # units are padded to a multiple of the world

@@ -78,6 +78,18 @@ def estimate_saved_bytes(job: Job) -> int:
 
 
 # ---------------------------------------------------------------------------- memory model
+def gradient_bytes(job: Job, pol: ExecutionPolicy) -> int:
+    """The gradient buffers of one rank's device (slidedp.step.engine): per parity, a layer's gradient in the
+    compute dtype, its fp32 copy (bf16 precision only) and, where several ranks reduce on the GPUs, the
+    reduce-scatter's shard of the largest unit; plus the fp32 accumulators of the embedding and head."""
+    L, p, N = job.layers, job.pbytes, job.world
+    max_layer = max((job.padded(u) for u in range(1, L + 1)), default=0)
+    max_unit = max(job.padded(u) for u in range(L + 2))
+    fp32_copy = max_layer * 4 if p != 4 else 0
+    shard = -(-max_unit // N) * 4 if (pol.grad_reduce == "gpu" and N > 1) else 0
+    return 2 * (max_layer * p + fp32_copy + shard) + (job.padded(0) + job.padded(L + 1)) * 4
+
+
 def gpu_parts(
     job: Job, pol: ExecutionPolicy, acts: ActivationSizes, offload_backlog: int | None = None
 ) -> dict[str, float]:
@@ -86,8 +98,6 @@ def gpu_parts(
     head = L + 1
     resident = [i + 1 for i in range(L) if pol.resident[i]]
     streamed = [u for u in range(1, L + 1) if u not in resident]
-    max_layer = max((job.padded(u) for u in range(1, L + 1)), default=0)
-    max_unit = max(job.padded(u) for u in range(L + 2))
     boundary = job.tokens_per_micro_batch * job.hidden * p
     counts = pol.counts()
     n_off = counts["offload"]
@@ -96,10 +106,7 @@ def gpu_parts(
         "window": pol.window * max((job.padded(u) for u in streamed), default=0) * p if streamed else 0,
         "embedding_and_head": (job.padded(0) + job.padded(head)) * p,
         "resident_layers": sum(job.padded(u) for u in resident) * p,
-        # per parity: layer gradient in the compute dtype, its fp32 copy, the reduce-scatter shard; plus the
-        # fp32 accumulators of the embedding and head (slidedp.step.engine)
-        "gradients": 2 * (max_layer * p + max_unit * 4 + -(-max_unit // N) * 4)
-        + (job.padded(0) + job.padded(head)) * 4,
+        "gradients": gradient_bytes(job, pol),
         "accumulation": sum(job.padded(u) for u in range(1, L + 1)) * 4 if job.grad_accum > 1 else 0,
         "activations": counts["keep"] * acts.keep + counts["checkpoint"] * acts.checkpoint,
         # offloaded activations leave through the d2h stream; those not yet copied still occupy the GPU

@@ -6,7 +6,14 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from slidedp.planning.job import GIB, HBM_BUDGET_FRACTION, Job
+from slidedp.planning.job import (
+    CAP_BUDGET_FRACTION,
+    CONTEXT_BYTES,
+    GIB,
+    HBM_BUDGET_FRACTION,
+    Job,
+    smallest_cap_gib,
+)
 from slidedp.planning.memory_model import ALLOCATOR_SLACK
 from slidedp.policy import ExecutionPolicy
 
@@ -40,6 +47,9 @@ class Refusals:
             self.routes()[0][2],
             min(self.cfg.policy.device_layers or 0, j.layers),
         )
+        cap_error = self.cap_over_card()
+        if cap_error is not None:
+            raise Infeasible([cap_error])
         why = self.fits(lean)
         if why is None:
             return
@@ -65,6 +75,27 @@ class Refusals:
             errors.append(self.hbm_error(lean, m))
         raise Infeasible(errors)
 
+    def cap_over_card(self) -> dict[str, str] | None:
+        """A gpu_memory_gib above what the job's GPUs have: refused, naming the card."""
+        j = self.job
+        if j.hbm_cap_bytes is None or not j.hbm_bytes or j.hbm_cap_bytes <= j.hbm_bytes:
+            return None
+        return {
+            "loc": "gpu_memory_gib",
+            "msg": f"{j.hbm_cap_bytes / GIB:g} GiB is more than the {j.hbm_bytes / GIB:.1f} GiB each of this job's "
+            f"GPUs has; give at most {j.hbm_bytes / GIB:.1f}, or leave gpu_memory_gib unset for the whole card",
+        }
+
+    def budget_words(self) -> str:
+        """How the HBM budget was cut: from the card, or from the job's gpu_memory_gib."""
+        j = self.job
+        if j.hbm_cap_bytes is not None and j.hbm_budget < int(j.hbm_bytes * HBM_BUDGET_FRACTION):
+            return (
+                f"{CAP_BUDGET_FRACTION:.0%} of the gpu_memory_gib cap of {j.hbm_cap_bytes / GIB:g} GiB less "
+                f"{CONTEXT_BYTES / GIB:g} GiB for the CUDA context"
+            )
+        return f"{HBM_BUDGET_FRACTION:.0%} of {j.hbm_bytes / GIB:.1f} GiB"
+
     def hbm_error(self, pol: ExecutionPolicy, m: dict[str, Any]) -> dict[str, str]:
         j = self.job
         over = (m["hbm_peak_bytes"] - j.hbm_budget) / GIB
@@ -72,8 +103,7 @@ class Refusals:
         parts = ", ".join(f"{k} {v * (1 + ALLOCATOR_SLACK) / GIB:.1f}" for v, k in big)
         head = (
             f"needs {m['hbm_peak_bytes'] / GIB:.1f} GiB of HBM per GPU ({parts} GiB, with allocator slack), "
-            f"{over:.1f} GiB over the budget of {j.hbm_budget / GIB:.1f} GiB "
-            f"({HBM_BUDGET_FRACTION:.0%} of {j.hbm_bytes / GIB:.1f} GiB)"
+            f"{over:.1f} GiB over the budget of {j.hbm_budget / GIB:.1f} GiB ({self.budget_words()})"
         )
         fixed = self.fixed_mix()
         if "activations" in self.user and self.user["activations"] == "keep":
@@ -107,6 +137,15 @@ class Refusals:
         for key in ("window", "loss_chunk_tokens"):
             if key in self.user:
                 return {"loc": f"policy.{key}", "msg": f"{head}; lower policy.{key}"}
+        if j.hbm_cap_bytes is not None:
+            smallest = smallest_cap_gib(m["hbm_peak_bytes"])
+            card = f"; the card has {j.hbm_bytes / GIB:.1f} GiB" if smallest * GIB <= j.hbm_bytes else (
+                f", more than the card's {j.hbm_bytes / GIB:.1f} GiB: lower micro_batch_size or seq_len")
+            return {
+                "loc": "gpu_memory_gib",
+                "msg": f"{j.hbm_cap_bytes / GIB:g} GiB is too small for this job: even with every layer "
+                f"checkpointed it {head}. The smallest gpu_memory_gib that fits is {smallest:g} GiB{card}",
+            }
         return {
             "loc": "micro_batch_size",
             "msg": f"even with every layer checkpointed the job {head}; lower "

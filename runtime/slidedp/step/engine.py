@@ -96,12 +96,15 @@ class RankEngine:
             self.device_update.load()
         self.rotary = adapter.rotary(device)
         max_layer = max(self.shards.padded[1 : self.head_unit], default=0)
-        # Layer gradients land in a flat buffer per parity (bf16 in bf16 precision), then go out in fp32.
+        # Layer gradients land in a flat buffer per parity (bf16 in bf16 precision), then go out in fp32 (g32;
+        # the embedding and head leave from their own fp32 accumulators, so g32 is sized for a layer). The
+        # reduce-scatter's output (shard32) exists only where there is a reduce-scatter: several ranks reducing on
+        # the GPUs. Sized as slidedp.planning.memory_model.gradient_bytes counts them.
         self.gbuf = [torch.empty(max_layer, dtype=self.dtype, device=device) for _ in range(2)]
-        max_unit = max(self.shards.padded)
-        self.g32 = [torch.empty(max_unit, dtype=torch.float32, device=device) for _ in range(2)]
-        self.shard32 = [torch.empty(max(self.shards.shard_len(u) for u in range(len(numels))),
-                                    dtype=torch.float32, device=device) for _ in range(2)]
+        g32_len = max_layer if self.dtype != torch.float32 else 0
+        self.g32 = [torch.empty(g32_len, dtype=torch.float32, device=device) for _ in range(2)]
+        shard_len = max(self.shards.shard_len(u) for u in range(len(numels))) if self.routes.reduces_on_gpus else 0
+        self.shard32 = [torch.empty(shard_len, dtype=torch.float32, device=device) for _ in range(2)]
         self._gdone = [self.streams.event(), self.streams.event()]
         self._parity = 0
         # The embedding and head accumulate in fp32 across loss chunks, tied contributions and micro-batches.
@@ -446,9 +449,13 @@ class RankEngine:
             ev["backward_end"] = s.record(s.compute, timing=True)
         dist.all_reduce(loss_sum, group=self.routes.grad_group)
         b = self.routes.bytes.take()
-        peak = torch.cuda.max_memory_reserved(self.device) if s.cuda else 0
-        stats = torch.tensor([b["h2d"], b["d2h"], b["collective"], peak], dtype=torch.int64, device=self.device)
-        gathered = torch.zeros(4 * self.world, dtype=torch.int64, device=self.device)
+        peak = used = 0
+        if s.cuda:  # the allocator's peak, and what the driver counts in use on the card (context included)
+            free, total = torch.cuda.mem_get_info(self.device)
+            peak, used = torch.cuda.max_memory_reserved(self.device), total - free
+        stats = torch.tensor([b["h2d"], b["d2h"], b["collective"], peak, used], dtype=torch.int64,
+                             device=self.device)
+        gathered = torch.zeros(5 * self.world, dtype=torch.int64, device=self.device)
         all_gather(gathered, stats, group=self.routes.grad_group)
         ev["stats"] = s.record(s.compute)
         return StepTiming(step, t_start, data_s, self.window.update_wait_s, self.staging_wait_s, tokens, ev,

@@ -20,6 +20,7 @@ import torch.distributed as dist
 from slidedp.config import JobConfig
 from slidedp.policy import ExecutionPolicy
 from slidedp.presets import flops_per_token
+from slidedp.step.devices import apply_memory_cap
 from slidedp.step.host_state import Board, HostLayout, HostState, wait_until
 from slidedp.step.model_adapter import ModelAdapter, load_hf_config
 from slidedp.step.optimizer import lr_at
@@ -52,6 +53,7 @@ class RankArgs:
     data_state: dict | None
     checkpoint_steps: list[int]
     cpu_threads: int
+    memory_cap: dict | None = None  # set in the rank: what apply_memory_cap set (gpu_memory_gib)
 
 
 def _setup(rank: int, world: int, args: RankArgs) -> torch.device:
@@ -62,6 +64,7 @@ def _setup(rank: int, world: int, args: RankArgs) -> torch.device:
     if cfg.gpus > 0:
         device = torch.device("cuda", rank)
         torch.cuda.set_device(device)
+        args.memory_cap = apply_memory_cap(device, int(cfg.gpu_memory_gib * 2**30) if cfg.gpu_memory_gib else None)
         backend = "nccl"
     else:
         device = torch.device("cpu")
@@ -121,6 +124,7 @@ def rank_main(rank: int, world: int, args: RankArgs, queue) -> None:
         peak = _peak_tflops(device)
         pending: deque = deque()
         reporter = _Reporter(cfg, engine, queue, rank, world, flops_tok, peak, args.predicted)
+        reporter.memory_cap = args.memory_cap
         last_done = args.start_step
         if cfg.eval.enabled:  # the model the run starts from, reported with the run's first step
             reporter.evaluate(pipeline, args.start_step, start=True)
@@ -219,6 +223,7 @@ class _Reporter:
         self.evals: dict[int, dict] = {}  # step -> eval_* keys of the evaluation after it
         self.eval_cpu: dict[int, tuple[float, float]] = {}  # step -> CPU seconds (issuing thread, process) it took
         self.start_eval: dict | None = None  # the evaluation before the first step, until the first record
+        self.memory_cap: dict | None = None  # the gpu_memory_gib limit set on rank 0, for the first record
 
     def emit_ready(self, pending: deque, final: bool) -> None:
         upd = self.engine.updater
@@ -241,6 +246,9 @@ class _Reporter:
                 evaluated.update(eval_loss_start=self.start_eval["eval_loss"],
                                  eval_ppl_start=self.start_eval["eval_ppl"])
                 self.start_eval = None
+            if self.memory_cap is not None:
+                evaluated["gpu_memory_cap"] = {k.replace("_bytes", "_gib"): v / 2**30 for k, v in self.memory_cap.items()}
+                self.memory_cap = None
             if self.rank == 0:
                 self.queue.put(("record", 0, {**self._record(t, res, end, cpu_end), **evaluated}))
             del self.results[t.step]
@@ -266,7 +274,7 @@ class _Reporter:
         step_time = max(end - t.t_start, 1e-9)
         n_targets = float(t.target_tokens.item())
         loss = float(t.loss_sum.item()) / max(n_targets, 1.0)
-        stats = t.stats.view(self.world, 4).tolist()
+        stats = t.stats.view(self.world, 5).tolist()
         tokens = t.tokens * self.world
         tflops = self.flops_tok * tokens / step_time / 1e12
         fwd = ev["start"].elapsed_time(ev["forward_end"]) / 1e3
@@ -283,6 +291,8 @@ class _Reporter:
             "tflops": tflops,
             "mfu": (tflops / (self.peak * self.world)) if self.peak else None,
             "hbm_peak_gib": [row[3] / 2**30 for row in stats] if self.engine.streams.cuda else [],
+            # each GPU's memory in use by every process, as the driver counts it (context and NCCL included)
+            "hbm_device_used_gib": [row[4] / 2**30 for row in stats] if self.engine.streams.cuda else [],
             "host_rss_gib": None,  # filled by the launcher, which sees every rank process
             "data_time_s": t.data_s,
             "phases": {"data": t.data_s, "forward": fwd, "backward": bwd, "update_tail": t.update_tail_s,

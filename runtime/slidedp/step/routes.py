@@ -156,17 +156,23 @@ class Routes:
         return done
 
     # ------------------------------------------------------------------ gradients
+    @property
+    def reduces_on_gpus(self) -> bool:
+        """Gradients are reduce-scattered on the GPUs: the gpu route with several ranks (one rank has nothing to
+        reduce, and copies its gradient out as the host route does)."""
+        return self.grad_reduce == "gpu" and self.shards.world > 1
+
     def return_gradient(self, u: int, grad: torch.Tensor, shard_buf: torch.Tensor, staging: torch.Tensor,
                         done_event) -> None:
         """Send unit u's gradient (grad[:padded], reduce dtype, ready on the compute stream) to the host.
 
-        gpu route: reduce-scatter into shard_buf, then copy this rank's shard to staging[:shard].
-        host route: copy the whole unit to staging[:n]; the host sums the ranks.
+        gpu route with several ranks: reduce-scatter into shard_buf, then copy this rank's shard to staging[:shard].
+        host route, or one rank: copy the whole unit to staging[:n]; the host sums the ranks.
         done_event marks that grad, shard_buf and staging are no longer touched by the device.
         """
         s = self.streams
         n, esize = self.shards.numels[u], grad.element_size()
-        if self.grad_reduce == "gpu":
+        if self.reduces_on_gpus:
             sl = self.shards.shard_len(u)
             work = reduce_scatter(shard_buf[:sl], grad[: self.shards.padded[u]], op=dist.ReduceOp.SUM,
                                               group=self.grad_group, async_op=True)

@@ -1,0 +1,101 @@
+"""The per-GPU memory cap (job key gpu_memory_gib): the planner plans within it, a cap the job cannot fit in is
+refused naming the smallest one that fits (and that one really fits), a cap above the card or on a CPU job is
+refused, and the rank's allocator limit leaves the context allowance out of the cap. On the nvidia-h200-x2
+machine's figures (tests/runtime/fixtures), Qwen3-8B at micro-batch 4."""
+
+import json
+import os
+
+import pytest
+from slidedp.config import ConfigError, JobConfig
+from slidedp.planning import autopolicy as ap
+from slidedp.planning.job import CONTEXT_BYTES, GIB, cap_budget, smallest_cap_gib
+from slidedp.step.devices import allocator_fraction
+
+FIX = os.path.join(os.path.dirname(__file__), "fixtures")
+
+
+@pytest.fixture(scope="module")
+def x2():
+    with open(os.path.join(FIX, "h200x2_topology.json")) as fh:
+        topo = json.load(fh)
+    with open(os.path.join(FIX, "h200x2_calibration.json")) as fh:
+        cal = json.load(fh)
+    return topo["nvlink"], cal["qwen3-8b_bs4_nvlink"] if "qwen3-8b_bs4_nvlink" in cal else None
+
+
+def _cfg(**raw):
+    base = {"model": "qwen3-8b", "data": {"path": "x.jsonl"}, "gpus": 2, "micro_batch_size": 4, "seq_len": 2048}
+    base.update(raw)
+    return JobConfig.from_dict(base)
+
+
+def _plan(x2, cap):
+    topo, cal = x2
+    return ap.plan_job(_cfg(gpu_memory_gib=cap), topo, cal)
+
+
+def test_the_plan_stays_within_the_cap_and_says_so(x2):
+    plan = _plan(x2, 24)
+    assert plan["feasible"], plan["errors"]
+    assert plan["job"]["hbm_budget_gib"] == pytest.approx(cap_budget(24 * GIB) / GIB)
+    assert plan["predicted"]["hbm_peak_gib"] <= plan["job"]["hbm_budget_gib"]
+    whole = ap.plan_job(_cfg(), *x2)
+    assert plan["predicted"]["hbm_peak_gib"] < whole["predicted"]["hbm_peak_gib"]
+    if whole["predicted"]["step_time_s"] is not None:  # a smaller card never buys a faster plan
+        assert plan["predicted"]["step_time_s"] >= whole["predicted"]["step_time_s"] - 1e-9
+
+
+def test_a_cap_too_small_is_refused_naming_the_smallest_cap_that_fits(x2):
+    plan = _plan(x2, 4)
+    assert not plan["feasible"]
+    err = plan["errors"][0]
+    assert err["loc"] == "gpu_memory_gib", err
+    assert "4 GiB is too small" in err["msg"] and "smallest gpu_memory_gib that fits is" in err["msg"]
+    smallest = float(err["msg"].split("smallest gpu_memory_gib that fits is ")[1].split(" GiB")[0])
+    assert smallest > 4
+    assert _plan(x2, smallest)["feasible"]  # the cap named fits ...
+    assert not _plan(x2, smallest - 0.5)["feasible"]  # ... and half a GiB less does not
+
+
+def test_a_cap_above_the_card_is_refused_naming_the_card(x2):
+    plan = _plan(x2, 500)
+    assert not plan["feasible"]
+    err = plan["errors"][0]
+    assert err["loc"] == "gpu_memory_gib" and "more than the" in err["msg"] and "leave gpu_memory_gib unset" in err["msg"]
+
+
+@pytest.mark.parametrize("raw, words", [
+    ({"gpus": 0, "gpu_memory_gib": 24}, "runs on the CPU"),
+    ({"gpu_memory_gib": 0.5}, "leaves nothing"),
+    ({"gpu_memory_gib": 0}, "greater than 0"),
+    ({"gpu_memory_gib": "lots"}, ""),
+])
+def test_bad_caps_are_refused_at_parse_time(raw, words):
+    with pytest.raises(ConfigError) as exc:
+        _cfg(**raw)
+    errs = [e for e in exc.value.errors if e["loc"] == "gpu_memory_gib"]
+    assert errs and words in errs[0]["msg"], exc.value.errors
+
+
+def test_the_smallest_cap_is_the_budget_inverted_to_half_a_gib():
+    for peak in (3.2 * GIB, 10 * GIB, 21.9 * GIB):
+        cap = smallest_cap_gib(peak)
+        assert cap_budget(int(cap * GIB)) >= peak
+        assert cap_budget(int((cap - 0.5) * GIB)) < peak
+        assert (cap * 2) == int(cap * 2)
+
+
+def test_the_allocator_limit_leaves_the_context_allowance_out_of_the_cap():
+    card = 140 * GIB
+    assert allocator_fraction(24 * GIB, card, CONTEXT_BYTES) * card == pytest.approx(23 * GIB)
+    assert allocator_fraction(200 * GIB, card, CONTEXT_BYTES) == 1.0
+    with pytest.raises(ValueError, match="leaves nothing"):
+        allocator_fraction(CONTEXT_BYTES, card, CONTEXT_BYTES)
+
+
+def test_a_resume_may_change_the_cap():
+    from slidedp.persist.checkpoint import changed_settings
+
+    old = _cfg().to_dict()
+    assert changed_settings({"config": old}, _cfg(gpu_memory_gib=24)) == []
