@@ -222,20 +222,13 @@ def _rewind_metrics(path: str, step: int) -> None:
     os.replace(tmp, path)
 
 
-def _init_host_state(cfg: JobConfig, adapter, state, progress: Callable[[int, int], None] | None = None) -> None:
-    from slidedp.step.model_adapter import checkpoint_index
+def _init_host_state(cfg: JobConfig, adapter, state, progress: Callable[[int, int], None] | None = None,
+                     threads: int | None = None) -> None:
+    """Fill a fresh host state from the job's model: a local directory's weights, or a preset's random initial
+    weights from cfg.seed; one thread per core (slidedp.step.host_fill), the same bytes whatever the count."""
+    from slidedp.step.host_fill import fill_host_state
 
-    index = checkpoint_index(cfg.model) if is_model_path(cfg.model) else None
-    for done, spec in enumerate(adapter.units):
-        if progress is not None:
-            progress(done, len(adapter.units))
-        flat = state.master_unit(spec.index)
-        if index is not None:
-            adapter.load_unit(spec, flat, cfg.model, index)
-        else:
-            adapter.init_unit(spec, flat, cfg.seed)
-        if state.delivery is not state.master:
-            state.delivery_unit(spec.index).copy_(flat)
+    fill_host_state(adapter, state, cfg.seed, cfg.model if is_model_path(cfg.model) else None, progress, threads)
 
 
 class StateCache:
@@ -308,6 +301,7 @@ def train(config: dict | JobConfig, on_step: Callable[[dict], None] | None = Non
     plan: a plan made for this job before (docs/interfaces.md §5), used when its basis is this run's
     (resolve_policy); TrainResult.plan is the plan the run used, with "replanned" saying why when it was made
     again."""
+    called = time.perf_counter()  # the time to first step counts from the call, imports and validation included
     import torch
 
     from slidedp.persist import checkpoint as ckpt
@@ -328,7 +322,7 @@ def train(config: dict | JobConfig, on_step: Callable[[dict], None] | None = Non
         raise ConfigError([{"loc": "gpus", "msg": f"asks for {cfg.gpus} GPUs, this host has "
                                                   f"{torch.cuda.device_count()}; lower gpus or use 0 for CPU"}])
     os.makedirs(cfg.output_dir, exist_ok=True)
-    startup = Startup(on_stage, on_log)
+    startup = Startup(on_stage, on_log, t0=called)
     startup.enter("planning")
     adapter = ModelAdapter(load_hf_config(cfg.model))
     policy, plan = resolve_policy(cfg, adapter.num_layers, on_log, plan, startup=startup)
@@ -389,7 +383,7 @@ def train(config: dict | JobConfig, on_step: Callable[[dict], None] | None = Non
         else:
             if init_source is not None:  # that run's weights; moments zero, step 0, the data from the start
                 startup.enter("loading_checkpoint")
-                source_step = ckpt.load_weights(init_source, state)
+                source_step = ckpt.load_weights(init_source, state, zero_moments=not state.fresh)
                 _log(on_log, f"initial weights from step {source_step} of {init_source} (AdamW moments zero)")
             elif reuse:
                 _log(on_log, "host state kept from the previous run (benchmark): weights and moments as it left them")
@@ -513,6 +507,7 @@ def _run_ranks(cfg: JobConfig, state, layout: HostLayout, policy: ExecutionPolic
             if kind == "record":
                 if not startup.done:
                     payload["startup_s"] = startup.finish()
+                    payload["time_to_first_step_s"] = startup.total_s
                 payload["host_rss_gib"] = _rss_gib([p.pid for p in procs], state.shared_bytes())
                 diverged, raised = monitor.check(payload)
                 if raised:

@@ -27,16 +27,21 @@ PROGRESS_EVERY_S = 0.5  # at most two progress reports a second
 
 class Startup:
     """The stages of one run's start. `enter` closes the running stage and opens the next; `finish` closes the
-    last and returns {stage: seconds} in the order they ran."""
+    last and returns {stage: seconds} in the order they ran.
 
-    def __init__(self, on_stage: Callable[[dict], None] | None, on_log: Callable[[str], None] | None):
+    t0: when the start began (time.perf_counter(); default now): train() passes the moment it was called, so
+    `total_s`, the time to first step, also counts what ran before the first stage (imports, validation)."""
+
+    def __init__(self, on_stage: Callable[[dict], None] | None, on_log: Callable[[str], None] | None,
+                 t0: float | None = None):
         self.on_stage, self.on_log = on_stage, on_log
-        self.t0 = time.perf_counter()
+        self.t0 = time.perf_counter() if t0 is None else t0
         self.current: str | None = None
         self.since = self.t0
         self.durations: dict[str, float] = {}
         self._last_progress = 0.0
         self.done = False
+        self.total_s: float | None = None  # from t0 to the end of the first step, once finish() has run
 
     def _emit(self, event: dict[str, Any]) -> None:
         if self.on_stage is not None:
@@ -74,6 +79,7 @@ class Startup:
         self._close()
         self.done, self.current = True, None
         total = time.perf_counter() - self.t0
+        self.total_s = round(total, 3)
         parts = ", ".join(f"{stage.replace('_', ' ')} {s:.1f} s" for stage, s in self.durations.items())
         if self.on_log is not None:
             self.on_log(f"start-up took {total:.1f} s: {parts}")

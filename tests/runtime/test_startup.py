@@ -28,6 +28,9 @@ def test_train_reports_its_start_up_stages_in_order_with_their_durations(tmp_pat
     durations = seen[-1]["durations"]
     assert list(durations) == order[:-1] and all(v >= 0 for v in durations.values())
     assert result.metrics[0]["startup_s"] == durations and "startup_s" not in result.metrics[1]
+    first = result.metrics[0]["time_to_first_step_s"]
+    assert first == seen[-1]["total_s"] >= sum(durations.values()) - 0.01 and "time_to_first_step_s" not in \
+        result.metrics[1]
     assert any(line.startswith("start-up took ") for line in lines)
 
 

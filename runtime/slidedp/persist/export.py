@@ -106,8 +106,11 @@ def _write_config(tmp: str, model: str, adapter, dtype: torch.dtype) -> None:
     GenerationConfig.from_model_config(config).save_pretrained(tmp)
 
 
-def _write_shards(tmp: str, adapter, units: Iterable[torch.Tensor], dtype: torch.dtype) -> None:
-    """The weights as safetensors shards, written as they fill (at most one shard converted at a time)."""
+def _write_shards(tmp: str, adapter, units: Iterable[torch.Tensor], dtype: torch.dtype,
+                  shard_bytes: int | None = None) -> None:
+    """The weights as safetensors shards of at most shard_bytes (default SHARD_BYTES), written as they fill (at
+    most one shard converted at a time)."""
+    limit = shard_bytes or SHARD_BYTES
     import safetensors.torch
 
     weight_map: dict[str, str] = {}
@@ -134,7 +137,7 @@ def _write_shards(tmp: str, adapter, units: Iterable[torch.Tensor], dtype: torch
         for p in spec.params:
             t = flat[p.offset : p.offset + p.numel].view(p.shape).to(dtype, copy=True)
             nbytes = t.numel() * t.element_size()
-            if size and size + nbytes > SHARD_BYTES:
+            if size and size + nbytes > limit:
                 flush()
             current[p.hf_name] = t
             size += nbytes
@@ -152,11 +155,11 @@ def _write_shards(tmp: str, adapter, units: Iterable[torch.Tensor], dtype: torch
 
 
 def write_hf(out_dir: str, model: str, precision: str, adapter, units: Iterable[torch.Tensor],
-             job_config: dict[str, Any] | None = None) -> dict[str, Any]:
+             job_config: dict[str, Any] | None = None, shard_bytes: int | None = None) -> dict[str, Any]:
     """Write a Hugging Face directory at out_dir from `units`, which yields each unit's flat fp32 master tensor
     in unit order; `model` (preset or directory) gives the generation config and tokenizer; `job_config`, when
-    given, is written as JOB_FILE. Atomic: built in out_dir.tmp and swapped in. Returns {"final_dir", "files":
-    [{"name", "bytes"}, ...]}; raises ExportError."""
+    given, is written as JOB_FILE; shard_bytes: the largest shard (default SHARD_BYTES). Atomic: built in
+    out_dir.tmp and swapped in. Returns {"final_dir", "files": [{"name", "bytes"}, ...]}; raises ExportError."""
     dtype = torch.bfloat16 if precision == "bf16" else torch.float32
     out_dir = os.path.abspath(out_dir)
     parent = os.path.dirname(out_dir)
@@ -175,7 +178,7 @@ def write_hf(out_dir: str, model: str, precision: str, adapter, units: Iterable[
             raise ExportError(f"the export needs {format_bytes(needed)} in {parent}, only {format_bytes(free)} is "
                               f"free: free disk there, or export elsewhere", needed, free, parent)
         os.makedirs(tmp)
-        _write_shards(tmp, adapter, units, dtype)
+        _write_shards(tmp, adapter, units, dtype, shard_bytes)
         _write_config(tmp, model, adapter, dtype)
         for path in tokenizer:
             shutil.copy2(path, os.path.join(tmp, os.path.basename(path)))

@@ -54,11 +54,61 @@ def cleanup_orphans(directory: str | None = None) -> list[str]:
     return removed
 
 
+PIN_RANGE_BYTES = 1 << 30  # smallest range of the delivery copy registered on its own
+
+
+def pin_ranges(unit_offsets: list[int], nbytes: int, page: int | None = None,
+               min_bytes: int = PIN_RANGE_BYTES) -> list[tuple[int, int]]:
+    """Byte ranges [start, end) covering [0, nbytes) to page-lock separately: each starts where a unit starts
+    (a copy of a unit never spans two registrations) and on a page boundary (two registrations never share a
+    page), and holds at least min_bytes but the last. One range when no unit start qualifies."""
+    page = page or os.sysconf("SC_PAGE_SIZE")
+    ranges, start = [], 0
+    for off in unit_offsets:
+        if off - start >= min_bytes and off % page == 0 and nbytes - off >= min_bytes:
+            ranges.append((start, off))
+            start = off
+    ranges.append((start, nbytes))
+    return ranges
+
+
+def _register(base: int, ranges: list[tuple[int, int]], threads: int) -> list[int]:
+    """cudaHostRegister each byte range of the memory at `base`, on up to `threads` threads; returns the address
+    of each range (what cudaHostUnregister takes). When one fails, those registered are unregistered again."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    cudart = torch.cuda.cudart()
+    device = torch.cuda.current_device()
+    done: list[int] = []
+
+    def register(r: tuple[int, int]) -> None:
+        torch.cuda.set_device(device)  # a new thread starts on device 0: register with the rank's device current
+        err = cudart.cudaHostRegister(base + r[0], r[1] - r[0], 0)
+        if int(err) != 0:
+            raise RuntimeError(f"cudaHostRegister failed ({err}) for {r[1] - r[0]} bytes")
+        done.append(base + r[0])
+
+    try:
+        if len(ranges) == 1 or threads <= 1:
+            for r in ranges:
+                register(r)
+        else:
+            with ThreadPoolExecutor(min(threads, len(ranges)), thread_name_prefix="slidedp-pin") as pool:
+                list(pool.map(register, ranges))
+    except BaseException:
+        for ptr in done:
+            cudart.cudaHostUnregister(ptr)
+        raise
+    return done
+
+
 def _map(path: str, numel: int, dtype: torch.dtype, create: bool) -> torch.Tensor:
     nbytes = numel * torch.empty((), dtype=dtype).element_size()
     if create:
+        # "wb" empties a file left under this name, and the extension is a hole: every page reads as zero until
+        # someone writes it, and is only allocated then
         with open(path, "wb") as fh:
-            fh.truncate(max(nbytes, 1))  # sparse: pages are touched by whoever writes them first
+            fh.truncate(max(nbytes, 1))
     return torch.from_file(path, shared=True, size=numel, dtype=dtype)
 
 
@@ -186,10 +236,10 @@ class HostState:
                             torch.float32, create)
         self.held = _map(layout.path("held"), n, torch.float32, create) if layout.hold_gradient else None
         self.board = Board(layout, create)
-        self._registered: list[torch.Tensor] = []
-        if fresh:
-            self.exp_avg.zero_()
-            self.exp_avg_sq.zero_()
+        self._registered: list[tuple[torch.Tensor, list[int]]] = []  # (tensor, the base address of each range)
+        # Fresh segments are truncated to nothing and extended (_map), so the AdamW moments already read as zeros:
+        # writing zeros would touch 8 B/param for nothing. A kept state (keep_state) keeps its moments.
+        self.fresh = fresh
 
     # ------------------------------------------------------------------ lifecycle
     @classmethod
@@ -209,23 +259,33 @@ class HostState:
         return cls(layout, create=False)
 
     def pin(self) -> None:
-        """Page-lock the delivery copy and the staging for async DMA (once per rank process)."""
+        """Page-lock the delivery copy and the staging for async DMA (once per rank process).
+
+        The delivery copy is registered as several ranges at once, one thread each (pin_ranges: every range
+        whole units, so no copy of a unit spans two registrations); SLIDEDP_PIN_THREADS=1 registers it whole."""
         if not torch.cuda.is_available():
             return
-        cudart = torch.cuda.cudart()
+        raw = os.environ.get("SLIDEDP_PIN_THREADS", "8")
+        if not raw.strip().isdigit():
+            raise ValueError(f"SLIDEDP_PIN_THREADS must be a whole number of threads (1: register the delivery copy "
+                             f"as one range), got {raw!r}")
+        threads = max(1, int(raw))
         for t in (self.delivery, self.staging):
-            if any(t is r for r in self._registered):
+            if any(t is r for r, _ in self._registered):
                 continue
-            err = cudart.cudaHostRegister(t.data_ptr(), t.numel() * t.element_size(), 0)
-            if int(err) != 0:
-                raise RuntimeError(f"cudaHostRegister failed ({err}) for {t.numel() * t.element_size()} bytes")
-            self._registered.append(t)
+            nbytes = t.numel() * t.element_size()
+            ranges = [(0, nbytes)]
+            if t is self.delivery and threads > 1:
+                ranges = pin_ranges([o * t.element_size() for o in self.layout.offsets], nbytes)
+            self._registered.append((t, _register(t.data_ptr(), ranges, threads)))
 
     def unpin(self) -> None:
+        """Unregister every range pin registered (nothing without CUDA)."""
         if self._registered:
             cudart = torch.cuda.cudart()
-            for t in self._registered:
-                cudart.cudaHostUnregister(t.data_ptr())
+            for _, ptrs in self._registered:
+                for ptr in ptrs:
+                    cudart.cudaHostUnregister(ptr)
             self._registered.clear()
 
     # ------------------------------------------------------------------ views

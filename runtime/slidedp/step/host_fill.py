@@ -1,0 +1,104 @@
+"""Filling the host state before the first step, on every core: the fp32 master weights of each unit (random
+initial weights, or a local checkpoint's tensors) and its bf16 delivery copy.
+
+Units are independent. Each unit's random weights come from its own generator (ModelAdapter.init_unit seeds it
+from the job's seed and the unit's index) and each loaded unit from its own tensors, so filling the units in any
+order, on any number of threads, writes the same bytes as filling them one after the other. torch releases the
+GIL inside its kernels, so threads are enough. The thread that fills a unit also makes its delivery copy, while
+the unit is still in cache, and the largest units (embedding, head) start first, since they bound the fill.
+
+The fill mostly writes pages the kernel hands out zeroed on first touch (fresh shared-memory files), which scales
+with cores until memory bandwidth runs out: one thread per core this process may run on, at most MAX_THREADS,
+each running torch's kernels on one thread so the workers do not fight over the cores.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
+from contextlib import contextmanager
+
+import torch
+
+MAX_THREADS = 32  # past this, memory bandwidth, not cores, bounds writing the state
+PROGRESS_POLL_S = 0.5  # how often the calling thread wakes to report progress
+
+
+def available_cores() -> int:
+    """Cores this process may run on (its affinity, as a container or taskset sets it)."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
+
+
+def fill_threads(items: int, cores: int | None = None) -> int:
+    """Threads for filling `items` independent pieces: one per core, no more than pieces or MAX_THREADS."""
+    return max(1, min(cores or available_cores(), items, MAX_THREADS))
+
+
+@contextmanager
+def torch_threads(n: int) -> Iterator[None]:
+    """Run torch's intra-op kernels on n threads inside the block (threads started in it inherit n)."""
+    old = torch.get_num_threads()
+    torch.set_num_threads(max(1, n))
+    try:
+        yield
+    finally:
+        torch.set_num_threads(old)
+
+
+def parallel_for(items: Iterable, work: Callable[[object], None], threads: int,
+                 progress: Callable[[int, int], None] | None = None) -> None:
+    """work(item) for every item, on `threads` threads in the order given; the first error is raised once the
+    running items have finished (the rest are not started).
+
+    progress(done, total) is called from the calling thread only, before any item finishes and then every
+    PROGRESS_POLL_S while items remain (never with done == total: the caller's next stage says it is over).
+    With one thread everything runs in the calling thread, as a plain loop."""
+    items = list(items)
+    total = len(items)
+    if threads <= 1 or total <= 1:
+        for done, item in enumerate(items):
+            if progress is not None:
+                progress(done, total)
+            work(item)
+        return
+    cores = available_cores()
+    with torch_threads(max(1, cores // threads)):
+        pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="slidedp-fill")
+        try:
+            pending = {pool.submit(work, item) for item in items}
+            while pending:
+                if progress is not None:
+                    progress(total - len(pending), total)
+                finished, pending = wait(pending, timeout=PROGRESS_POLL_S, return_when=FIRST_EXCEPTION)
+                for f in finished:
+                    if f.exception() is not None:
+                        raise f.exception()
+        finally:
+            pool.shutdown(wait=True, cancel_futures=True)
+
+
+def fill_host_state(adapter, state, seed: int, model_dir: str | None = None,
+                    progress: Callable[[int, int], None] | None = None, threads: int | None = None) -> None:
+    """Fill a fresh host state: every unit's master weights, from the checkpoint in model_dir (a local Hugging
+    Face directory of safetensors, read tensor by tensor, never a whole file) or drawn from `seed`, then its bf16
+    delivery copy. threads: None for one per core (fill_threads); the weights do not depend on it."""
+    from slidedp.step.model_adapter import checkpoint_index
+
+    index = checkpoint_index(model_dir) if model_dir is not None else None
+    copy = state.delivery is not state.master
+
+    def fill_unit(u: int) -> None:
+        spec = adapter.units[u]
+        flat = state.master_unit(u)
+        if index is not None:
+            adapter.load_unit(spec, flat, model_dir, index)
+        else:
+            adapter.init_unit(spec, flat, seed)
+        if copy:
+            state.delivery_unit(u).copy_(flat)
+
+    order = sorted(range(len(adapter.units)), key=lambda u: -adapter.units[u].numel)
+    parallel_for(order, fill_unit, threads or fill_threads(len(order)), progress)

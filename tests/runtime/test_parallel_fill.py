@@ -1,0 +1,206 @@
+"""Filling the host state on several threads (slidedp.step.host_fill) writes the bytes the one-thread fill writes,
+random or loaded; fresh moments are zeros nobody wrote; a checkpoint is read in parallel chunks with the delivery
+copy made in the same pass; the delivery copy's page-locked ranges follow unit and page boundaries."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+
+import pytest
+import torch
+from slidedp.persist import checkpoint as ckpt
+from slidedp.step import host_fill
+from slidedp.step.host_state import HostLayout, HostState, pin_ranges, unlink
+from slidedp.step.model_adapter import ModelAdapter, load_hf_config
+
+
+def _state(tmp_path, adapter, name: str, delivery: str = "bfloat16") -> HostState:
+    layout = HostLayout(run=f"slidedp-fill-{name}-{os.getpid()}", directory=str(tmp_path / "shm"),
+                        unit_numels=[u.numel for u in adapter.units], world=1, delivery_dtype=delivery,
+                        staging_slots=2, hold_gradient=False)
+    return HostState.create(layout)
+
+
+def _serial_master(adapter, seed: int) -> torch.Tensor:
+    """The weights as one unit after the other draws them, without any host state."""
+    return torch.cat([_drawn(adapter, spec, seed) for spec in adapter.units])
+
+
+def _drawn(adapter, spec, seed):
+    flat = torch.empty(spec.numel)
+    adapter.init_unit(spec, flat, seed)
+    return flat
+
+
+@pytest.mark.parametrize("model", ["tiny-qwen3", "tiny-qwen3-tied"])
+def test_parallel_random_fill_is_bit_identical_to_the_serial_fill(tmp_path, model):
+    adapter = ModelAdapter(load_hf_config(model))
+    serial, parallel = _state(tmp_path, adapter, "serial"), _state(tmp_path, adapter, "parallel")
+    try:
+        host_fill.fill_host_state(adapter, serial, seed=11, threads=1)
+        host_fill.fill_host_state(adapter, parallel, seed=11, threads=4)
+        expected = _serial_master(adapter, 11)
+        assert torch.equal(serial.master, expected) and torch.equal(parallel.master, expected)
+        assert torch.equal(parallel.delivery, expected.to(torch.bfloat16))
+        assert torch.equal(serial.delivery, parallel.delivery)
+        other = _state(tmp_path, adapter, "other-seed")
+        host_fill.fill_host_state(adapter, other, seed=12, threads=4)
+        assert not torch.equal(other.master, expected)
+        unlink(other.layout)
+    finally:
+        unlink(serial.layout)
+        unlink(parallel.layout)
+
+
+def test_fp32_delivery_is_the_master_and_gets_no_copy(tmp_path):
+    adapter = ModelAdapter(load_hf_config("tiny-qwen3"))
+    state = _state(tmp_path, adapter, "fp32", delivery="float32")
+    try:
+        host_fill.fill_host_state(adapter, state, seed=3, threads=3)
+        assert state.delivery is state.master and torch.equal(state.master, _serial_master(adapter, 3))
+    finally:
+        unlink(state.layout)
+
+
+def test_parallel_load_equals_serial_load_of_a_sharded_directory(tmp_path):
+    from scripts.first_step import write_hf_dir
+
+    model_dir = str(tmp_path / "hf")
+    write_hf_dir(model_dir, "tiny-qwen3-tied", seed=5, shard_bytes=50_000, threads=2)  # units span shards
+    adapter = ModelAdapter(load_hf_config(model_dir))
+    serial, parallel = _state(tmp_path, adapter, "load-1"), _state(tmp_path, adapter, "load-4")
+    try:
+        host_fill.fill_host_state(adapter, serial, seed=0, model_dir=model_dir, threads=1)
+        host_fill.fill_host_state(adapter, parallel, seed=0, model_dir=model_dir, threads=4)
+        expected = _serial_master(ModelAdapter(load_hf_config("tiny-qwen3-tied")), 5).to(torch.bfloat16)
+        assert torch.equal(serial.master, parallel.master)
+        assert torch.equal(parallel.master, expected.float()) and torch.equal(parallel.delivery, expected)
+    finally:
+        unlink(serial.layout)
+        unlink(parallel.layout)
+
+
+def test_fresh_moments_read_as_zeros_without_being_written(tmp_path):
+    adapter = ModelAdapter(load_hf_config("tiny-qwen3"))
+    layout = HostLayout(run=f"slidedp-fill-reused-{os.getpid()}", directory=str(tmp_path / "shm"),
+                        unit_numels=[u.numel for u in adapter.units], world=1, delivery_dtype="bfloat16",
+                        staging_slots=2, hold_gradient=False)
+    os.makedirs(layout.directory)
+    for kind in ("exp_avg", "exp_avg_sq"):  # a killed run's files under the same name hold old values
+        with open(layout.path(kind), "wb") as fh:
+            fh.write(b"\x7f" * (4 * layout.total))
+    state = HostState.create(layout)
+    try:
+        assert state.fresh
+        host_fill.fill_host_state(adapter, state, seed=0, threads=2)
+        for kind in ("exp_avg", "exp_avg_sq"):
+            assert not getattr(state, kind).any()
+            assert os.stat(layout.path(kind)).st_blocks == 0  # a hole: not one page written
+        assert os.stat(layout.path("master")).st_blocks > 0
+        kept = HostState(layout, create=True, keep_state=True)  # a StateCache run maps the state as it is
+        assert not kept.fresh and torch.equal(kept.master, state.master)
+    finally:
+        unlink(layout)
+
+
+def test_parallel_for_reports_progress_from_the_calling_thread_only(monkeypatch):
+    monkeypatch.setattr(host_fill, "PROGRESS_POLL_S", 0.05)
+    caller, calls, ran = threading.get_ident(), [], []
+
+    def work(item):
+        time.sleep(0.06)
+        ran.append((item, threading.get_ident()))
+
+    host_fill.parallel_for(range(8), work, threads=2,
+                           progress=lambda done, total: calls.append((done, total, threading.get_ident())))
+    assert sorted(i for i, _ in ran) == list(range(8)) and caller not in {t for _, t in ran}
+    assert calls[0][:2] == (0, 8) and len(calls) >= 3
+    assert all(t == caller and 0 <= d < 8 and total == 8 for d, total, t in calls)
+    assert [d for d, _, _ in calls] == sorted(d for d, _, _ in calls)
+
+
+def test_parallel_for_raises_the_first_error_and_restores_torch_threads():
+    before = torch.get_num_threads()
+    started = []
+
+    def work(item):
+        started.append(item)
+        if item == 1:
+            raise ValueError("unit 1 is broken")
+        time.sleep(0.05)
+
+    with pytest.raises(ValueError, match="unit 1 is broken"):
+        host_fill.parallel_for(range(50), work, threads=2)
+    assert len(started) < 50 and torch.get_num_threads() == before
+
+
+def test_fill_threads_follow_the_cores_and_the_work():
+    assert host_fill.fill_threads(38, cores=16) == 16
+    assert host_fill.fill_threads(6, cores=16) == 6
+    assert host_fill.fill_threads(200, cores=256) == host_fill.MAX_THREADS
+    assert host_fill.fill_threads(0, cores=2) == 1
+    assert 1 <= host_fill.fill_threads(1000) <= host_fill.available_cores()
+
+
+def test_checkpoint_reads_in_parallel_chunks_and_makes_the_delivery_copy_in_the_same_pass(tmp_path, monkeypatch):
+    monkeypatch.setattr(ckpt, "_CHUNK", 10_000)  # several chunks per array
+    adapter = ModelAdapter(load_hf_config("tiny-qwen3"))
+    state = _state(tmp_path, adapter, "ckpt")
+    try:
+        values = torch.randn(state.layout.total)
+        path = str(tmp_path / "master.f32")
+        values.numpy().tofile(path)
+        seen = []
+        ckpt._read_array(path, state.master, lambda a, b: seen.append((a, b)))
+        assert torch.equal(state.master, values)
+        assert sorted(seen) == [(a, min(a + 10_000, values.numel())) for a in range(0, values.numel(), 10_000)]
+        ckpt._read_array(path, state.master, ckpt._delivery_copy(state))
+        assert torch.equal(state.delivery, values.to(torch.bfloat16))
+        assert ckpt._delivery_copy(_state(tmp_path, adapter, "fp32", "float32")) is None
+        with open(path, "ab") as fh:
+            fh.write(b"\0\0\0\0")
+        with pytest.raises(Exception, match="the model needs"):
+            ckpt._read_array(path, state.master)
+    finally:
+        unlink(state.layout)
+
+
+def test_load_weights_leaves_the_moments_of_a_fresh_state_alone(tmp_path, monkeypatch):
+    adapter = ModelAdapter(load_hf_config("tiny-qwen3"))
+    state = _state(tmp_path, adapter, "init-from")
+    try:
+        source = tmp_path / "step-00000003"
+        source.mkdir()
+        values = torch.randn(state.layout.total)
+        values.numpy().tofile(str(source / "master.f32"))
+        (source / "meta.json").write_text('{"step": 3}')
+        zeroed = []
+        monkeypatch.setattr(state, "exp_avg", _Spy(state.exp_avg, zeroed))
+        assert ckpt.load_weights(str(source), state, zero_moments=False) == 3
+        assert zeroed == [] and torch.equal(state.master, values)
+        assert ckpt.load_weights(str(source), state) == 3 and zeroed == ["zero_"]
+    finally:
+        unlink(state.layout)
+
+
+class _Spy:
+    def __init__(self, tensor, calls):
+        self.tensor, self.calls = tensor, calls
+
+    def zero_(self):
+        self.calls.append("zero_")
+        return self.tensor.zero_()
+
+
+def test_pin_ranges_start_at_page_aligned_unit_starts_and_cover_everything():
+    page = 4096
+    units = [0, 3 * page, 5 * page + 2, 8 * page, 9 * page, 13 * page]  # one start is not on a page boundary
+    ranges = pin_ranges(units, 16 * page, page=page, min_bytes=2 * page)
+    assert ranges == [(0, 3 * page), (3 * page, 8 * page), (8 * page, 13 * page), (13 * page, 16 * page)]
+    assert pin_ranges(units, 16 * page, page=page, min_bytes=64 * page) == [(0, 16 * page)]
+    assert pin_ranges([0], 10, page=page) == [(0, 10)]
+    # the last range is never smaller than min_bytes: no tiny registration at the end
+    assert pin_ranges([0, 4 * page], 5 * page + 10, page=page, min_bytes=2 * page) == [(0, 5 * page + 10)]
+    assert pin_ranges([0, 4 * page], 6 * page, page=page, min_bytes=2 * page) == [(0, 4 * page), (4 * page, 6 * page)]
