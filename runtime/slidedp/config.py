@@ -33,6 +33,12 @@ MAX_TOKENS = 2**24  # seq_len, loss_chunk_tokens
 MAX_LAYERS = 65536  # per-layer counts (device_layers, keep_layers, offload_layers, resident_units)
 MAX_HOST_RAM_GIB = 2**20  # 1 PiB
 MAX_GPU_MEMORY_GIB = 2**14  # 16 TiB per GPU: far above any card, a bound for the schema
+# What each rank's CUDA context and NCCL take outside PyTorch's allocator, which a gpu_memory_gib cap must hold
+# besides the allocator's limit (slidedp.step.devices.apply_memory_cap) and the planner's budget. Measured on the
+# H200 with torch 2.11: the context alone 0.51 GiB, with one NCCL communicator 1.15 GiB, and a one-GPU SlideDP rank
+# (its process group and two more communicators) 2.07 GiB in use beyond its allocator's reserved memory
+# (docs/benchmarks.md, workstation caps).
+GPU_CONTEXT_BYTES = int(2.25 * 2**30)
 
 
 class ConfigError(ValueError):
@@ -569,9 +575,7 @@ def _cross_checks(cfg: JobConfig, errors: list[dict[str, str]]) -> None:
     if cfg.schedule.warmup_steps > cfg.steps:
         errors.append({"loc": "schedule.warmup_steps", "msg": f"is longer than the run ({cfg.steps} steps)"})
     if cfg.gpu_memory_gib is not None:
-        from slidedp.planning.job import CONTEXT_BYTES
-
-        context = CONTEXT_BYTES / 2**30
+        context = GPU_CONTEXT_BYTES / 2**30
         if cfg.gpus == 0:
             errors.append({"loc": "gpu_memory_gib", "msg": "caps the memory of each GPU, and this job runs on the "
                            "CPU (gpus = 0): remove gpu_memory_gib, or set gpus"})

@@ -68,6 +68,7 @@ def test_a_cap_above_the_card_is_refused_naming_the_card(x2):
 @pytest.mark.parametrize("raw, words", [
     ({"gpus": 0, "gpu_memory_gib": 24}, "runs on the CPU"),
     ({"gpu_memory_gib": 0.5}, "leaves nothing"),
+    ({"gpu_memory_gib": 2.25}, "leaves nothing"),
     ({"gpu_memory_gib": 0}, "greater than 0"),
     ({"gpu_memory_gib": "lots"}, ""),
 ])
@@ -88,7 +89,7 @@ def test_the_smallest_cap_is_the_budget_inverted_to_half_a_gib():
 
 def test_the_allocator_limit_leaves_the_context_allowance_out_of_the_cap():
     card = 140 * GIB
-    assert allocator_fraction(24 * GIB, card, CONTEXT_BYTES) * card == pytest.approx(23 * GIB)
+    assert allocator_fraction(24 * GIB, card, CONTEXT_BYTES) * card == pytest.approx(24 * GIB - CONTEXT_BYTES)
     assert allocator_fraction(200 * GIB, card, CONTEXT_BYTES) == 1.0
     with pytest.raises(ValueError, match="leaves nothing"):
         allocator_fraction(CONTEXT_BYTES, card, CONTEXT_BYTES)

@@ -10,14 +10,15 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from slidedp.config import GPU_CONTEXT_BYTES
 from slidedp.presets import model_config_dict, unit_param_counts
 
 GIB = 2**30
 HBM_BUDGET_FRACTION = 0.92  # of each GPU's memory: the CUDA context, NCCL and fragmentation live in the rest
-# Under a gpu_memory_gib cap: what each rank's CUDA context and NCCL take outside PyTorch's allocator, which the
-# rank's allocator limit leaves out of the cap (slidedp.step.devices.apply_memory_cap), and the share of the rest
-# the planner plans on (fragmentation lives in the remainder).
-CONTEXT_BYTES = 1 * GIB
+# Under a gpu_memory_gib cap: what each rank's CUDA context and NCCL take outside PyTorch's allocator
+# (slidedp.config.GPU_CONTEXT_BYTES), and the share of the rest the planner plans on (fragmentation lives in the
+# remainder).
+CONTEXT_BYTES = GPU_CONTEXT_BYTES
 CAP_BUDGET_FRACTION = 0.95
 # Host DRAM bytes per parameter of one host update (slidedp.step.optimizer.update_shard_): fused AdamW reads param,
 # grad, m, v and writes param, m, v (28); the bf16 delivery copy reads 4 and writes 2. The gradient norm costs the

@@ -92,7 +92,7 @@ class Refusals:
         if j.hbm_cap_bytes is not None and j.hbm_budget < int(j.hbm_bytes * HBM_BUDGET_FRACTION):
             return (
                 f"{CAP_BUDGET_FRACTION:.0%} of the gpu_memory_gib cap of {j.hbm_cap_bytes / GIB:g} GiB less "
-                f"{CONTEXT_BYTES / GIB:g} GiB for the CUDA context"
+                f"{CONTEXT_BYTES / GIB:g} GiB for the CUDA context and NCCL"
             )
         return f"{HBM_BUDGET_FRACTION:.0%} of {j.hbm_bytes / GIB:.1f} GiB"
 

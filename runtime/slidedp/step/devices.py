@@ -82,17 +82,17 @@ def apply_memory_cap(device: torch.device, cap_bytes: int | None) -> dict | None
     """Limit this process's allocator on `device` so that the job's use of the card, context included, stays
     within cap_bytes (the job's gpu_memory_gib); returns what was set, for the rank's first record.
 
-    The context is counted at slidedp.planning.job.CONTEXT_BYTES, the allowance the planner leaves for it, rather
+    The context is counted at slidedp.config.GPU_CONTEXT_BYTES, the allowance the planner leaves for it, rather
     than read off the card: the card may be shared, and cudaMemGetInfo counts every process on it. The record
     carries what the card reported in use when the cap was set (`in_use_at_start_bytes`), so the real context of a
     dedicated card can be compared with the allowance. An allocation past the limit raises CUDA out-of-memory as a
     smaller card would."""
     if cap_bytes is None or device.type != "cuda":
         return None
-    from slidedp.planning.job import CONTEXT_BYTES
+    from slidedp.config import GPU_CONTEXT_BYTES
 
     free, total = torch.cuda.mem_get_info(device)
-    fraction = allocator_fraction(cap_bytes, total, CONTEXT_BYTES)
+    fraction = allocator_fraction(cap_bytes, total, GPU_CONTEXT_BYTES)
     torch.cuda.set_per_process_memory_fraction(fraction, device)
     return {"cap_bytes": int(cap_bytes), "card_bytes": int(total), "allocator_limit_bytes": int(fraction * total),
             "in_use_at_start_bytes": int(total - free)}
