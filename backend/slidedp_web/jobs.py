@@ -16,6 +16,7 @@ from typing import Any, Optional
 import sqlalchemy as sa
 from fastapi import HTTPException
 from slidedp.config import JobConfig
+from slidedp.planning import profiles
 from slidedp.validation import JobCheck, check_config
 from sqlmodel import Session, func, select
 
@@ -135,19 +136,25 @@ class RequestCheck:
     folder: Optional[Path] = None  # the requested output_dir, resolved (None: the job's own default folder)
 
 
-def check_request(settings: Settings, session: Session, body: Any) -> RequestCheck:
+def check_request(
+    settings: Settings, session: Session, body: Any, declared: Optional[planning.DeclaredHost] = None
+) -> RequestCheck:
     """Every problem with a job request in one answer, as a job creation would refuse it: paths outside the
     allowed folders (never read), an unknown host, the config keys and the runtime's checks of those that parsed
     (slidedp.validation.check_config: model, dataset, host RAM, init_from), the host's limits (cores, CPU ranks,
     host RAM, GPUs) for the keys that parsed, the init_from job, room in the output folder, and AutoPolicy's
     refusal on a host that has reported. A body that is not an object, or holds text no database can store, is
-    refused alone (split_body)."""
+    refused alone (split_body). With `declared` (POST /api/plan's profile) the job is checked against that declared
+    host instead of a reported one."""
     raw, extra = split_body(body)
     errors: list[dict[str, Any]] = root_errors(
         settings.model_roots, settings.data_roots, raw, settings.output_roots, settings.data_dir
     )
     refused = [str(e["loc"]) for e in errors]
-    host, host_error = planning.find_host(session, settings, extra.get("host"))
+    if declared is not None:
+        host, host_error = declared, None
+    else:
+        host, host_error = planning.find_host(session, settings, extra.get("host"))
     if host_error is not None:
         errors.append(host_error)
     check = check_config(
@@ -156,6 +163,8 @@ def check_request(settings: Settings, session: Session, body: Any) -> RequestChe
     cfg = check.config
     out = RequestCheck(raw, extra, host, cfg, validation=[] if cfg is None else list(check.errors))
     errors += check.errors
+    if declared is not None and cfg is not None:  # host RAM is judged below, as for any host
+        errors += [e for e in profiles.job_errors(cfg, declared.profile) if e["loc"] == "gpus"]
     limits = host_limit_errors(settings, check, host) if host_error is None else []
     errors += limits
     model_usable = check.known("model") and not any(

@@ -8,10 +8,12 @@ the one shape the API answers (docs/interfaces.md §5 and §6, JobPublic.policy)
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from fastapi.exceptions import RequestValidationError
 from slidedp.config import JobConfig
+from slidedp.planning import profiles
 from slidedp.planning.autopolicy import plan_job
 from slidedp.planning.shape import SCHEMA_VERSION, shape_differences
 from sqlmodel import Session, func, select
@@ -58,6 +60,48 @@ def find_host(
         ).one()
 
     return min(online, key=load), None
+
+
+@dataclass
+class DeclaredHost:
+    """A host described by a shipped hardware profile (POST /api/plan's `profile`): planned for, never run on. It
+    stands where a reported Host would, with the profile's topology and no calibration records of its own."""
+
+    profile: dict[str, Any]
+    name: str = ""
+    topology: dict[str, Any] = field(default_factory=dict)
+    calibration: None = None
+
+    def __post_init__(self) -> None:
+        self.name = "declared:" + self.profile["name"]
+        self.topology = profiles.declared_topology(self.profile)
+
+
+def declared_host(body: Any) -> Optional[DeclaredHost]:
+    """The shipped profile a plan request names under `profile`, taken out of the body (None without one). Only a
+    shipped profile's name is accepted: the API never opens a path a request gives. A name no shipped profile has,
+    or a profile next to a `host`, is a 422."""
+    if not isinstance(body, dict) or body.get("profile") is None:
+        if isinstance(body, dict):
+            body.pop("profile", None)
+        return None
+    name = body.pop("profile")
+    names = ", ".join(profiles.shipped())
+
+    def refuse(msg: str) -> RequestValidationError:
+        return RequestValidationError([{"loc": ["body", "profile"], "type": "value_error", "msg": msg}])
+
+    if not isinstance(name, str):
+        raise refuse(f"must be a shipped profile's name (GET /api/profiles), got {name!r}; the shipped ones: {names}")
+    if body.get("host"):
+        raise refuse("plans for a declared host instead of a reported one: give `host` or `profile`, not both")
+    try:
+        return DeclaredHost(profiles.load(name, allow_path=False))
+    except profiles.ProfileError:
+        raise refuse(
+            f"{name!r} is not a shipped profile; the API takes a shipped profile's name, never a file path: "
+            f"one of {names} (GET /api/profiles)"
+        ) from None
 
 
 def host_ram_bytes(host: Optional[Host]) -> Optional[int]:
@@ -142,12 +186,20 @@ def record_header(entry: dict[str, Any]) -> dict[str, Any]:
 
 def plan_preview(cfg: JobConfig, host: Optional[Host], settings: Settings) -> dict[str, Any]:
     """The plan JSON (docs/interfaces.md §5) for the job on that host, with the host's name under "host" and which
-    calibration priced it (or why none of the host's could) under "calibration_match"."""
+    calibration priced it (or why none of the host's could) under "calibration_match". On a declared host the
+    calibration is the profile's (planning/profiles.py), whatever this deployment's hosts have measured."""
+    if isinstance(host, DeclaredHost):
+        declared = profiles.declared_calibration(cfg, host.profile) if cfg.gpus > 0 else None
+        plan = clean_json(plan_job(cfg, host.topology, declared, sweep=True))
+        plan["host"] = host.name
+        plan["calibration_match"] = {"used": None, "why_not": [], "run": None,
+                                     "declared": profiles.declared_marker(host.profile)}
+        return plan
     topology = host.topology if host and host.topology else basic_topology(settings)
     calibration, match = calibration_choice(
         cfg, host.calibration if host else local_calibration(settings), topology
     )
-    plan = clean_json(plan_job(cfg, topology, calibration))
+    plan = clean_json(plan_job(cfg, topology, calibration, sweep=True))  # with the card sweep the preview shows
     plan.setdefault("host", host.name if host else settings.host_name)
     plan["calibration_match"] = clean_json(match)
     return plan

@@ -1,6 +1,6 @@
 // The REST client of the workbench API (same origin, everything under /api; contract in docs/interfaces.md §6).
 import { parseJson } from "./json";
-import type { Checkpoint, FieldErrorItem, Health, Host, Job, LogLine, MetricsRecord, Plan, Preset } from "./types";
+import type { Checkpoint, FieldErrorItem, Health, Host, Job, LogLine, MetricsRecord, Plan, Preset, ProfileSummary } from "./types";
 
 const TOKEN_KEY = "slidedp.apiToken";
 
@@ -171,6 +171,7 @@ export const api = {
   presets: () => request<{ items: Preset[] }>("GET", "/api/presets"),
   hosts: () => request<{ items: Host[] }>("GET", "/api/hosts"),
   plan: (config: Record<string, unknown>) => request<Plan>("POST", "/api/plan", config),
+  profiles: () => request<{ items: ProfileSummary[] }>("GET", "/api/profiles"),
   listJobs: (q: { status?: string; limit?: number; offset?: number } = {}) => {
     const params = new URLSearchParams();
     if (q.status) params.set("status", q.status);

@@ -8,6 +8,8 @@ import { bytes, gbps, gib, isNum, num, percent, seconds, words } from "./fmt";
 import type { Candidate, FieldErrorItem, Marginal, Plan, Prediction } from "./types";
 import { renderAlternatives, renderMemoryBars, renderStep, renderVerdict } from "./planview/glance";
 import { matchWords } from "./calibration";
+import { renderDeclared } from "./planview/planfor";
+import { renderCardSweep } from "./planview/cardsweep";
 
 type Obj = Record<string, unknown>;
 
@@ -264,6 +266,9 @@ export function renderPlan(plan: PlanAnswer | null, opts: { title?: string } = {
   if (v.warnings.length) {
     box.append(h("div", { class: "warn-box plan-warnings", role: "status" }, h("strong", null, "Warnings:"), h("ul", null, v.warnings.map((p) => h("li", null, p)))));
   }
+  // a plan for a declared host (a profile) says so before its verdict: nothing in it was measured
+  const declared = renderDeclared(plan);
+  if (declared) box.append(declared);
   // At a glance (a plan, not a job's policy as run: its prediction is of the plan made at submit time): the
   // verdict, the alternatives compared, memory as bars. The full figures follow.
   const glance = !v.asRun && v.policy;
@@ -276,7 +281,7 @@ export function renderPlan(plan: PlanAnswer | null, opts: { title?: string } = {
     }
   }
   // which calibration priced the plan (a job's policy as run keeps the one of its submit-time plan, not said here)
-  const cal = v.asRun ? null : renderCalibrationLine(plan);
+  const cal = v.asRun || declared ? null : renderCalibrationLine(plan);
   if (cal) box.append(cal);
   if (glance) {
     const alts = renderAlternatives(plan);
@@ -284,6 +289,8 @@ export function renderPlan(plan: PlanAnswer | null, opts: { title?: string } = {
   }
   const bars = glance ? renderMemoryBars(plan) : null;
   if (bars) box.append(h("h3", null, "Memory fit ", typeof v.memory?.fits === "boolean" ? badge(v.memory.fits, "fits", "does not fit") : null), bars);
+  const sweep = v.asRun ? null : renderCardSweep(plan);
+  if (sweep) box.append(h("h3", null, "What a different card would buy"), sweep);
   const step = glance ? renderStep(plan) : null;
   if (step) box.append(h("h3", null, "One step"), step);
   if (v.why) box.append(h("h3", null, "Why"), h("p", { class: "why" }, v.why));

@@ -170,6 +170,19 @@ export interface Prediction {
   bound?: Record<string, unknown>;
 }
 
+/** One row of a plan's card sweep: the job planned with `hbm_gib` of memory on each GPU. */
+export interface CardSweepRow {
+  hbm_gib: number;
+  fits: boolean;
+  step_time_s: number | null;
+  tokens_per_s: number | null;
+  hbm_peak_gib: number | null;
+  policy: string | null; // the chosen policy in a few words
+  why_not: string | null;
+  current: boolean; // the job's own setting (its gpu_memory_gib, or the whole card)
+  whole_card: boolean;
+}
+
 export interface Candidate {
   policy: ExecutionPolicy;
   predicted: Prediction;
@@ -186,6 +199,21 @@ export interface Marginal {
   T_s_per_GB: Record<string, number>;
 }
 
+/** A shipped hardware profile's headline figures, as GET /api/profiles lists them (a declared host to plan for). */
+export interface ProfileSummary {
+  name: string;
+  description: string;
+  gpus: number;
+  gpu_name: string;
+  gpu_memory_gib: number;
+  bf16_dense_tflops: number;
+  pcie: string;
+  p2p: boolean;
+  host_ram_gib: number;
+  cores: number;
+  dram_gbps: number;
+}
+
 /** The plan JSON of slidedp.planning.autopolicy.plan_job (docs/interfaces.md §5) as the API answers it: from
  *  POST /api/plan (with `host` and `validation`), and as a job's policy column (with `stage`). */
 export interface Plan {
@@ -196,12 +224,16 @@ export interface Plan {
   marginal: Marginal | null;
   why: string;
   errors: FieldErrorItem[];
-  calibration: "measured" | "missing";
+  calibration: "measured" | "missing" | "declared";
   calibration_note?: string;
+  /** A plan for a declared host (POST /api/plan with `profile`): the profile it was made for. */
+  declared?: { profile: string; description: string; source?: string };
   /** POST /api/plan: the host's calibration record that priced the plan, or why none could (docs/interfaces.md §6). */
   calibration_match?: { used: Record<string, unknown> | null; why_not: { record: Record<string, unknown>; why: string[] }[]; run: string | null };
   host_update?: Record<string, number>;
   job?: Record<string, unknown>;
+  /** The best plan at other memory sizes per GPU (docs/interfaces.md §5); [] for CPU jobs. */
+  card_sweep?: CardSweepRow[];
   host?: string;
   stage?: "planned" | "resolved";
   validation?: FieldErrorItem[];

@@ -7,6 +7,9 @@
     slidedp generate --model DIR [--prompt TEXT ...]       answer prompts with an exported model (stdin: one
                                                            prompt a line), formatted as the job's data.format
     slidedp plan --config job.yaml                         AutoPolicy's plan for this host, without training
+    slidedp plan --config job.yaml --profile NAME|FILE     the plan for a declared host (a hardware profile), its
+                                                           times predicted from the profile's figures
+    slidedp profiles                                       the shipped hardware profiles (also plan --profiles)
     slidedp topology                                       this host's GPUs, links, CPU and RAM as JSON
     slidedp presets                                        model presets (random init) and their sizes
     slidedp validate --config job.yaml                     the checks a job passes before anything is allocated
@@ -138,23 +141,49 @@ def cmd_generate(args) -> int:
 
 
 def cmd_plan(args) -> int:
-    from slidedp.planning import topology
+    from slidedp.planning import profiles, topology
 
+    if args.profiles:
+        print(profiles.format_list())
+        return 0
+    if not args.config:
+        print("slidedp plan: --config JOB.yaml is required (or --profiles to list the shipped profiles)",
+              file=sys.stderr)
+        return 2
     cfg = _load(args)
-    topo = topology.detect(cfg.host_ram_gib)
-    calibration = None
-    if not args.no_calibration:  # GPU and CPU jobs alike: cached per host and shape
-        from slidedp.planning import calibration as calib
+    if args.profile:  # a declared host: its topology and figures from the profile, nothing measured here
+        try:
+            profile = profiles.load(args.profile)
+        except profiles.ProfileError as exc:
+            print(f"--profile: {exc}", file=sys.stderr)
+            return 2
+        errors = profiles.job_errors(cfg, profile)
+        if errors:
+            return _print_errors(ConfigError(errors))
+        topo = profiles.declared_topology(profile)
+        calibration = None if args.no_calibration else profiles.declared_calibration(cfg, profile)
+    else:
+        topo = topology.detect(cfg.host_ram_gib)
+        calibration = None
+        if not args.no_calibration:  # GPU and CPU jobs alike: cached per host and shape
+            from slidedp.planning import calibration as calib
 
-        calibration = calib.load_or_calibrate(cfg, topo, on_log=lambda line: print(line, file=sys.stderr))
+            calibration = calib.load_or_calibrate(cfg, topo, on_log=lambda line: print(line, file=sys.stderr))
     from slidedp.planning import autopolicy
 
-    plan = autopolicy.plan_job(cfg, topo, calibration)
+    plan = autopolicy.plan_job(cfg, topo, calibration, sweep=True)  # with what another card would buy
     if args.json:
         print(json.dumps(plan, indent=2))
     else:
         print(autopolicy.format_plan(plan))
     return 0 if plan.get("feasible", True) else 3
+
+
+def cmd_profiles(args) -> int:
+    from slidedp.planning import profiles
+
+    print(profiles.format_list())
+    return 0
 
 
 def cmd_topology(args) -> int:
@@ -221,7 +250,7 @@ def cmd_bench(args) -> int:
 # ---- commands other packages provide (the web package's serve and worker)
 COMMANDS_GROUP = "slidedp.commands"
 # the runtime's own commands, which the group cannot replace
-_BUILTIN = {"train", "plan", "validate", "export", "generate", "topology", "presets", "config-schema", "bench"}
+_BUILTIN = {"train", "plan", "profiles", "validate", "export", "generate", "topology", "presets", "config-schema", "bench"}
 # Commands an optional extra of this project registers: named here only to say what to install when it is absent.
 EXTRA_COMMANDS = {"serve": ("web", "run the workbench"), "worker": ("web", "run a workbench worker")}
 
@@ -264,11 +293,15 @@ def build_parser() -> argparse.ArgumentParser:
     for name, fn, helptext in (("train", cmd_train, "train a job"), ("plan", cmd_plan, "plan a job without training"),
                                ("validate", cmd_validate, "validate a job config and its inputs")):
         sp = sub.add_parser(name, help=helptext)
-        sp.add_argument("--config", required=True, help="job config, YAML or JSON")
+        sp.add_argument("--config", required=name != "plan", help="job config, YAML or JSON")
         sp.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a key, e.g. steps=20")
         if name == "plan":
             sp.add_argument("--json", action="store_true", help="print the plan as JSON")
             sp.add_argument("--no-calibration", action="store_true", help="memory fit only, no microbenchmarks")
+            sp.add_argument("--profile", metavar="NAME_OR_FILE", default=None,
+                            help="plan for a declared host instead of this one: a shipped profile's name (see "
+                            "--profiles) or a profile JSON file; every time is predicted from its figures")
+            sp.add_argument("--profiles", action="store_true", help="list the shipped hardware profiles and exit")
         if name == "train":
             sp.add_argument("--overwrite", action="store_true",
                             help="start a fresh run even when output_dir holds an earlier run's files")
@@ -305,6 +338,8 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--host-ram-gib", type=float, default=None)
     sp.set_defaults(fn=cmd_topology)
     sub.add_parser("presets", help="list model presets").set_defaults(fn=cmd_presets)
+    sub.add_parser("profiles", help="list the shipped hardware profiles (slidedp plan --profile NAME)").set_defaults(
+        fn=cmd_profiles)
     sp = sub.add_parser(
         "config-schema", help="print the job config's schema (keys, types, defaults, ranges, meanings)",
         description="Print every job config key with its type, default, accepted range or choices and meaning, "

@@ -5,6 +5,7 @@ import { h, replace } from "../dom";
 import { annotate } from "../glossary";
 import { apiAbsent } from "../health";
 import { renderPlan, type PlanAnswer } from "../plan";
+import { planBody, planForField, type ProfileSummary } from "../planview/planfor";
 import { navigate, type Cleanup } from "../router";
 import { fieldForLoc, getPath, jobKeys, leafPaths, setPath, type KeyInfo } from "../schema";
 import type { FieldErrorItem, Host, Preset } from "../types";
@@ -202,15 +203,16 @@ export function newJobPage(root: HTMLElement): Cleanup {
       replace(body, h("p", { class: "muted" }, "The form needs the API for presets, validation and the plan; it appears once the API answers."));
       return;
     }
-    const [openapi, presets, hosts] = await Promise.allSettled([api.openapi(), api.presets(), api.hosts()]);
+    const [openapi, presets, hosts, profiles] = await Promise.allSettled([api.openapi(), api.presets(), api.hosts(), api.profiles()]);
     if (stopped) return;
     const keys = openapi.status === "fulfilled" ? jobKeys(openapi.value) : [];
     const presetList: Preset[] = presets.status === "fulfilled" ? (presets.value.items ?? []) : [];
     const hostList: Host[] = hosts.status === "fulfilled" ? (hosts.value.items ?? []) : [];
-    build(keys, presetList, hostList, presets.status === "rejected" ? presets.reason : null);
+    const profileList: ProfileSummary[] = profiles.status === "fulfilled" ? (profiles.value.items ?? []) : [];
+    build(keys, presetList, hostList, presets.status === "rejected" ? presets.reason : null, profileList);
   })();
 
-  function build(keys: KeyInfo[], presets: Preset[], hosts: Host[], presetError: unknown): void {
+  function build(keys: KeyInfo[], presets: Preset[], hosts: Host[], presetError: unknown, profiles: ProfileSummary[] = []): void {
     const byPath = new Map(keys.map((k) => [k.path, k]));
     const fields = new Map<string, Field>();
     const summary = h("div", { class: "form-summary", role: "alert", hidden: true });
@@ -370,6 +372,7 @@ export function newJobPage(root: HTMLElement): Cleanup {
     }
 
     const planBtn = h("button", { type: "button", id: "plan-button", class: "secondary" }, "Plan");
+    const planFor = planForField(profiles);
     const submitBtn = h("button", { type: "submit", id: "submit-button", class: "primary" }, "Submit job");
     const busy = h("span", { class: "muted", role: "status" });
 
@@ -380,7 +383,7 @@ export function newJobPage(root: HTMLElement): Cleanup {
       busy.textContent = "Planning…";
       replace(planEl, h("p", { class: "muted" }, "Planning…"));
       try {
-        const plan: PlanAnswer = await api.plan(cfg);
+        const plan: PlanAnswer = await api.plan(planBody(cfg, planFor.select.value));
         replace(planEl, h("h2", null, "Plan preview"), renderPlan(plan, { title: "Plan preview" }));
         // What blocks the job is also marked at its fields; the preview says it first, and keeps the focus.
         const blocking = mergeProblems(local, plan.problems ?? []);
@@ -444,7 +447,7 @@ export function newJobPage(root: HTMLElement): Cleanup {
       ),
       sections,
       h("details", { class: "raw" }, h("summary", null, "Request body"), preview),
-      h("div", { class: "form-actions" }, planBtn, submitBtn, busy),
+      h("div", { class: "form-actions" }, planFor.wrap, planBtn, submitBtn, busy),
     );
     replace(body, h("div", { class: "new-job" }, form, planEl));
     if (!keys.length) body.prepend(h("p", { class: "error-box" }, "The API's schema could not be read: the form shows every key as text, without defaults or help."));

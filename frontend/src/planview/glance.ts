@@ -343,7 +343,9 @@ export function memoryBarsOf(plan: Plan): MemBar[] {
     const total = isNum(pred.hbm_peak_gib) ? pred.hbm_peak_gib : hbmParts.reduce((s, p) => s + p.gib, 0);
     const budget = isNum(job.hbm_budget_gib) ? job.hbm_budget_gib : null;
     let note: string | null = null;
-    if (budget !== null && isNum(job.hbm_card_gib)) {
+    if (budget !== null && isNum(job.hbm_cap_gib) && isNum(job.hbm_card_gib) && job.hbm_cap_gib < job.hbm_card_gib) {
+      note = `Per GPU: each GPU holds its own copy of these parts. The budget is ${gibs(budget)} of the job's gpu_memory_gib of ${gibs(job.hbm_cap_gib)} (the card has ${gibs(job.hbm_card_gib)}): the rest of the cap is left for the CUDA context, NCCL and fragmentation.`;
+    } else if (budget !== null && isNum(job.hbm_card_gib)) {
       const frac = isNum(job.hbm_budget_fraction) ? ` (${pct(job.hbm_budget_fraction)})` : "";
       note = `Per GPU: each GPU holds its own copy of these parts. The budget is ${gibs(budget)}${frac} of the card's ${gibs(job.hbm_card_gib)}: the other ${gibs(job.hbm_card_gib - budget)} is left for the CUDA context, NCCL and fragmentation.`;
     } else if (budget !== null) note = "Per GPU: each GPU holds its own copy of these parts. The budget leaves room on the card for the CUDA context, NCCL and fragmentation.";

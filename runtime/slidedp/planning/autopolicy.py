@@ -16,6 +16,7 @@ predicted step time, and the order of the search. The search itself is in parts,
 - planning/knobs.py: window, transfer chunk and loss chunk swept around the chosen route and mix;
 - planning/refusals.py: a job that cannot fit, refused with what to change;
 - planning/plan_json.py: the plan JSON (predictions, candidates, why) and metrics_prediction;
+- planning/card_sweep.py: the same search at other memory sizes per GPU (the plan's card_sweep);
 - planning/basis.py: what a plan was made on (plan_basis, basis_change).
 
 docs/planning.md has the details.
@@ -31,15 +32,17 @@ from slidedp.planning.basis import basis_change as basis_change
 from slidedp.planning.basis import calibration_identity as calibration_identity
 from slidedp.planning.basis import plan_basis
 from slidedp.planning.basis import topology_facts as topology_facts
+from slidedp.planning.card_sweep import card_sweep
 from slidedp.planning.cost_model import GIB, Job, Rates, Uncalibrated, offload_backlog, predict
 from slidedp.planning.knobs import CHUNKS_MB as CHUNKS_MB
-from slidedp.planning.knobs import DEFAULTS, KnobSearch
+from slidedp.planning.knobs import DEFAULTS, KnobSearch, StartKnobs
 from slidedp.planning.knobs import LOSS_CHUNKS as LOSS_CHUNKS
 from slidedp.planning.knobs import WINDOWS as WINDOWS
 from slidedp.planning.marginal import MixSearch
 from slidedp.planning.memory_model import ActivationSizes, memory
 from slidedp.planning.plan_json import PlanJson, refusal
 from slidedp.planning.plan_json import metrics_prediction as metrics_prediction
+from slidedp.planning.profiles import declared_note
 from slidedp.planning.refusals import Infeasible, Refusals
 from slidedp.planning.report import format_plan as format_plan
 from slidedp.planning.routes import RouteSearch
@@ -48,26 +51,31 @@ from slidedp.policy import ExecutionPolicy
 __all__ = ["basis_change", "format_plan", "metrics_prediction", "plan_basis", "plan_job"]
 
 
-def plan_job(cfg: Any, topology: dict[str, Any], calibration: dict[str, Any] | None) -> dict[str, Any]:
+def plan_job(cfg: Any, topology: dict[str, Any], calibration: dict[str, Any] | None,
+             sweep: bool = False) -> dict[str, Any]:
     """The plan for a job on a host (docs/interfaces.md §5): chosen policy, prediction, candidates, why, and the
-    basis it was made on (plan_basis), so that a later run can tell whether it still holds."""
-    plan = _plan(cfg, topology, calibration)
+    basis it was made on (plan_basis), so that a later run can tell whether it still holds. `sweep` adds the card
+    sweep (planning/card_sweep.py): the same search at other memory sizes per GPU, which costs about one more
+    search per size whose budget binds, so only what a person reads asks for it (`slidedp plan`, the web preview)."""
+    plan = _declared(_plan(cfg, topology, calibration, sweep), topology)
     plan["basis"] = plan_basis(cfg, topology, calibration)
     return plan
 
 
-def _plan(cfg: Any, topology: dict[str, Any], calibration: dict[str, Any] | None) -> dict[str, Any]:
+def _plan(cfg: Any, topology: dict[str, Any], calibration: dict[str, Any] | None,
+          sweep: bool = False) -> dict[str, Any]:
     try:
         job = Job.from_config(cfg, topology)
     except (KeyError, OSError, ValueError, TypeError) as exc:
         return refusal([{"loc": "model", "msg": f"cannot size the model: {exc}"}], "missing")
     if cfg.gpus > len(topology.get("gpus", [])):
         n = len(topology.get("gpus", []))
+        host = f"the declared host {topology['declared']['profile']}" if topology.get("declared") else "this host"
         return refusal(
             [
                 {
                     "loc": "gpus",
-                    "msg": f"asks for {cfg.gpus} GPUs but this host has {n}; "
+                    "msg": f"asks for {cfg.gpus} GPUs but {host} has {n}; "
                     f"set gpus to at most {n} (0 trains on the CPU)",
                 }
             ],
@@ -81,22 +89,42 @@ def _plan(cfg: Any, topology: dict[str, Any], calibration: dict[str, Any] | None
                     f"measured on {calibration.get('device')}, the job runs on {'cuda' if job.on_gpu else 'cpu'}"
                 )
             rates, note = Rates(calibration, job), "measured on this host"
+            if calibration.get("declared"):  # a profile's figures (planning/profiles.py), never measured
+                note = declared_note(calibration["declared"])
         except (Uncalibrated, KeyError, TypeError) as exc:
             note = f"calibration unusable ({exc}): memory fit only, no step times"
     planner = _Planner(cfg, job, rates, ActivationSizes.of(job, calibration))
     try:
         plan = planner.run()
     except Infeasible as exc:
-        out = refusal(exc.errors, "measured" if rates else "missing")
+        out = refusal(exc.errors, _kind(calibration) if rates else "missing")
         out["calibration_note"] = note
         out["job"] = planner.job_summary()
+        if sweep:
+            out["card_sweep"] = card_sweep(out, job, planner.best_at)
         return out
     if rates and not planner.rates:
         note = "the calibration lacks figures every route needs: memory fit only, no step times"
     if planner.rates:
         plan["host_update"] = planner.rates.host_update_summary()
-    plan["calibration"] = "measured" if planner.rates else "missing"
+    plan["calibration"] = _kind(calibration) if planner.rates else "missing"
     plan["calibration_note"] = note
+    if sweep:
+        plan["card_sweep"] = card_sweep(plan, job, planner.best_at)
+    return plan
+
+
+def _kind(calibration: dict[str, Any]) -> str:
+    return "declared" if calibration.get("declared") else "measured"
+
+
+def _declared(plan: dict[str, Any], topology: dict[str, Any]) -> dict[str, Any]:
+    """A plan for a declared host (planning/profiles.py) names the profile under "declared"; its activation sizes
+    are counted, not measured."""
+    if topology.get("declared"):
+        plan["declared"] = topology["declared"]
+        if plan.get("job") and plan.get("calibration") == "declared":
+            plan["job"]["activation_sizes"] = "estimated (declared host)"
     return plan
 
 
@@ -104,7 +132,8 @@ class _Planner(RouteSearch, KnobSearch, PlanJson, MixSearch, Refusals):
     """One job's search: the job, its rates (None: memory only), the activation sizes and the settings the user
     fixed (`user`); the parts of the search come from the mixins, each in its module."""
 
-    def __init__(self, cfg: Any, job: Job, rates: Rates | None, acts: ActivationSizes):
+    def __init__(self, cfg: Any, job: Job, rates: Rates | None, acts: ActivationSizes,
+                 sims: dict[ExecutionPolicy, dict[str, Any]] | None = None):
         self.cfg, self.job, self.rates, self.acts = cfg, job, rates, acts
         p = cfg.policy
         self.user = {
@@ -124,7 +153,8 @@ class _Planner(RouteSearch, KnobSearch, PlanJson, MixSearch, Refusals):
                 or getattr(p, k) != DEFAULTS[k]
             )
         }
-        self.sims: dict[ExecutionPolicy, dict[str, Any]] = {}
+        # predictions by policy; they do not depend on the HBM budget, so the card sweep's planners share them
+        self.sims: dict[ExecutionPolicy, dict[str, Any]] = {} if sims is None else sims
 
     # ------------------------------------------------------------------ memory
     def mem(self, pol: ExecutionPolicy) -> dict[str, Any]:
@@ -146,10 +176,14 @@ class _Planner(RouteSearch, KnobSearch, PlanJson, MixSearch, Refusals):
         return None
 
     # ------------------------------------------------------------------ time
-    def time(self, pol: ExecutionPolicy) -> float:
+    def simulated(self, pol: ExecutionPolicy) -> dict[str, Any]:
+        """The cost model's prediction of the policy (without exposure), simulated once per policy."""
         if pol not in self.sims:
             self.sims[pol] = predict(self.job, pol, self.rates)
-        return self.sims[pol]["step_time_s"]
+        return self.sims[pol]
+
+    def time(self, pol: ExecutionPolicy) -> float:
+        return self.simulated(pol)["step_time_s"]
 
     # ------------------------------------------------------------------ a policy from choices
     def fixed_mix(self) -> dict[str, int]:
@@ -204,17 +238,12 @@ class _Planner(RouteSearch, KnobSearch, PlanJson, MixSearch, Refusals):
         self.check_minimum(start.window, start.chunk_mb, start.loss_chunks)
         if not self.rates:
             return self.memory_only(start.window, start.chunk_mb, start.loss_chunk_tokens)
-        candidates, best, untimed = self.search_routes(start.window, start.chunk_mb, start.loss_chunk_tokens)
-        if best is None:
+        pol, marginal, candidates, untimed = self.choose(start)
+        if pol is None:
             self.rates = None
             plan = self.memory_only(start.window, start.chunk_mb, start.loss_chunk_tokens)
             plan["why"] += " " + "; ".join(untimed) + "."
             return plan
-        pol, marginal = best
-        pol = self.sweep_knobs(pol, marginal, start.loss_chunks, candidates)
-        short = self.fits(pol)
-        if short is not None:  # no route, mix or knob fits: never hand out an over-budget plan as feasible
-            raise Infeasible([self.hbm_error(pol, self.mem(pol)) if "HBM" in short else {"loc": "model", "msg": short}])
         if "activations" not in self.user and "keep_layers" not in self.user:
             every = dataclasses.replace(pol, activations=("keep",) * self.job.layers)
             if self.fits(every) is not None:
@@ -223,3 +252,31 @@ class _Planner(RouteSearch, KnobSearch, PlanJson, MixSearch, Refusals):
         if untimed:
             plan["why"] += " Routes left out: " + "; ".join(untimed) + "."
         return plan
+
+    def choose(self, start: StartKnobs) -> tuple[ExecutionPolicy | None, dict | None, list[dict], list[str]]:
+        """The timed search: the best route and mix at the start knobs, then the knobs around it. Returns the
+        policy (None when no route could be priced), its marginal costs, the candidates weighed and the routes
+        left out; refuses a best that still does not fit."""
+        candidates, best, untimed = self.search_routes(start.window, start.chunk_mb, start.loss_chunk_tokens)
+        if best is None:
+            return None, None, candidates, untimed
+        pol, marginal = best
+        pol = self.sweep_knobs(pol, marginal, start.loss_chunks, candidates)
+        short = self.fits(pol)
+        if short is not None:  # no route, mix or knob fits: never hand out an over-budget plan as feasible
+            raise Infeasible([self.hbm_error(pol, self.mem(pol)) if "HBM" in short else {"loc": "model", "msg": short}])
+        return pol, marginal, candidates, untimed
+
+    def best_at(self, job: Job) -> tuple[dict[str, Any], dict[str, Any]]:
+        """The policy the same search chooses for `job` (this job with another memory per GPU) and its
+        prediction, without the plan's write-up; Infeasible when nothing fits. The predictions made so far are
+        shared, as they do not depend on the memory."""
+        other = _Planner(self.cfg, job, self.rates, self.acts, self.sims)
+        start = other.start_knobs()
+        other.check_minimum(start.window, start.chunk_mb, start.loss_chunks)
+        pol = other.choose(start)[0] if other.rates else None
+        if pol is None:
+            other.rates = None
+            plan = other.memory_only(start.window, start.chunk_mb, start.loss_chunk_tokens)
+            return plan["policy"], plan["predicted"]
+        return pol.to_dict(), other.predicted(pol)

@@ -50,7 +50,7 @@ def metrics_prediction(plan: dict[str, Any]) -> dict[str, float]:
 
 class PlanJson:
     """Mixed into the planner, which provides job, acts, rates, user (the settings the user fixed), mem(),
-    fits(), fixed_mix() and route_why()."""
+    fits(), simulated() (a policy's prediction, made once), fixed_mix() and route_why()."""
 
     job: Job
     acts: ActivationSizes
@@ -71,6 +71,7 @@ class PlanJson:
             # what the budget is cut from: each GPU's memory, of which HBM_BUDGET_FRACTION is planned on (the rest
             # holds the CUDA context, NCCL and fragmentation); HBM parts include the allocator's slack
             "hbm_card_gib": j.hbm_bytes / GIB if j.hbm_bytes else None,
+            "hbm_cap_gib": j.hbm_cap_bytes / GIB if j.hbm_cap_bytes is not None else None,  # gpu_memory_gib
             "hbm_budget_fraction": HBM_BUDGET_FRACTION,
             "allocator_slack_fraction": ALLOCATOR_SLACK,
             "host_limit_gib": j.host_limit_bytes / GIB,
@@ -93,7 +94,7 @@ class PlanJson:
             "host_parts_gib": {k: v / GIB for k, v in m["host_parts"].items()},
         }
         if self.rates:
-            p = predict(j, pol, self.rates, exposure=exposure)
+            p = predict(j, pol, self.rates, exposure=True) if exposure else self.simulated(pol)
             out.update(
                 step_time_s=p["step_time_s"],
                 phases=p["phases"],

@@ -8,10 +8,16 @@ from typing import Any
 def format_plan(plan: dict[str, Any]) -> str:
     """A readable summary: the chosen policy, its prediction, the candidates, why (or what does not fit)."""
     lines = []
+    declared = plan.get("declared")
+    if declared:  # a host described by a profile (planning/profiles.py), not this one
+        lines.append(f"DECLARED HOST: {declared.get('profile')} ({declared.get('description')}), not this machine")
+        lines.append("  every time below is predicted from the profile's declared figures, not measured here")
+        lines.append("")
     if not plan.get("feasible"):
         lines.append("NOT FEASIBLE")
         for e in plan.get("errors", []):
             lines.append(f"  {e['loc']}: {e['msg']}")
+        lines.extend(format_card_sweep(plan.get("card_sweep") or []))
         return "\n".join(lines)
     pol, pred = plan["policy"], plan["predicted"]
     c = {p: pol["activations"].count(p) for p in ("keep", "offload", "checkpoint")}
@@ -33,7 +39,13 @@ def format_plan(plan: dict[str, Any]) -> str:
         if pred.get("exposed"):
             lines.append("  exposed: " + "  ".join(f"{k} {v:.3f}" for k, v in pred["exposed"].items()))
         hu = plan.get("host_update")
-        if hu:
+        if hu and declared:
+            lines.append(
+                f"  host update: {hu['s_per_1e9']:.3f} s per 1e9 params at {hu['threads']} threads (derived from the "
+                f"declared DRAM bandwidth, {hu['cpu_s_per_1e9']:.3f} x {hu['in_step_factor']:.2f} assumed beside the "
+                "issuing thread)"
+            )
+        elif hu:
             lines.append(
                 f"  host update: {hu['s_per_1e9']:.3f} s per 1e9 params at {hu['threads']} threads "
                 f"(calibrated {hu['cpu_s_per_1e9']:.3f} x {hu['in_step_factor']:.2f} measured beside the issuing "
@@ -66,9 +78,28 @@ def format_plan(plan: dict[str, Any]) -> str:
                 f"{p['activations'].count('offload'):>4}{sum(p['resident']):>4}{t:>9}{tps:>9}{hbm:>9}"
                 f"{q['host_ram_gib']:>9.1f}  {'yes' if cand['fits'] else 'no: ' + cand['why_not']}"
             )
+    lines.extend(format_card_sweep(plan.get("card_sweep") or []))
     lines.append("")
     lines.append("why: " + plan.get("why", ""))
     return "\n".join(lines)
+
+
+def format_card_sweep(rows: list[dict[str, Any]]) -> list[str]:
+    """The plan's card sweep as a small table, the job's own row marked with '*' (no lines without a sweep)."""
+    if not rows:
+        return []
+    table = [("GPU memory per GPU", "step", "tokens/s", "fits", "policy")]
+    for r in rows:
+        size = f"{'* ' if r['current'] else '  '}{r['hbm_gib']:.1f} GiB" + (" (whole card)" if r["whole_card"] else "")
+        step = f"{r['step_time_s']:.3f} s" if r.get("step_time_s") is not None else "-"
+        tps = f"{r['tokens_per_s']:,.0f}" if r.get("tokens_per_s") else "-"
+        table.append((size, step, tps, "yes" if r["fits"] else "no", r["policy"] if r["fits"] else r["why_not"]))
+    widths = [max(len(row[i]) for row in table) for i in range(4)]
+    out = ["", "what a different card would buy (* this job):"]
+    for row in table:
+        cells = [row[0].ljust(widths[0]), row[1].rjust(widths[1]), row[2].rjust(widths[2]), row[3].ljust(widths[3])]
+        out.append(" | ".join([*cells, row[4] or ""]).rstrip())
+    return out
 
 
 def _gib(x: float) -> str:

@@ -14,7 +14,11 @@ router = APIRouter(prefix="/plan", tags=["plan"])
 
 
 @router.post(
-    "", openapi_extra=request_body_openapi("A job config (as for POST /api/jobs), optionally `host`.")
+    "",
+    openapi_extra=request_body_openapi(
+        "A job config (as for POST /api/jobs), optionally `host`, or `profile`: a shipped hardware profile's name "
+        "(GET /api/profiles) to plan for that declared host instead of a reported one."
+    ),
 )
 def plan(session: SessionDep, settings: SettingsDep, body: Any = Body(...)) -> dict[str, Any]:
     """The AutoPolicy dry run for a job on a host, from the host's reported topology and calibration.
@@ -23,8 +27,13 @@ def plan(session: SessionDep, settings: SettingsDep, body: Any = Body(...)) -> d
     unknown host, the host's limits, an unusable model or seq_len) is a 422 listing every problem found. Otherwise
     the answer opens with `problems` (what POST /api/jobs would refuse the job for: a dataset, say; `feasible` is
     then false) and `warnings` (what does not stop it), before the plan itself; `fits` is the plan's own verdict.
+
+    With `profile` (a shipped profile's name, never a path) the job is planned for that declared host: its topology
+    and every time figure come from the profile, none from this deployment's hosts, and the plan says so under
+    `declared` and `calibration: "declared"`.
     """
-    checked = jobs.check_request(settings, session, body)
+    declared = planning.declared_host(body)
+    checked = jobs.check_request(settings, session, body, declared=declared)
     if not checked.plannable:
         raise unprocessable(checked.errors)
     if checked.plan is None:

@@ -1,0 +1,100 @@
+"""The card sweep: what the same job would get with more or less memory on each GPU.
+
+The plan answers for the job as configured; the sweep re-runs AutoPolicy's search with everything else the same
+and the memory per GPU set to each of SIZES_GIB that lies below the card, to the job's own gpu_memory_gib, and to
+the whole card. A size is planned as a gpu_memory_gib cap of that size on this card (the CUDA context counted in
+it, as on a card that small), so that each row is a setting the user can try, and a row's budget never shrinks as
+its size grows. The row of the job's own setting is the plan itself, and the predictions the plan already made
+are reused (planning/autopolicy.py shares them), so a size costs only the policies its budget makes new.
+
+    rows = card_sweep(plan, job, best_at)   # best_at(job) -> (policy, predicted) or raises Infeasible
+
+Imports no torch.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+from slidedp.planning.job import GIB, Job
+from slidedp.planning.refusals import Infeasible
+
+SIZES_GIB = (16, 24, 48, 80)  # consumer, workstation, and the two data-centre sizes below the large cards
+
+# (policy as the plan JSON writes it, its `predicted` entry) for a job at one size
+Chosen = tuple[dict[str, Any], dict[str, Any]]
+BestAt = Callable[[Job], Chosen]
+_WHOLE = -1  # the size key of the whole card
+
+
+def policy_words(pol: dict[str, Any]) -> str:
+    """A policy in a few words: routes, activation mix, residency and what is updated on the GPUs."""
+    acts = pol["activations"]
+    words = [
+        f"{pol['delivery']}/{pol['grad_reduce']}",
+        f"keep {acts.count('keep')}",
+        f"offload {acts.count('offload')}",
+        f"checkpoint {acts.count('checkpoint')}",
+    ]
+    if sum(pol["resident"]):
+        words.append(f"resident {sum(pol['resident'])}")
+    on_gpu = (["edges"] if pol["edge_update"] == "gpu" else []) + (
+        [f"{pol['device_layers']} layers"] if pol["device_layers"] else []
+    )
+    if on_gpu:
+        words.append("GPU updates " + " + ".join(on_gpu))
+    return ", ".join(words)
+
+
+def _row(gib: float, chosen: Chosen | None, why_not: str | None, current: bool, whole: bool) -> dict[str, Any]:
+    pol, pred = chosen if chosen is not None else (None, {})
+    return {
+        "hbm_gib": gib,
+        "fits": chosen is not None,
+        "step_time_s": pred.get("step_time_s"),
+        "tokens_per_s": pred.get("tokens_per_s"),
+        "hbm_peak_gib": pred.get("hbm_peak_gib"),
+        "policy": policy_words(pol) if pol is not None else None,
+        "why_not": why_not,
+        "current": current,
+        "whole_card": whole,
+    }
+
+
+def card_sweep(plan: dict[str, Any], job: Job, best_at: BestAt) -> list[dict[str, Any]]:
+    """Rows by memory per GPU, smallest first, the whole card last; `current` marks the job's own setting, whose
+    row is `plan` (the plan_job result for `job`). Empty for jobs that run on no GPU.
+
+    Sizes are planned from the largest down: a size whose budget still holds the choice of the size above it
+    gets that choice without a search (it was the best with more room, and it fits here), so a job that fills
+    only part of the card costs little to sweep."""
+    if not job.on_gpu or not job.hbm_bytes:
+        return []
+    card, cap = job.hbm_bytes, job.hbm_cap_bytes
+    # the job's own row: the whole card without a cap (or with one of the card's size), none when the cap is
+    # above the card (the plan refuses it)
+    own = _WHOLE if cap is None or cap == card else (cap if cap < card else None)
+    sizes = {int(s * GIB) for s in SIZES_GIB if s * GIB < card} | ({own} if own not in (None, _WHOLE) else set())
+    rows, above = [], None
+    for size in [_WHOLE, *sorted(sizes, reverse=True)]:
+        whole = size == _WHOLE
+        gib = (card if whole else size) / GIB
+        at = dataclasses.replace(job, hbm_cap_bytes=None if whole else size)
+        chosen, why_not = None, None
+        if size == own:  # the plan itself
+            if plan.get("feasible"):
+                chosen = plan["policy"], plan["predicted"]
+            else:
+                why_not = "; ".join(e["msg"] for e in plan.get("errors", [])) or plan.get("why")
+        elif above is not None and above[1]["hbm_peak_gib"] * GIB <= at.hbm_budget:
+            chosen = above
+        else:
+            try:
+                chosen = best_at(at)
+            except Infeasible as exc:
+                why_not = "; ".join(e["msg"] for e in exc.errors)
+        rows.append(_row(gib, chosen, why_not, size == own, whole))
+        above = chosen
+    return rows[::-1]
