@@ -60,12 +60,11 @@
 #           SlideDP AutoPolicy without and with clipping at 1.0, then the peers CAP_PEERS (default FSDP2 +
 #           CPUOffloadPolicy and DeepSpeed ZeRO-2 offload, each without and with clipping; every layer checkpointed)
 #           under the same cap (needs .device-wheels, carried)
-#   cap8    Qwen3-8B on one GPU under --gpu-memory-gib GPU_GIB (24): time to first step from the preset with the
-#           calibration measured (scripts/first_step.py, micro-batch 1), then AutoPolicy for 20 steps on pattern data at
-#           micro-batch MBS (1), whose first record's start-up is the second, cached-calibration start; then the
-#           lower bound of filling the host state's bytes
+#   cap8    Qwen3-8B on one GPU under --gpu-memory-gib GPU_GIB (24): AutoPolicy with the bf16 cast where CAST (gpu:
+#           the fp32 master delivered, no bf16 host copy, so the state fits the 125 GiB of the one-GPU kind), 20 steps
+#           on pattern data at micro-batch MBS (1); its first record holds the time to first step
 #   hf8     Qwen3-8B written as a local Hugging Face directory of bf16 safetensors (/tmp/q8b), then the time to
-#           first step loading it, under GPU_GIB (24)
+#           first step loading it (scripts/first_step.py), under GPU_GIB (24), the cast where CAST (gpu)
 #   grid    the declared AutoPolicy grid (docs/notebook/benchmark-history.md) for MODEL (qwen3-8b), MBS (8), K keep, M offload
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export PYTHONPATH=$PWD/runtime:$PWD PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1
@@ -129,15 +128,12 @@ print(f'with NCCL and one all-reduce: {(t - f1) / 2**30:.3f} GiB (allocator rese
             --gpu-memory-gib ${GPU_GIB:-24} --policies "${CAP_POLICIES-auto:auto:auto:0:auto:host:auto:auto,auto:auto:auto:1.0:auto:host:auto:auto}" \
             --peers "${CAP_PEERS-fsdp2-offload:0:0,fsdp2-offload:0:1.0,ds-zero2,ds-zero2:1.0}" \
             --out "$OUT/cap4-${GPU_GIB:-24}.jsonl" 2>&1 | quiet 30 ;;
-    cap8) timeout ${FIRST_S:-240} python3 scripts/first_step.py --model qwen3-8b --gpu-memory-gib ${GPU_GIB:-24} \
-            > "$OUT/first8-cold.log" 2>&1; grep -vE "Warning|warn" "$OUT/first8-cold.log" | tail -6
-          timeout ${CAP8_S:-300} python3 -m slidedp.cli bench --model qwen3-8b --seq 2048 --gpus 1 --mbs ${MBS:-1} \
+    cap8) timeout ${CAP8_S:-200} python3 -m slidedp.cli bench --model qwen3-8b --seq 2048 --gpus 1 --mbs ${MBS:-1} \
             --steps 20 --warmup 3 --threads 16 --data pattern --gpu-memory-gib ${GPU_GIB:-24} \
-            --policies auto:auto:auto:0:auto:host:auto:auto --out "$OUT/cap8-${GPU_GIB:-24}.jsonl" 2>&1 | quiet 30
-          timeout 120 python3 scripts/first_step.py --fill-bound --model qwen3-8b 2>&1 | quiet 3 | tee "$OUT/fill8.log" ;;
-    hf8)  timeout ${HF_S:-200} python3 scripts/first_step.py --write-hf /tmp/q8b --model qwen3-8b 2>&1 | quiet 3
-          timeout ${FIRST_S:-200} python3 scripts/first_step.py --model /tmp/q8b --gpu-memory-gib ${GPU_GIB:-24} \
-            > "$OUT/first8-hf.log" 2>&1; grep -vE "Warning|warn" "$OUT/first8-hf.log" | tail -6 ;;
+            --policies auto:auto:auto:0:auto:${CAST:-gpu}:auto:auto --out "$OUT/cap8-${GPU_GIB:-24}.jsonl" 2>&1 | quiet 12 ;;
+    hf8)  timeout ${HF_S:-60} python3 scripts/first_step.py --write-hf /tmp/q8b --model qwen3-8b 2>&1 | quiet 3
+          timeout ${FIRST_S:-100} python3 scripts/first_step.py --model /tmp/q8b --gpu-memory-gib ${GPU_GIB:-24} \
+            --delivery-cast ${CAST:-gpu} > "$OUT/first8-hf.log" 2>&1; grep -vE "Warning|warn" "$OUT/first8-hf.log" | tail -9 ;;
     facts) df -h /dev/shm /tmp; free -g; nproc; cat /sys/fs/cgroup/memory.max 2>/dev/null
            cat /sys/kernel/mm/transparent_hugepage/enabled /sys/kernel/mm/transparent_hugepage/shmem_enabled ;;
     grid17b) G=auto:auto:auto:0:auto:host:auto:auto
