@@ -100,3 +100,22 @@ def test_a_resume_may_change_the_cap():
 
     old = _cfg().to_dict()
     assert changed_settings({"config": old}, _cfg(gpu_memory_gib=24)) == []
+
+
+def test_a_host_state_that_leaves_no_room_for_the_rank_processes_is_refused_naming_the_cast():
+    """Regression: Qwen3-8B with the bf16 copy made on the host was planned at 125.3 GiB of a 128 GiB host (the
+    shared state alone) and its rank was killed by the kernel at the first step; a rank's own memory (CUDA runtime,
+    torch: 3.4-4.35 GiB measured) now counts, and the refusal names the setting that saves the most."""
+    with open(os.path.join(FIX, "h200x1_qwen3-1.7b.json")) as fh:
+        topo = json.load(fh)["topology"]
+    assert topo["host_ram"]["limit_bytes"] == 128 * GIB
+    base = {"model": "qwen3-8b", "data": {"path": "x.jsonl"}, "gpus": 1, "micro_batch_size": 1, "seq_len": 2048,
+            "gpu_memory_gib": 24, "cpu_threads": 16}
+    plan = ap.plan_job(JobConfig.from_dict(base), topo, None)
+    assert not plan["feasible"]
+    err = plan["errors"][0]
+    assert err["loc"] == "policy.delivery_cast" and "host RAM too small" in err["msg"], err
+    assert "rank_processes" in err["msg"] and "set policy.delivery_cast to gpu" in err["msg"]
+    cast_gpu = ap.plan_job(JobConfig.from_dict({**base, "policy": {"delivery_cast": "gpu"}}), topo, None)
+    assert cast_gpu["feasible"], cast_gpu["errors"]
+    assert cast_gpu["predicted"]["host_parts_gib"]["rank_processes"] == pytest.approx(5.0)

@@ -325,6 +325,8 @@ const PART_WORDS: Record<string, string> = {
   held_gradient: "held gradients",
   host_reduce_scratch: "host reduction scratch",
   offloaded_activations: "offloaded activations",
+  rank_working_sets: "CPU ranks' working sets",
+  rank_processes: "rank processes (CUDA runtime, torch)",
 };
 
 function partsOf(m: Record<string, number> | undefined): MemPart[] {

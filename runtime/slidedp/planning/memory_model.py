@@ -20,6 +20,11 @@ from slidedp.policy import ExecutionPolicy
 from slidedp.step.layout import plan_layout
 
 ALLOCATOR_SLACK = 0.10  # the caching allocator's rounding and fragmentation over what tensors need
+# Host memory a GPU rank process holds of its own, beside the shared host state: the CUDA runtime, torch, the model
+# code and its small buffers. Measured as RssAnon of one-GPU Qwen3-4B ranks on the H200: 3.4-4.35 GiB. A Qwen3-8B
+# job planned 2.7 GiB under its 128 GiB limit without it was killed by the kernel at its first step.
+GPU_RANK_PROCESS_BYTES = int(4.5 * 2**30)
+LAUNCHER_PROCESS_BYTES = 2**29  # the launching process (torch and transformers imported, no CUDA): ~0.35 GiB
 
 
 # ---------------------------------------------------------------------------- activations
@@ -143,6 +148,8 @@ def host_parts(job: Job, pol: ExecutionPolicy, acts: ActivationSizes) -> dict[st
     }
     if not job.on_gpu:  # CPU training: each rank's working set is host memory too
         parts["rank_working_sets"] = N * sum(gpu_parts(job, pol, acts).values()) * (1 + ALLOCATOR_SLACK)
+    else:
+        parts["rank_processes"] = float(N * GPU_RANK_PROCESS_BYTES + LAUNCHER_PROCESS_BYTES)
     return parts
 
 

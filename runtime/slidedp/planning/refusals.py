@@ -63,6 +63,11 @@ class Refusals:
                 if key in self.user:
                     loc, fix = f"policy.{key}", f"lower policy.{key} (it holds host memory) or " + fix
                     break
+            copy = m["host_parts"].get("delivery_copy", 0.0)
+            if j.host_cast and copy >= m["host_bytes"] - j.host_limit_bytes:
+                loc = "policy.delivery_cast"
+                fix = (f"set policy.delivery_cast to gpu (the GPUs make the bf16 weights from the fp32 master: no "
+                       f"{copy / GIB:.1f} GiB bf16 copy in host memory), or " + fix)
             errors.append(
                 {
                     "loc": loc,
