@@ -129,7 +129,7 @@ print(f'with NCCL and one all-reduce: {(t - f1) / 2**30:.3f} GiB (allocator rese
             --peers "${CAP_PEERS-fsdp2-offload:0:0,fsdp2-offload:0:1.0,ds-zero2,ds-zero2:1.0}" \
             --out "$OUT/cap4-${GPU_GIB:-24}.jsonl" 2>&1 | quiet 30 ;;
     cap8) timeout ${CAP8_S:-200} python3 -m slidedp.cli bench --model qwen3-8b --seq 2048 --gpus 1 --mbs ${MBS:-1} \
-            --steps 20 --warmup 3 --threads 16 --data pattern --gpu-memory-gib ${GPU_GIB:-24} \
+            --steps 20 --warmup 3 --threads 16 --data pattern --lr ${LR:-1e-5} --gpu-memory-gib ${GPU_GIB:-24} \
             --policies auto:auto:auto:0:auto:${CAST:-gpu}:auto:auto --out "$OUT/cap8-${GPU_GIB:-24}.jsonl" 2>&1 | quiet 12 ;;
     hf8)  timeout ${HF_S:-60} python3 scripts/first_step.py --write-hf /tmp/q8b --model qwen3-8b 2>&1 | quiet 3
           timeout ${FIRST_S:-100} python3 scripts/first_step.py --model /tmp/q8b --gpu-memory-gib ${GPU_GIB:-24} \
