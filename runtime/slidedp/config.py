@@ -171,11 +171,12 @@ class PolicyConfig:
         doc="Gradient route. gpu: reduce-scatter between GPUs, each rank returns its 1/N. "
         "host: each rank returns the whole unit gradient and the host sums.",
     )
-    delivery_cast: Literal["host", "gpu"] = _f(
+    delivery_cast: Literal["host", "gpu", "auto"] = _f(
         "host",
         doc="Where bf16 weights are made from the fp32 master (bf16 precision). host: the update writes a bf16 "
         "copy in host memory (2 B/param more host RAM, 6 B/param more host memory traffic per step) and 2 B/param "
-        "cross PCIe. gpu: the fp32 master itself crosses PCIe (4 B/param) and is cast on the GPU.",
+        "cross PCIe. gpu: the fp32 master itself crosses PCIe (4 B/param) and is cast on the GPU. auto: AutoPolicy "
+        "plans the job both ways and takes the faster that fits (the host when neither is timed, or on the CPU).",
     )
     edge_update: Literal["host", "gpu", "auto"] = _f(
         "auto",
@@ -335,7 +336,9 @@ class JobConfig:
         None, doc="GPU memory the job may use on each of its GPUs, in GiB, CUDA context included (None: the whole "
         "card). The planner plans within it and each rank limits PyTorch's allocator to it, so a card can be shared "
         "or a smaller card's memory reproduced on a bigger one. A cap the job cannot fit in is refused before "
-        "anything is allocated, naming the smallest cap that fits.", gt=0, le=MAX_GPU_MEMORY_GIB,
+        "anything is allocated, naming the smallest cap that fits. It must exceed the 2.25 GiB each rank's CUDA "
+        "context and NCCL take outside the allocator (GPU_CONTEXT_BYTES); a CPU job refuses it.",
+        gt=GPU_CONTEXT_BYTES / 2**30, le=MAX_GPU_MEMORY_GIB,
     )
     resume: bool = _f(False, doc="Continue from the newest checkpoint in output_dir/checkpoints.")
     init_from: Optional[InitFromConfig] = _f(
@@ -574,15 +577,9 @@ def _cross_checks(cfg: JobConfig, errors: list[dict[str, str]]) -> None:
         errors.append({"loc": "ranks", "msg": "is for CPU training (gpus = 0); with GPUs there is one rank per GPU"})
     if cfg.schedule.warmup_steps > cfg.steps:
         errors.append({"loc": "schedule.warmup_steps", "msg": f"is longer than the run ({cfg.steps} steps)"})
-    if cfg.gpu_memory_gib is not None:
-        context = GPU_CONTEXT_BYTES / 2**30
-        if cfg.gpus == 0:
-            errors.append({"loc": "gpu_memory_gib", "msg": "caps the memory of each GPU, and this job runs on the "
-                           "CPU (gpus = 0): remove gpu_memory_gib, or set gpus"})
-        elif cfg.gpu_memory_gib <= context:
-            errors.append({"loc": "gpu_memory_gib", "msg": f"{cfg.gpu_memory_gib:g} GiB leaves nothing for the "
-                           f"job: each rank's CUDA context and NCCL take about {context:g} GiB of the cap; give "
-                           "several GiB (the plan names the smallest cap that fits the job)"})
+    if cfg.gpu_memory_gib is not None and cfg.gpus == 0:
+        errors.append({"loc": "gpu_memory_gib", "msg": "caps the memory of each GPU, and this job runs on the "
+                       "CPU (gpus = 0): remove gpu_memory_gib, or set gpus"})
     if cfg.policy.device_layers and cfg.world_size > 1 and cfg.policy.grad_reduce == "host":
         errors.append({"loc": "policy.device_layers", "msg": "layers updated on the GPUs reduce their gradients "
                        "there: set policy.grad_reduce to gpu (or auto), or device_layers to 0"})

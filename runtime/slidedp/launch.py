@@ -140,7 +140,7 @@ def resolve_policy(cfg: JobConfig, num_layers: int, on_log=None, plan: dict | No
     stored, plan = plan, {}
     explicit = p.delivery != "auto" and p.grad_reduce != "auto" and p.activations != "auto" and p.edge_update != "auto" \
         and p.device_layers is not None \
-        and p.resident_units is not None
+        and p.resident_units is not None and p.delivery_cast != "auto"
     if not explicit or os.environ.get("SLIDEDP_PLAN_EXPLICIT"):  # =1: an explicit policy is still predicted
         from slidedp.planning import autopolicy, topology
 

@@ -59,7 +59,7 @@ SHORTHAND = "delivery:grad_reduce[:activations[:clip[:resident[:cast[:edge_updat
 def parse_shorthand(text: str) -> tuple[dict[str, Any], float]:
     """Bench's colon form of a policy: (the config `policy` section it asks for, the clipping norm it runs with).
 
-    `auto` in any field but the cast leaves that choice to AutoPolicy. activations: keep, checkpoint, offload,
+    `auto` in any field leaves that choice to AutoPolicy. activations: keep, checkpoint, offload,
     auto, or keepN / offN (the first N layers keep / offload their activations, the rest are checkpointed). clip:
     max_grad_norm (0: none; an optimizer setting, not part of the policy). resident: leading layers whose weights
     stay on the GPUs, a count or auto. Unlike a job config, whose defaults are auto and null, omitted fields are
@@ -88,7 +88,7 @@ def parse_shorthand(text: str) -> tuple[dict[str, Any], float]:
         "delivery": choice("delivery", delivery, ("auto", *DELIVERIES)),
         "grad_reduce": choice("grad_reduce", grad, ("auto", *GRAD_REDUCES)),
         "resident_units": count("resident", resident, 0),
-        "delivery_cast": choice("cast", cast or "host", DELIVERY_CASTS),
+        "delivery_cast": choice("cast", cast or "host", ("auto", *DELIVERY_CASTS)),
         "edge_update": choice("edge_update", edge or "host", ("auto", *EDGE_UPDATES)),
         "device_layers": count("device_layers", device_layers, 0),
     }
@@ -308,6 +308,7 @@ def resolve(requested: Any, layers: int, world: int, planned: ExecutionPolicy | 
 
     return ExecutionPolicy(
         delivery=delivery, grad_reduce=grad, activations=acts, resident=resident, edge_update=edge,
-        device_layers=device_layers, delivery_cast=p.delivery_cast, window=knob("window", WINDOW),
+        device_layers=device_layers, window=knob("window", WINDOW),
+        delivery_cast=p.delivery_cast if p.delivery_cast != "auto" else chosen.get("delivery_cast", "host"),
         chunk_mb=knob("chunk_mb", CHUNK_MB), loss_chunk_tokens=knob("loss_chunk_tokens", LOSS_CHUNK_TOKENS),
     ).for_world(world)

@@ -184,6 +184,8 @@ def _numeric_max_configs(base: dict) -> list[tuple[str, dict]]:
             raw["schedule"]["decay"] = "cosine"
         if path == "optimizer.weight_decay":
             raw["optimizer"]["lr"] = 0.5 / sys.float_info.max  # lr x weight_decay must stay below 1
+        if path == "gpu_memory_gib":
+            raw["gpus"] = 1  # a cap of GPU memory: a CPU job refuses it
         if path.startswith("init_from."):
             continue  # a job id is resolved by the web service; not planned
         out.append((path, raw))
@@ -236,4 +238,4 @@ def test_every_key_at_its_largest_accepted_value_at_once(topo, data_file, tmp_pa
     raw["optimizer"]["weight_decay"] = 0.5 / sys.float_info.max  # lr x weight_decay must stay below 1
     JobConfig.from_dict(raw)
     _plan_and_validate(raw, topo)
-    _plan_and_validate({**raw, "gpus": 0}, topo)  # CPU ranks at their largest
+    _plan_and_validate({**raw, "gpus": 0, "gpu_memory_gib": None}, topo)  # CPU ranks at their largest

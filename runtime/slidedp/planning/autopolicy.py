@@ -57,8 +57,45 @@ def plan_job(cfg: Any, topology: dict[str, Any], calibration: dict[str, Any] | N
     basis it was made on (plan_basis), so that a later run can tell whether it still holds. `sweep` adds the card
     sweep (planning/card_sweep.py): the same search at other memory sizes per GPU, which costs about one more
     search per size whose budget binds, so only what a person reads asks for it (`slidedp plan`, the web preview)."""
-    plan = _declared(_plan(cfg, topology, calibration, sweep), topology)
+    if cfg.policy.delivery_cast == "auto":
+        plan = _cast_choice(cfg, topology, calibration, sweep)
+    else:
+        plan = _plan(cfg, topology, calibration, sweep)
+    plan = _declared(plan, topology)
     plan["basis"] = plan_basis(cfg, topology, calibration)
+    return plan
+
+
+def _with_cast(cfg: Any, cast: str) -> Any:
+    return dataclasses.replace(cfg, policy=dataclasses.replace(cfg.policy, delivery_cast=cast))
+
+
+def _cast_choice(cfg: Any, topology: dict[str, Any], calibration: dict[str, Any] | None,
+                 sweep: bool) -> dict[str, Any]:
+    """policy.delivery_cast auto: the job planned with the bf16 cast on the host and on the GPUs, and the faster
+    plan that fits taken (the host's on a tie, without times, in fp32 or on the CPU, where the cast changes nothing
+    or cannot be priced). `delivery_cast_choice` says what each cast would have given."""
+    if cfg.precision != "bf16" or cfg.gpus == 0:
+        return _plan(_with_cast(cfg, "host"), topology, calibration, sweep)
+    plans = {cast: _plan(_with_cast(cfg, cast), topology, calibration) for cast in ("host", "gpu")}
+
+    def time(plan: dict[str, Any]) -> float | None:
+        return (plan.get("predicted") or {}).get("step_time_s") if plan.get("feasible") else None
+
+    host, gpu = plans["host"], plans["gpu"]
+    if host.get("feasible") and gpu.get("feasible"):
+        chosen = "gpu" if time(host) is not None and time(gpu) is not None and time(gpu) < time(host) else "host"
+    elif gpu.get("feasible"):
+        chosen = "gpu"
+    else:
+        chosen = "host"
+    plan = _plan(_with_cast(cfg, chosen), topology, calibration, sweep) if sweep else plans[chosen]
+    plan["delivery_cast_choice"] = {
+        "chosen": chosen,
+        **{cast: {"fits": bool(p.get("feasible")), "step_time_s": time(p),
+                  "why_not": None if p.get("feasible") else "; ".join(e["msg"] for e in p.get("errors") or [])}
+           for cast, p in plans.items()},
+    }
     return plan
 
 
