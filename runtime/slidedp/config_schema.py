@@ -4,26 +4,145 @@
     slidedp config-schema --format json                      a JSON Schema (draft 2020-12) of a job config
     slidedp config-schema --write-docs docs/interfaces.md    regenerate the table between the markers in §1
 
-The keys, types, defaults, ranges and meanings are the fields of slidedp.config (their ``doc`` and checks); this
-module only lays them out, so the table in the docs, this JSON Schema and the web API's OpenAPI schema cannot
-disagree. Imports nothing but slidedp.config (no torch), like the config itself.
+The keys, types, defaults, ranges and meanings are the fields of slidedp.config (their ``doc`` and checks);
+schema_doc() reads them into rows and this module lays the rows out, so the table in the docs, this JSON Schema and
+the web API's OpenAPI schema cannot disagree. Imports nothing but slidedp.config (no torch), like the config itself.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
 import types
 import typing
 from pathlib import Path
-from typing import Any, Literal, get_args, get_origin
+from typing import Any, Literal, NamedTuple, get_args, get_origin
 
-from slidedp.config import INT64_MAX, INT64_MIN, KeyDoc, schema_doc
+from slidedp.config import INT64_MAX, INT64_MIN, JobConfig, _optional_section, _type_name
 
 DRAFT = "https://json-schema.org/draft/2020-12/schema"
 BEGIN = "<!-- config-schema:begin -->"
 END = "<!-- config-schema:end -->"
 REGENERATE = "slidedp config-schema --write-docs docs/interfaces.md"
 HEADER = ("key", "type", "default", "range / choices", "meaning")
+
+
+# ------------------------------------------------------------------------------------------------ the rows
+class KeyDoc(NamedTuple):
+    """One key of the job config as the documentation shows it; the first four fields are (key, type, default, doc).
+
+    slidedp.config_schema renders these rows as the Markdown table of docs/interfaces.md §1 and as a JSON Schema.
+    """
+
+    key: str  # dotted path: "optimizer.lr"
+    type: str  # "an integer", "a string or null"; a section: "mapping" or "mapping or null"; a retired key: "removed"
+    default: str  # as JSON ("2048", '"auto"', "null"), "required", or "" for a section whose keys hold the defaults
+    doc: str
+    range: str  # the values of the type it accepts: "(0, 2^24]", "`auto`, `gpu`, `host`", "not blank"; "" for all
+    annotation: Any  # the type hint (a section's dataclass, possibly Optional)
+    checks: dict[str, Any]  # the metadata less doc: gt/ge/lt/le, item_ge/item_lt, not_blank
+    value: Any  # the default as plain data (a section's: its keys' defaults); MISSING when required
+    retired: bool = False  # a removed key: its one old value (`value`) still loads, as a no-op
+
+    @property
+    def required(self) -> bool:
+        return self.value is dataclasses.MISSING
+
+
+def schema_doc(cls: Any = JobConfig, prefix: str = "") -> list[KeyDoc]:
+    """Every key in declaration order, a section's keys after it, then the section's retired keys (RETIRED)."""
+    rows: list[KeyDoc] = []
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        tp, key, doc = hints[f.name], prefix + f.name, f.metadata.get("doc", "")
+        checks = {k: v for k, v in f.metadata.items() if k != "doc"}
+        value = _default_value(f)
+        shown = "required" if value is dataclasses.MISSING else json.dumps(value)
+        section = tp if dataclasses.is_dataclass(tp) else _optional_section(tp)
+        if section is not None:  # a mapping of its own keys (an optional one may be null)
+            kind = "mapping" if section is tp else "mapping or null"
+            rows.append(KeyDoc(key, kind, "" if isinstance(value, dict) else shown, doc, "", tp, checks, value))
+            rows.extend(schema_doc(section, key + "."))
+            continue
+        rows.append(KeyDoc(key, _doc_type(tp), shown, doc, _range(tp, checks), tp, checks, value))
+    for name, (value, why) in getattr(cls, "RETIRED", {}).items():
+        old = json.dumps(value)
+        doc = (f"Removed: {why}. A stored config or checkpoint meta.json holding `{old}` still loads (the key is "
+               "dropped); any other value is an error saying it was removed.")
+        rows.append(KeyDoc(prefix + name, "removed", "", doc, f"only `{value}`", Literal[value], {}, value, True))
+    return rows
+
+
+def _default_value(f: dataclasses.Field) -> Any:
+    """A field's default as plain JSON data (tuples as lists, a section as a dict); MISSING when it has none."""
+    if f.default is not dataclasses.MISSING:
+        value = f.default
+    elif f.default_factory is not dataclasses.MISSING:
+        value = f.default_factory()
+        value = dataclasses.asdict(value) if dataclasses.is_dataclass(value) else value
+    else:
+        return dataclasses.MISSING
+    return json.loads(json.dumps(value))
+
+
+def _doc_type(tp: Any) -> str:
+    """The documented type: a choice of strings is "a string" (the choices are its range)."""
+    origin = get_origin(tp)
+    if origin is Literal:
+        return _type_name(type(get_args(tp)[0]))
+    if origin in (typing.Union, types.UnionType):
+        return " or ".join(_doc_type(a) for a in get_args(tp) if a is not type(None)) + " or null"
+    return _type_name(tp)
+
+
+def _range(tp: Any, checks: dict[str, Any]) -> str:
+    if get_origin(tp) in (typing.Union, types.UnionType):
+        tp = [a for a in get_args(tp) if a is not type(None)][0]
+    if get_origin(tp) is Literal:
+        return ", ".join(f"`{a}`" for a in get_args(tp))
+    if get_origin(tp) is tuple:
+        items = {k[len("item_"):]: v for k, v in checks.items() if k.startswith("item_")}
+        return "each in " + _interval(items) if items else ""
+    if get_origin(tp) is list:
+        item = get_args(tp)[0]
+        return "each one of " + _range(item, {}) if get_origin(item) is Literal else ""
+    if checks.get("not_blank"):
+        return "not blank"
+    if tp is int:  # every integer fits a signed 64-bit integer (_coerce)
+        checks = {"ge": INT64_MIN, "le": INT64_MAX, **checks}
+        if "gt" in checks:
+            checks.pop("ge")
+        if "lt" in checks:
+            checks.pop("le")
+    return _interval(checks) if tp in (int, float) else ""
+
+
+def _interval(checks: dict[str, Any]) -> str:
+    """gt/ge/lt/le as "[0, 1)", "> 0" or "<= 10"."""
+    lo = next(((op, checks[op]) for op in ("gt", "ge") if op in checks), None)
+    hi = next(((op, checks[op]) for op in ("lt", "le") if op in checks), None)
+    if lo and hi:
+        return f"{'(' if lo[0] == 'gt' else '['}{_number(lo[1])}, {_number(hi[1])}{')' if hi[0] == 'lt' else ']'}"
+    if lo:
+        return f"{'>' if lo[0] == 'gt' else '>='} {_number(lo[1])}"
+    if hi:
+        return f"{'<' if hi[0] == 'lt' else '<='} {_number(hi[1])}"
+    return ""
+
+
+def _number(v: float) -> str:
+    """A bound as the docs write it: 2^24 and 10^9 rather than their digits."""
+    if isinstance(v, float):
+        return f"{v:g}"
+    if v == INT64_MAX:
+        return "2^63-1"
+    if v == INT64_MIN:
+        return "-2^63"
+    if v > 65536 and v & (v - 1) == 0:
+        return f"2^{v.bit_length() - 1}"
+    if v >= 10**6 and str(v).rstrip("0") == "1":
+        return f"10^{len(str(v)) - 1}"
+    return str(v)
 
 
 # ------------------------------------------------------------------------------------------------ Markdown

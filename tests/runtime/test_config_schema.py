@@ -1,6 +1,6 @@
 """`slidedp config-schema`: the job config's keys as the Markdown table of docs/interfaces.md §1 and as a JSON Schema.
 
-Both come from the config's own fields (slidedp.config.schema_doc), so the table in the docs must be the one the
+Both come from the config's own fields (slidedp.config_schema.schema_doc), so the table in the docs must be the one the
 command prints now, and the JSON Schema must accept and refuse what JobConfig.from_dict accepts and refuses, key by
 key (the rules that join several keys are from_dict's alone).
 
@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 from slidedp import cli
-from slidedp.config import ConfigError, JobConfig, schema_doc
+from slidedp.config import ConfigError, JobConfig
 from slidedp.config_schema import (
     BEGIN,
     DRAFT,
@@ -29,6 +29,7 @@ from slidedp.config_schema import (
     docs_current,
     json_schema,
     markdown,
+    schema_doc,
     write_docs,
 )
 
