@@ -36,6 +36,7 @@ TORCH_FREE = (
     "slidedp.step.layout",
     "slidedp.presets",
     "slidedp.validation",
+    "slidedp.host_memory",
     "slidedp.planning.topology",
     "slidedp.planning.cost_model",
     "slidedp.planning.overlap",

@@ -206,8 +206,8 @@ async def _json_response(send: Send, status: int, body: dict[str, Any]) -> None:
 def shared_state_bytes(cfg: Any) -> int:
     """Bytes the job's host state takes in shared memory: fp32 master weights and AdamW moments (12 B/param),
     the bf16 delivery copy where one is made (2 B/param), and the gradient staging buffers."""
+    from slidedp.host_memory import host_state_bytes
     from slidedp.presets import model_config_dict
-    from slidedp.validation import host_state_bytes
 
     state, staging = host_state_bytes(cfg, model_config_dict(cfg.model))
     return state + staging
@@ -241,7 +241,7 @@ def resource_errors(
         need = shared_state_bytes(cfg)
     except (OSError, KeyError, ValueError, TypeError):
         return []  # a model that cannot be sized is reported by the runtime's own validation
-    from slidedp.validation import free_bytes
+    from slidedp.host_memory import free_bytes
 
     free = free_bytes(shm_directory)
     if free is not None and need > free:

@@ -64,7 +64,7 @@ def host_ram_bytes(topology: Optional[dict[str, Any]]) -> Optional[int]:
 
 def basic_topology(settings: Settings) -> dict[str, Any]:
     """What the API knows of its own machine without the detector (no GPUs listed): CPU count and host RAM."""
-    from slidedp.validation import host_ram_limit
+    from slidedp.host_memory import host_ram_limit
 
     limit, source = host_ram_limit(settings.host_ram_gib)
     return {

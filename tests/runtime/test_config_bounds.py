@@ -107,7 +107,7 @@ def test_seeds_are_non_negative_and_the_schema_says_so():
 
 
 def test_host_ram_gib_at_its_bound_validates_without_overflow():
-    from slidedp.validation import host_ram_limit
+    from slidedp.host_memory import host_ram_limit
 
     cfg = JobConfig.from_dict(_with(BASE, "host_ram_gib", 2**20))
     assert host_ram_limit(cfg.host_ram_gib) == (2**50, "host_ram_gib")

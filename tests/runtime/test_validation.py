@@ -12,16 +12,15 @@ import pytest
 from slidedp.config import ConfigError, JobConfig, load_config_file
 from slidedp.data import demo_paths
 from slidedp.data.tokenizer import TINY_TOKENIZER_DIR
-from slidedp.presets import PRESETS, param_count, unit_param_counts
-from slidedp.validation import (
+from slidedp.host_memory import (
     GIB,
     cgroup_memory_limit,
-    check_job,
     host_ram_limit,
     host_ram_limit_bytes,
     host_state_bytes,
-    validate_job,
 )
+from slidedp.presets import PRESETS, param_count, unit_param_counts
+from slidedp.validation import check_job, validate_job
 
 PLENTY = 1 << 50  # host RAM for the checks that are not about RAM
 
@@ -254,12 +253,12 @@ def test_a_host_state_too_large_for_shared_memory_is_refused_before_anything_is_
     """The segments are sparse files: a tmpfs too small would show only as a SIGBUS on first touch, mid-start.
     train() compares the layout's bytes with the folder's free space first and names what to change."""
     import slidedp
-    from slidedp import validation
+    from slidedp import host_memory
 
     shm = tmp_path / "shm"
     shm.mkdir()
     monkeypatch.setenv("SLIDEDP_SHM_DIR", str(shm))
-    monkeypatch.setattr(validation, "free_bytes", lambda directory: 1 << 20)  # a 1 MiB tmpfs
+    monkeypatch.setattr(host_memory, "free_bytes", lambda directory: 1 << 20)  # a 1 MiB tmpfs
     tokens = tmp_path / "t.jsonl"
     tokens.write_text("".join(json.dumps({"input_ids": list(range(1, 17))}) + "\n" for _ in range(8)))
     job = {"model": "tiny-qwen3", "data": {"path": str(tokens), "format": "tokens"}, "seq_len": 16, "steps": 1,
@@ -270,7 +269,7 @@ def test_a_host_state_too_large_for_shared_memory_is_refused_before_anything_is_
     assert err.value.errors[0]["loc"] == "model"
     assert f"in {shm}" in msg and "only 0.0 GiB is free" in msg and "SLIDEDP_SHM_DIR" in msg
     assert os.listdir(shm) == []  # no segment, no manifest
-    monkeypatch.setattr(validation, "free_bytes", lambda directory: None)  # unknown: left to the run
+    monkeypatch.setattr(host_memory, "free_bytes", lambda directory: None)  # unknown: left to the run
     assert slidedp.train(job).status == "completed"
 
 

@@ -270,7 +270,7 @@ def host_ram_limit_bytes(configured_gib: float | None = None, root: str = "/") -
 
     The cgroup reader is the one job validation uses (slidedp.validation), so both agree on the figure.
     """
-    from slidedp.validation import cgroup_memory_limit
+    from slidedp.host_memory import cgroup_memory_limit
 
     memtotal = _meminfo(os.path.join(root, "proc/meminfo")).get("MemTotal", 0)
     if configured_gib is not None:

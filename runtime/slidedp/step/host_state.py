@@ -114,9 +114,9 @@ def _map(path: str, numel: int, dtype: torch.dtype, create: bool) -> torch.Tenso
 
 def space_error(layout: HostLayout, keep_state: bool = False) -> dict[str, str] | None:
     """The config error to refuse a run with when its segments do not fit their folder, else None."""
-    from slidedp import validation
+    from slidedp import host_memory
 
-    need, free = layout.shared_bytes(keep_state), validation.free_bytes(layout.directory)
+    need, free = layout.shared_bytes(keep_state), host_memory.free_bytes(layout.directory)
     if free is None or need <= free:
         return None
     gib = 2**30
