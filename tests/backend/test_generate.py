@@ -149,6 +149,29 @@ def test_a_generation_waits_behind_the_running_job_and_converts_a_checkpoint(cli
     assert done["text"] == local(str(converted), PROMPT, 4)
 
 
+def test_a_job_whose_model_is_answering_is_not_deleted_until_it_is_done(client, finished, settings):
+    """While a generation reads the job's files (status running, as a worker's claim sets it), DELETE answers 409
+    and keeps the job and its files; once the generation is over, the deletion goes through (the next test)."""
+    from slidedp_web.core.db import write_session
+    from slidedp_web.models import Generation, utcnow
+
+    with write_session(settings) as ws:
+        gen = Generation(job_id=finished["id"], status="running", queue="q", host=settings.host_name,
+                         prompt=PROMPT, created_at=utcnow(), started_at=utcnow())
+        ws.add(gen)
+        ws.flush()
+        gen_id = gen.id
+    resp = client.delete(f"/api/jobs/{finished['id']}")
+    assert resp.status_code == 409, resp.text
+    assert f"answering a prompt (generation {gen_id})" in resp.json()["detail"]
+    assert client.get(f"/api/jobs/{finished['id']}").status_code == 200
+    assert (Path(finished["output_dir"]) / "final").is_dir()
+    with write_session(settings) as ws:
+        row = ws.get(Generation, gen_id)
+        row.status = "done"
+        ws.add(row)
+
+
 def test_deleting_a_job_drops_its_waiting_prompts_and_conversions(client, finished, worker, settings):
     worker.stop()  # nothing takes the prompt: it stays queued
     resp = client.post(f"/api/jobs/{finished['id']}/generate", json={"prompt": PROMPT})
