@@ -63,8 +63,9 @@ def test_login_url_then_live_stream_and_export_with_tickets(page, workbench_with
     if status == "running":
         # Break the stream as a network failure would: its ticket is spent, so it reopens with a new one from
         # the last event it saw.
-        seen = page.evaluate("window.__slidedpStream.lastEventId")
-        page.evaluate("window.__slidedpStream.drop()")
+        # read the last event id and drop in one task, so that no event lands between the two
+        seen = page.evaluate("(() => { const s = window.__slidedpStream; const id = s.lastEventId; s.drop(); "
+                             "return id; })()")
         page.wait_for_function(
             "() => window.__slidedpStream && window.__slidedpStream.state === 'open'", timeout=30_000
         )

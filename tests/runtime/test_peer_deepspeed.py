@@ -164,7 +164,8 @@ def test_bench_routes_ds_specs_to_the_deepspeed_peer(peer_calls):
     assert row["policy"] == "ds-zero2" and row["peer"] == "deepspeed"
     name, args, kwargs = peer_calls[-1]
     assert args == ("qwen3-8b", 2, 4, 16, 6, 2)
-    assert kwargs == {"stage": 2, "threads": 12, "lr": 1e-5, "max_grad_norm": 0.0, "data_rows": rows, "ranks": 0}
+    assert kwargs == {"stage": 2, "threads": 12, "lr": 1e-5, "max_grad_norm": 0.0, "data_rows": rows, "ranks": 0,
+                      "gpu_memory_gib": None}
 
     bench.run_peer("ds-zero3:0.5", "tiny-qwen3", 0, 2, 16, 4, 1, None, 1e-3, rows)
     name, args, kwargs = peer_calls[-1]

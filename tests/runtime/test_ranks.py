@@ -44,6 +44,7 @@ def test_an_exception_in_a_rank_arrives_with_its_traceback():
         ranks.start({"sleep": 30})
         with pytest.raises(RankFailed) as err:
             ranks.results(timeout_s=120)
+        ranks.procs[1].wait(timeout=60)  # its error message arrives just before the process has exited
         assert ranks.failed() == [(1, 1)]
     assert err.value.rank == 1 and not err.value.oom
     assert "ValueError: rank one refuses" in str(err.value)
