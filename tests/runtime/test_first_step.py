@@ -48,6 +48,7 @@ def test_write_hf_refuses_a_directory_as_the_model(tmp_path, hf_dir):
         first_step.write_hf_dir(str(tmp_path / "x"), hf_dir[0])
 
 
+@pytest.mark.slow  # trains a step from a written directory
 def test_first_step_from_a_written_directory_reports_its_stages_and_time(tmp_path, hf_dir):
     data = first_step.write_tokens(str(tmp_path / "tokens.jsonl"), rows=4, seq=32, vocab=256)
     cfg = first_step.job_config(hf_dir[0], data, str(tmp_path / "out"), gpus=0, seq=32, steps=1)
