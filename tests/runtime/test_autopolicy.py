@@ -18,15 +18,6 @@ from slidedp.policy import ExecutionPolicy
 FIX = os.path.join(os.path.dirname(__file__), "fixtures")
 
 
-@pytest.fixture(scope="module")
-def x2():
-    with open(os.path.join(FIX, "h200x2_topology.json")) as fh:
-        topo = json.load(fh)
-    with open(os.path.join(FIX, "h200x2_calibration.json")) as fh:
-        cal = json.load(fh)
-    return topo, cal
-
-
 def _cfg(**raw):
     base = {
         "model": "qwen3-8b",

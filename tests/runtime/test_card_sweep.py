@@ -17,15 +17,6 @@ FIX = os.path.join(os.path.dirname(__file__), "fixtures")
 CARD_GIB = 150754820096 / GIB  # the fixture's H200
 
 
-@pytest.fixture(scope="module")
-def x2():
-    with open(os.path.join(FIX, "h200x2_topology.json")) as fh:
-        topo = json.load(fh)
-    with open(os.path.join(FIX, "h200x2_calibration.json")) as fh:
-        cal = json.load(fh)
-    return topo, cal
-
-
 def _cfg(**raw):
     base = {"model": "qwen3-8b", "data": {"path": "x.jsonl"}, "gpus": 2, "micro_batch_size": 8, "seq_len": 2048}
     base.update(raw)

@@ -5,7 +5,6 @@ the ceilings measured there on 2026-11-29, docs/architecture.md §4; the figures
 its "notes")."""
 
 import copy
-import json
 import os
 import subprocess
 import sys
@@ -20,15 +19,6 @@ from slidedp.policy import ExecutionPolicy
 from slidedp.presets import PRESETS, unit_param_counts
 
 FIX = os.path.join(os.path.dirname(__file__), "fixtures")
-
-
-@pytest.fixture(scope="module")
-def x2():
-    with open(os.path.join(FIX, "h200x2_topology.json")) as fh:
-        topo = json.load(fh)
-    with open(os.path.join(FIX, "h200x2_calibration.json")) as fh:
-        cal = json.load(fh)
-    return topo, cal
 
 
 def _job(topo, **raw):

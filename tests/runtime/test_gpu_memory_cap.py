@@ -16,12 +16,10 @@ FIX = os.path.join(os.path.dirname(__file__), "fixtures")
 
 
 @pytest.fixture(scope="module")
-def x2():
-    with open(os.path.join(FIX, "h200x2_topology.json")) as fh:
-        topo = json.load(fh)
-    with open(os.path.join(FIX, "h200x2_calibration.json")) as fh:
-        cal = json.load(fh)
-    return topo["nvlink"], cal["qwen3-8b_bs4_nvlink"] if "qwen3-8b_bs4_nvlink" in cal else None
+def nvlink_bs4(x2):
+    """The NVLink pair's topology and its Qwen3-8B micro-batch-4 calibration (tests/runtime/conftest.py)."""
+    topo, cal = x2
+    return topo["nvlink"], cal["qwen3-8b_bs4_nvlink"]
 
 
 def _cfg(**raw):
@@ -30,36 +28,36 @@ def _cfg(**raw):
     return JobConfig.from_dict(base)
 
 
-def _plan(x2, cap):
-    topo, cal = x2
+def _plan(nvlink_bs4, cap):
+    topo, cal = nvlink_bs4
     return ap.plan_job(_cfg(gpu_memory_gib=cap), topo, cal)
 
 
-def test_the_plan_stays_within_the_cap_and_says_so(x2):
-    plan = _plan(x2, 24)
+def test_the_plan_stays_within_the_cap_and_says_so(nvlink_bs4):
+    plan = _plan(nvlink_bs4, 24)
     assert plan["feasible"], plan["errors"]
     assert plan["job"]["hbm_budget_gib"] == pytest.approx(cap_budget(24 * GIB) / GIB)
     assert plan["predicted"]["hbm_peak_gib"] <= plan["job"]["hbm_budget_gib"]
-    whole = ap.plan_job(_cfg(), *x2)
+    whole = ap.plan_job(_cfg(), *nvlink_bs4)
     assert plan["predicted"]["hbm_peak_gib"] < whole["predicted"]["hbm_peak_gib"]
     if whole["predicted"]["step_time_s"] is not None:  # a smaller card never buys a faster plan
         assert plan["predicted"]["step_time_s"] >= whole["predicted"]["step_time_s"] - 1e-9
 
 
-def test_a_cap_too_small_is_refused_naming_the_smallest_cap_that_fits(x2):
-    plan = _plan(x2, 4)
+def test_a_cap_too_small_is_refused_naming_the_smallest_cap_that_fits(nvlink_bs4):
+    plan = _plan(nvlink_bs4, 4)
     assert not plan["feasible"]
     err = plan["errors"][0]
     assert err["loc"] == "gpu_memory_gib", err
     assert "4 GiB is too small" in err["msg"] and "smallest gpu_memory_gib that fits is" in err["msg"]
     smallest = float(err["msg"].split("smallest gpu_memory_gib that fits is ")[1].split(" GiB")[0])
     assert smallest > 4
-    assert _plan(x2, smallest)["feasible"]  # the cap named fits ...
-    assert not _plan(x2, smallest - 0.5)["feasible"]  # ... and half a GiB less does not
+    assert _plan(nvlink_bs4, smallest)["feasible"]  # the cap named fits ...
+    assert not _plan(nvlink_bs4, smallest - 0.5)["feasible"]  # ... and half a GiB less does not
 
 
-def test_a_cap_above_the_card_is_refused_naming_the_card(x2):
-    plan = _plan(x2, 500)
+def test_a_cap_above_the_card_is_refused_naming_the_card(nvlink_bs4):
+    plan = _plan(nvlink_bs4, 500)
     assert not plan["feasible"]
     err = plan["errors"][0]
     assert err["loc"] == "gpu_memory_gib" and "more than the" in err["msg"] and "leave gpu_memory_gib unset" in err["msg"]
