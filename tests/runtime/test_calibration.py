@@ -244,3 +244,13 @@ def test_slidedp_plan_prints_a_cpu_jobs_predicted_step_time(tmp_path, monkeypatc
     assert step and step[0].split()[1].replace(".", "", 1).isdigit() and float(step[0].split()[1]) > 0, out.out
     assert cli.main(["plan", "--config", str(job), "--no-calibration"]) == 0
     assert "predicted: no step time" in capsys.readouterr().out
+
+
+def test_a_saved_config_with_per_layer_types_builds_its_one_layer_parts():
+    """A config saved by transformers 5 lists `layer_types` per layer (Qwen3, Llama...); the calibration's one-layer
+    copy must shorten that list with num_hidden_layers, or transformers refuses the config and a job loaded from
+    a Hugging Face directory is planned without a calibration."""
+    mc = dict(model_config_dict("tiny-qwen3"))
+    mc["layer_types"] = ["full_attention"] * mc["num_hidden_layers"]
+    parts = model_bench.ModelParts(mc, torch.device("cpu"), torch.bfloat16)
+    assert parts.config.num_hidden_layers == 1 and list(parts.config.layer_types) == ["full_attention"]

@@ -30,6 +30,8 @@ class ModelParts:
             not in ("model_type", "architectures", "transformers_version", "torch_dtype", "dtype", "auto_map")
         }
         kw["num_hidden_layers"] = 1
+        if isinstance(kw.get("layer_types"), list):  # saved per layer by transformers 5: one layer keeps the first
+            kw["layer_types"] = kw["layer_types"][:1]
         config = transformers.AutoConfig.for_model(mc["model_type"], **kw)
         config._attn_implementation = "sdpa"
         self.config, self.device, self.dtype = config, device, dtype
