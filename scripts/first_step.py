@@ -62,9 +62,10 @@ def time_first_step(cfg: dict, on_log=None) -> dict:
     runtime's own figure and stage durations from that record, and the whole call's wall time."""
     from slidedp.launch import train
 
-    seen: dict = {}
+    seen: dict = {"losses": []}
 
     def on_step(record: dict) -> None:
+        seen["losses"].append(record.get("loss"))
         if "first_step_s" not in seen:
             seen["first_step_s"] = time.perf_counter() - t0
             seen["record"] = record
@@ -74,10 +75,10 @@ def time_first_step(cfg: dict, on_log=None) -> dict:
     wall = time.perf_counter() - t0
     record = seen.get("record") or {}
     return {"model": cfg["model"], "gpus": cfg["gpus"], "seq": cfg["seq_len"], "steps": result.steps_done,
-            "time_to_first_step_s": round(seen["first_step_s"], 3) if seen else None,
+            "time_to_first_step_s": round(seen["first_step_s"], 3) if "first_step_s" in seen else None,
             "runtime_time_to_first_step_s": record.get("time_to_first_step_s"),
             "startup_s": record.get("startup_s"), "first_step_time_s": record.get("step_time_s"),
-            "train_wall_s": round(wall, 3), "status": result.status}
+            "train_wall_s": round(wall, 3), "status": result.status, "losses": seen["losses"]}
 
 
 def _initial_units(adapter, seed: int, ahead: int) -> Iterator:

@@ -65,6 +65,9 @@
 #           on pattern data at micro-batch MBS (1); its first record holds the time to first step
 #   hf8     Qwen3-8B written as a local Hugging Face directory of bf16 safetensors (/tmp/q8b), then the time to
 #           first step loading it (scripts/first_step.py), under GPU_GIB (24), the cast where CAST (gpu)
+#   probeg  the host update with bf16 gradients widened chunk by chunk against fp32 gradients (scripts/probe_grad_bf16.py)
+#   hfp     PRESET (llama3.2-3b) written as a local Hugging Face directory of bf16 safetensors (/tmp/hfp), then trained
+#           HFP_STEPS (5) steps from it under GPU_GIB (24), planned with a calibration measured in that run
 #   grid    the declared AutoPolicy grid (docs/notebook/benchmark-history.md) for MODEL (qwen3-8b), MBS (8), K keep, M offload
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export PYTHONPATH=$PWD/runtime:$PWD PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1
@@ -134,6 +137,12 @@ print(f'with NCCL and one all-reduce: {(t - f1) / 2**30:.3f} GiB (allocator rese
     hf8)  timeout ${HF_S:-60} python3 scripts/first_step.py --write-hf /tmp/q8b --model qwen3-8b 2>&1 | quiet 3
           timeout ${FIRST_S:-100} python3 scripts/first_step.py --model /tmp/q8b --gpu-memory-gib ${GPU_GIB:-24} \
             --delivery-cast ${CAST:-gpu} > "$OUT/first8-hf.log" 2>&1; grep -vE "Warning|warn" "$OUT/first8-hf.log" | tail -9 ;;
+    probeg) timeout ${PROBE_S:-120} python3 scripts/probe_grad_bf16.py --params 1e9 --threads 16 \
+              --out "$OUT/probe-grad-bf16.jsonl" 2>&1 | grep -v Warn | cut -c1-110 ;;
+    hfp)  timeout ${HF_S:-90} python3 scripts/first_step.py --write-hf /tmp/hfp --model ${PRESET:-llama3.2-3b} 2>&1 | quiet 3
+          timeout ${FIRST_S:-150} python3 scripts/first_step.py --model /tmp/hfp --gpu-memory-gib ${GPU_GIB:-24} \
+            --steps ${HFP_STEPS:-5} > "$OUT/hfp-${PRESET:-llama3.2-3b}.log" 2>&1
+          grep -vE "Warning|warn" "$OUT/hfp-${PRESET:-llama3.2-3b}.log" | tail -12 ;;
     facts) df -h /dev/shm /tmp; free -g; nproc; cat /sys/fs/cgroup/memory.max 2>/dev/null
            cat /sys/kernel/mm/transparent_hugepage/enabled /sys/kernel/mm/transparent_hugepage/shmem_enabled ;;
     grid17b) G=auto:auto:auto:0:auto:host:auto:auto
