@@ -160,3 +160,28 @@ def test_delivery_cast_auto_takes_the_cast_that_fits_host_ram_and_the_run_resolv
     fp32 = ap.plan_job(JobConfig.from_dict({**base, "precision": "fp32", "model": "qwen3-0.6b"}),
                        _one_gpu_topology(), None)
     assert "delivery_cast_choice" not in fp32 and fp32["policy"]["delivery_cast"] == "host"
+
+
+def test_under_a_cap_the_planner_shrinks_the_loss_chunk_to_update_the_edge_and_a_few_layers_on_the_gpu():
+    """Qwen3-4B, micro-batch 4, 24 GiB, cast on the GPU (the capped runs' calibration): at the default loss chunk
+    (4096 tokens, a 10 GB loss-head transient) the embedding/head's device update does not fit, and the route search
+    used to give that route up and update everything on the host. A smaller loss chunk makes room; so do a few
+    leading layers below the device-layer ladder's first rung (9 layers, 16 GB of device state)."""
+    cal_path = os.path.join(os.path.dirname(FIX), "..", "..", "docs", "results", "s10", "calibration",
+                            "vm-3f733d50e10c1aa8.json")
+    with open(cal_path) as fh:
+        cal = json.load(fh)
+    base = {"model": "qwen3-4b", "data": {"path": "x.jsonl"}, "gpus": 1, "micro_batch_size": 4, "seq_len": 2048,
+            "gpu_memory_gib": 24, "cpu_threads": 16}
+    plan = ap.plan_job(JobConfig.from_dict({**base, "policy": {"delivery_cast": "gpu"}}), _one_gpu_topology(), cal)
+    pol = plan["policy"]
+    assert plan["feasible"] and pol["edge_update"] == "gpu" and pol["loss_chunk_tokens"] < 4096
+    assert 1 <= pol["device_layers"] < 9
+    assert plan["predicted"]["hbm_peak_gib"] <= 0.95 * (24 - 2.25)
+    at_default = [c for c in plan["candidates"] if c["policy"]["edge_update"] == "gpu"
+                  and c["policy"]["device_layers"] == pol["device_layers"] and c["policy"]["loss_chunk_tokens"] == 4096]
+    assert at_default and not any(c["fits"] for c in at_default)
+    host_only = ap.plan_job(JobConfig.from_dict({**base, "policy": {"delivery_cast": "gpu", "edge_update": "host",
+                                                                    "device_layers": 0}}), _one_gpu_topology(), cal)
+    assert host_only["feasible"] and host_only["policy"]["edge_update"] == "host"
+    assert plan["predicted"]["step_time_s"] < 0.9 * host_only["predicted"]["step_time_s"]

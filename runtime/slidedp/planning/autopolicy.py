@@ -294,7 +294,8 @@ class _Planner(RouteSearch, KnobSearch, PlanJson, MixSearch, Refusals):
         """The timed search: the best route and mix at the start knobs, then the knobs around it. Returns the
         policy (None when no route could be priced), its marginal costs, the candidates weighed and the routes
         left out; refuses a best that still does not fit."""
-        candidates, best, untimed = self.search_routes(start.window, start.chunk_mb, start.loss_chunk_tokens)
+        candidates, best, untimed = self.search_routes(start.window, start.chunk_mb, start.loss_chunk_tokens,
+                                                          start.loss_chunks)
         if best is None:
             return None, None, candidates, untimed
         pol, marginal = best

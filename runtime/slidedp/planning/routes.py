@@ -60,18 +60,32 @@ class RouteSearch:
 
     # ------------------------------------------------------------------ the search, with times
     def search_routes(
-        self, window: int, chunk: int, loss_chunk: int
+        self, window: int, chunk: int, loss_chunk: int, loss_chunks: list[int] | tuple[int, ...] = ()
     ) -> tuple[list[dict[str, Any]], Best | None, list[str]]:
         """Every route and count of device layers at these knobs, each with its activation mix solved: the
-        candidates weighed, the best (None when no route could be priced) and the routes left out, why."""
+        candidates weighed, the best (None when no route could be priced) and the routes left out, why.
+
+        A route whose leanest form does not fit at `loss_chunk` is tried at the smaller of `loss_chunks` before it
+        is given up: the loss head's transient scales with its chunk, and under a memory cap that is what decides
+        whether the embedding and head (or leading layers) fit beside the window for their update on the GPU."""
         candidates: list[dict[str, Any]] = []
         best: tuple[tuple[bool, float], ExecutionPolicy, dict] | None = None
         untimed = []
+        tries = [loss_chunk, *sorted((c for c in loss_chunks if c < loss_chunk), reverse=True)]
         for delivery, grad, edge in self.routes():
-            for n_dev in self.device_counts(grad):
-                start = self.base(delivery, grad, window, chunk, loss_chunk, {}, edge, n_dev)
+            counts = self.device_counts(grad)
+            if len(counts) > 1:  # the planner's choice: also the most leading layers that fit below its ladder
+                counts = sorted({*counts, self._most_device_layers(delivery, grad, window, chunk, tries[-1], edge,
+                                                                    counts[1])})
+            for n_dev in counts:
+                for lc in tries:
+                    start = self.base(delivery, grad, window, chunk, lc, {}, edge, n_dev)
+                    if self.fits(start) is None:
+                        break
                 if self.fits(start) is not None and n_dev:
                     continue  # the layers' device state alone does not fit: fewer layers were tried
+                if self.fits(start) is not None:
+                    start = self.base(delivery, grad, window, chunk, loss_chunk, {}, edge, n_dev)
                 try:
                     pol, marginal = self.solve_mix(start)
                 except Uncalibrated as exc:  # e.g. collectives not measured: this route cannot be priced
@@ -79,11 +93,29 @@ class RouteSearch:
                     label += f"/{n_dev} device layers" if n_dev else ""
                     untimed.append(f"{label} not timed ({exc})")
                     continue
+                if start.loss_chunk_tokens != loss_chunk:
+                    # listed beside it: the route at the default loss chunk, and why it does not fit there
+                    candidates.append(self.candidate(self.base(delivery, grad, window, chunk, loss_chunk, {}, edge,
+                                                               n_dev)))
                 candidates.append(self.candidate(pol))
                 rank = (self.fits(pol) is not None, self.time(pol))  # a plan that fits beats one that does not
                 if best is None or rank < best[0]:
                     best = (rank, pol, marginal)
         return candidates, None if best is None else (best[1], best[2]), untimed
+
+    def _most_device_layers(self, delivery: str, grad: str, window: int, chunk: int, loss_chunk: int, edge: str,
+                            below: int) -> int:
+        """The most leading layers, fewer than `below`, whose update on the GPUs fits at its leanest (every layer
+        checkpointed); 0 when none does. Under a memory cap the ladder's first rung (a quarter of the layers) is
+        often out of reach while a few layers fit, and each one takes its share of the host update off the CPU."""
+        lo, hi = 0, max(0, below - 1)
+        while lo < hi:  # the device state grows with the count: the largest count that fits, by bisection
+            mid = (lo + hi + 1) // 2
+            if self.fits(self.base(delivery, grad, window, chunk, loss_chunk, {}, edge, mid)) is None:
+                lo = mid
+            else:
+                hi = mid - 1
+        return lo
 
     # ------------------------------------------------------------------ without times
     def memory_only(self, window: int, chunk: int, loss_chunk: int) -> dict[str, Any]:
