@@ -31,7 +31,9 @@ def cast_runs(root, gpus: int) -> dict:
             "micro_batch_size": 2, "steps": STEPS, "ranks": 1 if gpus else 2, "gpus": gpus, "precision": "bf16", "output_dir": d,
             "export": False, "cpu_threads": 1, "optimizer": {"lr": 3e-3, "max_grad_norm": 0.0},
             "policy": {"delivery": "sharded", "grad_reduce": "gpu", "activations": "checkpoint",
-                       "resident_units": 0, "delivery_cast": cast},
+                       "resident_units": 0, "delivery_cast": cast,
+                       # pinned: left to AutoPolicy, a measured calibration may keep units on the device
+                       "edge_update": "host", "device_layers": 0},
             "checkpoint": {"interval": STEPS, "keep": 1},
             "deterministic": bool(gpus),  # two GPU runs agree bit for bit only with deterministic kernels
         })
