@@ -119,7 +119,7 @@ export const STAGE_TERMS: Readonly<Record<string, Term>> = {
   },
   starting_ranks: {
     label: "ranks",
-    text: "One process per GPU (or the job's CPU ranks) is started; each joins the process group and sets up its buffers.",
+    text: "One process per GPU (or the job's CPU ranks): each joins the process group, page-locks the host state and sets up its buffers. They start while the host state is filled; this is the part of their start-up left after it.",
   },
   first_step: {
     label: "first step",

@@ -371,10 +371,18 @@ def train(config: dict | JobConfig, on_step: Callable[[dict], None] | None = Non
         state_cache.layout = layout
     procs: list = []
     trackers: Trackers | None = None
+    ranks: Launch | None = None
     ended = "failed"  # how the trackers' run ends, unless a return below says otherwise
     try:
         start_step, data_state = 0, None
         t0 = time.perf_counter()
+        if resume_from is None:
+            # A run from step 0 starts its ranks now: their imports, CUDA and process group, attaching and
+            # page-locking the host state overlap its filling, and each waits for Board.HOST_READY before it reads
+            # the state. A resumed run learns its step and data position from the checkpoint first.
+            ranks = Launch("slidedp.step.rank:run", world, prefix="slidedp-pg-")
+            ranks.start(_rank_args(cfg, layout, policy, plan, ranks, 0, None, RankArgs))
+            procs.extend(ranks.procs)
         if resume_from is not None:
             startup.enter("loading_checkpoint")
             start_step, data_state = ckpt.load(resume_from, cfg, state)
@@ -419,12 +427,14 @@ def train(config: dict | JobConfig, on_step: Callable[[dict], None] | None = Non
             _log(on_log, f"step {start_step} of {cfg.steps} is the last: no step to run")
             last, last_data_state = start_step, data_state
         else:
+            if ranks is None:
+                ranks = Launch("slidedp.step.rank:run", world, prefix="slidedp-pg-")
             last, last_data_state = _run_ranks(cfg, state, layout, policy, plan, start_step, data_state, ckpt_root,
                                                metrics_path, records, procs, on_record, on_log, should_stop, RankArgs,
-                                               CKPT_DONE, monitor, startup)
+                                               CKPT_DONE, monitor, startup, ranks)
             if monitor.stop_reason is not None:  # nothing is saved or exported from the state after it
                 raise UnhealthyRun(monitor.stop_reason, monitor.diverged_step)
-            if last is None:  # stopped before the ranks were started
+            if last is None:  # stopped before any rank read the host state
                 ended = "stopped"
                 return TrainResult("stopped", start_step, [], cfg.output_dir, None,
                                    ckpt_root if os.path.isdir(ckpt_root) else None, policy, plan)
@@ -452,96 +462,104 @@ def train(config: dict | JobConfig, on_step: Callable[[dict], None] | None = Non
                     p.wait(timeout=10)
                 except subprocess.TimeoutExpired:
                     p.kill()
+        if ranks is not None:
+            ranks.close()
         unlink(layout, keep_state=state_cache is not None)
         if trackers is not None:
             trackers.close(ended)
 
 
+def _rank_args(cfg: JobConfig, layout: HostLayout, policy: ExecutionPolicy, plan: dict, ranks: Launch,
+               start_step: int, data_state: dict | None, rank_args):
+    return rank_args(config=cfg.to_dict(), layout=layout, policy=policy, predicted=_metrics_prediction(plan),
+                     init_file=ranks.init_file, start_step=start_step, data_state=data_state,
+                     checkpoint_steps=CheckpointSteps(start_step, cfg.steps, cfg.checkpoint.interval),
+                     cpu_threads=_cpu_threads(cfg))
+
+
 def _run_ranks(cfg: JobConfig, state, layout: HostLayout, policy: ExecutionPolicy, plan: dict, start_step: int,
                data_state: dict | None, ckpt_root: str, metrics_path: str, records: list[dict], procs: list,
                on_step, on_log, should_stop, rank_args, ckpt_done: int,
-               monitor: HealthMonitor, startup: Startup) -> tuple[int | None, dict | None]:
-    """Start the rank processes (appended to `procs`, which the caller ends), relay their records and checkpoint
-    requests until each reports done; (last step finished, data position after it), or (None, None) when a stop
-    came before any rank was started. Each record passes the health monitor first: a diverged step, or a warning
-    with on_warning stop, asks the ranks to stop at their next boundary, and no checkpoint is written after it."""
+               monitor: HealthMonitor, startup: Startup, ranks: Launch) -> tuple[int | None, dict | None]:
+    """Let the rank processes train (started already while the host state was filled, or started here; appended
+    to `procs`, which the caller ends with `ranks`), relay their records and checkpoint requests until each reports
+    done; (last step finished, data position after it), or (None, None) when a stop came before any rank read the
+    host state. Each record passes the health monitor first: a diverged step, or a warning with on_warning stop,
+    asks the ranks to stop at their next boundary, and no checkpoint is written after it."""
     from slidedp.persist import checkpoint as ckpt
 
     world = cfg.world_size
     best = ckpt.BestKeeper(ckpt_root, cfg.eval.keep_best)
-    with Launch("slidedp.step.rank:run", world, prefix="slidedp-pg-") as ranks:
-        args = rank_args(config=cfg.to_dict(), layout=layout, policy=policy, predicted=_metrics_prediction(plan),
-                         init_file=ranks.init_file, start_step=start_step, data_state=data_state,
-                         checkpoint_steps=CheckpointSteps(start_step, cfg.steps, cfg.checkpoint.interval),
-                         cpu_threads=_cpu_threads(cfg))
-        if should_stop is not None and should_stop():  # asked while the host state was filled: no rank started
-            _log(on_log, "stopped before the ranks were started")
-            return None, None
-        startup.enter("starting_ranks")
-        ranks.start(args)
+    if should_stop is not None and should_stop():  # asked while the host state was filled: nothing trained
+        _log(on_log, "stopped before training began")
+        return None, None
+    startup.enter("starting_ranks")
+    if not ranks.procs:
+        ranks.start(_rank_args(cfg, layout, policy, plan, ranks, start_step, data_state, rank_args))
         procs.extend(ranks.procs)
-        done: dict[int, dict] = {}
-        stop_sent = False
-        while len(done) < world:
-            if should_stop is not None and not stop_sent:
-                want = should_stop()
-                if want:
-                    if want == "save":  # written by this process once every rank has stopped (below)
-                        state.board.set(state.board.SAVE_REQUEST, 1)
-                    state.board.set(state.board.STOP_REQUEST, 1)
-                    stop_sent = True
-            try:
-                kind, rank, payload = ranks.get(timeout=0.1)
-            except queue_mod.Empty:
-                dead = ranks.failed()
-                if dead:
-                    state.board.set(state.board.STOP_REQUEST, 2)
-                    for kind, rank, payload in ranks.drain(0.5):  # its last words, when it had time for them
-                        if kind == "error":
-                            raise TrainError(f"rank {rank} failed:\n{payload['traceback']}") from None
-                    raise TrainError(f"rank {dead[0][0]} exited with code {dead[0][1]} before reporting") from None
-                continue
-            if kind == "stage":  # rank 0 is about to run its first step
-                startup.enter(payload["stage"])
-                continue
-            if kind == "record":
-                if not startup.done:
-                    payload["startup_s"] = startup.finish()
-                    payload["time_to_first_step_s"] = startup.total_s
-                payload["host_rss_gib"] = _rss_gib([p.pid for p in procs], state.shared_bytes())
-                diverged, raised = monitor.check(payload)
-                if raised:
-                    payload["warnings"] = raised
-                if diverged:
-                    payload["diverged"] = diverged
-                records.append(payload)
-                with open(metrics_path, "a", encoding="utf-8") as fh:
-                    fh.write(json.dumps(finite_json(payload)) + "\n")
-                _log(on_log, _format_step(payload, cfg.steps))
-                for w in raised:
-                    _log(on_log, f"warning: {w['message']}")
-                if on_step is not None:
-                    on_step(payload)
-                if monitor.stop_reason is not None and not stop_sent:
-                    _log(on_log, f"{monitor.stop_reason}: stopping the ranks at their next step boundary")
-                    state.board.set(state.board.STOP_REQUEST, 1)
-                    stop_sent = True
-            elif kind == "checkpoint":
-                if monitor.stop_reason is None:
-                    path = ckpt.save(ckpt_root, payload["step"], cfg, state, payload["data_state"],
-                                     keep=cfg.checkpoint.keep)
-                    _log(on_log, f"checkpoint of step {payload['step']} written to {path}")
-                    kept = best.written(payload["step"], path, records)
-                    if kept is not None:
-                        _log(on_log, f"checkpoint of step {payload['step']} has the lowest eval loss so far: kept "
-                                     f"as {kept}")
-                else:  # the earlier checkpoints stay as they are: nothing rotates them away
-                    _log(on_log, f"checkpoint of step {payload['step']} not written: {monitor.stop_reason}")
-                state.board.set(ckpt_done, payload["step"])
-            elif kind == "error":
+    state.board.set(state.board.HOST_READY, 1)
+    done: dict[int, dict] = {}
+    stop_sent = False
+    while len(done) < world:
+        if should_stop is not None and not stop_sent:
+            want = should_stop()
+            if want:
+                if want == "save":  # written by this process once every rank has stopped (below)
+                    state.board.set(state.board.SAVE_REQUEST, 1)
+                state.board.set(state.board.STOP_REQUEST, 1)
+                stop_sent = True
+        try:
+            kind, rank, payload = ranks.get(timeout=0.1)
+        except queue_mod.Empty:
+            dead = ranks.failed()
+            if dead:
                 state.board.set(state.board.STOP_REQUEST, 2)
-                raise TrainError(f"rank {rank} failed:\n{payload['traceback']}")
-            elif kind == "done":
-                done[rank] = payload
-        ranks.wait(timeout=60)
-        return done[0]["last_step"], done[0]["data_state"]
+                for kind, rank, payload in ranks.drain(0.5):  # its last words, when it had time for them
+                    if kind == "error":
+                        raise TrainError(f"rank {rank} failed:\n{payload['traceback']}") from None
+                raise TrainError(f"rank {dead[0][0]} exited with code {dead[0][1]} before reporting") from None
+            continue
+        if kind == "stage":  # rank 0 is about to run its first step
+            startup.enter(payload["stage"])
+            continue
+        if kind == "record":
+            if not startup.done:
+                payload["startup_s"] = startup.finish()
+                payload["time_to_first_step_s"] = startup.total_s
+            payload["host_rss_gib"] = _rss_gib([p.pid for p in procs], state.shared_bytes())
+            diverged, raised = monitor.check(payload)
+            if raised:
+                payload["warnings"] = raised
+            if diverged:
+                payload["diverged"] = diverged
+            records.append(payload)
+            with open(metrics_path, "a", encoding="utf-8") as fh:
+                fh.write(json.dumps(finite_json(payload)) + "\n")
+            _log(on_log, _format_step(payload, cfg.steps))
+            for w in raised:
+                _log(on_log, f"warning: {w['message']}")
+            if on_step is not None:
+                on_step(payload)
+            if monitor.stop_reason is not None and not stop_sent:
+                _log(on_log, f"{monitor.stop_reason}: stopping the ranks at their next step boundary")
+                state.board.set(state.board.STOP_REQUEST, 1)
+                stop_sent = True
+        elif kind == "checkpoint":
+            if monitor.stop_reason is None:
+                path = ckpt.save(ckpt_root, payload["step"], cfg, state, payload["data_state"],
+                                 keep=cfg.checkpoint.keep)
+                _log(on_log, f"checkpoint of step {payload['step']} written to {path}")
+                kept = best.written(payload["step"], path, records)
+                if kept is not None:
+                    _log(on_log, f"checkpoint of step {payload['step']} has the lowest eval loss so far: kept "
+                                 f"as {kept}")
+            else:  # the earlier checkpoints stay as they are: nothing rotates them away
+                _log(on_log, f"checkpoint of step {payload['step']} not written: {monitor.stop_reason}")
+            state.board.set(ckpt_done, payload["step"])
+        elif kind == "error":
+            state.board.set(state.board.STOP_REQUEST, 2)
+            raise TrainError(f"rank {rank} failed:\n{payload['traceback']}")
+        elif kind == "done":
+            done[rank] = payload
+    ranks.wait(timeout=60)
+    return done[0]["last_step"], done[0]["data_state"]

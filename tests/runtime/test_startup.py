@@ -46,3 +46,101 @@ def test_stages_are_named_and_progress_is_rate_limited():
     s.progress(1000, 1000)
     assert events[-1]["progress"] == 1.0
     assert set(s.finish()) == {"building_host_state"} and events[-1]["stage"] == "training"
+
+
+def _rank_children() -> list[int]:
+    """This process's children that run a rank (python -m slidedp.ranks ...)."""
+    import os
+
+    out = []
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            with open(f"/proc/{pid}/stat") as fh:
+                ppid = int(fh.read().rsplit(")", 1)[1].split()[1])
+            with open(f"/proc/{pid}/cmdline", "rb") as fh:
+                cmd = fh.read().split(b"\0")
+        except (OSError, IndexError, ValueError):
+            continue
+        if ppid == os.getpid() and b"slidedp.ranks" in cmd:
+            out.append(int(pid))
+    return out
+
+
+def _cpu_ticks(pids: list[int]) -> int:
+    """User and system CPU time of the processes, in clock ticks (10 ms)."""
+    total = 0
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat") as fh:
+                fields = fh.read().rsplit(")", 1)[1].split()
+            total += int(fields[11]) + int(fields[12])
+        except (OSError, IndexError, ValueError):
+            pass
+    return total
+
+
+def _maps(pid: int, path: str) -> bool:
+    try:
+        with open(f"/proc/{pid}/maps") as fh:
+            return path in fh.read()
+    except OSError:
+        return False
+
+
+def _job(tmp_path, name: str) -> dict:
+    data = make_pattern_data(str(tmp_path / "data.jsonl"), rows=16, seq_len=32)
+    return {"model": "tiny-qwen3", "data": {"path": data, "format": "tokens", "shuffle": False}, "seq_len": 32,
+            "micro_batch_size": 2, "steps": 2, "ranks": 2, "precision": "fp32", "export": False,
+            "output_dir": str(tmp_path / name), "optimizer": {"max_grad_norm": 0.0},
+            "policy": {"delivery": "sharded", "grad_reduce": "gpu", "activations": "checkpoint", "resident_units": 0,
+                       "edge_update": "host", "device_layers": 0, "delivery_cast": "host"}}
+
+
+def test_the_ranks_start_while_the_host_state_is_filled_and_read_it_only_once_it_is_whole(tmp_path, monkeypatch):
+    """A run from step 0 starts its rank processes before the host state is filled, so their start-up (imports,
+    CUDA, the process group, page-locking) overlaps the fill; they must not read the state before it is whole. A
+    fill held back until the ranks have attached the state and gone quiet trains the same losses as one that is
+    not."""
+    import time
+
+    from slidedp import launch
+
+    plain = train(_job(tmp_path, "plain"))
+    fill = launch._init_host_state
+    alive: list[int] = []
+
+    def slow_fill(cfg, adapter, state, *args, **kwargs):
+        alive.extend(_rank_children())
+        board = state.layout.path("board")
+        deadline = time.monotonic() + 120
+        # each rank has the state mapped and has gone quiet: waiting for the fill, or (were it not to wait) done
+        # training on the zeros the state holds before it
+        while time.monotonic() < deadline:
+            before = _cpu_ticks(alive)
+            time.sleep(1.0)
+            if all(_maps(pid, board) for pid in alive) and _cpu_ticks(alive) - before <= 10:
+                break
+        else:
+            raise AssertionError("the ranks did not attach the host state and wait")
+        fill(cfg, adapter, state, *args, **kwargs)
+
+    monkeypatch.setattr(launch, "_init_host_state", slow_fill)
+    held = train(_job(tmp_path, "held"))
+    assert len(alive) == 2, "the ranks were not started before the fill"
+    assert [r["loss"] for r in held.metrics] == [r["loss"] for r in plain.metrics]
+    assert [r["grad_norm"] for r in held.metrics] == [r["grad_norm"] for r in plain.metrics]
+
+
+def test_a_fill_that_fails_ends_the_ranks_started_before_it(tmp_path, monkeypatch):
+    from slidedp import launch
+
+    def broken_fill(*args, **kwargs):
+        assert _rank_children()
+        raise OSError("the model's weights could not be read")
+
+    monkeypatch.setattr(launch, "_init_host_state", broken_fill)
+    with pytest.raises(OSError, match="could not be read"):
+        train(_job(tmp_path, "broken"))
+    assert _rank_children() == []

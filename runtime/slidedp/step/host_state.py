@@ -133,8 +133,9 @@ class Board:
     reader that sees a counter also sees the data.
     """
 
-    # fixed slots
+    # fixed slots (4 and 5: the checkpoint handshake of slidedp.step.rank)
     STOP_REQUEST, STOP_STEP, BOUNDARY, SAVE_REQUEST = 0, 1, 2, 3
+    HOST_READY = 6  # 1 once the launcher has filled the state: the ranks start before it is, and wait for it
     FIXED = 8
 
     def __init__(self, layout: HostLayout, create: bool):

@@ -116,6 +116,11 @@ def rank_main(rank: int, world: int, args: RankArgs, queue) -> None:
             if board.get(Board.STOP_REQUEST) == 2:  # the launcher saw a rank die
                 raise RuntimeError("another rank failed")
 
+        # Everything above overlaps the launcher's filling of the host state; nothing below may read it before
+        # the launcher says it is whole.
+        wait_until(lambda: board.get(Board.HOST_READY) == 1, "the launcher to fill the host state",
+                   timeout_s=math.inf, abort=_launcher_alive(abort))
+
         engine = RankEngine(cfg, adapter, state, args.policy, rank, world, device, groups, abort=abort)
         engine.updater.last_step = args.start_step
         engine.updater.start()
@@ -169,6 +174,18 @@ def rank_main(rank: int, world: int, args: RankArgs, queue) -> None:
     finally:
         if state is not None:
             state.unpin()
+
+
+def _launcher_alive(abort):
+    """abort(), and an error once the launcher that started this rank has exited (the rank is re-parented)."""
+    parent = os.getppid()
+
+    def check() -> None:
+        abort()
+        if os.getppid() != parent:
+            raise RuntimeError("the launcher exited before the host state was filled")
+
+    return check
 
 
 def _step_finite(t) -> bool:
