@@ -124,15 +124,20 @@ def _one_gpu_topology():
         return json.load(fh)["topology"]
 
 
-def test_delivery_cast_auto_takes_the_faster_cast_measured_under_a_cap():
-    """Qwen3-4B at micro-batch 4 under 24 GiB, with the calibration of the capped runs (docs/results/s10): the
-    cast on the GPU measured 1.282 s against 1.489 s on the host, and AutoPolicy, asked, prices and takes it."""
+def _capped_4b() -> tuple[dict, dict]:
+    """The calibration of the capped runs (docs/results/s10) and the Qwen3-4B micro-batch-4 job under 24 GiB."""
     cal_path = os.path.join(os.path.dirname(FIX), "..", "..", "docs", "results", "s10", "calibration",
                             "vm-3f733d50e10c1aa8.json")
     with open(cal_path) as fh:
         cal = json.load(fh)
-    base = {"model": "qwen3-4b", "data": {"path": "x.jsonl"}, "gpus": 1, "micro_batch_size": 4, "seq_len": 2048,
-            "gpu_memory_gib": 24, "cpu_threads": 16}
+    return cal, {"model": "qwen3-4b", "data": {"path": "x.jsonl"}, "gpus": 1, "micro_batch_size": 4,
+                 "seq_len": 2048, "gpu_memory_gib": 24, "cpu_threads": 16}
+
+
+def test_delivery_cast_auto_takes_the_faster_cast_measured_under_a_cap():
+    """Qwen3-4B at micro-batch 4 under 24 GiB, with the calibration of the capped runs (docs/results/s10): the
+    cast on the GPU measured 1.282 s against 1.489 s on the host, and AutoPolicy, asked, prices and takes it."""
+    cal, base = _capped_4b()
     auto = ap.plan_job(JobConfig.from_dict({**base, "policy": {"delivery_cast": "auto"}}), _one_gpu_topology(), cal)
     choice = auto["delivery_cast_choice"]
     assert auto["feasible"] and auto["policy"]["delivery_cast"] == choice["chosen"] == "gpu"
@@ -167,12 +172,7 @@ def test_under_a_cap_the_planner_shrinks_the_loss_chunk_to_update_the_edge_and_a
     (4096 tokens, a 10 GB loss-head transient) the embedding/head's device update does not fit, and the route search
     used to give that route up and update everything on the host. A smaller loss chunk makes room; so do a few
     leading layers below the device-layer ladder's first rung (9 layers, 16 GB of device state)."""
-    cal_path = os.path.join(os.path.dirname(FIX), "..", "..", "docs", "results", "s10", "calibration",
-                            "vm-3f733d50e10c1aa8.json")
-    with open(cal_path) as fh:
-        cal = json.load(fh)
-    base = {"model": "qwen3-4b", "data": {"path": "x.jsonl"}, "gpus": 1, "micro_batch_size": 4, "seq_len": 2048,
-            "gpu_memory_gib": 24, "cpu_threads": 16}
+    cal, base = _capped_4b()
     plan = ap.plan_job(JobConfig.from_dict({**base, "policy": {"delivery_cast": "gpu"}}), _one_gpu_topology(), cal)
     pol = plan["policy"]
     assert plan["feasible"] and pol["edge_update"] == "gpu" and pol["loss_chunk_tokens"] < 4096
