@@ -40,6 +40,7 @@ def _rank_pids(pgid: int) -> list[int]:
     return [pid for pid, cmdline in _group_members(pgid).items() if b"slidedp.step.rank" in cmdline]
 
 
+@pytest.mark.slow  # make test-fast keeps its 10 minutes; make test runs it
 def test_cancel_kills_a_job_that_does_not_stop_within_the_grace_period(client, worker, dataset):
     job = client.post("/api/jobs", json=tiny_job(dataset, steps=100_000)).json()
     # A cancel before the attempt's first step ends it cleanly at once (there is nothing to lose yet), so the

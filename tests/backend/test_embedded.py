@@ -9,6 +9,7 @@ import subprocess
 import sys
 
 import httpx
+import pytest
 from backend_support import free_port, wait_for
 
 
@@ -127,6 +128,7 @@ def test_serve_uses_redis_url_and_database_url_when_set(tmp_path):
     assert code == 0, (tmp_path / "serve.log").read_text()[-3000:]
 
 
+@pytest.mark.slow  # make test-fast keeps its 10 minutes; make test runs it
 def test_killed_serve_takes_its_redis_and_worker_with_it(tmp_path):
     data = tmp_path / "data"
     port = free_port()

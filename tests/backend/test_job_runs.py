@@ -113,6 +113,7 @@ def test_submitted_job_runs_and_streams_metrics_until_completed(client, worker, 
     assert not Path(done["output_dir"]).exists()
 
 
+@pytest.mark.slow  # make test-fast keeps its 10 minutes; make test runs it
 def test_a_diverged_job_fails_with_its_reason_and_a_sick_one_carries_its_warnings(client, worker, dataset):
     """Run health over REST: lr 1e30 makes step 2's loss non-finite (failed, `diverged: ...`, no export, the
     checkpoint of step 1 kept); a loss-spike factor barely above 1 turns ordinary noise into warnings, which the
@@ -142,6 +143,7 @@ def test_a_diverged_job_fails_with_its_reason_and_a_sick_one_carries_its_warning
         assert order[order.index(("warning", w["step"])) - 1] == ("metrics", w["step"])
 
 
+@pytest.mark.slow  # make test-fast keeps its 10 minutes; make test runs it
 def test_duplicate_queue_message_never_runs_a_job_twice(client, worker, dataset, settings, redis_server):
     from slidedp_web.celery_app import enqueue
 

@@ -5,6 +5,7 @@ metrics record. Behind the API token when one is set."""
 from __future__ import annotations
 
 import httpx
+import pytest
 from backend_support import ApiServer, make_settings, read_sse, tiny_job, wait_for, wait_status
 from fault_support import metric_steps, scrape
 
@@ -13,6 +14,7 @@ def by_status(seen: dict) -> dict[str, float]:
     return {dict(labels)["status"]: v for (name, labels), v in seen.items() if name == "slidedp_jobs"}
 
 
+@pytest.mark.slow  # make test-fast keeps its 10 minutes; make test runs it
 def test_metrics_report_jobs_queues_workers_and_running_jobs(client, worker, settings, dataset):
     running = client.post("/api/jobs", json=tiny_job(dataset, steps=100_000)).json()
     read_sse(client, f"/api/jobs/{running['id']}/events", stop=lambda ev: len(metric_steps(ev)) >= 3)

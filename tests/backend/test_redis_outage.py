@@ -34,6 +34,7 @@ def queued_messages(redis_server, queue: str) -> list[tuple[str, list]]:
     return out
 
 
+@pytest.mark.slow  # make test-fast keeps its 10 minutes; make test runs it
 def test_redis_outage_refuses_writes_keeps_reads_and_requeues_lost_jobs(client, settings, own_redis, dataset):
     job = client.post("/api/jobs", json=tiny_job(dataset)).json()
     assert queued_messages(own_redis, settings.queue) == [("slidedp.run_job", [job["id"], 1])]
@@ -74,6 +75,7 @@ def test_a_second_api_process_finding_redis_intact_sends_nothing_again(settings,
     assert queued_messages(own_redis, settings.queue) == before
 
 
+@pytest.mark.slow  # make test-fast keeps its 10 minutes; make test runs it
 def test_worker_told_to_stop_while_redis_is_gone_still_exits(module_dir):
     """Stopping `slidedp serve` (or a killed one) takes Redis and the worker down together; Celery's own shutdown
     would keep retrying the vanished broker, so the worker bounds its shutdown."""

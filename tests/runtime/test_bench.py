@@ -3,9 +3,11 @@
 import json
 import os
 
+import pytest
 from slidedp import bench
 
 
+@pytest.mark.slow  # make test-fast keeps its 10 minutes; make test runs it
 def test_bench_reuses_one_host_state_and_removes_it(tmp_path, monkeypatch, capsys):
     shm = tmp_path / "shm"
     shm.mkdir()

@@ -113,6 +113,7 @@ def test_two_ranks_every_route_matches_adamw(workdir, delivery, grad):
     _check(workdir, "untied", 2, delivery, grad, 1 + i % 2, CLIP if i // 2 else 0.0)
 
 
+@pytest.mark.slow  # make test-fast keeps its 10 minutes; make test runs it
 def test_three_ranks_sharded_gpu_with_accumulation_and_clipping(workdir):
     _check(workdir, "untied", 3, "sharded", "gpu", 2, CLIP)
 
@@ -122,6 +123,7 @@ def test_tied_embeddings_match_adamw(workdir):
 
 
 # ids spelled out: a test whose keywords include "gpu" (a bare "gpu" id would be one) is skipped without CUDA
+@pytest.mark.slow  # make test-fast keeps its 10 minutes; make test runs it
 @pytest.mark.parametrize("grad", ["host", "gpu"], ids=["host-route", "gpu-route"])
 def test_three_ranks_sharded_pad_units_that_three_does_not_divide(workdir, grad):
     """Every unit of the tied tiny model leaves a remainder over 3 ranks (32768, 4 x 43168 and the 64-parameter
@@ -159,6 +161,7 @@ def test_activation_policies_and_residency_match_adamw(workdir, policy):
     _check(workdir, "untied", 2, "sharded", "gpu", 2, CLIP, policy=policy)
 
 
+@pytest.mark.slow  # make test-fast keeps its 10 minutes; make test runs it
 def test_offloaded_activations_match_adamw_and_cross_as_bytes(workdir):
     """Offload's bookkeeping (each saved storage copied out once, views rebuilt from the copy fetched back into
     the engine's two slots) on real gloo ranks, where the copies are synchronous: exact against AdamW, and every

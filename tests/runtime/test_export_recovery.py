@@ -172,6 +172,7 @@ def test_resuming_at_the_last_step_only_exports(runs, tmp_path, monkeypatch):
     assert any("no step to run" in line for line in logs)
 
 
+@pytest.mark.slow  # make test-fast keeps its 10 minutes; make test runs it
 def test_a_failed_export_keeps_every_checkpoint(runs, tmp_path, monkeypatch):
     """Checkpoints of steps 1 and 2 (keep 1 would prune), a resumed leg without interval: the step-3 checkpoint
     written for the failed export is added, nothing is removed."""

@@ -26,6 +26,8 @@ from slidedp.validation import validate_job  # noqa: E402
 
 from tests.runtime.exactness import make_token_data, read_metrics  # noqa: E402
 
+pytestmark = pytest.mark.slow  # its fixture trains three runs: make test, not make test-fast
+
 SEQ = 32
 
 

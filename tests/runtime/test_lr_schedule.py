@@ -123,6 +123,7 @@ def test_schedule_trains_to_the_weights_of_torch_adamw_under_lambdalr(workdir, n
     _assert_matches(workdir, out, result.metrics, ref)
 
 
+@pytest.mark.slow  # make test-fast keeps its 10 minutes; make test runs it
 def test_a_stopped_and_resumed_schedule_ends_at_the_uninterrupted_torch_weights(workdir):
     """Stopped once step 3 is reported (the interval checkpoint of step 3 is the one resumed), resumed to 6:
     the schedule continues from step 4 of the 6-step run, with AdamW's step count restored."""

@@ -98,6 +98,7 @@ def _job(tmp_path, name: str) -> dict:
                        "edge_update": "host", "device_layers": 0, "delivery_cast": "host"}}
 
 
+@pytest.mark.slow  # make test-fast keeps its 10 minutes; make test runs it
 def test_the_ranks_start_while_the_host_state_is_filled_and_read_it_only_once_it_is_whole(tmp_path, monkeypatch):
     """A run from step 0 starts its rank processes before the host state is filled, so their start-up (imports,
     CUDA, the process group, page-locking) overlaps the fill; they must not read the state before it is whole. A
