@@ -11,7 +11,6 @@ import dataclasses
 import json
 import os
 import queue as queue_mod
-import subprocess
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -369,26 +368,23 @@ def train(config: dict | JobConfig, on_step: Callable[[dict], None] | None = Non
     state = HostState.create(layout, keep_state=reuse)
     if state_cache is not None:
         state_cache.layout = layout
-    procs: list = []
     trackers: Trackers | None = None
     ranks: Launch | None = None
     ended = "failed"  # how the trackers' run ends, unless a return below says otherwise
     try:
         start_step, data_state = 0, None
         t0 = time.perf_counter()
-        if resume_from is None:
-            # A run from step 0 starts its ranks now: their imports, CUDA and process group, attaching and
-            # page-locking the host state overlap its filling, and each waits for Board.HOST_READY before it reads
-            # the state. A resumed run learns its step and data position from the checkpoint first.
-            ranks = Launch("slidedp.step.rank:run", world, prefix="slidedp-pg-")
-            ranks.start(_rank_args(cfg, layout, policy, plan, ranks, 0, None, RankArgs))
-            procs.extend(ranks.procs)
+        ranks = Launch("slidedp.step.rank:run", world, prefix="slidedp-pg-")
         if resume_from is not None:
             startup.enter("loading_checkpoint")
             start_step, data_state = ckpt.load(resume_from, cfg, state)
             _rewind_metrics(metrics_path, start_step)
             _log(on_log, f"resumed from step {start_step} ({resume_from})")
         else:
+            # A run from step 0 starts its ranks now: their imports, CUDA and process group, attaching and
+            # page-locking the host state overlap its filling, and each waits for Board.HOST_READY before it reads
+            # the state. A resumed run learns its step and data position from the checkpoint first.
+            ranks.start(_rank_args(cfg, layout, policy, plan, ranks, 0, None, RankArgs))
             if init_source is not None:  # that run's weights; moments zero, step 0, the data from the start
                 startup.enter("loading_checkpoint")
                 source_step = ckpt.load_weights(init_source, state, zero_moments=not state.fresh)
@@ -427,10 +423,8 @@ def train(config: dict | JobConfig, on_step: Callable[[dict], None] | None = Non
             _log(on_log, f"step {start_step} of {cfg.steps} is the last: no step to run")
             last, last_data_state = start_step, data_state
         else:
-            if ranks is None:
-                ranks = Launch("slidedp.step.rank:run", world, prefix="slidedp-pg-")
             last, last_data_state = _run_ranks(cfg, state, layout, policy, plan, start_step, data_state, ckpt_root,
-                                               metrics_path, records, procs, on_record, on_log, should_stop, RankArgs,
+                                               metrics_path, records, on_record, on_log, should_stop, RankArgs,
                                                CKPT_DONE, monitor, startup, ranks)
             if monitor.stop_reason is not None:  # nothing is saved or exported from the state after it
                 raise UnhealthyRun(monitor.stop_reason, monitor.diverged_step)
@@ -455,14 +449,7 @@ def train(config: dict | JobConfig, on_step: Callable[[dict], None] | None = Non
                            ckpt_root if os.path.isdir(ckpt_root) else None, policy, plan,
                            exported_files=files, warnings=monitor.warnings)
     finally:
-        for p in procs:
-            if p.poll() is None:
-                p.terminate()
-                try:
-                    p.wait(timeout=10)
-                except subprocess.TimeoutExpired:
-                    p.kill()
-        if ranks is not None:
+        if ranks is not None:  # ends the ranks still running (killed after 10 s)
             ranks.close()
         unlink(layout, keep_state=state_cache is not None)
         if trackers is not None:
@@ -478,11 +465,11 @@ def _rank_args(cfg: JobConfig, layout: HostLayout, policy: ExecutionPolicy, plan
 
 
 def _run_ranks(cfg: JobConfig, state, layout: HostLayout, policy: ExecutionPolicy, plan: dict, start_step: int,
-               data_state: dict | None, ckpt_root: str, metrics_path: str, records: list[dict], procs: list,
+               data_state: dict | None, ckpt_root: str, metrics_path: str, records: list[dict],
                on_step, on_log, should_stop, rank_args, ckpt_done: int,
                monitor: HealthMonitor, startup: Startup, ranks: Launch) -> tuple[int | None, dict | None]:
-    """Let the rank processes train (started already while the host state was filled, or started here; appended
-    to `procs`, which the caller ends with `ranks`), relay their records and checkpoint requests until each reports
+    """Let the rank processes train (started already while the host state was filled, or started here; the caller
+    ends them by closing `ranks`), relay their records and checkpoint requests until each reports
     done; (last step finished, data position after it), or (None, None) when a stop came before any rank read the
     host state. Each record passes the health monitor first: a diverged step, or a warning with on_warning stop,
     asks the ranks to stop at their next boundary, and no checkpoint is written after it."""
@@ -496,7 +483,6 @@ def _run_ranks(cfg: JobConfig, state, layout: HostLayout, policy: ExecutionPolic
     startup.enter("starting_ranks")
     if not ranks.procs:
         ranks.start(_rank_args(cfg, layout, policy, plan, ranks, start_step, data_state, rank_args))
-        procs.extend(ranks.procs)
     state.board.set(state.board.HOST_READY, 1)
     done: dict[int, dict] = {}
     stop_sent = False
@@ -526,7 +512,7 @@ def _run_ranks(cfg: JobConfig, state, layout: HostLayout, policy: ExecutionPolic
             if not startup.done:
                 payload["startup_s"] = startup.finish()
                 payload["time_to_first_step_s"] = startup.total_s
-            payload["host_rss_gib"] = _rss_gib([p.pid for p in procs], state.shared_bytes())
+            payload["host_rss_gib"] = _rss_gib(ranks.pids, state.shared_bytes())
             diverged, raised = monitor.check(payload)
             if raised:
                 payload["warnings"] = raised

@@ -156,12 +156,12 @@ def test_cli_export(runs, tmp_path, capsys):
 def test_resuming_at_the_last_step_only_exports(runs, tmp_path, monkeypatch):
     out = str(tmp_path / "retry")
     shutil.copytree(os.path.join(runs["f_out"], "checkpoints"), os.path.join(out, "checkpoints"))
-    import slidedp.launch as launch
+    import slidedp.ranks as ranks
 
     def no_rank(*args, **kwargs):
         raise AssertionError("a rank process was started")
 
-    monkeypatch.setattr(launch.subprocess, "Popen", no_rank)
+    monkeypatch.setattr(ranks.subprocess, "Popen", no_rank)  # what slidedp.ranks.Launch starts them with
     logs: list[str] = []
     result = slidedp.train(_config(runs["data"], out, resume=True), on_log=logs.append)
     assert result.status == "completed" and result.steps_done == STEPS and result.metrics == []

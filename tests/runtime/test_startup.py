@@ -3,6 +3,9 @@ filled, and the durations in the first step's record, the log and the `training`
 
 from __future__ import annotations
 
+import contextlib
+
+import psutil
 import pytest
 from slidedp.launch import train
 from slidedp.startup import Startup
@@ -48,44 +51,30 @@ def test_stages_are_named_and_progress_is_rate_limited():
     assert set(s.finish()) == {"building_host_state"} and events[-1]["stage"] == "training"
 
 
-def _rank_children() -> list[int]:
+def _rank_children() -> list[psutil.Process]:
     """This process's children that run a rank (python -m slidedp.ranks ...)."""
-    import os
-
     out = []
-    for pid in os.listdir("/proc"):
-        if not pid.isdigit():
-            continue
-        try:
-            with open(f"/proc/{pid}/stat") as fh:
-                ppid = int(fh.read().rsplit(")", 1)[1].split()[1])
-            with open(f"/proc/{pid}/cmdline", "rb") as fh:
-                cmd = fh.read().split(b"\0")
-        except (OSError, IndexError, ValueError):
-            continue
-        if ppid == os.getpid() and b"slidedp.ranks" in cmd:
-            out.append(int(pid))
+    for child in psutil.Process().children():
+        with contextlib.suppress(psutil.Error):
+            if "slidedp.ranks" in child.cmdline():
+                out.append(child)
     return out
 
 
-def _cpu_ticks(pids: list[int]) -> int:
-    """User and system CPU time of the processes, in clock ticks (10 ms)."""
-    total = 0
-    for pid in pids:
-        try:
-            with open(f"/proc/{pid}/stat") as fh:
-                fields = fh.read().rsplit(")", 1)[1].split()
-            total += int(fields[11]) + int(fields[12])
-        except (OSError, IndexError, ValueError):
-            pass
+def _cpu_s(procs: list[psutil.Process]) -> float:
+    """User and system CPU time of the processes (those that have exited count nothing)."""
+    total = 0.0
+    for proc in procs:
+        with contextlib.suppress(psutil.Error):
+            times = proc.cpu_times()
+            total += times.user + times.system
     return total
 
 
-def _maps(pid: int, path: str) -> bool:
+def _maps(proc: psutil.Process, path: str) -> bool:
     try:
-        with open(f"/proc/{pid}/maps") as fh:
-            return path in fh.read()
-    except OSError:
+        return any(m.path == path for m in proc.memory_maps(grouped=True))
+    except psutil.Error:
         return False
 
 
@@ -110,7 +99,7 @@ def test_the_ranks_start_while_the_host_state_is_filled_and_read_it_only_once_it
 
     plain = train(_job(tmp_path, "plain"))
     fill = launch._init_host_state
-    alive: list[int] = []
+    alive: list[psutil.Process] = []
 
     def slow_fill(cfg, adapter, state, *args, **kwargs):
         alive.extend(_rank_children())
@@ -119,9 +108,9 @@ def test_the_ranks_start_while_the_host_state_is_filled_and_read_it_only_once_it
         # each rank has the state mapped and has gone quiet: waiting for the fill, or (were it not to wait) done
         # training on the zeros the state holds before it
         while time.monotonic() < deadline:
-            before = _cpu_ticks(alive)
+            before = _cpu_s(alive)
             time.sleep(1.0)
-            if all(_maps(pid, board) for pid in alive) and _cpu_ticks(alive) - before <= 10:
+            if all(_maps(proc, board) for proc in alive) and _cpu_s(alive) - before <= 0.1:
                 break
         else:
             raise AssertionError("the ranks did not attach the host state and wait")
