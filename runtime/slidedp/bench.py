@@ -155,6 +155,8 @@ def summarise(row: dict, warmup: int) -> dict:
             "tflops": pick["tflops"], "hbm_peak_gib": max(max(m["hbm_peak_gib"] or [0.0]) for m in ms),
             "hbm_device_used_gib": max(max(m.get("hbm_device_used_gib") or [0.0]) for m in ms),
             "gpu_memory_cap": row["metrics"][0].get("gpu_memory_cap"), "startup_s": row["metrics"][0].get("startup_s"),
+            "time_to_first_step_s": row["metrics"][0].get("time_to_first_step_s"),
+            "moments_paged_s": row["metrics"][0].get("moments_paged_s"),
             "host_rss_gib": pick["host_rss_gib"], "phases": pick["phases"], "cpu_s": pick.get("cpu_s"),
             "bytes": pick["bytes"],
             "loss_first": row["metrics"][0]["loss"], "loss_last": row["metrics"][-1]["loss"],

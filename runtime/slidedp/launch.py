@@ -14,7 +14,7 @@ import queue as queue_mod
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from slidedp.config import ConfigError, JobConfig, is_model_path
 from slidedp.health import HealthMonitor, finite_json
@@ -23,6 +23,9 @@ from slidedp.ranks import Launch
 from slidedp.startup import Startup
 from slidedp.step.layout import HostLayout, plan_layout
 from slidedp.trackers import Trackers, requested
+
+if TYPE_CHECKING:
+    from slidedp.step.host_fill import MomentPager
 
 
 class TrainError(RuntimeError):
@@ -305,6 +308,7 @@ def train(config: dict | JobConfig, on_step: Callable[[dict], None] | None = Non
 
     from slidedp.persist import checkpoint as ckpt
     from slidedp.step import host_state
+    from slidedp.step.host_fill import MomentPager
     from slidedp.step.host_state import HostState, cleanup_orphans, unlink
     from slidedp.step.model_adapter import ModelAdapter, load_hf_config
     from slidedp.step.rank import CKPT_DONE, RankArgs
@@ -370,6 +374,7 @@ def train(config: dict | JobConfig, on_step: Callable[[dict], None] | None = Non
         state_cache.layout = layout
     trackers: Trackers | None = None
     ranks: Launch | None = None
+    pager: MomentPager | None = None
     ended = "failed"  # how the trackers' run ends, unless a return below says otherwise
     try:
         start_step, data_state = 0, None
@@ -423,9 +428,12 @@ def train(config: dict | JobConfig, on_step: Callable[[dict], None] | None = Non
             _log(on_log, f"step {start_step} of {cfg.steps} is the last: no step to run")
             last, last_data_state = start_step, data_state
         else:
+            if state.fresh and resume_from is None and os.environ.get("SLIDEDP_PAGE_MOMENTS", "1") != "0":
+                # fresh moments are paged in while the ranks start, not by the first step's update
+                pager = MomentPager([state.exp_avg, state.exp_avg_sq], state.board)
             last, last_data_state = _run_ranks(cfg, state, layout, policy, plan, start_step, data_state, ckpt_root,
                                                metrics_path, records, on_record, on_log, should_stop, RankArgs,
-                                               CKPT_DONE, monitor, startup, ranks)
+                                               CKPT_DONE, monitor, startup, ranks, pager)
             if monitor.stop_reason is not None:  # nothing is saved or exported from the state after it
                 raise UnhealthyRun(monitor.stop_reason, monitor.diverged_step)
             if last is None:  # stopped before any rank read the host state
@@ -449,6 +457,8 @@ def train(config: dict | JobConfig, on_step: Callable[[dict], None] | None = Non
                            ckpt_root if os.path.isdir(ckpt_root) else None, policy, plan,
                            exported_files=files, warnings=monitor.warnings)
     finally:
+        if pager is not None:  # before the state is unmapped
+            pager.close()
         if ranks is not None:  # ends the ranks still running (killed after 10 s)
             ranks.close()
         unlink(layout, keep_state=state_cache is not None)
@@ -467,7 +477,8 @@ def _rank_args(cfg: JobConfig, layout: HostLayout, policy: ExecutionPolicy, plan
 def _run_ranks(cfg: JobConfig, state, layout: HostLayout, policy: ExecutionPolicy, plan: dict, start_step: int,
                data_state: dict | None, ckpt_root: str, metrics_path: str, records: list[dict],
                on_step, on_log, should_stop, rank_args, ckpt_done: int,
-               monitor: HealthMonitor, startup: Startup, ranks: Launch) -> tuple[int | None, dict | None]:
+               monitor: HealthMonitor, startup: Startup, ranks: Launch,
+               pager: MomentPager | None = None) -> tuple[int | None, dict | None]:
     """Let the rank processes train (started already while the host state was filled, or started here; the caller
     ends them by closing `ranks`), relay their records and checkpoint requests until each reports
     done; (last step finished, data position after it), or (None, None) when a stop came before any rank read the
@@ -484,9 +495,14 @@ def _run_ranks(cfg: JobConfig, state, layout: HostLayout, policy: ExecutionPolic
     if not ranks.procs:
         ranks.start(_rank_args(cfg, layout, policy, plan, ranks, start_step, data_state, rank_args))
     state.board.set(state.board.HOST_READY, 1)
+    if pager is not None:
+        pager.start()
     done: dict[int, dict] = {}
     stop_sent = False
     while len(done) < world:
+        if pager is not None and pager.error is not None:
+            state.board.set(state.board.STOP_REQUEST, 2)
+            raise TrainError(f"paging in the AdamW moments failed: {pager.error}") from pager.error
         if should_stop is not None and not stop_sent:
             want = should_stop()
             if want:
@@ -512,6 +528,8 @@ def _run_ranks(cfg: JobConfig, state, layout: HostLayout, policy: ExecutionPolic
             if not startup.done:
                 payload["startup_s"] = startup.finish()
                 payload["time_to_first_step_s"] = startup.total_s
+                if pager is not None:
+                    payload["moments_paged_s"] = pager.elapsed_s
             payload["host_rss_gib"] = _rss_gib(ranks.pids, state.shared_bytes())
             diverged, raised = monitor.check(payload)
             if raised:

@@ -134,3 +134,58 @@ def test_a_fill_that_fails_ends_the_ranks_started_before_it(tmp_path, monkeypatc
     with pytest.raises(OSError, match="could not be read"):
         train(_job(tmp_path, "broken"))
     assert _rank_children() == []
+
+
+def _wait_quiet(procs: list[psutil.Process], what: str) -> None:
+    """Until the processes have used at most 0.1 s of CPU in a second (waiting on something), or fail."""
+    import time
+
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        before = _cpu_s(procs)
+        time.sleep(1.0)
+        if _cpu_s(procs) - before <= 0.1:
+            return
+    raise AssertionError(what)
+
+
+def test_fresh_moments_are_paged_in_while_the_ranks_start_and_no_update_comes_before(tmp_path, monkeypatch):
+    """A run from step 0 writes its fresh AdamW moments once, in the launcher, while the ranks start, instead of
+    the first step's update faulting them in. Paging held back until the ranks have run step 1's backward and
+    gone quiet: no unit is updated before it ends (an update racing its zeros would lose that step's moments),
+    and the losses and norms are those of a run that pages nothing."""
+    from slidedp.step import host_fill
+
+    monkeypatch.setenv("SLIDEDP_PAGE_MOMENTS", "0")
+    job = {**_job(tmp_path, "plain"), "steps": 3}
+    plain = train(job)
+    assert "moments_paged_s" not in plain.metrics[0]
+    monkeypatch.delenv("SLIDEDP_PAGE_MOMENTS")
+    run = host_fill.MomentPager.run
+    updated_when_paged: list[int] = []
+
+    def held(self):
+        _wait_quiet(_rank_children(), "the ranks did not wait for the moments")
+        run(self)
+        board = self.board
+        updated_when_paged.extend(board.updated(u, r) for u in range(board.units) for r in range(board.world))
+
+    monkeypatch.setattr(host_fill.MomentPager, "run", held)
+    paged = train({**job, "output_dir": str(tmp_path / "paged")})
+    assert updated_when_paged and set(updated_when_paged) == {0}, "a unit was updated before its moments were paged in"
+    assert paged.metrics[0]["moments_paged_s"] >= 0 and "moments_paged_s" not in paged.metrics[1]
+    assert [r["loss"] for r in paged.metrics] == [r["loss"] for r in plain.metrics]
+    assert [r["grad_norm"] for r in paged.metrics] == [r["grad_norm"] for r in plain.metrics]
+
+
+def test_paging_in_the_moments_that_fails_fails_the_run_and_ends_its_ranks(tmp_path, monkeypatch):
+    from slidedp.launch import TrainError
+    from slidedp.step import host_fill
+
+    def broken(self, piece):
+        raise OSError("Cannot allocate memory")
+
+    monkeypatch.setattr(host_fill.MomentPager, "page_piece", broken)
+    with pytest.raises(TrainError, match="paging in the AdamW moments failed: Cannot allocate memory"):
+        train(_job(tmp_path, "broken"))
+    assert _rank_children() == []

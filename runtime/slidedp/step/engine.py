@@ -85,7 +85,8 @@ class RankEngine:
                              routes=self.routes, state=state, rank=rank, abort=abort, kept=device_units)
         self.updater = Updater(state=state, shards=self.shards, grad_reduce=self.routes.grad_reduce,
                                opt=cfg.optimizer, sched=cfg.schedule, total_steps=cfg.steps,
-                               num_units=len(numels), threads=torch.get_num_threads(), device_units=device_units)
+                               num_units=len(numels), threads=torch.get_num_threads(), device_units=device_units,
+                               abort=abort)
         self.device_update: DeviceUpdate | None = None
         if device_units:
             if self.world > 1 and self.routes.grad_reduce != "gpu":

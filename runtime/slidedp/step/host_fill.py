@@ -15,6 +15,8 @@ each running torch's kernels on one thread so the workers do not fight over the 
 from __future__ import annotations
 
 import os
+import threading
+import time
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from contextlib import contextmanager
@@ -102,3 +104,51 @@ def fill_host_state(adapter, state, seed: int, model_dir: str | None = None,
 
     order = sorted(range(len(adapter.units)), key=lambda u: -adapter.units[u].numel)
     parallel_for(order, fill_unit, threads or fill_threads(len(order)), progress)
+
+
+PAGE_CHUNK = 1 << 24  # elements per piece of paging in (64 MB of fp32)
+
+
+class MomentPager(threading.Thread):
+    """Page in fresh AdamW moments in the background while the ranks start.
+
+    Fresh moments are holes that read as zero (HostState), so the first step's update would fault in 8 B/param
+    of pages itself, inside the step (for Qwen3-8B 65.5 GB, at the rate the fill writes fresh pages). This thread
+    writes those zeros once, on `threads` threads, while the ranks are still starting. Board.MOMENTS_PAGING is 1
+    from construction (before the ranks may read the state) until they are paged in (0), or 2 if that failed;
+    each rank's updater waits for it before its first update, so no update races the zeros. Only for moments no
+    one has written: a resumed or kept state already holds its moments."""
+
+    def __init__(self, tensors: list[torch.Tensor], board, threads: int | None = None):
+        super().__init__(name="slidedp-moment-pager", daemon=True)
+        self.pieces = [(t, lo, min(lo + PAGE_CHUNK, t.numel())) for t in tensors
+                       for lo in range(0, t.numel(), PAGE_CHUNK)]
+        self.bytes = sum(t.numel() * t.element_size() for t in tensors)
+        self.board = board
+        self.threads = threads or fill_threads(len(self.pieces))
+        self.elapsed_s: float | None = None  # set once paged in
+        self.error: BaseException | None = None
+        self._halt = threading.Event()
+        board.set(board.MOMENTS_PAGING, 1)
+
+    def page_piece(self, piece: tuple[torch.Tensor, int, int]) -> None:
+        if not self._halt.is_set():
+            t, lo, hi = piece
+            t[lo:hi].zero_()
+
+    def run(self) -> None:
+        t0 = time.perf_counter()
+        try:
+            parallel_for(self.pieces, self.page_piece, self.threads)
+        except BaseException as exc:  # the updaters are told, and fail their run with the board's word
+            self.error = exc
+            self.board.set(self.board.MOMENTS_PAGING, 2)
+            return
+        self.elapsed_s = time.perf_counter() - t0
+        self.board.set(self.board.MOMENTS_PAGING, 0)
+
+    def close(self) -> None:
+        """Stop after the pieces already started and wait for them (before the state is unmapped)."""
+        self._halt.set()
+        if self.is_alive():
+            self.join()

@@ -136,6 +136,9 @@ class Board:
     # fixed slots (4 and 5: the checkpoint handshake of slidedp.step.rank)
     STOP_REQUEST, STOP_STEP, BOUNDARY, SAVE_REQUEST = 0, 1, 2, 3
     HOST_READY = 6  # 1 once the launcher has filled the state: the ranks start before it is, and wait for it
+    # 1 while the launcher pages in fresh AdamW moments (host_fill.MomentPager; set before HOST_READY), back to 0
+    # once they are; 2 if that failed. 0 from the start where nothing is paged in.
+    MOMENTS_PAGING = 7
     FIXED = 8
 
     def __init__(self, layout: HostLayout, create: bool):

@@ -26,7 +26,7 @@ from typing import Any
 
 import torch
 from slidedp.config import OptimizerConfig, ScheduleConfig
-from slidedp.step.host_state import HostState, wait_until
+from slidedp.step.host_state import Board, HostState, wait_until
 from slidedp.step.routes import ShardMap, sum_of_squares
 
 
@@ -97,7 +97,7 @@ class StepResult:
 class Updater(threading.Thread):
     def __init__(self, *, state: HostState, shards: ShardMap, grad_reduce: str, opt: OptimizerConfig,
                  sched: ScheduleConfig, total_steps: int, num_units: int,
-                 threads: int | None = None, device_units: frozenset[int] = frozenset()):
+                 threads: int | None = None, device_units: frozenset[int] = frozenset(), abort=None):
         super().__init__(name=f"slidedp-updater-{shards.rank}", daemon=True)
         self.state = state
         self.board = state.board
@@ -109,6 +109,7 @@ class Updater(threading.Thread):
         # units updated on the devices (slidedp.step.device_update): never handed to this thread
         self.host_units = [u for u in range(num_units) if u not in device_units]
         self.threads = threads
+        self.abort = abort  # raises when the run is being torn down (a rank or the launcher failed)
         self.norm_on_device = grad_reduce == "gpu" or self.world == 1
         self.slots = state.layout.staging_slots
         self.deliver_bf16 = state.delivery is not state.master  # a bf16 copy the update must write
@@ -170,6 +171,7 @@ class Updater(threading.Thread):
         if self.threads:
             torch.set_num_threads(self.threads)  # OpenMP thread counts are per calling thread
         try:
+            self._wait_moments()
             while True:
                 item = self._next_item()
                 if item is None:
@@ -183,6 +185,16 @@ class Updater(threading.Thread):
                 self._busy += time.perf_counter() - t0 - (self._waited - waited)
         except BaseException as exc:  # surfaced to the main thread through check()
             self.error = exc
+
+    def _wait_moments(self) -> None:
+        """Before anything writes the AdamW moments: fresh ones are paged in by the launcher meanwhile
+        (slidedp.step.host_fill.MomentPager), and an update must not race its zeros."""
+        t0 = time.perf_counter()
+        wait_until(lambda: self.board.get(Board.MOMENTS_PAGING) != 1 or self._stopping,
+                   "the launcher to page in the AdamW moments", timeout_s=math.inf, abort=self.abort)
+        self._waited += time.perf_counter() - t0
+        if self.board.get(Board.MOMENTS_PAGING) == 2:
+            raise RuntimeError("the launcher failed to page in the AdamW moments (see its log)")
 
     def _publish_ready(self) -> None:
         # A gradient is announced as soon as its copy has landed, whatever this thread is busy with, so that
