@@ -157,6 +157,7 @@ def summarise(row: dict, warmup: int) -> dict:
             "gpu_memory_cap": row["metrics"][0].get("gpu_memory_cap"), "startup_s": row["metrics"][0].get("startup_s"),
             "time_to_first_step_s": row["metrics"][0].get("time_to_first_step_s"),
             "moments_paged_s": row["metrics"][0].get("moments_paged_s"),
+            "rank_startup_s": row["metrics"][0].get("rank_startup_s"),
             "host_rss_gib": pick["host_rss_gib"], "phases": pick["phases"], "cpu_s": pick.get("cpu_s"),
             "bytes": pick["bytes"],
             "loss_first": row["metrics"][0]["loss"], "loss_last": row["metrics"][-1]["loss"],

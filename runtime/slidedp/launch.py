@@ -499,6 +499,7 @@ def _run_ranks(cfg: JobConfig, state, layout: HostLayout, policy: ExecutionPolic
         pager.start()
     done: dict[int, dict] = {}
     stop_sent = False
+    rank_startup: dict[str, float] | None = None  # rank 0's own start-up parts, for the first record
     while len(done) < world:
         if pager is not None and pager.error is not None:
             state.board.set(state.board.STOP_REQUEST, 2)
@@ -523,11 +524,17 @@ def _run_ranks(cfg: JobConfig, state, layout: HostLayout, policy: ExecutionPolic
             continue
         if kind == "stage":  # rank 0 is about to run its first step
             startup.enter(payload["stage"])
+            if payload.get("rank_startup_s"):
+                rank_startup = {k: round(v, 3) for k, v in payload["rank_startup_s"].items()}
+                _log(on_log, "rank 0 start-up: " + ", ".join(f"{k.replace('_', ' ')} {v:.1f} s"
+                                                             for k, v in rank_startup.items()))
             continue
         if kind == "record":
             if not startup.done:
                 payload["startup_s"] = startup.finish()
                 payload["time_to_first_step_s"] = startup.total_s
+                if rank_startup is not None:
+                    payload["rank_startup_s"] = rank_startup
                 if pager is not None:
                     payload["moments_paged_s"] = pager.elapsed_s
             payload["host_rss_gib"] = _rss_gib(ranks.pids, state.shared_bytes())

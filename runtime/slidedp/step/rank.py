@@ -56,7 +56,7 @@ class RankArgs:
     memory_cap: dict | None = None  # set in the rank: what apply_memory_cap set (gpu_memory_gib)
 
 
-def _setup(rank: int, world: int, args: RankArgs) -> torch.device:
+def _setup(rank: int, world: int, args: RankArgs, marks: _Marks) -> torch.device:
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
     sys.setswitchinterval(float(os.environ.get("SLIDEDP_GIL_SWITCH_S", GIL_SWITCH_S)))
     torch.set_num_threads(args.cpu_threads)
@@ -78,6 +78,7 @@ def _setup(rank: int, world: int, args: RankArgs) -> torch.device:
     kwargs: dict[str, Any] = {}
     if device.type == "cuda":
         kwargs["device_id"] = device
+    marks.done("device")
     dist.init_process_group(backend, init_method=f"file://{args.init_file}", rank=rank, world_size=world, **kwargs)
     return device
 
@@ -94,16 +95,36 @@ def _peak_tflops(device: torch.device) -> float | None:
     return None
 
 
+class _Marks:
+    """Seconds of each part of a rank's start-up, in the order they ran (`rank_startup_s`, docs/interfaces.md §3)."""
+
+    def __init__(self) -> None:
+        import psutil
+
+        # from the process's creation to here: the interpreter, the imports, unpickling the arguments
+        self.seconds = {"process_and_imports": max(0.0, time.time() - psutil.Process().create_time())}
+        self._t = time.perf_counter()
+
+    def done(self, part: str) -> None:
+        now = time.perf_counter()
+        self.seconds[part] = self.seconds.get(part, 0.0) + (now - self._t)
+        self._t = now
+
+
 def rank_main(rank: int, world: int, args: RankArgs, queue) -> None:
     from slidedp.step.engine import RankEngine
 
+    marks = _Marks()
     state = None
     try:
-        device = _setup(rank, world, args)
+        device = _setup(rank, world, args, marks)
         cfg = JobConfig.from_dict(args.config)
         groups = (dist.new_group(list(range(world))), dist.new_group(list(range(world))))
+        marks.done("process_group")
         state = HostState.attach(args.layout)
+        marks.done("attach")
         state.pin()
+        marks.done("page_lock")
         board = state.board
         adapter = ModelAdapter(load_hf_config(cfg.model))
         from slidedp.data import DataPipeline, load_tokenizer
@@ -111,6 +132,7 @@ def rank_main(rank: int, world: int, args: RankArgs, queue) -> None:
         pipeline = DataPipeline(cfg, load_tokenizer(cfg), rank, world)
         if args.data_state:
             pipeline.load_state_dict(args.data_state)
+        marks.done("model_and_data")
 
         def abort() -> None:
             if board.get(Board.STOP_REQUEST) == 2:  # the launcher saw a rank die
@@ -120,10 +142,12 @@ def rank_main(rank: int, world: int, args: RankArgs, queue) -> None:
         # the launcher says it is whole.
         wait_until(lambda: board.get(Board.HOST_READY) == 1, "the launcher to fill the host state",
                    timeout_s=math.inf, abort=_launcher_alive(abort))
+        marks.done("waiting_for_host_state")
 
         engine = RankEngine(cfg, adapter, state, args.policy, rank, world, device, groups, abort=abort)
         engine.updater.last_step = args.start_step
         engine.updater.start()
+        marks.done("engine")
         model_cfg = adapter.config.to_dict()
         flops_tok = flops_per_token({**model_cfg, "model_type": adapter.config.model_type}, cfg.seq_len)
         peak = _peak_tflops(device)
@@ -133,8 +157,9 @@ def rank_main(rank: int, world: int, args: RankArgs, queue) -> None:
         last_done = args.start_step
         if cfg.eval.enabled:  # the model the run starts from, reported with the run's first step
             reporter.evaluate(pipeline, args.start_step, start=True)
+            marks.done("evaluation")
         if rank == 0:
-            queue.put(("stage", 0, {"stage": "first_step"}))  # the launcher's start-up stages
+            queue.put(("stage", 0, {"stage": "first_step", "rank_startup_s": marks.seconds}))  # the launcher's stages
         latest = None  # the last step run (emitting its record may have taken it out of `pending`)
         for step in range(args.start_step + 1, cfg.steps + 1):
             if rank == 0 and latest is not None and not _step_finite(latest):
