@@ -7,12 +7,14 @@
 
 Which rows are shown is declared in docs/results/scenarios.json: per scenario, the result file (JSON lines of
 docs/interfaces.md §9), the SlideDP row (by its policy string), the peer rows (by their spec), the calibration the
-run planned with (its `created_at` is the date shown), the machine kind and the command as it ran. Every figure
-comes from the rows: step s is the row's `step_s` (median step after the warm-up), tokens/s is the tokens of one
-step (GPUs × micro-batch × seq) over it, peak HBM is `hbm_peak_gib`, and "SlideDP vs this" is this row's step time
-over SlideDP's (SlideDP's tokens/s over this row's). The command is checked against the rows: its model, GPUs,
-micro-batch, seq and data, its `--policies` and `--peers` in the order the file holds them, and the steps, threads
-and learning rate the peer rows record.
+run planned with (its `created_at` is the date shown, unless the scenario gives the run's own `date`), the machine
+kind and the command as it ran. Every figure comes from the rows: step s is the row's `step_s` (median step after
+the warm-up), tokens/s is the tokens of one step (GPUs × micro-batch × seq) over it, peak HBM is `hbm_peak_gib`,
+"SlideDP vs this" is this row's step time over SlideDP's (SlideDP's tokens/s over this row's), and first step s is
+the row's `time_to_first_step_s` (from the train() call to the first step's record; rows from before it was
+recorded show –). A run under `--gpu-memory-gib N` shows `under N GiB` beside its GPU count. The command is
+checked against the rows: its model, GPUs, micro-batch, seq, data and GPU memory cap, its `--policies` and
+`--peers` in the order the file holds them, and the steps, threads and learning rate the peer rows record.
 
 The table goes into docs/benchmarks.md between `<!-- current-results:begin -->` and `<!-- current-results:end -->`.
 The figure (matplotlib, Agg) has a fixed size, resolution and fonts, and no date or version in its metadata, so
@@ -97,7 +99,8 @@ def check_command(command: str, rows: list[dict], rel: str) -> None:
         if flag not in opts:
             raise ReportError(f"{rel}: the command does not state {flag}")
     want = {"model": opts["--model"], "seq": int(opts["--seq"]), "gpus": int(opts["--gpus"]),
-            "mbs": int(opts["--mbs"]), "data": opts["--data"]}
+            "mbs": int(opts["--mbs"]), "data": opts["--data"],
+            "gpu_memory_gib": float(opts["--gpu-memory-gib"]) if "--gpu-memory-gib" in opts else None}
     for r in rows:
         for key, value in want.items():
             if key in r and r[key] != value:
@@ -147,7 +150,7 @@ def slidedp_label(row: dict, layers: int | None) -> str:
         parts.append(f"{chosen.get('delivery', '?')} delivery, {chosen.get('grad_reduce', '?').upper()} reduce")
     edge, on_gpu = chosen.get("edge_update", "host"), int(chosen.get("device_layers") or 0)
     if edge == "gpu" or on_gpu:
-        parts.append(f"embedding/head + {on_gpu} layers updated on the GPU" if on_gpu
+        parts.append(f"embedding/head + {on_gpu} layer{'s' if on_gpu != 1 else ''} updated on the GPU" if on_gpu
                      else "embedding/head updated on the GPU")
     else:
         parts.append("every unit updated on the host")
@@ -201,10 +204,12 @@ def resolve(scenario: dict, results: Path) -> dict:
             "tokens_per_s": tokens / row["step_s"],
             "hbm_gib": row["hbm_peak_gib"],
             "vs": row["step_s"] / base["step_s"],  # SlideDP's tokens/s over this row's
+            "first_step_s": row.get("time_to_first_step_s"),  # from the call to the first step (SlideDP rows)
         })
     return {"model": base["model"], "gpus": base["gpus"], "mbs": base["mbs"], "seq": base["seq"],
             "data": base.get("data", "random"), "clip": clip_of(base), "machine": scenario["machine"],
-            "date": str(cal["created_at"])[:10], "results": rel,
+            "cap": base.get("gpu_memory_gib"), "date": scenario.get("date") or str(cal["created_at"])[:10],
+            "results": rel,
             "command": scenario["command"], "note": scenario.get("note", ""), "systems": systems}
 
 
@@ -219,8 +224,13 @@ def setting(s: dict) -> str:
             + (f", clipping at {s['clip']}" if s["clip"] else ""))
 
 
+def gpus_text(s: dict) -> str:
+    """1, or `1 under 24 GiB` for a run under a `--gpu-memory-gib` cap."""
+    return str(s["gpus"]) + (f" under {s['cap']:g} GiB" if s.get("cap") else "")
+
+
 def title(s: dict) -> str:
-    gpus = f"{s['gpus']} GPU" + ("s" if s["gpus"] > 1 else "")
+    gpus = f"{s['gpus']} GPU" + ("s" if s["gpus"] > 1 else "") + (f" under {s['cap']:g} GiB" if s.get("cap") else "")
     return f"{model_name(s['model'])}, {gpus}, micro-batch {s['mbs']}"
 
 
@@ -230,17 +240,18 @@ def markdown(scenarios: list[dict], machines: dict) -> str:
         "edit those, not this -->",
         "",
         "| model | GPUs | micro-batch | seq | system | step s | tokens/s | peak HBM GiB | SlideDP vs this "
-        "| machine | date | result file |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| first step s | machine | date | result file |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for s in scenarios:
         for i, sy in enumerate(s["systems"]):
-            head = [model_name(s["model"]), str(s["gpus"]), str(s["mbs"]), str(s["seq"])] if i == 0 else [""] * 4
+            head = [model_name(s["model"]), gpus_text(s), str(s["mbs"]), str(s["seq"])] if i == 0 else [""] * 4
             tail = ([f"`{s['machine']}`", s["date"], f"[`{s['results']}`](results/{s['results']})"] if i == 0
                     else [""] * 3)
             vs = "–" if sy["kind"] == "slidedp" else f"{sy['vs']:.2f}×"
+            first = "–" if sy.get("first_step_s") is None else f"{sy['first_step_s']:.1f}"
             out.append("| " + " | ".join(head + [
-                sy["label"], f"{sy['step_s']:.3f}", f"{sy['tokens_per_s']:,.0f}", f"{sy['hbm_gib']:.1f}", vs,
+                sy["label"], f"{sy['step_s']:.3f}", f"{sy['tokens_per_s']:,.0f}", f"{sy['hbm_gib']:.1f}", vs, first,
             ] + tail) + " |")
     out += ["", "Machines: " + "; ".join(f"`{k}`: {v}" for k, v in machines.items()) + ".", "",
             "Commands (each wrote its result file with `--out FILE`; on the 2-GPU machine with the variables "

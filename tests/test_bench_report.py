@@ -49,6 +49,32 @@ def test_every_figure_in_the_table_comes_from_the_rows_named():
             assert sy["hbm_gib"] == row["hbm_peak_gib"]
             assert sy["tokens_per_s"] == pytest.approx(row["gpus"] * row["mbs"] * row["seq"] / row["step_s"])
             assert sy["vs"] == pytest.approx(row["step_s"] / picked[0]["step_s"])
+            assert sy["first_step_s"] == row.get("time_to_first_step_s")
+        assert s["cap"] == picked[0].get("gpu_memory_gib")
+
+
+def test_a_capped_run_shows_its_cap_and_its_time_to_first_step():
+    report = load_report()
+    scenarios, machines = report.load()
+    capped = [s for s in scenarios if s["cap"]]
+    assert capped, "no scenario under a --gpu-memory-gib cap"
+    table = report.markdown(scenarios, machines)
+    for s in capped:
+        assert f"| {report.model_name(s['model'])} | {s['gpus']} under {s['cap']:g} GiB | {s['mbs']} |" in table
+    timed = [sy for s in scenarios for sy in s["systems"] if sy["first_step_s"] is not None]
+    assert timed and all(f"| {sy['first_step_s']:.1f} |" in table for sy in timed)
+
+
+def test_a_command_whose_cap_is_not_its_rows_is_refused(tmp_path):
+    report = load_report()
+    spec = json.loads(report.SCENARIOS.read_text(encoding="utf-8"))
+    spec["scenarios"] = [s for s in spec["scenarios"] if "--gpu-memory-gib 24" in s["command"]][:1]
+    assert spec["scenarios"]
+    spec["scenarios"][0]["command"] = spec["scenarios"][0]["command"].replace("--gpu-memory-gib 24 ", "")
+    bad = tmp_path / "scenarios.json"
+    bad.write_text(json.dumps(spec), encoding="utf-8")
+    with pytest.raises(report.ReportError, match="gpu_memory_gib=24"):
+        report.load(bad, report.RESULTS)
 
 
 def test_check_fails_when_the_doc_differs(tmp_path):
