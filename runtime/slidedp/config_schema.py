@@ -18,7 +18,8 @@ import typing
 from pathlib import Path
 from typing import Any, Literal, NamedTuple, get_args, get_origin
 
-from slidedp.config import INT64_MAX, INT64_MIN, JobConfig, _optional_section, _type_name
+from slidedp.config import INT64_MAX, INT64_MIN, JobConfig
+from slidedp.config_parse import optional_section, type_name
 
 DRAFT = "https://json-schema.org/draft/2020-12/schema"
 BEGIN = "<!-- config-schema:begin -->"
@@ -58,7 +59,7 @@ def schema_doc(cls: Any = JobConfig, prefix: str = "") -> list[KeyDoc]:
         checks = {k: v for k, v in f.metadata.items() if k != "doc"}
         value = _default_value(f)
         shown = "required" if value is dataclasses.MISSING else json.dumps(value)
-        section = tp if dataclasses.is_dataclass(tp) else _optional_section(tp)
+        section = tp if dataclasses.is_dataclass(tp) else optional_section(tp)
         if section is not None:  # a mapping of its own keys (an optional one may be null)
             kind = "mapping" if section is tp else "mapping or null"
             rows.append(KeyDoc(key, kind, "" if isinstance(value, dict) else shown, doc, "", tp, checks, value))
@@ -89,10 +90,10 @@ def _doc_type(tp: Any) -> str:
     """The documented type: a choice of strings is "a string" (the choices are its range)."""
     origin = get_origin(tp)
     if origin is Literal:
-        return _type_name(type(get_args(tp)[0]))
+        return type_name(type(get_args(tp)[0]))
     if origin in (typing.Union, types.UnionType):
         return " or ".join(_doc_type(a) for a in get_args(tp) if a is not type(None)) + " or null"
-    return _type_name(tp)
+    return type_name(tp)
 
 
 def _range(tp: Any, checks: dict[str, Any]) -> str:
@@ -108,7 +109,7 @@ def _range(tp: Any, checks: dict[str, Any]) -> str:
         return "each one of " + _range(item, {}) if get_origin(item) is Literal else ""
     if checks.get("not_blank"):
         return "not blank"
-    if tp is int:  # every integer fits a signed 64-bit integer (_coerce)
+    if tp is int:  # every integer fits a signed 64-bit integer (slidedp.config_parse)
         checks = {"ge": INT64_MIN, "le": INT64_MAX, **checks}
         if "gt" in checks:
             checks.pop("ge")
