@@ -64,6 +64,10 @@
 #           the fp32 master delivered, no bf16 host copy, so the state fits the 125 GiB of the one-GPU kind), 20 steps
 #           on pattern data at micro-batch MBS (1); its first record holds the time to first step (CAP8_TAG: a suffix
 #           for the result file, to run it twice in one command, e.g. with SLIDEDP_PAGE_MOMENTS=0)
+#   first8  time to first step of the Qwen3-8B preset through scripts/first_step.py (train() alone in its process),
+#           under GPU_GIB (24), the cast where CAST (gpu), twice: the calibration measured in the first run if the cache
+#           lacks it, cached in the second; logs $OUT/first8-preset-1.log and -2.log (each ends with one JSON line
+#           holding startup_s, rank_startup_s and moments_paged_s)
 #   hf8     Qwen3-8B written as a local Hugging Face directory of bf16 safetensors (/tmp/q8b), then the time to
 #           first step loading it (scripts/first_step.py), under GPU_GIB (24), the cast where CAST (gpu)
 #   probeg  the host update with bf16 gradients widened chunk by chunk against fp32 gradients (scripts/probe_grad_bf16.py)
@@ -135,6 +139,9 @@ print(f'with NCCL and one all-reduce: {(t - f1) / 2**30:.3f} GiB (allocator rese
     cap8) timeout ${CAP8_S:-200} python3 -m slidedp.cli bench --model qwen3-8b --seq 2048 --gpus 1 --mbs ${MBS:-1} \
             --steps 20 --warmup 3 --threads 16 --data pattern --lr ${LR:-1e-5} --gpu-memory-gib ${GPU_GIB:-24} \
             --policies auto:auto:auto:0:auto:${CAST:-gpu}:auto:auto --out "$OUT/cap8-${GPU_GIB:-24}${CAP8_TAG:-}.jsonl" 2>&1 | quiet 12 ;;
+    first8) for i in 1 2; do timeout ${FIRST_S:-150} python3 scripts/first_step.py --model qwen3-8b \
+              --gpu-memory-gib ${GPU_GIB:-24} --delivery-cast ${CAST:-gpu} > "$OUT/first8-preset-$i.log" 2>&1
+            grep -vE "Warning|warn" "$OUT/first8-preset-$i.log" | tail -9; done ;;
     hf8)  timeout ${HF_S:-60} python3 scripts/first_step.py --write-hf /tmp/q8b --model qwen3-8b 2>&1 | quiet 3
           timeout ${FIRST_S:-100} python3 scripts/first_step.py --model /tmp/q8b --gpu-memory-gib ${GPU_GIB:-24} \
             --delivery-cast ${CAST:-gpu} > "$OUT/first8-hf.log" 2>&1; grep -vE "Warning|warn" "$OUT/first8-hf.log" | tail -9 ;;
@@ -219,6 +226,7 @@ print(f'with NCCL and one all-reduce: {(t - f1) / 2**30:.3f} GiB (allocator rese
          PYTHONPATH=/tmp/peer-pkgs:$PYTHONPATH PATH=/tmp/peer-pkgs/bin:$PATH timeout 580 $BENCH --gpus 2 --mbs 4 \
            --steps 6 --threads 16 --policies sharded:gpu:checkpoint:1.0:36 --peers ds-zero2:1.0,ds-zero3:1.0 \
            --out "$OUT/bench-ds.jsonl" 2>&1 | quiet 20 ;;
+    *) echo "unknown part '$part': the parts are listed at the top of scripts/gpu_run.sh" >&2; exit 2 ;;
   esac
 done
 echo "===== end $(date +%T)"
