@@ -148,10 +148,7 @@ def resolve_policy(cfg: JobConfig, num_layers: int, on_log=None, plan: dict | No
 
         try:
             calibration = None
-            t_topo = time.perf_counter()
             topo = topology.detect(cfg.host_ram_gib)
-            _log(on_log, f"host detected in {time.perf_counter() - t_topo:.1f} s "
-                         f"({len(topo.get('gpus') or [])} GPUs, GPU facts from {topo.get('gpu_source')})")
             from slidedp.planning import calibration as calib  # CPU jobs too: cached per host and shape
 
             calibration = calib.load_or_calibrate(
