@@ -23,8 +23,8 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal, Optional
 
 from slidedp import policy as execution
+from slidedp.config_parse import INT64_MAX, build, cross_checks
 
-INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 MAX_STEPS = 10**9  # steps, warmup, checkpoint interval
 MAX_WORLD = 4096  # ranks, GPUs, CPU threads: the web API applies tighter limits for its hosts
 MAX_TOKENS = 2**24  # seq_len, loss_chunk_tokens
@@ -352,8 +352,6 @@ class JobConfig:
     @classmethod
     def from_dict(cls, raw: Any) -> JobConfig:
         """Build and range-check a config; raise ConfigError naming every bad key path."""
-        from slidedp.config_parse import build, cross_checks  # which imports this module
-
         errors: list[dict[str, str]] = []
         cfg = build(cls, raw, "", errors)
         if not errors:

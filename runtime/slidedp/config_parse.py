@@ -1,6 +1,7 @@
 """Building a JobConfig from a raw dict: each value coerced to its field's type and range-checked, section by
 section, then the checks that span fields. Every problem is collected (the whole list is one ConfigError, with
-each entry's location), so a user fixes a config in one pass. slidedp.config holds the schema itself.
+each entry's location), so a user fixes a config in one pass. slidedp.config holds the schema itself and
+imports this module (which therefore knows a JobConfig only by its fields).
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import types
 import typing
 from typing import Any, Literal, get_args, get_origin
 
-from slidedp.config import INT64_MAX, INT64_MIN, JobConfig
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1  # every integer key fits a signed 64-bit integer
 
 
 def optional_section(tp: Any) -> Any:
@@ -177,7 +178,7 @@ def build(cls: Any, raw: Any, prefix: str, errors: list[dict[str, str]]) -> Any:
         return None
 
 
-def cross_checks(cfg: JobConfig, errors: list[dict[str, str]]) -> None:
+def cross_checks(cfg: Any, errors: list[dict[str, str]]) -> None:
     if not cfg.model.strip():
         errors.append({"loc": "model", "msg": "must name a local model directory or a preset"})
     if not cfg.data.path.strip():
@@ -218,7 +219,7 @@ def cross_checks(cfg: JobConfig, errors: list[dict[str, str]]) -> None:
                                                       "directory, or init_from.job to a workbench job id"})
 
 
-def _eval_checks(cfg: JobConfig, errors: list[dict[str, str]]) -> None:
+def _eval_checks(cfg: Any, errors: list[dict[str, str]]) -> None:
     ev = cfg.eval
     if ev.path is not None and not ev.path.strip():
         errors.append({"loc": "eval.path", "msg": "must name an evaluation dataset file (or be null)"})

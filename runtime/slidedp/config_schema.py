@@ -18,8 +18,8 @@ import typing
 from pathlib import Path
 from typing import Any, Literal, NamedTuple, get_args, get_origin
 
-from slidedp.config import INT64_MAX, INT64_MIN, JobConfig
-from slidedp.config_parse import optional_section, type_name
+from slidedp.config import JobConfig
+from slidedp.config_parse import INT64_MAX, INT64_MIN, optional_section, type_name
 
 DRAFT = "https://json-schema.org/draft/2020-12/schema"
 BEGIN = "<!-- config-schema:begin -->"

@@ -14,7 +14,8 @@ import sys
 import typing
 
 import pytest
-from slidedp.config import INT64_MAX, INT64_MIN, ConfigError, JobConfig
+from slidedp.config import ConfigError, JobConfig
+from slidedp.config_parse import INT64_MAX, INT64_MIN
 from slidedp.config_schema import schema_doc
 
 BASE = {"model": "tiny-qwen3", "data": {"path": "unused.jsonl"}}
