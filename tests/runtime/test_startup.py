@@ -155,6 +155,7 @@ def _wait_quiet(procs: list[psutil.Process], what: str) -> None:
     raise AssertionError(what)
 
 
+@pytest.mark.slow  # two 2-rank trainings; make test runs it
 def test_fresh_moments_are_paged_in_while_the_ranks_start_and_no_update_comes_before(tmp_path, monkeypatch):
     """A run from step 0 writes its fresh AdamW moments once, in the launcher, while the ranks start, instead of
     the first step's update faulting them in. Paging held back until the ranks have run step 1's backward and
