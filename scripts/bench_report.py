@@ -224,13 +224,18 @@ def setting(s: dict) -> str:
             + (f", clipping at {s['clip']}" if s["clip"] else ""))
 
 
+def cap_text(s: dict) -> str:
+    """` under 24 GiB` for a run under a `--gpu-memory-gib` cap, else nothing."""
+    return f" under {s['cap']:g} GiB" if s.get("cap") else ""
+
+
 def gpus_text(s: dict) -> str:
-    """1, or `1 under 24 GiB` for a run under a `--gpu-memory-gib` cap."""
-    return str(s["gpus"]) + (f" under {s['cap']:g} GiB" if s.get("cap") else "")
+    """1, or `1 under 24 GiB`."""
+    return str(s["gpus"]) + cap_text(s)
 
 
 def title(s: dict) -> str:
-    gpus = f"{s['gpus']} GPU" + ("s" if s["gpus"] > 1 else "") + (f" under {s['cap']:g} GiB" if s.get("cap") else "")
+    gpus = f"{s['gpus']} GPU" + ("s" if s["gpus"] > 1 else "") + cap_text(s)
     return f"{model_name(s['model'])}, {gpus}, micro-batch {s['mbs']}"
 
 

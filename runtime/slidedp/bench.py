@@ -143,6 +143,10 @@ def run_peer(spec: str, model: str, gpus: int, mbs: int, seq: int, steps: int, w
     return {"policy": spec, **row}
 
 
+# carried from a row's first metrics record: the cap it ran under and its start-up (docs/interfaces.md §3)
+FIRST_RECORD_KEYS = ("gpu_memory_cap", "startup_s", "time_to_first_step_s", "moments_paged_s", "rank_startup_s")
+
+
 def summarise(row: dict, warmup: int) -> dict:
     ms = row["metrics"][warmup:] or row["metrics"]
     med = statistics.median(m["step_time_s"] for m in ms)
@@ -154,10 +158,7 @@ def summarise(row: dict, warmup: int) -> dict:
             "tokens_per_s": pick["tokens_per_s"],
             "tflops": pick["tflops"], "hbm_peak_gib": max(max(m["hbm_peak_gib"] or [0.0]) for m in ms),
             "hbm_device_used_gib": max(max(m.get("hbm_device_used_gib") or [0.0]) for m in ms),
-            "gpu_memory_cap": row["metrics"][0].get("gpu_memory_cap"), "startup_s": row["metrics"][0].get("startup_s"),
-            "time_to_first_step_s": row["metrics"][0].get("time_to_first_step_s"),
-            "moments_paged_s": row["metrics"][0].get("moments_paged_s"),
-            "rank_startup_s": row["metrics"][0].get("rank_startup_s"),
+            **{key: row["metrics"][0].get(key) for key in FIRST_RECORD_KEYS},
             "host_rss_gib": pick["host_rss_gib"], "phases": pick["phases"], "cpu_s": pick.get("cpu_s"),
             "bytes": pick["bytes"],
             "loss_first": row["metrics"][0]["loss"], "loss_last": row["metrics"][-1]["loss"],

@@ -84,6 +84,20 @@ def _maps(proc: psutil.Process, path: str) -> bool:
         return False
 
 
+def _wait_quiet(procs: list[psutil.Process], what: str, also=lambda: True) -> None:
+    """Until the processes have used at most 0.1 s of CPU in a second (waiting on something) and also() holds, or
+    fail with `what` after 120 s."""
+    import time
+
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        before = _cpu_s(procs)
+        time.sleep(1.0)
+        if also() and _cpu_s(procs) - before <= 0.1:
+            return
+    raise AssertionError(what)
+
+
 def _job(tmp_path, name: str) -> dict:
     data = make_pattern_data(str(tmp_path / "data.jsonl"), rows=16, seq_len=32)
     return {"model": "tiny-qwen3", "data": {"path": data, "format": "tokens", "shuffle": False}, "seq_len": 32,
@@ -99,7 +113,6 @@ def test_the_ranks_start_while_the_host_state_is_filled_and_read_it_only_once_it
     CUDA, the process group, page-locking) overlaps the fill; they must not read the state before it is whole. A
     fill held back until the ranks have attached the state and gone quiet trains the same losses as one that is
     not."""
-    import time
 
     from slidedp import launch
 
@@ -110,16 +123,10 @@ def test_the_ranks_start_while_the_host_state_is_filled_and_read_it_only_once_it
     def slow_fill(cfg, adapter, state, *args, **kwargs):
         alive.extend(_rank_children())
         board = state.layout.path("board")
-        deadline = time.monotonic() + 120
         # each rank has the state mapped and has gone quiet: waiting for the fill, or (were it not to wait) done
         # training on the zeros the state holds before it
-        while time.monotonic() < deadline:
-            before = _cpu_s(alive)
-            time.sleep(1.0)
-            if all(_maps(proc, board) for proc in alive) and _cpu_s(alive) - before <= 0.1:
-                break
-        else:
-            raise AssertionError("the ranks did not attach the host state and wait")
+        _wait_quiet(alive, "the ranks did not attach the host state and wait",
+                    also=lambda: all(_maps(proc, board) for proc in alive))
         fill(cfg, adapter, state, *args, **kwargs)
 
     monkeypatch.setattr(launch, "_init_host_state", slow_fill)
@@ -140,19 +147,6 @@ def test_a_fill_that_fails_ends_the_ranks_started_before_it(tmp_path, monkeypatc
     with pytest.raises(OSError, match="could not be read"):
         train(_job(tmp_path, "broken"))
     assert _rank_children() == []
-
-
-def _wait_quiet(procs: list[psutil.Process], what: str) -> None:
-    """Until the processes have used at most 0.1 s of CPU in a second (waiting on something), or fail."""
-    import time
-
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        before = _cpu_s(procs)
-        time.sleep(1.0)
-        if _cpu_s(procs) - before <= 0.1:
-            return
-    raise AssertionError(what)
 
 
 @pytest.mark.slow  # two 2-rank trainings; make test runs it

@@ -123,7 +123,6 @@ class MomentPager(threading.Thread):
         super().__init__(name="slidedp-moment-pager", daemon=True)
         self.pieces = [(t, lo, min(lo + PAGE_CHUNK, t.numel())) for t in tensors
                        for lo in range(0, t.numel(), PAGE_CHUNK)]
-        self.bytes = sum(t.numel() * t.element_size() for t in tensors)
         self.board = board
         self.threads = threads or fill_threads(len(self.pieces))
         self.elapsed_s: float | None = None  # set once paged in

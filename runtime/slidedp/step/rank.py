@@ -107,7 +107,7 @@ class _Marks:
 
     def done(self, part: str) -> None:
         now = time.perf_counter()
-        self.seconds[part] = self.seconds.get(part, 0.0) + (now - self._t)
+        self.seconds[part] = now - self._t
         self._t = now
 
 
