@@ -4,6 +4,10 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.setup-done
 # Only folders that exist: git keeps no empty ones, and ruff fails on a missing path.
 LINT_PATHS := $(wildcard runtime backend tests examples)
+# Test files run on this many pytest workers (pytest-xdist), a file's tests on one worker (their module fixtures: an
+# API server, a worker, a browser page); most suites wait on processes they start, so two overlap well on 2 cores.
+TEST_WORKERS ?= 2
+PYTEST_PAR := -n $(TEST_WORKERS) --dist loadfile
 
 .PHONY: run test test-fast lint install gpu-test clean
 
@@ -25,11 +29,11 @@ test: install
 	SETUP_BROWSER=1 scripts/setup.sh
 	$(BIN)/ruff check $(LINT_PATHS)
 	cd frontend && { [ -d node_modules ] || npm ci --no-audit --no-fund --loglevel=error; } && npm test --silent
-	$(BIN)/python -m pytest -q --durations=25 -m "not gpu" tests
+	$(BIN)/python -m pytest -q $(PYTEST_PAR) --durations=25 -m "not gpu" tests
 
 ## make test-fast: the quick subset for iteration (no browser, no slow suites)
 test-fast: install
-	$(BIN)/python -m pytest -q -m "not gpu and not e2e and not slow" tests
+	$(BIN)/python -m pytest -q $(PYTEST_PAR) -m "not gpu and not e2e and not slow" tests
 
 ## make gpu-test: the GPU suite, on the GPU machine (torch with CUDA, no web stack needed)
 gpu-test:

@@ -3,6 +3,11 @@
 # Needs Node.js >= 20.19 with npm (Vite 8), only when a build is due.
 set -euo pipefail
 cd "$(dirname "$0")/../frontend"
+# One build at a time (parallel test workers, a wheel build): the others wait, then find dist up to date.
+if command -v flock >/dev/null 2>&1; then
+  exec 9<.
+  flock 9
+fi
 if [ -f dist/index.html ] && [ -z "$(find src index.html package.json package-lock.json tsconfig.json vite.config.* -newer dist/index.html 2>/dev/null | head -1)" ]; then
   echo "frontend: the UI in frontend/dist is up to date"
   exit 0
