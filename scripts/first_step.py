@@ -78,7 +78,7 @@ def time_first_step(cfg: dict, on_log=None) -> dict:
             "time_to_first_step_s": round(seen["first_step_s"], 3) if "first_step_s" in seen else None,
             "runtime_time_to_first_step_s": record.get("time_to_first_step_s"),
             "startup_s": record.get("startup_s"), "moments_paged_s": record.get("moments_paged_s"),
-            "rank_startup_s": record.get("rank_startup_s"),
+            "rank_startup_s": record.get("rank_startup_s"), "startup_parts_s": record.get("startup_parts_s"),
             "first_step_time_s": record.get("step_time_s"),
             "train_wall_s": round(wall, 3), "status": result.status, "losses": seen["losses"]}
 

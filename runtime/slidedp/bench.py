@@ -144,7 +144,8 @@ def run_peer(spec: str, model: str, gpus: int, mbs: int, seq: int, steps: int, w
 
 
 # carried from a row's first metrics record: the cap it ran under and its start-up (docs/interfaces.md §3)
-FIRST_RECORD_KEYS = ("gpu_memory_cap", "startup_s", "time_to_first_step_s", "moments_paged_s", "rank_startup_s")
+FIRST_RECORD_KEYS = ("gpu_memory_cap", "startup_s", "time_to_first_step_s", "moments_paged_s", "rank_startup_s",
+                     "startup_parts_s")
 
 
 def summarise(row: dict, warmup: int) -> dict:

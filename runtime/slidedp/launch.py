@@ -149,10 +149,12 @@ def resolve_policy(cfg: JobConfig, num_layers: int, on_log=None, plan: dict | No
         try:
             calibration = None
             topo = topology.detect(cfg.host_ram_gib)
+            _mark(startup, "detecting_host")
             from slidedp.planning import calibration as calib  # CPU jobs too: cached per host and shape
 
             calibration = calib.load_or_calibrate(
                 cfg, topo, on_log=startup.calibration_log(on_log) if startup is not None else on_log)
+            _mark(startup, "calibration")
             why = None if stored is None else _stale_plan(stored, autopolicy.plan_basis(cfg, topo, calibration),
                                                           cfg.world_size, num_layers)
             if stored is not None and why is None:
@@ -166,10 +168,16 @@ def resolve_policy(cfg: JobConfig, num_layers: int, on_log=None, plan: dict | No
         except Exception as exc:  # the plan is advice; a broken planner must not stop a valid job
             _log(on_log, f"planner unavailable ({type(exc).__name__}: {exc}); using the configured policy")
             plan = {}
+        _mark(startup, "plan")
         if plan and not plan.get("feasible", True):
             raise ConfigError(plan.get("errors") or [{"loc": "policy", "msg": "the job does not fit this host"}])
     planned = ExecutionPolicy.from_dict(plan["policy"]) if plan.get("policy") else None
     return resolve(p, num_layers, cfg.world_size, planned), plan
+
+
+def _mark(startup: Startup | None, part: str) -> None:
+    if startup is not None:
+        startup.mark(part)
 
 
 def _stale_plan(stored: Any, basis: dict, world: int, layers: int) -> str | None:
@@ -328,8 +336,10 @@ def train(config: dict | JobConfig, on_step: Callable[[dict], None] | None = Non
     startup = Startup(on_stage, on_log, t0=called)
     startup.enter("planning")
     adapter = ModelAdapter(load_hf_config(cfg.model))
+    startup.mark("model_config")
     policy, plan = resolve_policy(cfg, adapter.num_layers, on_log, plan, startup=startup)
     removed = cleanup_orphans()
+    startup.mark("removing_orphans")
     if removed:
         _log(on_log, f"removed {len(removed)} shared-memory segments left by a killed run")
     layout = host_layout(cfg, [u.numel for u in adapter.units], policy)
@@ -366,10 +376,12 @@ def train(config: dict | JobConfig, on_step: Callable[[dict], None] | None = Non
     if should_stop is not None and should_stop():  # asked while starting: nothing is allocated yet
         _log(on_log, "stopped before the host state was allocated")
         return TrainResult("stopped", 0, [], cfg.output_dir, None, None, policy, plan)
+    startup.mark("checks")
     short = host_state.space_error(layout, keep_state=reuse)
     if short is not None:
         raise ConfigError([short])
     state = HostState.create(layout, keep_state=reuse)
+    startup.mark("allocating_host_state")
     if state_cache is not None:
         state_cache.layout = layout
     trackers: Trackers | None = None
@@ -390,6 +402,7 @@ def train(config: dict | JobConfig, on_step: Callable[[dict], None] | None = Non
             # page-locking the host state overlap its filling, and each waits for Board.HOST_READY before it reads
             # the state. A resumed run learns its step and data position from the checkpoint first.
             ranks.start(_rank_args(cfg, layout, policy, plan, ranks, 0, None, RankArgs))
+            startup.mark("spawning_ranks")
             if init_source is not None:  # that run's weights; moments zero, step 0, the data from the start
                 startup.enter("loading_checkpoint")
                 source_step = ckpt.load_weights(init_source, state, zero_moments=not state.fresh)
@@ -537,6 +550,8 @@ def _run_ranks(cfg: JobConfig, state, layout: HostLayout, policy: ExecutionPolic
                     payload["rank_startup_s"] = rank_startup
                 if pager is not None:
                     payload["moments_paged_s"] = pager.elapsed_s
+                if startup.parts_s():
+                    payload["startup_parts_s"] = startup.parts_s()
             payload["host_rss_gib"] = _rss_gib(ranks.pids, state.shared_bytes())
             diverged, raised = monitor.check(payload)
             if raised:

@@ -39,6 +39,8 @@ class Startup:
         self.current: str | None = None
         self.since = self.t0
         self.durations: dict[str, float] = {}
+        self.parts: dict[str, dict[str, float]] = {}  # {stage: {part: seconds}}: what `mark` split a stage into
+        self._mark_t = self.t0
         self._last_progress = 0.0
         self.done = False
         self.total_s: float | None = None  # from t0 to the end of the first step, once finish() has run
@@ -59,9 +61,24 @@ class Startup:
             raise ValueError(f"unknown start-up stage {stage!r}; stages: {', '.join(WORDS)}")
         self._close()
         self.current, self.since = stage, time.perf_counter()
+        self._mark_t = self.since
         if self.on_log is not None:
             self.on_log(f"start-up: {WORDS[stage]}")
         self._emit({"stage": stage})
+
+    def mark(self, part: str) -> None:
+        """Close one part of the running stage: the seconds since the stage began or since its last mark go into
+        `parts[stage][part]` (the first record's `startup_parts_s`). A part marked twice in a stage adds up."""
+        if self.done or self.current is None:
+            return
+        now = time.perf_counter()
+        parts = self.parts.setdefault(self.current, {})
+        parts[part] = parts.get(part, 0.0) + now - self._mark_t
+        self._mark_t = now
+
+    def parts_s(self) -> dict[str, dict[str, float]]:
+        """{stage: {part: seconds}} rounded to the millisecond, only for stages that were marked."""
+        return {stage: {k: round(v, 3) for k, v in parts.items()} for stage, parts in self.parts.items() if parts}
 
     def progress(self, done: int, total: int) -> None:
         """Progress of the running stage (units of the host state filled); reported at most every 0.5 s and at

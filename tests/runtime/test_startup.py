@@ -41,6 +41,15 @@ def test_train_reports_its_start_up_stages_in_order_with_their_durations(tmp_pat
     assert all(v >= 0 for v in parts.values()) and "rank_startup_s" not in result.metrics[1]
     assert parts["process_and_imports"] > 0.1  # a fresh interpreter imports torch
     assert any(line.startswith("rank 0 start-up: process and imports ") for line in lines)
+    # The launcher's planning stage, part by part (a calibration measured here moves the parts after it into
+    # `calibrating`, the stage then running).
+    marked = result.metrics[0]["startup_parts_s"]
+    names = [p for stage in ("planning", "calibrating") for p in marked.get(stage, {})]
+    assert names == ["model_config", "detecting_host", "calibration", "plan", "removing_orphans", "checks",
+                     "allocating_host_state", "spawning_ranks"], marked
+    assert all(v >= 0 for parts in marked.values() for v in parts.values())
+    assert sum(marked["planning"].values()) <= durations["planning"] + 0.01
+    assert "startup_parts_s" not in result.metrics[1]
 
 
 def test_stages_are_named_and_progress_is_rate_limited():
@@ -55,6 +64,23 @@ def test_stages_are_named_and_progress_is_rate_limited():
     s.progress(1000, 1000)
     assert events[-1]["progress"] == 1.0
     assert set(s.finish()) == {"building_host_state"} and events[-1]["stage"] == "training"
+
+
+def test_marks_split_the_running_stage_into_parts():
+    s = Startup(None, None)
+    s.mark("before any stage")  # nothing is running: not kept
+    s.enter("planning")
+    s.mark("a")
+    s.mark("b")
+    s.mark("a")  # a part marked twice in a stage adds up
+    s.enter("building_host_state")
+    s.mark("c")
+    durations = s.finish()
+    s.mark("after the start")  # the start is over: not kept
+    parts = s.parts_s()
+    assert list(parts) == ["planning", "building_host_state"]
+    assert list(parts["planning"]) == ["a", "b"] and list(parts["building_host_state"]) == ["c"]
+    assert sum(parts["planning"].values()) <= durations["planning"] + 1e-3
 
 
 def _rank_children() -> list[psutil.Process]:
