@@ -13,6 +13,7 @@ import os
 import queue as queue_mod
 import time
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -130,25 +131,49 @@ def _cpu_threads(cfg: JobConfig) -> int:
     return rank_threads(cfg, cores)
 
 
+def plans(cfg: JobConfig) -> bool:
+    """Whether resolve_policy asks the planner: some choice is `auto`, or SLIDEDP_PLAN_EXPLICIT=1 wants an explicit
+    policy predicted too."""
+    p = cfg.policy
+    explicit = p.delivery != "auto" and p.grad_reduce != "auto" and p.activations != "auto" and p.edge_update != "auto" \
+        and p.device_layers is not None \
+        and p.resident_units is not None and p.delivery_cast != "auto"
+    return not explicit or bool(os.environ.get("SLIDEDP_PLAN_EXPLICIT"))
+
+
+def detect_early(cfg: JobConfig) -> Future | None:
+    """This host's topology (slidedp.planning.topology.detect), detected on a thread of its own so that its
+    nvidia-smi and /sys reads run while the caller reads the model's config (importing transformers); None when
+    resolve_policy will not plan. An error comes out of the future's result()."""
+    if not plans(cfg):
+        return None
+    from slidedp.planning import topology
+
+    pool = ThreadPoolExecutor(1, thread_name_prefix="slidedp-detect")
+    try:
+        return pool.submit(topology.detect, cfg.host_ram_gib)
+    finally:
+        pool.shutdown(wait=False)  # the detection runs on; nothing else is submitted
+
+
 def resolve_policy(cfg: JobConfig, num_layers: int, on_log=None, plan: dict | None = None,
-                   startup: Startup | None = None) -> tuple[ExecutionPolicy, dict]:
+                   startup: Startup | None = None, detected: Future | None = None) -> tuple[ExecutionPolicy, dict]:
     """The execution policy, resolved once (slidedp.policy.resolve): AutoPolicy's plan where the config says
     `auto`, the config where it fixes a choice. Returns (policy, plan); plan is {} when nothing was planned.
 
     `plan`: a plan made earlier for this job (the web service's, made when the job was submitted). It is used as it
     is when its basis (autopolicy.plan_basis) equals the basis of the topology and calibration this run sees;
-    otherwise the job is planned again, one log line says why, and the new plan carries it under "replanned"."""
+    otherwise the job is planned again, one log line says why, and the new plan carries it under "replanned".
+
+    `detected`: the topology being detected already (detect_early), waited for here instead of detecting again."""
     p = cfg.policy
     stored, plan = plan, {}
-    explicit = p.delivery != "auto" and p.grad_reduce != "auto" and p.activations != "auto" and p.edge_update != "auto" \
-        and p.device_layers is not None \
-        and p.resident_units is not None and p.delivery_cast != "auto"
-    if not explicit or os.environ.get("SLIDEDP_PLAN_EXPLICIT"):  # =1: an explicit policy is still predicted
+    if plans(cfg):
         from slidedp.planning import autopolicy, topology
 
         try:
             calibration = None
-            topo = topology.detect(cfg.host_ram_gib)
+            topo = detected.result() if detected is not None else topology.detect(cfg.host_ram_gib)
             _mark(startup, "detecting_host")
             from slidedp.planning import calibration as calib  # CPU jobs too: cached per host and shape
 
@@ -335,9 +360,10 @@ def train(config: dict | JobConfig, on_step: Callable[[dict], None] | None = Non
     os.makedirs(cfg.output_dir, exist_ok=True)
     startup = Startup(on_stage, on_log, t0=called)
     startup.enter("planning")
+    detected = detect_early(cfg)  # beside reading the model's config, which imports transformers
     adapter = ModelAdapter(load_hf_config(cfg.model))
     startup.mark("model_config")
-    policy, plan = resolve_policy(cfg, adapter.num_layers, on_log, plan, startup=startup)
+    policy, plan = resolve_policy(cfg, adapter.num_layers, on_log, plan, startup=startup, detected=detected)
     removed = cleanup_orphans()
     startup.mark("removing_orphans")
     if removed:

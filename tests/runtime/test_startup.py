@@ -4,6 +4,7 @@ filled, and the durations in the first step's record, the log and the `training`
 from __future__ import annotations
 
 import contextlib
+import threading
 
 import psutil
 import pytest
@@ -13,10 +14,20 @@ from slidedp.startup import Startup
 from tests.runtime.exactness import make_pattern_data
 
 
-def test_train_reports_its_start_up_stages_in_order_with_their_durations(tmp_path):
+def test_train_reports_its_start_up_stages_in_order_with_their_durations(tmp_path, monkeypatch):
+    from slidedp.planning import topology
+
     data = make_pattern_data(str(tmp_path / "data.jsonl"), rows=16, seq_len=32)
     seen: list[dict] = []
     lines: list[str] = []
+    detected_on: list[str] = []
+    detect = topology.detect
+
+    def recorded_detect(*args, **kwargs):
+        detected_on.append(threading.current_thread().name)
+        return detect(*args, **kwargs)
+
+    monkeypatch.setattr(topology, "detect", recorded_detect)
     result = train({"model": "tiny-qwen3", "data": {"path": data, "format": "tokens"}, "seq_len": 32,
                     "micro_batch_size": 2, "steps": 2, "precision": "fp32", "output_dir": str(tmp_path / "out"),
                     "export": False}, on_stage=seen.append, on_log=lines.append)
@@ -50,6 +61,8 @@ def test_train_reports_its_start_up_stages_in_order_with_their_durations(tmp_pat
     assert all(v >= 0 for parts in marked.values() for v in parts.values())
     assert sum(marked["planning"].values()) <= durations["planning"] + 0.01
     assert "startup_parts_s" not in result.metrics[1]
+    # The host is detected once, on a thread of its own, while the model's config is read.
+    assert len(detected_on) == 1 and detected_on[0].startswith("slidedp-detect"), detected_on
 
 
 def test_stages_are_named_and_progress_is_rate_limited():

@@ -105,6 +105,49 @@ def test_detect_on_this_host_is_json_and_reports_usable_cores():
     assert len(topo["links"]) == len(topo["gpus"]) * (len(topo["gpus"]) - 1) // 2
 
 
+FAKE_SMI = """#!{python}
+import os, sys, time
+args = sys.argv[1:]
+calls = {calls!r}
+open(os.path.join(calls, "%d-%s" % (os.getpid(), "_".join(a.strip("-")[:12] for a in args))), "w").close()
+deadline = time.monotonic() + 60
+while len(os.listdir(calls)) < 3:  # the three calls meet here: run one after another, the first never returns
+    if time.monotonic() > deadline:
+        sys.exit(3)
+    time.sleep(0.01)
+if args[0].startswith("--query-gpu"):
+    sys.stdout.write({query!r})
+elif args[:2] == ["topo", "-m"]:
+    sys.stdout.write({topo!r})
+elif args[:3] == ["topo", "-p2p", "r"]:
+    sys.stdout.write({p2p!r})
+else:
+    sys.exit(2)
+"""
+
+
+def test_detect_asks_nvidia_smi_its_three_questions_at_once(tmp_path, monkeypatch):
+    """Each nvidia-smi call can take a second where the driver is not kept loaded: detect() runs the GPU query
+    and the two topology matrices together. This stand-in answers only once all three are running, so calls made
+    one after another would never be answered and detection would fall back to torch."""
+    bin_dir, calls = tmp_path / "bin", tmp_path / "calls"
+    bin_dir.mkdir()
+    calls.mkdir()
+    smi = bin_dir / "nvidia-smi"
+    smi.write_text(FAKE_SMI.format(python=sys.executable, calls=str(calls), query=X2_QUERY, topo=PCIE_TOPO,
+                                   p2p=P2P_NS))
+    smi.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    monkeypatch.delenv("NCCL_P2P_DISABLE", raising=False)
+    topo = topology.detect()
+    assert topo["gpu_source"] == "nvidia-smi"
+    assert [(g["name"], g["hbm_bytes"]) for g in topo["gpus"]] == [("NVIDIA H200", 143771 * 2**20)] * 2
+    assert len(topo["links"]) == 1
+    assert topo["links"][0]["hardware"] == "pcie" and topo["links"][0]["p2p"] is False
+    assert len(os.listdir(calls)) == 3
+
+
 def test_job_interconnect_summarises_the_links_of_the_jobs_gpus():
     nv = {"links": [topology._link(0, 1, "NV18", True, False)]}
     host = {"links": [topology._link(0, 1, "NV18", True, True)]}

@@ -21,6 +21,7 @@ import shutil
 import socket
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 SCHEMA_VERSION = 1
@@ -72,17 +73,27 @@ def _run(cmd: list[str], timeout: float = 20.0) -> str | None:
 
 def _gpus_and_links() -> tuple[list[dict], dict[tuple[int, int], tuple[str, bool | None]], str]:
     """GPUs visible to this process and the link between each pair, as (detail, p2p-capable)."""
-    query = None
-    for fields in (_GPU_FIELDS, _GPU_FIELDS[:5]):  # older drivers lack some pcie.* fields
-        query = _run(["nvidia-smi", "--query-gpu=" + ",".join(fields), "--format=csv,noheader,nounits"])
-        if query is not None:
-            break
+    if shutil.which("nvidia-smi") is None:
+        return _gpus_from_torch_child()
+    # The three calls are independent; each can take a second where the driver is not kept loaded: run them at once.
+    with ThreadPoolExecutor(3, thread_name_prefix="slidedp-smi") as pool:
+        calls = [
+            pool.submit(_run, cmd)
+            for cmd in (
+                ["nvidia-smi", "--query-gpu=" + ",".join(_GPU_FIELDS), "--format=csv,noheader,nounits"],
+                ["nvidia-smi", "topo", "-m"],
+                ["nvidia-smi", "topo", "-p2p", "r"],
+            )
+        ]
+        query, topo_m, topo_p2p = (c.result() for c in calls)
+    if query is None:  # older drivers lack some pcie.* fields
+        query = _run(["nvidia-smi", "--query-gpu=" + ",".join(_GPU_FIELDS[:5]), "--format=csv,noheader,nounits"])
     if query is None:
         return _gpus_from_torch_child()
     physical = parse_gpu_query(query)
     visible = _visible(physical, os.environ.get("CUDA_VISIBLE_DEVICES"))
-    matrix = parse_topo_matrix(_run(["nvidia-smi", "topo", "-m"]) or "")
-    p2p = parse_topo_matrix(_run(["nvidia-smi", "topo", "-p2p", "r"]) or "")
+    matrix = parse_topo_matrix(topo_m or "")
+    p2p = parse_topo_matrix(topo_p2p or "")
     gpus, links = [], {}
     for idx, g in enumerate(visible):
         pcie = sysfs_pcie(g["bus_id"]) or {}
