@@ -65,6 +65,22 @@ def test_train_reports_its_start_up_stages_in_order_with_their_durations(tmp_pat
     assert len(detected_on) == 1 and detected_on[0].startswith("slidedp-detect"), detected_on
 
 
+def test_a_rank_that_loads_its_model_and_data_beside_its_start_trains_the_same_bits(tmp_path, monkeypatch):
+    """The rank loads the model's config, tokenizer and data on a thread of its own while it starts its device and
+    process group (SLIDEDP_RANK_OVERLAP, default on); the run is the same run as one that loads them after."""
+    data = make_pattern_data(str(tmp_path / "data.jsonl"), rows=16, seq_len=32)
+    runs = {}
+    for overlap in ("1", "0"):
+        monkeypatch.setenv("SLIDEDP_RANK_OVERLAP", overlap)
+        result = train({"model": "tiny-qwen3", "data": {"path": data, "format": "tokens"}, "seq_len": 32,
+                        "micro_batch_size": 2, "steps": 3, "ranks": 2, "precision": "fp32",
+                        "output_dir": str(tmp_path / f"out-{overlap}"), "export": False})
+        runs[overlap] = result.metrics
+    for key in ("loss", "grad_norm"):
+        assert [r[key] for r in runs["1"]] == [r[key] for r in runs["0"]], key
+    assert list(runs["1"][0]["rank_startup_s"]) == list(runs["0"][0]["rank_startup_s"])
+
+
 def test_stages_are_named_and_progress_is_rate_limited():
     events: list[dict] = []
     s = Startup(events.append, None)

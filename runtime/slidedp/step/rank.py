@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 import os
 import sys
+import threading
 import time
 from collections import deque
 from dataclasses import dataclass
@@ -95,6 +96,41 @@ def _peak_tflops(device: torch.device) -> float | None:
     return None
 
 
+def _load_model_and_data(cfg: JobConfig, args: RankArgs, rank: int, world: int) -> tuple[ModelAdapter, Any]:
+    from slidedp.data import DataPipeline, load_tokenizer
+
+    adapter = ModelAdapter(load_hf_config(cfg.model))
+    pipeline = DataPipeline(cfg, load_tokenizer(cfg), rank, world)
+    if args.data_state:
+        pipeline.load_state_dict(args.data_state)
+    return adapter, pipeline
+
+
+class _Loading(threading.Thread):
+    """_load_model_and_data on a daemon thread (an error of the rank's own start ends the process without waiting
+    for it); result() waits for it and raises what it raised."""
+
+    def __init__(self, cfg: JobConfig, args: RankArgs, rank: int, world: int) -> None:
+        super().__init__(name="slidedp-rank-loading", daemon=True)
+        self._call = (cfg, args, rank, world)
+        self._out: tuple[ModelAdapter, Any] | None = None
+        self._error: BaseException | None = None
+        self.start()
+
+    def run(self) -> None:
+        try:
+            self._out = _load_model_and_data(*self._call)
+        except BaseException as exc:  # handed to the rank's own thread by result()
+            self._error = exc
+
+    def result(self) -> tuple[ModelAdapter, Any]:
+        self.join()
+        if self._error is not None:
+            raise self._error
+        assert self._out is not None
+        return self._out
+
+
 class _Marks:
     """Seconds of each part of a rank's start-up, in the order they ran (`rank_startup_s`, docs/interfaces.md §3)."""
 
@@ -117,8 +153,13 @@ def rank_main(rank: int, world: int, args: RankArgs, queue) -> None:
     marks = _Marks()
     state = None
     try:
-        device = _setup(rank, world, args, marks)
         cfg = JobConfig.from_dict(args.config)
+        # The model's config, the tokenizer and the data (importing transformers, reading and packing the rows)
+        # need no device: they load on a thread of their own while this one starts CUDA and the process group,
+        # maps the host state and page-locks it. SLIDEDP_RANK_OVERLAP=0 loads them after, on this thread.
+        overlap = os.environ.get("SLIDEDP_RANK_OVERLAP", "1") != "0"
+        loading = _Loading(cfg, args, rank, world) if overlap else None
+        device = _setup(rank, world, args, marks)
         groups = (dist.new_group(list(range(world))), dist.new_group(list(range(world))))
         marks.done("process_group")
         state = HostState.attach(args.layout)
@@ -126,12 +167,7 @@ def rank_main(rank: int, world: int, args: RankArgs, queue) -> None:
         state.pin()
         marks.done("page_lock")
         board = state.board
-        adapter = ModelAdapter(load_hf_config(cfg.model))
-        from slidedp.data import DataPipeline, load_tokenizer
-
-        pipeline = DataPipeline(cfg, load_tokenizer(cfg), rank, world)
-        if args.data_state:
-            pipeline.load_state_dict(args.data_state)
+        adapter, pipeline = loading.result() if loading is not None else _load_model_and_data(cfg, args, rank, world)
         marks.done("model_and_data")
 
         def abort() -> None:
