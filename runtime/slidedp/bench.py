@@ -85,7 +85,7 @@ def _chosen(policy) -> dict:
 def plan_one(cfg: dict) -> dict:
     """What train() would plan for this policy (calibrating first where the cache lacks this shape)."""
     from slidedp.config import JobConfig
-    from slidedp.launch import resolve_policy
+    from slidedp.planning.resolve import resolve_policy
     from slidedp.step.model_adapter import ModelAdapter, load_hf_config
 
     job = JobConfig.from_dict(cfg)

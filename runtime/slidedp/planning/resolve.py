@@ -1,0 +1,115 @@
+"""The execution policy a run uses: AutoPolicy's plan where the config leaves a choice `auto`, the config where it
+fixes one; a plan stored with the job (the web service's, made at submission) reused when it was made on what this
+run sees. The host is detected on a thread of its own (detect_early) while the launcher reads the model's config.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import TYPE_CHECKING, Any
+
+from slidedp.config import ConfigError, JobConfig
+from slidedp.policy import ExecutionPolicy, resolve
+
+if TYPE_CHECKING:
+    from slidedp.startup import Startup
+
+
+def _say(on_log: Callable[[str], None] | None, line: str) -> None:
+    if on_log is not None:
+        on_log(line)
+
+
+def plans(cfg: JobConfig) -> bool:
+    """Whether resolve_policy asks the planner: some choice is `auto`, or SLIDEDP_PLAN_EXPLICIT=1 wants an explicit
+    policy predicted too."""
+    p = cfg.policy
+    explicit = p.delivery != "auto" and p.grad_reduce != "auto" and p.activations != "auto" and p.edge_update != "auto" \
+        and p.device_layers is not None \
+        and p.resident_units is not None and p.delivery_cast != "auto"
+    return not explicit or bool(os.environ.get("SLIDEDP_PLAN_EXPLICIT"))
+
+
+def detect_early(cfg: JobConfig) -> Future | None:
+    """This host's topology (slidedp.planning.topology.detect), detected on a thread of its own so that its
+    nvidia-smi and /sys reads run while the caller reads the model's config (importing transformers); None when
+    resolve_policy will not plan. An error comes out of the future's result()."""
+    if not plans(cfg):
+        return None
+    from slidedp.planning import topology
+
+    pool = ThreadPoolExecutor(1, thread_name_prefix="slidedp-detect")
+    try:
+        return pool.submit(topology.detect, cfg.host_ram_gib)
+    finally:
+        pool.shutdown(wait=False)  # the detection runs on; nothing else is submitted
+
+
+def resolve_policy(cfg: JobConfig, num_layers: int, on_log=None, plan: dict | None = None,
+                   startup: Startup | None = None, detected: Future | None = None) -> tuple[ExecutionPolicy, dict]:
+    """The execution policy, resolved once (slidedp.policy.resolve): AutoPolicy's plan where the config says
+    `auto`, the config where it fixes a choice. Returns (policy, plan); plan is {} when nothing was planned.
+
+    `plan`: a plan made earlier for this job (the web service's, made when the job was submitted). It is used as it
+    is when its basis (autopolicy.plan_basis) equals the basis of the topology and calibration this run sees;
+    otherwise the job is planned again, one log line says why, and the new plan carries it under "replanned".
+
+    `detected`: the topology being detected already (detect_early), waited for here instead of detecting again."""
+    p = cfg.policy
+    stored, plan = plan, {}
+    if plans(cfg):
+        from slidedp.planning import autopolicy, topology
+
+        try:
+            calibration = None
+            topo = detected.result() if detected is not None else topology.detect(cfg.host_ram_gib)
+            _mark(startup, "detecting_host")
+            from slidedp.planning import calibration as calib  # CPU jobs too: cached per host and shape
+
+            calibration = calib.load_or_calibrate(
+                cfg, topo, on_log=startup.calibration_log(on_log) if startup is not None else on_log)
+            _mark(startup, "calibration")
+            why = None if stored is None else _stale_plan(stored, autopolicy.plan_basis(cfg, topo, calibration),
+                                                          cfg.world_size, num_layers)
+            if stored is not None and why is None:
+                plan = dict(stored)
+                _say(on_log, "plan reused: this host and calibration are the ones it was made on")
+            else:
+                plan = autopolicy.plan_job(cfg, topo, calibration)
+                if why is not None:
+                    plan["replanned"] = why
+                    _say(on_log, f"re-planned: {why}")
+        except Exception as exc:  # the plan is advice; a broken planner must not stop a valid job
+            _say(on_log, f"planner unavailable ({type(exc).__name__}: {exc}); using the configured policy")
+            plan = {}
+        _mark(startup, "plan")
+        if plan and not plan.get("feasible", True):
+            raise ConfigError(plan.get("errors") or [{"loc": "policy", "msg": "the job does not fit this host"}])
+    planned = ExecutionPolicy.from_dict(plan["policy"]) if plan.get("policy") else None
+    return resolve(p, num_layers, cfg.world_size, planned), plan
+
+
+def _mark(startup: Startup | None, part: str) -> None:
+    if startup is not None:
+        startup.mark(part)
+
+
+def _stale_plan(stored: Any, basis: dict, world: int, layers: int) -> str | None:
+    """Why a stored plan may not be used by this run (None: it may): its basis is not this run's, or it was made
+    for another world size or model depth."""
+    from slidedp.planning.autopolicy import basis_change
+
+    if not isinstance(stored, dict):
+        return "the stored plan has no basis"
+    why = basis_change(stored.get("basis"), basis)
+    if why is not None:
+        return why
+    job = stored.get("job") if isinstance(stored.get("job"), dict) else {}
+    if job.get("world", world) != world or job.get("layers", layers) != layers:
+        return (f"the stored plan is for {job.get('world')} rank(s) and {job.get('layers')} layers, this run has "
+                f"{world} and {layers}")
+    if stored.get("feasible", True) and not isinstance(stored.get("policy"), dict):
+        return "the stored plan holds no policy"
+    return None
