@@ -483,8 +483,9 @@ def _run_ranks(cfg: JobConfig, state, layout: HostLayout, policy: ExecutionPolic
                     payload["rank_startup_s"] = rank_startup
                 if pager is not None:
                     payload["moments_paged_s"] = pager.elapsed_s
-                if startup.parts_s():
-                    payload["startup_parts_s"] = startup.parts_s()
+                parts = startup.parts_s()
+                if parts:
+                    payload["startup_parts_s"] = parts
             payload["host_rss_gib"] = _rss_gib(ranks.pids, state.shared_bytes())
             diverged, raised = monitor.check(payload)
             if raised:

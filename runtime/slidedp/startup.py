@@ -77,8 +77,8 @@ class Startup:
         self._mark_t = now
 
     def parts_s(self) -> dict[str, dict[str, float]]:
-        """{stage: {part: seconds}} rounded to the millisecond, only for stages that were marked."""
-        return {stage: {k: round(v, 3) for k, v in parts.items()} for stage, parts in self.parts.items() if parts}
+        """{stage: {part: seconds}} rounded to the millisecond, for the stages that were marked."""
+        return {stage: {k: round(v, 3) for k, v in parts.items()} for stage, parts in self.parts.items()}
 
     def progress(self, done: int, total: int) -> None:
         """Progress of the running stage (units of the host state filled); reported at most every 0.5 s and at

@@ -57,11 +57,10 @@ class RankArgs:
     memory_cap: dict | None = None  # set in the rank: what apply_memory_cap set (gpu_memory_gib)
 
 
-def _setup(rank: int, world: int, args: RankArgs, marks: _Marks) -> torch.device:
+def _setup(rank: int, world: int, args: RankArgs, cfg: JobConfig, marks: _Marks) -> torch.device:
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
     sys.setswitchinterval(float(os.environ.get("SLIDEDP_GIL_SWITCH_S", GIL_SWITCH_S)))
     torch.set_num_threads(args.cpu_threads)
-    cfg = JobConfig.from_dict(args.config)
     if cfg.gpus > 0:
         device = torch.device("cuda", rank)
         torch.cuda.set_device(device)
@@ -159,7 +158,7 @@ def rank_main(rank: int, world: int, args: RankArgs, queue) -> None:
         # maps the host state and page-locks it. SLIDEDP_RANK_OVERLAP=0 loads them after, on this thread.
         overlap = os.environ.get("SLIDEDP_RANK_OVERLAP", "1") != "0"
         loading = _Loading(cfg, args, rank, world) if overlap else None
-        device = _setup(rank, world, args, marks)
+        device = _setup(rank, world, args, cfg, marks)
         groups = (dist.new_group(list(range(world))), dist.new_group(list(range(world))))
         marks.done("process_group")
         state = HostState.attach(args.layout)
