@@ -204,3 +204,33 @@ def test_pin_ranges_start_at_page_aligned_unit_starts_and_cover_everything():
     # the last range is never smaller than min_bytes: no tiny registration at the end
     assert pin_ranges([0, 4 * page], 5 * page + 10, page=page, min_bytes=2 * page) == [(0, 5 * page + 10)]
     assert pin_ranges([0, 4 * page], 6 * page, page=page, min_bytes=2 * page) == [(0, 4 * page), (4 * page, 6 * page)]
+
+
+def test_fresh_moments_are_paged_in_only_once_every_rank_has_page_locked_the_state(tmp_path):
+    """Page-locking beside the paging is many times slower and lies on the way to the first step, so the pager
+    waits until every rank has said it is done (Board.set_pinned) and pages nothing before."""
+    adapter = ModelAdapter(load_hf_config("tiny-qwen3"))
+    layout = HostLayout(run=f"slidedp-fill-pinned-{os.getpid()}", directory=str(tmp_path / "shm"),
+                        unit_numels=[u.numel for u in adapter.units], world=2, delivery_dtype="bfloat16",
+                        staging_slots=2, hold_gradient=False)
+    state = HostState.create(layout)
+    try:
+        state.exp_avg.fill_(1.0)  # what the paging writes is zeros: anything else shows a page it has not reached
+        pager = host_fill.MomentPager([state.exp_avg], state.board, threads=2)
+        pager.start()
+        state.board.set_pinned(0)
+        time.sleep(0.3)  # one of two ranks pinned: nothing paged, and the updaters still wait
+        assert pager.is_alive() and pager.elapsed_s is None and pager.waited_s is None
+        assert bool((state.exp_avg == 1.0).all()) and state.board.get(state.board.MOMENTS_PAGING) == 1
+        state.board.set_pinned(1)
+        pager.join(timeout=30)
+        assert not pager.is_alive() and pager.waited_s >= 0.3 and pager.elapsed_s is not None
+        assert not bool(state.exp_avg.any()) and state.board.get(state.board.MOMENTS_PAGING) == 0
+        halted = host_fill.MomentPager([state.exp_avg_sq], HostState.attach(layout).board, threads=2)
+        state.board.ints[state.board._o_pinned:].zero_()  # a run that ends before its ranks pinned
+        state.exp_avg_sq.fill_(1.0)
+        halted.start()
+        halted.close()
+        assert not halted.is_alive() and halted.elapsed_s is None and bool((state.exp_avg_sq == 1.0).all())
+    finally:
+        unlink(layout)

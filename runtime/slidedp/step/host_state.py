@@ -152,7 +152,8 @@ class Board:
         self._o_seq = self._o_updated + n_updated
         self._o_read = self._o_seq + n_seq
         self._o_norm_seq = self._o_read + n_read
-        size = self._o_norm_seq + self.world
+        self._o_pinned = self._o_norm_seq + self.world
+        size = self._o_pinned + self.world
         self.ints = _map(layout.path("board"), size, torch.int64, create)
         # two blocks by step parity: a rank may publish step t+1 before a slower updater has read step t
         self.floats = _map(layout.path("norms"), 2 * self.world, torch.float64, create)
@@ -190,6 +191,13 @@ class Board:
 
     def set_read_done(self, reader: int, owner: int, slot: int, seq: int) -> None:
         self.ints[self._o_read + (reader * self.world + owner) * self.slots + slot] = seq
+
+    # each rank's page-locking of the state is done (the launcher pages in fresh moments only after it)
+    def set_pinned(self, rank: int) -> None:
+        self.ints[self._o_pinned + rank] = 1
+
+    def all_pinned(self) -> bool:
+        return bool(self.ints[self._o_pinned : self._o_pinned + self.world].all())
 
     # global-norm exchange
     def publish_norm(self, rank: int, step: int, sumsq: float) -> None:

@@ -155,7 +155,7 @@ def rank_main(rank: int, world: int, args: RankArgs, queue) -> None:
         cfg = JobConfig.from_dict(args.config)
         # The model's config, the tokenizer and the data (importing transformers, reading and packing the rows)
         # need no device: they load on a thread of their own while this one starts CUDA and the process group,
-        # maps the host state and page-locks it. SLIDEDP_RANK_OVERLAP=0 loads them after, on this thread.
+        # maps the host state, waits for it to be filled and page-locks it. SLIDEDP_RANK_OVERLAP=0 loads them after, on this thread.
         overlap = os.environ.get("SLIDEDP_RANK_OVERLAP", "1") != "0"
         loading = _Loading(cfg, args, rank, world) if overlap else None
         device = _setup(rank, world, args, cfg, marks)
@@ -163,21 +163,25 @@ def rank_main(rank: int, world: int, args: RankArgs, queue) -> None:
         marks.done("process_group")
         state = HostState.attach(args.layout)
         marks.done("attach")
-        state.pin()
-        marks.done("page_lock")
         board = state.board
-        adapter, pipeline = loading.result() if loading is not None else _load_model_and_data(cfg, args, rank, world)
-        marks.done("model_and_data")
 
         def abort() -> None:
             if board.get(Board.STOP_REQUEST) == 2:  # the launcher saw a rank die
                 raise RuntimeError("another rank failed")
 
         # Everything above overlaps the launcher's filling of the host state; nothing below may read it before
-        # the launcher says it is whole.
+        # the launcher says it is whole. The state is page-locked only then, and the launcher pages the moments in
+        # only once every rank has said it is done (Board.set_pinned): for Qwen3-8B on the GPU machine page-locking
+        # took 17-25 s beside the launcher's fill and paging, against about 1.3 s for a filled state alone
+        # (docs/benchmarks.md).
         wait_until(lambda: board.get(Board.HOST_READY) == 1, "the launcher to fill the host state",
                    timeout_s=math.inf, abort=_launcher_alive(abort))
         marks.done("waiting_for_host_state")
+        state.pin()
+        board.set_pinned(rank)
+        marks.done("page_lock")
+        adapter, pipeline = loading.result() if loading is not None else _load_model_and_data(cfg, args, rank, world)
+        marks.done("model_and_data")
 
         engine = RankEngine(cfg, adapter, state, args.policy, rank, world, device, groups, abort=abort)
         engine.updater.last_step = args.start_step
