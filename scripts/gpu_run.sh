@@ -70,6 +70,7 @@
 #           holding startup_s, rank_startup_s and moments_paged_s)
 #   first8ab the same as first8, four runs: the first measures the calibration if the cache lacks it, then the rank's
 #           overlap of loading its model and data (SLIDEDP_RANK_OVERLAP) off, on, off; logs $OUT/first8-ab-N-overlapV.log
+#   exact1  the one-GPU exactness tests (every route of one rank, 20 bf16 steps against autocast, the cast on the GPU)
 #   pin     where a rank's start waits (scripts/probe_rank_start.py): a filled 32 GiB shared-memory state page-locked
 #           beside loading the model's config and adapter (the loading thread sampled), then alone, each in a fresh
 #           process; and page-locking it again with 1 and 16 threads
@@ -151,6 +152,9 @@ print(f'with NCCL and one all-reduce: {(t - f1) / 2**30:.3f} GiB (allocator rese
               SLIDEDP_RANK_OVERLAP=$ov timeout ${FIRST_S:-150} python3 scripts/first_step.py --model qwen3-8b \
                 --gpu-memory-gib ${GPU_GIB:-24} --delivery-cast ${CAST:-gpu} > "$log" 2>&1
               tail -1 "$log" | cut -c1-900; done ;;
+    exact1) timeout ${TESTS_S:-240} python3 -m pytest -v -rfE --tb=short -p no:cacheprovider -m gpu \
+              tests/gpu/test_gpu_exactness.py tests/gpu/test_gpu_delivery_cast.py -k "1] or same_bits" > "$OUT/gpu-exact1.log" 2>&1
+            grep -E "PASSED|FAILED|ERROR|passed|failed" "$OUT/gpu-exact1.log" | tail -12 ;;
     pin)  for mode in overlap serial; do timeout ${PIN_S:-150} python3 scripts/probe_rank_start.py --mode $mode \
             --gib ${PIN_GIB:-32} --out "$OUT/probe-rank-start.jsonl" 2>&1 | grep -v Warn | cut -c1-900; done ;;
     hf8)  timeout ${HF_S:-60} python3 scripts/first_step.py --write-hf /tmp/q8b --model qwen3-8b 2>&1 | quiet 3

@@ -224,6 +224,15 @@ class PolicyConfig:
         ge=0,
         le=MAX_LAYERS,
     )
+    staging_slots: Optional[int] = _f(
+        None,
+        doc="Gradient staging slots per rank in page-locked host memory, each the size of the largest unit updated "
+        "on the host: how many units the backward may run ahead of the host update. More let the host update "
+        "keep working through the next forward, at one unit of host RAM each (and the time to page-lock it at "
+        "start). At least 4 and window + 1. None (default): AutoPolicy chooses, else max(8, window + 1).",
+        ge=4,
+        le=MAX_LAYERS,
+    )
 
 
 @dataclass

@@ -204,6 +204,10 @@ def cross_checks(cfg: Any, errors: list[dict[str, str]]) -> None:
     if cfg.policy.edge_update == "gpu" and cfg.world_size > 1 and cfg.policy.grad_reduce == "host":
         errors.append({"loc": "policy.edge_update", "msg": "gpu reduces the embedding and head gradients on the "
                        "GPUs: set policy.grad_reduce to gpu (or auto), or edge_update to host"})
+    slots = cfg.policy.staging_slots
+    if slots is not None and slots < cfg.policy.window + 1:
+        errors.append({"loc": "policy.staging_slots", "msg": f"must be at least window + 1 = {cfg.policy.window + 1} "
+                       f"(got {slots}): raise it, or leave it null for AutoPolicy to choose"})
     if cfg.policy.keep_layers is not None and cfg.policy.activations != "auto":
         errors.append({"loc": "policy.keep_layers", "msg": "only applies with policy.activations = auto"})
     _eval_checks(cfg, errors)

@@ -32,12 +32,12 @@ LOSS_CHUNK_TOKENS = 4096  # tokens per chunk of the lm_head + cross-entropy
 # Keys of older plan and policy JSON that no longer mean anything: ignored when their value is the only one there
 # ever was, refused otherwise.
 RETIRED = {"reduce_dtype": "fp32"}
-DERIVED = ("staging_slots",)  # written by to_dict, recomputed on load
+DERIVED: tuple[str, ...] = ()  # keys to_dict writes that are recomputed on load (none now)
 
 
 def staging_slots(window: int) -> int:
-    """Gradient staging slots per rank in host memory: enough for the backward to run ahead of the host update
-    by several units instead of waiting for it unit by unit."""
+    """The default count of gradient staging slots per rank in host memory: enough for the backward to run ahead
+    of the host update by several units instead of waiting for it unit by unit. AutoPolicy may choose more."""
     return max(8, window + 1)
 
 
@@ -53,7 +53,8 @@ class PolicyError(ValueError):
     """A policy that cannot run: the message names the field."""
 
 
-SHORTHAND = "delivery:grad_reduce[:activations[:clip[:resident[:cast[:edge_update[:device_layers]]]]]]"
+SHORTHAND = ("delivery:grad_reduce[:activations[:clip[:resident[:cast[:edge_update[:device_layers"
+             "[:staging_slots]]]]]]]")
 
 
 def parse_shorthand(text: str) -> tuple[dict[str, Any], float]:
@@ -62,13 +63,14 @@ def parse_shorthand(text: str) -> tuple[dict[str, Any], float]:
     `auto` in any field leaves that choice to AutoPolicy. activations: keep, checkpoint, offload,
     auto, or keepN / offN (the first N layers keep / offload their activations, the rest are checkpointed). clip:
     max_grad_norm (0: none; an optimizer setting, not part of the policy). resident: leading layers whose weights
-    stay on the GPUs, a count or auto. Unlike a job config, whose defaults are auto and null, omitted fields are
-    fixed: every layer checkpointed, nothing resident, the cast on the host, every update on the host."""
+    stay on the GPUs, a count or auto. staging_slots: gradient staging slots per rank, a count or auto (omitted:
+    the default for the window). Unlike a job config, whose defaults are auto and null, omitted fields are fixed:
+    every layer checkpointed, nothing resident, the cast on the host, every update on the host."""
     parts = text.split(":")
-    if not 2 <= len(parts) <= 8:
+    if not 2 <= len(parts) <= 9:
         raise PolicyError(f"policy {text!r}: expected {SHORTHAND}")
-    parts += [""] * (8 - len(parts))
-    delivery, grad, acts, clip, resident, cast, edge, device_layers = parts
+    parts += [""] * (9 - len(parts))
+    delivery, grad, acts, clip, resident, cast, edge, device_layers, slots = parts
 
     def choice(name: str, value: str, allowed: tuple[str, ...]) -> str:
         if value not in allowed:
@@ -81,7 +83,7 @@ def parse_shorthand(text: str) -> tuple[dict[str, Any], float]:
         if value == "auto":
             return None
         if not value.isdigit():
-            raise PolicyError(f"policy {text!r}: {name} must be a count of layers or auto, got {value!r}")
+            raise PolicyError(f"policy {text!r}: {name} must be a count or auto, got {value!r}")
         return int(value)
 
     request: dict[str, Any] = {
@@ -91,6 +93,7 @@ def parse_shorthand(text: str) -> tuple[dict[str, Any], float]:
         "delivery_cast": choice("cast", cast or "host", ("auto", *DELIVERY_CASTS)),
         "edge_update": choice("edge_update", edge or "host", ("auto", *EDGE_UPDATES)),
         "device_layers": count("device_layers", device_layers, 0),
+        "staging_slots": count("staging_slots", slots, staging_slots(WINDOW)),
     }
     acts = acts or "checkpoint"
     for prefix, key, other in (("keep", "keep_layers", "offload_layers"), ("off", "offload_layers", "keep_layers")):
@@ -122,6 +125,8 @@ class ExecutionPolicy:
         updated on the GPUs, their state there; every other unit is updated on the host.
     window, chunk_mb, loss_chunk_tokens: GPU unit buffers, transfer chunk, loss chunk.
     delivery_cast: where the bf16 weights are made from the fp32 master (host: a bf16 copy in host memory).
+    staging_slots: gradient staging slots per rank in host memory (page-locked): how far the backward may run
+        ahead of the host update, in units; at least window + 1.
     """
 
     delivery: str
@@ -134,6 +139,7 @@ class ExecutionPolicy:
     edge_update: str = "host"
     device_layers: int = 0
     delivery_cast: str = "host"
+    staging_slots: int = 0  # 0: the default for the window (staging_slots(window))
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "activations", tuple(self.activations))
@@ -152,6 +158,12 @@ class ExecutionPolicy:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < low:
                 raise PolicyError(f"{name} must be an integer of at least {low}, got {value!r}")
+        if self.staging_slots == 0:
+            object.__setattr__(self, "staging_slots", staging_slots(self.window))
+        slots = self.staging_slots
+        if isinstance(slots, bool) or not isinstance(slots, int) or slots < self.window + 1:
+            raise PolicyError(f"staging_slots must be an integer of at least window + 1 = {self.window + 1}, "
+                              f"got {slots!r}")
         if isinstance(self.device_layers, bool) or not isinstance(self.device_layers, int) \
                 or not 0 <= self.device_layers <= self.layers:
             raise PolicyError(f"device_layers must be in 0..{self.layers}, got {self.device_layers!r}")
@@ -213,17 +225,12 @@ class ExecutionPolicy:
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
         d["activations"], d["resident"] = list(self.activations), list(self.resident)
-        d["staging_slots"] = self.staging_slots
         return d
 
     # ------------------------------------------------------------------ derived facts
     @property
     def layers(self) -> int:
         return len(self.activations)
-
-    @property
-    def staging_slots(self) -> int:
-        return staging_slots(self.window)
 
     @property
     def edge_units_on_gpu(self) -> bool:
@@ -256,8 +263,9 @@ class ExecutionPolicy:
             raise PolicyError("resident layers that are not the leading ones have no shorthand")
         if (self.window, self.chunk_mb, self.loss_chunk_tokens) != (WINDOW, CHUNK_MB, LOSS_CHUNK_TOKENS):
             raise PolicyError("window, chunk_mb and loss_chunk_tokens other than the defaults have no shorthand")
+        slots = "" if self.staging_slots == staging_slots(self.window) else f":{self.staging_slots}"
         return (f"{self.delivery}:{self.grad_reduce}:{form}:0:{resident}:{self.delivery_cast}:{self.edge_update}:"
-                f"{self.device_layers}")
+                f"{self.device_layers}{slots}")
 
 
 @dataclass(frozen=True)
@@ -276,6 +284,7 @@ class _Request:
     loss_chunk_tokens: int
     keep_layers: int | None
     offload_layers: int | None
+    staging_slots: int | None = None
 
 
 def resolve(requested: Any, layers: int, world: int, planned: ExecutionPolicy | None = None) -> ExecutionPolicy:
@@ -306,9 +315,15 @@ def resolve(requested: Any, layers: int, world: int, planned: ExecutionPolicy | 
         value = getattr(p, name)
         return int(chosen.get(name, value)) if value == default else value
 
+    window = knob("window", WINDOW)
+    slots = getattr(p, "staging_slots", None)
+    if slots is None:  # AutoPolicy's choice, else the default for the window
+        planned_slots = chosen.get("staging_slots")
+        slots = int(planned_slots) if planned_slots is not None and int(planned_slots) > window else \
+            staging_slots(window)
     return ExecutionPolicy(
         delivery=delivery, grad_reduce=grad, activations=acts, resident=resident, edge_update=edge,
-        device_layers=device_layers, window=knob("window", WINDOW),
+        device_layers=device_layers, window=window, staging_slots=slots,
         delivery_cast=p.delivery_cast if p.delivery_cast != "auto" else chosen.get("delivery_cast", "host"),
         chunk_mb=knob("chunk_mb", CHUNK_MB), loss_chunk_tokens=knob("loss_chunk_tokens", LOSS_CHUNK_TOKENS),
     ).for_world(world)

@@ -582,3 +582,22 @@ def test_autopolicy_is_predicted_no_slower_than_any_row_of_the_declared_grid(one
     for name, t in timed.items():
         assert chosen <= t * 1.001, (name, t, chosen, auto["policy"])
     assert chosen < 0.95 * timed["host update, all checkpointed and resident"]
+
+
+
+def test_a_host_bound_plan_takes_more_staging_slots_only_where_they_pay_and_host_ram_allows(x2):
+    """More gradient staging slots let the backward run ahead and the host update work through the next forward:
+    AutoPolicy takes them when the model prices them at least 1% faster, within a quarter of the host RAM the
+    rest of the plan leaves free, and never where the job fixes the count."""
+    topo, cal = x2
+    rates = cal["qwen3-8b_bs8_nvlink"]
+    plan = ap.plan_job(_cfg(), topo["nvlink"], rates)
+    assert plan["predicted"]["bound"]["binding"] == "cpu_update" and plan["policy"]["staging_slots"] > 8
+    fixed = ap.plan_job(_cfg(policy={"staging_slots": 8}), topo["nvlink"], rates)
+    assert fixed["policy"]["staging_slots"] == 8
+    assert plan["predicted"]["step_time_s"] < 0.99 * fixed["predicted"]["step_time_s"]
+    more = plan["predicted"]["host_ram_gib"] - fixed["predicted"]["host_ram_gib"]
+    assert more > 0
+    # host RAM that leaves less than four times the extra slots free beside the default: the default stays
+    tight = ap.plan_job(_cfg(host_ram_gib=fixed["predicted"]["host_ram_gib"] + 3.9 * more), topo["nvlink"], rates)
+    assert tight["policy"]["staging_slots"] < plan["policy"]["staging_slots"]

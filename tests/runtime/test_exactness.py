@@ -161,6 +161,13 @@ def test_activation_policies_and_residency_match_adamw(workdir, policy):
     _check(workdir, "untied", 2, "sharded", "gpu", 2, CLIP, policy=policy)
 
 
+@pytest.mark.parametrize("slots,clip", [(4, 0.0), (16, CLIP)])
+def test_staging_slots_other_than_the_default_match_adamw(workdir, slots, clip):
+    """Fewer and more gradient staging slots than the default (policy.staging_slots): the backward runs ahead of
+    the host update by other amounts and the updater takes the landed gradients in another order; the same sums."""
+    _check(workdir, "untied", 2, "replicated", "host", 1, clip, policy={"staging_slots": slots})
+
+
 @pytest.mark.slow  # make test-fast keeps its 10 minutes; make test runs it
 def test_offloaded_activations_match_adamw_and_cross_as_bytes(workdir):
     """Offload's bookkeeping (each saved storage copied out once, views rebuilt from the copy fetched back into

@@ -88,7 +88,7 @@ def test_bench_shorthand_refuses_what_it_cannot_mean():
     for bad, named in [("sharded", "delivery:grad_reduce"), ("sideways:gpu", "delivery"),
                        ("sharded:gpu:keepsome", "activations"), ("sharded:gpu:keep:-1", "clip"),
                        ("sharded:gpu:keep:nan", "clip"), ("sharded:gpu:keep:0:two", "resident"),
-                       ("sharded:gpu:keep:0:0:gpu:gpu:x", "device_layers"), ("a:b:c:d:e:f:g:h:i", "expected")]:
+                       ("sharded:gpu:keep:0:0:gpu:gpu:x", "device_layers"), ("a:b:c:d:e:f:g:h:i:j", "expected")]:
         with pytest.raises(PolicyError, match=named):
             parse_shorthand(bad)
     with pytest.raises(PolicyError, match="AutoPolicy"):
@@ -96,3 +96,31 @@ def test_bench_shorthand_refuses_what_it_cannot_mean():
     mixed = ExecutionPolicy.mix(layers=6, keep=2, offload=2, resident=0)
     with pytest.raises(PolicyError, match="no shorthand"):
         mixed.shorthand()
+
+
+def test_staging_slots_are_the_policys_own_checked_and_fixed_where_the_job_fixes_them():
+    """policy.staging_slots: a field of the resolved policy (AutoPolicy may choose more than the default), in its
+    JSON and the bench shorthand's ninth field; fewer than window + 1 is refused by the policy and the config."""
+    from slidedp.config import ConfigError
+    from slidedp.policy import ExecutionPolicy, PolicyError, resolve
+
+    pol = ExecutionPolicy.default(4, window=2, staging_slots=24)
+    assert pol.to_dict()["staging_slots"] == 24 and ExecutionPolicy.from_dict(pol.to_dict()) == pol
+    assert ExecutionPolicy.default(4, window=12).staging_slots == 13  # the default for the window
+    wide = ExecutionPolicy.default(4, staging_slots=24)
+    assert wide.shorthand().endswith(":24") and ExecutionPolicy.from_shorthand(wide.shorthand(), layers=4) == wide
+    assert ExecutionPolicy.from_shorthand("replicated:host", layers=4).staging_slots == 8
+    with pytest.raises(PolicyError, match="staging_slots must be an integer of at least window \\+ 1 = 7"):
+        ExecutionPolicy.default(4, window=6, staging_slots=6)
+    with pytest.raises(PolicyError, match="staging_slots must be a count or auto"):
+        ExecutionPolicy.from_shorthand("replicated:host:checkpoint:0:0:host:host:0:x", layers=4)
+    with pytest.raises(ConfigError) as err:
+        JobConfig.from_dict({"model": "tiny-qwen3", "data": {"path": "x.jsonl"}, "policy": {"staging_slots": 5,
+                                                                                          "window": 6}})
+    assert err.value.errors[0]["loc"] == "policy.staging_slots" and "window + 1 = 7" in err.value.errors[0]["msg"]
+    planned = ExecutionPolicy.default(4, staging_slots=32)
+    asked = JobConfig.from_dict({"model": "tiny-qwen3", "data": {"path": "x.jsonl"}}).policy
+    assert resolve(asked, 4, 1, planned).staging_slots == 32  # AutoPolicy's choice where the job leaves it
+    fixed = JobConfig.from_dict({"model": "tiny-qwen3", "data": {"path": "x.jsonl"}, "policy": {"staging_slots": 12}})
+    assert resolve(fixed.policy, 4, 1, planned).staging_slots == 12
+

@@ -20,9 +20,11 @@ from slidedp.schedule import step_schedule, window_plan
 def bound(job: Job, pol: ExecutionPolicy, rates: Rates) -> dict[str, Any]:
     """The bound of a step under this policy (docs/architecture.md §4), from the calibrated ceilings: the largest
     of GPU compute, the host update alone, H2D and D2H bytes over one GPU's link, and host DRAM bytes over its
-    capacity, plus the one unit's update and delivery no ordering can hide. With exact clipping the updates wait
-    for the whole backward: bwd + max(fwd, update) takes the place of the compute term. What the overlap model
-    predicts on top of this is the pipeline's own exposure."""
+    capacity, each with what its own dependencies leave exposed: GPU compute waits for the first host-updated
+    unit's gradient, update and delivery beyond the GPU work below it; the host update idles from a step's last
+    update until the next step's first gradient (the top host unit's forward, the loss head, its backward and
+    copy out). With exact clipping the updates wait for the whole backward: bwd + max(fwd, update) takes the
+    place of the compute term. What the overlap model predicts on top of this is the pipeline's own exposure."""
     d = durations(job, pol, rates)
     L, M = job.layers, job.grad_accum
     head = L + 1
@@ -50,15 +52,37 @@ def bound(job: Job, pol: ExecutionPolicy, rates: Rates) -> dict[str, Any]:
         "d2h": d2h,
         "host_dram": dram_bytes / dram_cap if dram_cap else 0.0,
     }
-    first = 1 if pol.edge_units_on_gpu else 0  # the next forward's first unit the host updates
-    exposed = d.update[first] + d.deliver[first]
-    binding = max(terms, key=terms.get)
-    step = terms[binding] + exposed
+    host = [u for u in range(len(d.units)) if d.update[u] > 0 or d.hold[u] > 0]
+    exposed = {k: 0.0 for k in terms}
+    if host:
+        # compute: the first unit the host updates is updated after its gradient is back and delivered again
+        # before its forward; only the GPU work of the units below it (their backward, then their forward)
+        # can run meanwhile
+        f = host[0]
+        below = sum(d.layer_fwd[d.activations[u - 1]] + d.layer_bwd[d.activations[u - 1]] for u in range(1, f))
+        below = M * (below + (d.embed_fwd + d.embed_bwd if f > 0 else 0.0))
+        if job.clip:  # the updates start once the norm is known and the forward follows them
+            exposed["compute"] = max(0.0, d.update[f] + d.deliver[f] + fwd - max(fwd, update))
+        else:
+            exposed["compute"] = max(0.0, d.grad_d2h[f] + d.update[f] + d.deliver[f] - below)
+        # the host update: between a step's last update and the next step's first gradient the updater has
+        # nothing to do. The last update precedes the forward of the top unit the host updates at the latest;
+        # after that come its forward (delivered again unless resident), the loss head, its backward and its
+        # gradient's copy out.
+        t = host[-1]
+        if t == L + 1:  # the head itself
+            gap = d.deliver[t] + d.head + d.grad_d2h[t]
+        else:
+            a = d.activations[t - 1]
+            gap = d.deliver[t] + d.layer_fwd[a] + d.head + d.layer_bwd[a] + d.grad_d2h[t]
+        exposed["cpu_update"] = gap
+    binding = max(terms, key=lambda k: terms[k] + exposed[k])
+    step = terms[binding] + exposed[binding]
     return {
         "step_time_s": step,
         "tokens_per_s": job.tokens_per_step / step if step > 0 else None,
         "binding": binding,
         "terms_s": terms,
-        "unhidden_s": exposed,
+        "unhidden_s": exposed[binding],
         "host_dram_bytes": dram_bytes,
     }

@@ -20,6 +20,9 @@ from slidedp.policy import ExecutionPolicy
 WINDOWS = (2, 3, 4, 6)
 CHUNKS_MB = (16, 64, 256)
 LOSS_CHUNKS = (1024, 2048, 4096, 8192)
+STAGING_SLOTS = (12, 16, 24, 32, 48)  # tried above the default (policy.staging_slots) where the model prices them
+SLOTS_GAIN = 0.01  # more staging is taken only when this much faster: it holds host RAM and page-locking time
+SLOTS_SHARE_OF_FREE = 0.25  # and only within this share of the host RAM the rest of the plan leaves free
 DEFAULTS = {f.name: f.default for f in dataclasses.fields(PolicyConfig)}  # every policy setting's default
 
 
@@ -84,7 +87,26 @@ class KnobSearch:
                     if self.time(alt) < self.time(pol) * 0.999 or (self.fits(pol) is not None
                                                                    and self.fits(alt) is None):
                         pol = alt
-        return pol
+        return self.sweep_staging(pol, candidates)
+
+    def sweep_staging(self, pol: ExecutionPolicy, candidates: list[dict[str, Any]]) -> ExecutionPolicy:
+        """More gradient staging slots than the default where the model prices them 1% faster: the backward then
+        runs further ahead of the host update, which can keep updating through the next forward. Each slot is one
+        unit of page-locked host RAM per rank, so they take at most a quarter of what the plan leaves free."""
+        if "staging_slots" in self.user or not self.rates or self.fits(pol) is not None:
+            return pol
+        free = self.job.host_limit_bytes - self.mem(pol)["host_bytes"]
+        best = pol
+        for n in STAGING_SLOTS:
+            if n <= pol.staging_slots:
+                continue
+            alt = dataclasses.replace(pol, staging_slots=n)
+            if self.mem(alt)["host_bytes"] - self.mem(pol)["host_bytes"] > SLOTS_SHARE_OF_FREE * free:
+                break
+            candidates.append(self.candidate(alt))
+            if self.time(alt) < self.time(best) * (1 - SLOTS_GAIN):
+                best = alt
+        return best
 
     def _defaults_first(self, name: str, options: list[int]) -> list[int]:
         d = DEFAULTS[name]

@@ -450,8 +450,12 @@ class _Replay:
                 pick = min(avail, key=lambda t: t.order)
                 eb = self.end_backward.get(pick.step)
                 if eb is not None and eb.end is not None and eb.end <= t0:
-                    # backward is over: finish in forward order so the next forward's first units come first
-                    pick = min((t for t in avail if t.step == pick.step), key=lambda t: t.unit)
+                    # backward is over: the lowest unit among the gradients that have landed, so the next
+                    # forward's first units come first without waiting on a copy still under way; none landed:
+                    # the first issued (copies out land in the order they were issued)
+                    same = [t for t in avail if t.step == pick.step]
+                    landed = [t for t in same if all(x.end is not None and x.end <= t0 for x in t.deps)]
+                    pick = min(landed, key=lambda t: t.unit) if landed else min(same, key=lambda t: t.order)
                 self._unstarted.remove(pick)
                 self._committed = (pick, t0, why)
         t, t0, why = self._committed

@@ -214,11 +214,15 @@ class Updater(threading.Thread):
                 return self._empty_steps.popleft()
             if not self._pending:
                 return None
-            if self._pending[0].step in self._backward_ended:
-                # Backward is over: finish in forward order so the next forward's first units are ready first.
-                item = min(self._pending, key=lambda it: it.unit)
-            else:
-                item = self._pending[0]
+            item = self._pending[0]
+            if item.step in self._backward_ended:
+                # Backward is over: finish in forward order so the next forward's first units are ready first,
+                # among the gradients that have landed (waiting on a copy still under way would idle this thread
+                # while others are ready); none landed: the first handed over, whose copy lands first.
+                same = [it for it in self._pending if it.step == item.step]
+                landed = [it for it in same if it.published or it.event.query()]
+                if landed:
+                    item = min(landed, key=lambda it: it.unit)
         return item
 
     def _remove(self, item: GradItem) -> None:
