@@ -73,7 +73,8 @@
 #   exact1  the one-GPU exactness tests (every route of one rank, 20 bf16 steps against autocast, the cast on the GPU)
 #   pin     where a rank's start waits (scripts/probe_rank_start.py): a filled 32 GiB shared-memory state page-locked
 #           beside loading the model's config and adapter (the loading thread sampled), then alone, each in a fresh
-#           process; and page-locking it again with 1 and 16 threads
+#           process; and page-locking it again with 1 and 16 threads; then (PIN_OTHER=1) 2 x 16 GiB filled by another
+#           process, page-locked as found and after MADV_POPULATE_READ
 #   hf8     Qwen3-8B written as a local Hugging Face directory of bf16 safetensors (/tmp/q8b), then the time to
 #           first step loading it (scripts/first_step.py), under GPU_GIB (24), the cast where CAST (gpu)
 #   probeg  the host update with bf16 gradients widened chunk by chunk against fp32 gradients (scripts/probe_grad_bf16.py)
@@ -156,7 +157,9 @@ print(f'with NCCL and one all-reduce: {(t - f1) / 2**30:.3f} GiB (allocator rese
               tests/gpu/test_gpu_exactness.py tests/gpu/test_gpu_delivery_cast.py -k "1] or same_bits" > "$OUT/gpu-exact1.log" 2>&1
             grep -E "PASSED|FAILED|ERROR|passed|failed" "$OUT/gpu-exact1.log" | tail -12 ;;
     pin)  for mode in overlap serial; do timeout ${PIN_S:-150} python3 scripts/probe_rank_start.py --mode $mode \
-            --gib ${PIN_GIB:-32} --out "$OUT/probe-rank-start.jsonl" 2>&1 | grep -v Warn | cut -c1-900; done ;;
+            --gib ${PIN_GIB:-32} --out "$OUT/probe-rank-start.jsonl" 2>&1 | grep -v Warn | cut -c1-900; done
+          [ "${PIN_OTHER:-1}" = 1 ] && timeout ${PIN_S:-150} python3 scripts/probe_rank_start.py --mode other --gib 16 \
+            --out "$OUT/probe-rank-start.jsonl" 2>&1 | grep -v Warn | cut -c1-900 ;;
     hf8)  timeout ${HF_S:-60} python3 scripts/first_step.py --write-hf /tmp/q8b --model qwen3-8b 2>&1 | quiet 3
           timeout ${FIRST_S:-100} python3 scripts/first_step.py --model /tmp/q8b --gpu-memory-gib ${GPU_GIB:-24} \
             --delivery-cast ${CAST:-gpu} > "$OUT/first8-hf.log" 2>&1; grep -vE "Warning|warn" "$OUT/first8-hf.log" | tail -9 ;;

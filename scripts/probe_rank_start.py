@@ -3,11 +3,17 @@ the model's config and adapter (what a rank loads beside it), in one process as 
 
     PYTHONPATH=runtime python3 scripts/probe_rank_start.py --mode overlap --gib 32 [--out FILE]
     PYTHONPATH=runtime python3 scripts/probe_rank_start.py --mode serial --gib 32 [--out FILE]
+    PYTHONPATH=runtime python3 scripts/probe_rank_start.py --mode other --gib 16 [--out FILE]
 
 Run each mode in a fresh process (the load is mostly first imports). In overlap mode a sampler records where the
 loading thread is every 0.1 s while the page-lock runs, so a wait on a lock the page-lock holds shows as the frames
 it sits in. Then the same memory is page-locked again with 1 and with 16 threads (does registering scale?).
 Prints JSON lines: the fill, each page-lock, the load, and the sampled frames (most seen first).
+
+--mode other: as a rank finds it, the memory filled by another process (a child fills two files and exits),
+then one file page-locked as it is and the other after populating this process's page tables in bulk
+(madvise MADV_POPULATE_READ, which maps up to 16 pages of a shared file per fault) — does page-locking pages
+another process wrote cost their faults one by one?
 """
 
 from __future__ import annotations
@@ -38,11 +44,65 @@ def _frames(ident: int, depth: int = 4) -> str:
     return " < ".join(out)
 
 
+MADV_POPULATE_READ = 22  # Linux 5.14+
+
+
+def _populate(base: int, nbytes: int) -> int:
+    """madvise(MADV_POPULATE_READ) over [base, base + nbytes); 0 or the errno."""
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    return 0 if libc.madvise(base, nbytes, MADV_POPULATE_READ) == 0 else ctypes.get_errno()
+
+
+def _other(a, emit) -> None:
+    """Two files filled by a child process; one page-locked as found, the other populated first."""
+    import subprocess
+
+    from slidedp.step.host_state import _register, pin_ranges
+
+    n = int(a.gib * 2**30) // 4
+    paths = [f"/dev/shm/slidedp-probe-{os.getpid()}-{k}" for k in ("plain", "populated")]
+    fill = ("import sys, torch; torch.set_num_threads(16)\n"
+            "for p in sys.argv[2:]:\n"
+            "    open(p, 'wb').truncate(int(sys.argv[1]) * 4)\n"
+            "    torch.from_file(p, shared=True, size=int(sys.argv[1]), dtype=torch.float32).fill_(0.5)\n")
+    try:
+        t = time.perf_counter()
+        subprocess.run([sys.executable, "-c", fill, str(n), *paths], check=True)
+        emit({"part": "fill_in_child", "s": round(time.perf_counter() - t, 3), "gb": round(2 * n * 4 / 1e9, 2)})
+        torch.cuda.set_device(0)
+        torch.zeros(1, device="cuda")
+        cudart = torch.cuda.cudart()
+        nbytes = n * 4
+        ranges = pin_ranges(list(range(0, nbytes, 190 * 2**20 * 4)), nbytes)
+        for path in paths:
+            flat = torch.from_file(path, shared=True, size=n, dtype=torch.float32)
+            populate_s = err = None
+            if path.endswith("populated"):
+                t = time.perf_counter()
+                err = _populate(flat.data_ptr(), nbytes)
+                populate_s = round(time.perf_counter() - t, 3)
+            t = time.perf_counter()
+            ptrs = _register(flat.data_ptr(), ranges, a.threads)
+            emit({"part": "page_lock_other_process", "populated_first": populate_s is not None,
+                  "populate_s": populate_s, "populate_errno": err, "threads": a.threads,
+                  "s": round(time.perf_counter() - t, 3)})
+            for p in ptrs:
+                cudart.cudaHostUnregister(p)
+            del flat
+    finally:
+        for path in paths:
+            if os.path.exists(path):
+                os.unlink(path)
+
+
 def main() -> None:
     from slidedp.step.host_state import _register, pin_ranges
 
     ap = argparse.ArgumentParser()
-    ap.add_argument("--mode", choices=("overlap", "serial"), required=True)
+    ap.add_argument("--mode", choices=("overlap", "serial", "other"), required=True)
     ap.add_argument("--gib", type=float, default=32)
     ap.add_argument("--threads", type=int, default=8, help="page-lock threads, as SLIDEDP_PIN_THREADS")
     ap.add_argument("--model", default="qwen3-8b")
@@ -55,6 +115,13 @@ def main() -> None:
         rows.append(row)
         print(json.dumps(row), flush=True)
 
+    if a.mode == "other":
+        _other(a, emit)
+        if a.out:
+            with open(a.out, "a", encoding="utf-8") as fh:
+                for row in rows:
+                    fh.write(json.dumps(row) + "\n")
+        return
     n = int(a.gib * 2**30) // 4
     path = f"/dev/shm/slidedp-probe-{os.getpid()}"
     with open(path, "wb") as fh:

@@ -64,7 +64,7 @@ def parse_shorthand(text: str) -> tuple[dict[str, Any], float]:
     auto, or keepN / offN (the first N layers keep / offload their activations, the rest are checkpointed). clip:
     max_grad_norm (0: none; an optimizer setting, not part of the policy). resident: leading layers whose weights
     stay on the GPUs, a count or auto. staging_slots: gradient staging slots per rank, a count or auto (omitted:
-    the default for the window). Unlike a job config, whose defaults are auto and null, omitted fields are fixed:
+    AutoPolicy's choice in a form with `auto` elsewhere, else the default for the window). Unlike a job config, whose defaults are auto and null, omitted fields are fixed:
     every layer checkpointed, nothing resident, the cast on the host, every update on the host."""
     parts = text.split(":")
     if not 2 <= len(parts) <= 9:
@@ -95,6 +95,8 @@ def parse_shorthand(text: str) -> tuple[dict[str, Any], float]:
         "device_layers": count("device_layers", device_layers, 0),
         "staging_slots": count("staging_slots", slots, staging_slots(WINDOW)),
     }
+    if slots == "" and "auto" in parts:  # a request for AutoPolicy: the count is its choice too, unless given
+        request["staging_slots"] = None
     acts = acts or "checkpoint"
     for prefix, key, other in (("keep", "keep_layers", "offload_layers"), ("off", "offload_layers", "keep_layers")):
         if acts.startswith(prefix) and acts[len(prefix):].isdigit():

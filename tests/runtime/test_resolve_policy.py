@@ -102,7 +102,7 @@ def test_staging_slots_are_the_policys_own_checked_and_fixed_where_the_job_fixes
     """policy.staging_slots: a field of the resolved policy (AutoPolicy may choose more than the default), in its
     JSON and the bench shorthand's ninth field; fewer than window + 1 is refused by the policy and the config."""
     from slidedp.config import ConfigError
-    from slidedp.policy import ExecutionPolicy, PolicyError, resolve
+    from slidedp.policy import ExecutionPolicy, PolicyError, parse_shorthand, resolve
 
     pol = ExecutionPolicy.default(4, window=2, staging_slots=24)
     assert pol.to_dict()["staging_slots"] == 24 and ExecutionPolicy.from_dict(pol.to_dict()) == pol
@@ -110,6 +110,8 @@ def test_staging_slots_are_the_policys_own_checked_and_fixed_where_the_job_fixes
     wide = ExecutionPolicy.default(4, staging_slots=24)
     assert wide.shorthand().endswith(":24") and ExecutionPolicy.from_shorthand(wide.shorthand(), layers=4) == wide
     assert ExecutionPolicy.from_shorthand("replicated:host", layers=4).staging_slots == 8
+    assert parse_shorthand("auto:auto:auto:0:auto:auto:auto:auto")[0]["staging_slots"] is None  # AutoPolicy's
+    assert parse_shorthand("auto:auto:auto:0:auto:auto:auto:auto:8")[0]["staging_slots"] == 8
     with pytest.raises(PolicyError, match="staging_slots must be an integer of at least window \\+ 1 = 7"):
         ExecutionPolicy.default(4, window=6, staging_slots=6)
     with pytest.raises(PolicyError, match="staging_slots must be a count or auto"):
