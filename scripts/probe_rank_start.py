@@ -44,23 +44,11 @@ def _frames(ident: int, depth: int = 4) -> str:
     return " < ".join(out)
 
 
-MADV_POPULATE_READ = 22  # Linux 5.14+
-
-
-def _populate(base: int, nbytes: int) -> int:
-    """madvise(MADV_POPULATE_READ) over [base, base + nbytes); 0 or the errno."""
-    import ctypes
-
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
-    return 0 if libc.madvise(base, nbytes, MADV_POPULATE_READ) == 0 else ctypes.get_errno()
-
-
 def _other(a, emit) -> None:
     """Two files filled by a child process; one page-locked as found, the other populated first."""
     import subprocess
 
-    from slidedp.step.host_state import _register, pin_ranges
+    from slidedp.step.host_state import _register, pin_ranges, populate
 
     n = int(a.gib * 2**30) // 4
     paths = [f"/dev/shm/slidedp-probe-{os.getpid()}-{k}" for k in ("plain", "populated")]
@@ -82,7 +70,7 @@ def _other(a, emit) -> None:
             populate_s = err = None
             if path.endswith("populated"):
                 t = time.perf_counter()
-                err = _populate(flat.data_ptr(), nbytes)
+                err = populate(flat.data_ptr(), nbytes)
                 populate_s = round(time.perf_counter() - t, 3)
             t = time.perf_counter()
             ptrs = _register(flat.data_ptr(), ranges, a.threads)

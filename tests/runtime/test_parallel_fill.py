@@ -234,3 +234,32 @@ def test_fresh_moments_are_paged_in_only_once_every_rank_has_page_locked_the_sta
         assert not halted.is_alive() and halted.elapsed_s is None and bool((state.exp_avg_sq == 1.0).all())
     finally:
         unlink(layout)
+
+
+def test_populate_maps_pages_another_process_wrote_into_this_ones_page_tables(tmp_path):
+    """Before page-locking, a rank maps the pages the launcher wrote in bulk (host_state.populate): after it they
+    are resident in this process's mapping (statm), the bytes unchanged."""
+    import subprocess
+    import sys
+
+    from slidedp.step.host_state import populate
+
+    path = os.path.join("/dev/shm" if os.path.isdir("/dev/shm") else str(tmp_path), f"slidedp-populate-{os.getpid()}")
+    n = 16 << 20  # 64 MB of fp32
+    code = ("import sys, torch\nopen(sys.argv[1], 'wb').truncate(int(sys.argv[2]) * 4)\n"
+            "torch.from_file(sys.argv[1], shared=True, size=int(sys.argv[2]), dtype=torch.float32).fill_(0.25)\n")
+    subprocess.run([sys.executable, "-c", code, path, str(n)], check=True)
+    try:
+        page = os.sysconf("SC_PAGE_SIZE")
+
+        def resident() -> int:
+            with open("/proc/self/statm") as fh:
+                return int(fh.read().split()[1]) * page
+
+        flat = torch.from_file(path, shared=True, size=n, dtype=torch.float32)
+        before = resident()
+        assert populate(flat.data_ptr(), n * 4) == 0
+        assert resident() - before > 0.9 * n * 4
+        assert bool((flat == 0.25).all())
+    finally:
+        os.unlink(path)

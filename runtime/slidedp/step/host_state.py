@@ -72,9 +72,24 @@ def pin_ranges(unit_offsets: list[int], nbytes: int, page: int | None = None,
     return ranges
 
 
-def _register(base: int, ranges: list[tuple[int, int]], threads: int) -> list[int]:
+MADV_POPULATE_READ = 22  # Linux 5.14+: map a range's pages now, as read faults would
+
+
+def populate(base: int, nbytes: int) -> int:
+    """Map the pages of [base, base + nbytes) into this process's page tables in bulk (madvise
+    MADV_POPULATE_READ: a read fault on a shared file maps up to 16 present pages at once); returns 0 or the
+    errno (EINVAL before Linux 5.14, where page-locking then faults the pages in itself, as before)."""
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    return 0 if libc.madvise(base, nbytes, MADV_POPULATE_READ) == 0 else ctypes.get_errno()
+
+
+def _register(base: int, ranges: list[tuple[int, int]], threads: int, populate_first: bool = False) -> list[int]:
     """cudaHostRegister each byte range of the memory at `base`, on up to `threads` threads; returns the address
-    of each range (what cudaHostUnregister takes). When one fails, those registered are unregistered again."""
+    of each range (what cudaHostUnregister takes). When one fails, those registered are unregistered again.
+    populate_first: map each range's pages in bulk before registering it (`populate`)."""
     from concurrent.futures import ThreadPoolExecutor
 
     cudart = torch.cuda.cudart()
@@ -83,6 +98,8 @@ def _register(base: int, ranges: list[tuple[int, int]], threads: int) -> list[in
 
     def register(r: tuple[int, int]) -> None:
         torch.cuda.set_device(device)  # a new thread starts on device 0: register with the rank's device current
+        if populate_first:
+            populate(base + r[0], r[1] - r[0])
         err = cudart.cudaHostRegister(base + r[0], r[1] - r[0], 0)
         if int(err) != 0:
             raise RuntimeError(f"cudaHostRegister failed ({err}) for {r[1] - r[0]} bytes")
@@ -274,7 +291,11 @@ class HostState:
         """Page-lock the delivery copy and the staging for async DMA (once per rank process).
 
         The delivery copy is registered as several ranges at once, one thread each (pin_ranges: every range
-        whole units, so no copy of a unit spans two registrations); SLIDEDP_PIN_THREADS=1 registers it whole."""
+        whole units, so no copy of a unit spans two registrations); SLIDEDP_PIN_THREADS=1 registers it whole.
+        Each range's pages are first mapped in bulk (`populate`): the launcher wrote them, so this process has
+        them in no page table yet, and registering would fault them in one by one while holding this process's
+        memory-map lock, which the rank's loading thread needs for its imports. SLIDEDP_PIN_POPULATE=0 leaves
+        that to the registering (for measurement)."""
         if not torch.cuda.is_available():
             return
         raw = os.environ.get("SLIDEDP_PIN_THREADS", "8")
@@ -282,6 +303,7 @@ class HostState:
             raise ValueError(f"SLIDEDP_PIN_THREADS must be a whole number of threads (1: register the delivery copy "
                              f"as one range), got {raw!r}")
         threads = max(1, int(raw))
+        populate_first = os.environ.get("SLIDEDP_PIN_POPULATE", "1") != "0"
         for t in (self.delivery, self.staging):
             if any(t is r for r, _ in self._registered):
                 continue
@@ -289,7 +311,7 @@ class HostState:
             ranges = [(0, nbytes)]
             if t is self.delivery and threads > 1:
                 ranges = pin_ranges([o * t.element_size() for o in self.layout.offsets], nbytes)
-            self._registered.append((t, _register(t.data_ptr(), ranges, threads)))
+            self._registered.append((t, _register(t.data_ptr(), ranges, threads, populate_first)))
 
     def unpin(self) -> None:
         """Unregister every range pin registered (nothing without CUDA)."""
