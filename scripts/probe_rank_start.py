@@ -105,10 +105,7 @@ def main() -> None:
 
     if a.mode == "other":
         _other(a, emit)
-        if a.out:
-            with open(a.out, "a", encoding="utf-8") as fh:
-                for row in rows:
-                    fh.write(json.dumps(row) + "\n")
+        _append(a.out, rows)
         return
     n = int(a.gib * 2**30) // 4
     path = f"/dev/shm/slidedp-probe-{os.getpid()}"
@@ -176,10 +173,13 @@ def main() -> None:
                 cudart.cudaHostUnregister(p)
     finally:
         os.unlink(path)
-    if a.out:
-        with open(a.out, "a", encoding="utf-8") as fh:
-            for row in rows:
-                fh.write(json.dumps(row) + "\n")
+    _append(a.out, rows)
+
+
+def _append(path: str | None, rows: list[dict]) -> None:
+    if path:
+        with open(path, "a", encoding="utf-8") as fh:
+            fh.writelines(json.dumps(row) + "\n" for row in rows)
 
 
 if __name__ == "__main__":

@@ -601,3 +601,25 @@ def test_a_host_bound_plan_takes_more_staging_slots_only_where_they_pay_and_host
     # host RAM that leaves less than four times the extra slots free beside the default: the default stays
     tight = ap.plan_job(_cfg(host_ram_gib=fixed["predicted"]["host_ram_gib"] + 3.9 * more), topo["nvlink"], rates)
     assert tight["policy"]["staging_slots"] < plan["policy"]["staging_slots"]
+
+
+def test_the_bound_charges_the_host_update_the_gap_before_the_next_first_gradient(x2):
+    """When the host update binds, the updater must idle from a step's last update until the next step's first
+    gradient: the top host unit's delivery, forward, the loss head, its backward and copy out. With the embedding,
+    head and leading layers updated on the GPUs the bound once added nothing there (it charged unit 1's update
+    and delivery, both zero for a device layer)."""
+    from slidedp.planning.bound import bound
+
+    topo, cal = x2
+    job = cm.Job.from_config(_cfg(micro_batch_size=4), topo["nvlink"])
+    pol = ExecutionPolicy.default(job.layers, delivery="sharded", grad_reduce="gpu", edge_update="gpu",
+                                  device_layers=2)
+    rates = cm.Rates(_with_device_rate(cal["qwen3-8b_bs4_nvlink"]), job)
+    d, b = cm.durations(job, pol, rates), bound(job, pol, rates)
+    assert b["binding"] == "cpu_update"
+    top = job.layers  # the head is updated on the GPUs: the last layer is the top unit the host updates
+    act = d.activations[top - 1]
+    gap = d.deliver[top] + d.layer_fwd[act] + d.head + d.layer_bwd[act] + d.grad_d2h[top]
+    assert gap > 0 and b["unhidden_s"] == pytest.approx(gap)
+    assert b["step_time_s"] == pytest.approx(b["terms_s"]["cpu_update"] + gap)
+    assert b["step_time_s"] <= cm.predict(job, pol, rates)["step_time_s"]

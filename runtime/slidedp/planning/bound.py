@@ -71,10 +71,12 @@ def bound(job: Job, pol: ExecutionPolicy, rates: Rates) -> dict[str, Any]:
         # gradient's copy out.
         t = host[-1]
         if t == L + 1:  # the head itself
-            gap = d.deliver[t] + d.head + d.grad_d2h[t]
+            own = 0.0
+        elif t == 0:  # only the embedding (tied, every layer on the GPUs)
+            own = d.embed_fwd + d.embed_bwd
         else:
-            a = d.activations[t - 1]
-            gap = d.deliver[t] + d.layer_fwd[a] + d.head + d.layer_bwd[a] + d.grad_d2h[t]
+            own = d.layer_fwd[d.activations[t - 1]] + d.layer_bwd[d.activations[t - 1]]
+        gap = d.deliver[t] + own + d.head + d.grad_d2h[t]
         exposed["cpu_update"] = gap
     binding = max(terms, key=lambda k: terms[k] + exposed[k])
     step = terms[binding] + exposed[binding]
