@@ -507,7 +507,7 @@ export function jobPage(root: HTMLElement, params: string[]): Cleanup {
   }
 
   function onStatus(ev: StatusEvent): void {
-    if (!job) return;
+    if (!job || stopped) return;
     // A stream opened from the start replays a resumed job's earlier attempts; their end is not this one's.
     if (TERMINAL_STATUSES.has(ev.status) && !TERMINAL_STATUSES.has(job.status) && ev.ts && job.started_at && Date.parse(ev.ts) < Date.parse(job.started_at)) return;
     const at = ev.ts ? Date.parse(ev.ts) : NaN;
@@ -546,6 +546,9 @@ export function jobPage(root: HTMLElement, params: string[]): Cleanup {
   }
 
   function startStream(): void {
+    // A page left (stopped) opens no stream: one opened after its cleanup would follow the job, and ask for it
+    // again after it is deleted, until the browser tab closes.
+    if (stopped) return;
     if (stream && stream.state !== "ended" && stream.state !== "closed") return;
     lastEventId = stream?.lastEventId ?? lastEventId;
     stream = new ResumableStream(api.eventsUrl(id), {
@@ -585,6 +588,7 @@ export function jobPage(root: HTMLElement, params: string[]): Cleanup {
       renderAll();
       const live = stream?.state === "open";
       if (withCatchUp || !live) await catchUp();
+      if (stopped) return;
       if (TERMINAL_STATUSES.has(job.status)) {
         stream?.end();
         setLive("final");
