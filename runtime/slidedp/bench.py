@@ -3,7 +3,8 @@
     PYTHONPATH=runtime python3 -m slidedp.cli bench --model qwen3-8b --gpus 2 --mbs 4 --seq 2048 --steps 8 \\
         --policies sharded:gpu,replicated:gpu,sharded:host,replicated:host --peers fsdp2-offload:0 --out bench.jsonl
 
-Each policy is `delivery:grad_reduce[:activations[:clip[:resident[:cast[:edge_update[:device_layers[:staging_slots]]]]]]]`, the
+Each policy is
+`delivery:grad_reduce[:activations[:clip[:resident[:cast[:edge_update[:device_layers[:staging_slots]]]]]]]`, the
 shorthand of slidedp.policy: parse_shorthand reads it into the job config's `policy` section (`auto` anywhere but
 the cast is AutoPolicy's choice; omitted fields keep every unit's update on the host, unlike a job config's auto
 defaults), and a form without `auto` is an ExecutionPolicy (ExecutionPolicy.from_shorthand, .shorthand()).
@@ -188,8 +189,8 @@ def build_parser() -> argparse.ArgumentParser:
                    "cores this process may use, divided by the ranks)")
     p.add_argument("--policies", default="sharded:gpu",
                    help="comma-separated SlideDP policies, each delivery:grad_reduce[:activations[:clip[:resident"
-                   "[:cast[:edge_update[:device_layers[:staging_slots]]]]]]] (`auto` for AutoPolicy's choice); empty: peers only "
-                   "(default: %(default)s)")
+                   "[:cast[:edge_update[:device_layers[:staging_slots]]]]]]] (`auto` for AutoPolicy's choice); "
+                   "empty: peers only (default: %(default)s)")
     p.add_argument("--peers", default="",
                    help="comma-separated peer specs run after the policies: fsdp2[:keep[:clip]], "
                    "fsdp2-offload[:keep[:clip]], ds-zero2[:clip] or ds-zero3[:clip], e.g. fsdp2:8,fsdp2-offload:0 "

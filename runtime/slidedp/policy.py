@@ -32,7 +32,6 @@ LOSS_CHUNK_TOKENS = 4096  # tokens per chunk of the lm_head + cross-entropy
 # Keys of older plan and policy JSON that no longer mean anything: ignored when their value is the only one there
 # ever was, refused otherwise.
 RETIRED = {"reduce_dtype": "fp32"}
-DERIVED: tuple[str, ...] = ()  # keys to_dict writes that are recomputed on load (none now)
 
 
 def staging_slots(window: int) -> int:
@@ -64,8 +63,9 @@ def parse_shorthand(text: str) -> tuple[dict[str, Any], float]:
     auto, or keepN / offN (the first N layers keep / offload their activations, the rest are checkpointed). clip:
     max_grad_norm (0: none; an optimizer setting, not part of the policy). resident: leading layers whose weights
     stay on the GPUs, a count or auto. staging_slots: gradient staging slots per rank, a count or auto (omitted:
-    AutoPolicy's choice in a form with `auto` elsewhere, else the default for the window). Unlike a job config, whose defaults are auto and null, omitted fields are fixed:
-    every layer checkpointed, nothing resident, the cast on the host, every update on the host."""
+    AutoPolicy's choice in a form with `auto` elsewhere, else the default for the window). Unlike a job config,
+    whose defaults are auto and null, omitted fields are fixed: every layer checkpointed, nothing resident, the
+    cast on the host, every update on the host."""
     parts = text.split(":")
     if not 2 <= len(parts) <= 9:
         raise PolicyError(f"policy {text!r}: expected {SHORTHAND}")
@@ -198,7 +198,7 @@ class ExecutionPolicy:
         for key, value in d.items():
             if key in fields:
                 kwargs[key] = value
-            elif key in RETIRED and value == RETIRED[key] or key in DERIVED:
+            elif key in RETIRED and value == RETIRED[key]:
                 continue
             else:
                 raise PolicyError(f"unknown policy key {key!r}; keys: {', '.join(sorted(fields))}")
@@ -318,11 +318,10 @@ def resolve(requested: Any, layers: int, world: int, planned: ExecutionPolicy | 
         return int(chosen.get(name, value)) if value == default else value
 
     window = knob("window", WINDOW)
-    slots = getattr(p, "staging_slots", None)
-    if slots is None:  # AutoPolicy's choice, else the default for the window
-        planned_slots = chosen.get("staging_slots")
-        slots = int(planned_slots) if planned_slots is not None and int(planned_slots) > window else \
-            staging_slots(window)
+    slots = p.staging_slots
+    if slots is None:  # AutoPolicy's choice where it suits the window, else the default for the window
+        planned = int(chosen.get("staging_slots", 0))
+        slots = planned if planned > window else staging_slots(window)
     return ExecutionPolicy(
         delivery=delivery, grad_reduce=grad, activations=acts, resident=resident, edge_update=edge,
         device_layers=device_layers, window=window, staging_slots=slots,

@@ -584,7 +584,6 @@ def test_autopolicy_is_predicted_no_slower_than_any_row_of_the_declared_grid(one
     assert chosen < 0.95 * timed["host update, all checkpointed and resident"]
 
 
-
 def test_a_host_bound_plan_takes_more_staging_slots_only_where_they_pay_and_host_ram_allows(x2):
     """More gradient staging slots let the backward run ahead and the host update work through the next forward:
     AutoPolicy takes them when the model prices them at least 1% faster, within a quarter of the host RAM the

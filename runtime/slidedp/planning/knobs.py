@@ -95,13 +95,14 @@ class KnobSearch:
         unit of page-locked host RAM per rank, so they take at most a quarter of what the plan leaves free."""
         if "staging_slots" in self.user or not self.rates or self.fits(pol) is not None:
             return pol
-        free = self.job.host_limit_bytes - self.mem(pol)["host_bytes"]
+        held = self.mem(pol)["host_bytes"]
+        free = self.job.host_limit_bytes - held
         best = pol
         for n in STAGING_SLOTS:
             if n <= pol.staging_slots:
                 continue
             alt = dataclasses.replace(pol, staging_slots=n)
-            if self.mem(alt)["host_bytes"] - self.mem(pol)["host_bytes"] > SLOTS_SHARE_OF_FREE * free:
+            if self.mem(alt)["host_bytes"] - held > SLOTS_SHARE_OF_FREE * free:
                 break
             candidates.append(self.candidate(alt))
             if self.time(alt) < self.time(best) * (1 - SLOTS_GAIN):

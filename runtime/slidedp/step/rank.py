@@ -155,7 +155,8 @@ def rank_main(rank: int, world: int, args: RankArgs, queue) -> None:
         cfg = JobConfig.from_dict(args.config)
         # The model's config, the tokenizer and the data (importing transformers, reading and packing the rows)
         # need no device: they load on a thread of their own while this one starts CUDA and the process group,
-        # maps the host state, waits for it to be filled and page-locks it. SLIDEDP_RANK_OVERLAP=0 loads them after, on this thread.
+        # maps the host state, waits for it to be filled and page-locks it. SLIDEDP_RANK_OVERLAP=0 loads them
+        # after, on this thread.
         overlap = os.environ.get("SLIDEDP_RANK_OVERLAP", "1") != "0"
         loading = _Loading(cfg, args, rank, world) if overlap else None
         device = _setup(rank, world, args, cfg, marks)
