@@ -64,6 +64,9 @@
 #           the fp32 master delivered, no bf16 host copy, so the state fits the 125 GiB of the one-GPU kind), 20 steps
 #           on pattern data at micro-batch MBS (1); its first record holds the time to first step (CAP8_TAG: a suffix
 #           for the result file, to run it twice in one command, e.g. with SLIDEDP_PAGE_MOMENTS=0)
+#   trace4  Qwen3-4B at micro-batch 4 under GPU_GIB (24), no clipping, AutoPolicy (TRACE_POLICY), STEPS (10) steps with
+#           the step timeline (SLIDEDP_TRACE, slidedp/step/trace.py) into $OUT/trace4-ORDER/, the updater taking
+#           gradients during the backward in arrival order, then lowest landed first (SLIDEDP_UPDATE_ORDER)
 #   first8  time to first step of the Qwen3-8B preset through scripts/first_step.py (train() alone in its process),
 #           under GPU_GIB (24), the cast where CAST (gpu), twice: the calibration measured in the first run if the cache
 #           lacks it, cached in the second; logs $OUT/first8-preset-1.log and -2.log (each ends with one JSON line
@@ -143,6 +146,11 @@ print(f'with NCCL and one all-reduce: {(t - f1) / 2**30:.3f} GiB (allocator rese
             --gpu-memory-gib ${GPU_GIB:-24} --policies "${CAP_POLICIES-auto:auto:auto:0:auto:host:auto:auto,auto:auto:auto:1.0:auto:host:auto:auto}" \
             --peers "${CAP_PEERS-fsdp2-offload:0:0,fsdp2-offload:0:1.0,ds-zero2,ds-zero2:1.0}" \
             --out "$OUT/cap4-${GPU_GIB:-24}.jsonl" 2>&1 | quiet 30 ;;
+    trace4) for order in arrival lowest; do SLIDEDP_UPDATE_ORDER=$order SLIDEDP_TRACE="$OUT/trace4-$order" \
+              timeout ${TRACE_S:-150} python3 -m slidedp.cli bench --model qwen3-4b --seq 2048 --gpus 1 --mbs 4 \
+              --steps ${STEPS:-10} --threads 16 --data pattern --gpu-memory-gib ${GPU_GIB:-24} \
+              --policies "${TRACE_POLICY:-auto:auto:auto:0:auto:auto:auto:auto:auto}" \
+              --out "$OUT/trace4-$order.jsonl" 2>&1 | quiet 4; done ;;
     cap8) timeout ${CAP8_S:-200} python3 -m slidedp.cli bench --model qwen3-8b --seq 2048 --gpus 1 --mbs ${MBS:-1} \
             --steps 20 --warmup 3 --threads 16 --data pattern --lr ${LR:-1e-5} --gpu-memory-gib ${GPU_GIB:-24} \
             --policies auto:auto:auto:0:auto:${CAST:-gpu}:auto:auto --out "$OUT/cap8-${GPU_GIB:-24}${CAP8_TAG:-}.jsonl" 2>&1 | quiet 12 ;;

@@ -622,3 +622,17 @@ def test_the_bound_charges_the_host_update_the_gap_before_the_next_first_gradien
     assert gap > 0 and b["unhidden_s"] == pytest.approx(gap)
     assert b["step_time_s"] == pytest.approx(b["terms_s"]["cpu_update"] + gap)
     assert b["step_time_s"] <= cm.predict(job, pol, rates)["step_time_s"]
+
+
+def test_a_staging_slot_count_the_job_fixes_is_the_one_planned_and_priced(x2):
+    """The plan's policy and its prediction carry the job's own policy.staging_slots: the mix search rebuilt the
+    policy without it, so a job fixing 32 slots was priced (and shown) with the window's default of 8, while the
+    run used 32. A count of 4 also holds the window search below it (window + 1 slots at least)."""
+    topo, cal = x2
+    rates = cal["qwen3-8b_bs8_nvlink"]
+    for n in (4, 16, 32):
+        plan = ap.plan_job(_cfg(policy={"staging_slots": n}), topo["nvlink"], rates)
+        assert plan["policy"]["staging_slots"] == n and plan["policy"]["window"] < n, plan["policy"]
+    eight = ap.plan_job(_cfg(policy={"staging_slots": 8}), topo["nvlink"], rates)
+    many = ap.plan_job(_cfg(policy={"staging_slots": 32}), topo["nvlink"], rates)
+    assert many["predicted"]["host_ram_gib"] > eight["predicted"]["host_ram_gib"]

@@ -47,8 +47,8 @@ def test_train_reports_its_start_up_stages_in_order_with_their_durations(tmp_pat
         result.metrics[1]
     assert any(line.startswith("start-up took ") for line in lines)
     parts = result.metrics[0]["rank_startup_s"]  # rank 0's own start-up, part by part
-    assert list(parts) == ["process_and_imports", "device", "process_group", "attach", "waiting_for_host_state",
-                           "page_lock", "model_and_data", "engine"]
+    assert list(parts) == ["process_and_imports", "device", "process_group", "attach", "page_lock_staging",
+                           "waiting_for_host_state", "page_lock", "model_and_data", "engine"]
     assert all(v >= 0 for v in parts.values()) and "rank_startup_s" not in result.metrics[1]
     assert parts["process_and_imports"] > 0.1  # a fresh interpreter imports torch
     assert any(line.startswith("rank 0 start-up: process and imports ") for line in lines)

@@ -16,10 +16,11 @@ class _Copy:
         return self.landed
 
 
-def _updater(items: list[GradItem], ended: set[int]) -> Updater:
+def _updater(items: list[GradItem], ended: set[int], order: str = "arrival", slots: int = 8) -> Updater:
     up = object.__new__(Updater)  # only the queue: no host state, no thread
     up._cond, up._pending, up._backward_ended = threading.Condition(), deque(items), ended
     up._empty_steps, up._stopping = deque(), False
+    up.order, up.slots = order, slots
     return up
 
 
@@ -40,3 +41,55 @@ def test_after_the_backward_the_lowest_landed_gradient_comes_first_and_none_land
     assert up._next_item().unit == 10
     during = _updater(items, ended=set())  # during the backward: in the order handed over
     assert during._next_item().unit == 30
+
+
+def test_the_lowest_order_takes_the_lowest_landed_gradient_during_the_backward_unless_a_slot_is_needed():
+    """SLIDEDP_UPDATE_ORDER=lowest: during the backward the updater takes the lowest unit whose copy has landed, so
+    that what is left when the backward ends is spread up to the top layers and the next forward does not run
+    its upper layers after the updater has gone idle. When one of the backward's next two handoffs would wait for
+    the oldest gradient's staging slot (slots are a ring), it takes the oldest instead."""
+    items = [GradItem(seq, 1, unit, seq % 8, _Copy(landed)) for seq, (unit, landed) in
+             enumerate([(30, True), (29, True), (28, True), (27, False)], start=1)]
+    up = _updater(items, ended=set(), order="lowest", slots=8)
+    assert up._next_item().unit == 28  # 27's copy is still under way
+    items[3].event.landed = True
+    assert up._next_item().unit == 27
+    for it in items:
+        it.event.landed = False
+    assert up._next_item().unit == 30  # none landed: the first handed over
+    # seq 1 (unit 30) is the oldest; with the newest at seq 7 the next handoff (8) still has a slot free,
+    # but seq 9 would need seq 1's slot: the oldest goes first
+    more = [GradItem(seq, 1, 30 - seq + 1, seq % 8, _Copy(True)) for seq in range(1, 8)]
+    assert _updater(more, ended=set(), order="lowest", slots=8)._next_item().unit == 30
+    assert _updater(more[:6], ended=set(), order="lowest", slots=8)._next_item().unit == 25
+    assert _updater(more, ended=set(), order="arrival", slots=8)._next_item().unit == 30
+    assert _updater(more[:6], ended=set(), order="arrival", slots=8)._next_item().unit == 30
+
+
+def test_an_unknown_update_order_is_refused_before_the_run(monkeypatch):
+    import pytest
+    from slidedp.step import optimizer
+
+    monkeypatch.setenv("SLIDEDP_UPDATE_ORDER", "newest")
+    with pytest.raises(ValueError, match="arrival or lowest"):
+        optimizer.update_order()
+
+
+def test_both_update_orders_train_the_same_bits(tmp_path, monkeypatch):
+    """Each unit's update reads only its own gradient and state, and the norm sums in unit order: the order the
+    updater takes the units in changes no bit (2 gloo ranks, the host route, 4 staging slots)."""
+    from slidedp.launch import train
+
+    from tests.runtime.exactness import make_pattern_data
+
+    data = make_pattern_data(str(tmp_path / "data.jsonl"), rows=16, seq_len=32)
+    runs = {}
+    for order in ("arrival", "lowest"):
+        monkeypatch.setenv("SLIDEDP_UPDATE_ORDER", order)
+        result = train({"model": "tiny-qwen3", "data": {"path": data, "format": "tokens"}, "seq_len": 32,
+                        "micro_batch_size": 2, "steps": 4, "ranks": 2, "precision": "fp32",
+                        "output_dir": str(tmp_path / order), "export": False,
+                        "policy": {"delivery": "replicated", "grad_reduce": "host", "activations": "checkpoint",
+                                   "edge_update": "host", "device_layers": 0, "staging_slots": 4, "window": 2}})
+        runs[order] = [(r["loss"], r["grad_norm"]) for r in result.metrics]
+    assert runs["arrival"] == runs["lowest"] and len(runs["lowest"]) == 4

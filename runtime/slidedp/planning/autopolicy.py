@@ -265,6 +265,7 @@ class _Planner(RouteSearch, KnobSearch, PlanJson, MixSearch, Refusals):
             loss_chunk_tokens=loss_chunk,
             edge_update=edge,
             device_layers=min(device_layers, self.job.layers),  # the config may ask for more than the model has
+            staging_slots=self.user.get("staging_slots", 0),  # 0: the window's default, or the slot sweep's pick
         )
 
     # ------------------------------------------------------------------ the search

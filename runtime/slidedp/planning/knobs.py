@@ -76,6 +76,8 @@ class KnobSearch:
         # knobs around the best route and mix, defaults first (a change must beat them by 0.1%): window depth,
         # transfer chunk, and the loss chunk (a smaller one frees HBM that kept activations can use)
         for w in self._defaults_first("window", self.knob("window", WINDOWS)):
+            if w >= pol.staging_slots:  # the user's slot count holds the window below it
+                continue
             for c in self._defaults_first("chunk_mb", self.knob("chunk_mb", CHUNKS_MB)):
                 for lc in self._defaults_first("loss_chunk_tokens", loss_chunks):
                     alt = dataclasses.replace(pol, window=w, chunk_mb=c, loss_chunk_tokens=lc)

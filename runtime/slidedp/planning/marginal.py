@@ -133,6 +133,7 @@ class MixSearch:
             loss_chunk_tokens=pol.loss_chunk_tokens,
             edge_update=pol.edge_update,
             device_layers=pol.device_layers,
+            staging_slots=pol.staging_slots,
         )
 
     def marginal(self, pol: ExecutionPolicy, free: list[str]) -> dict[str, Any]:

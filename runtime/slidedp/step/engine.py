@@ -30,6 +30,7 @@ import torch.nn.functional as F
 from slidedp.config import JobConfig
 from slidedp.policy import ExecutionPolicy
 from slidedp.schedule import eval_schedule, step_schedule
+from slidedp.step import trace
 from slidedp.step.activations import SavedActivations
 from slidedp.step.collectives import all_gather
 from slidedp.step.device_update import DeviceUpdate
@@ -134,7 +135,11 @@ class RankEngine:
 
     def _send(self, u: int, src32: torch.Tensor, parity: int, step: int) -> None:
         self.seq += 1
-        self.staging_wait_s += self.updater.wait_slot_free(self.seq, abort=self._abort_check)
+        waited = self.updater.wait_slot_free(self.seq, abort=self._abort_check)
+        self.staging_wait_s += waited
+        if trace.TRACE is not None and waited > 0:
+            t1 = trace.now()
+            trace.TRACE.add("wait_slot", step, unit=u, t0=t1 - waited, t1=t1)
         slot = self.seq % self.state.layout.staging_slots
         done = self.streams.event()
         self.routes.return_gradient(u, src32, self.shard32[parity], self.state.staging_slot(self.rank, slot), done)
@@ -343,6 +348,8 @@ class RankEngine:
     def run_step(self, step: int, micro_batches: list, data_s: float) -> StepTiming:
         t_start = time.perf_counter()
         cpu_start = (time.thread_time(), time.process_time())
+        if trace.TRACE is not None:
+            trace.TRACE.add("step", step, t=t_start)
         s = self.streams
         ev = {"start": s.record(s.compute, timing=True)}
         self.window.update_wait_s = 0.0
@@ -435,6 +442,8 @@ class RankEngine:
                     parity = self._next_parity()
                     self._send(0, self.gE, parity, step)
         ev["backward_end"] = s.record(s.compute, timing=True)
+        if trace.TRACE is not None:
+            trace.TRACE.add("backward_issued", step, t=trace.now())
         if self.updater.norm_on_device:
             host_norm = self._norm_host[step % 2]
             dev = self.device_update
@@ -459,5 +468,7 @@ class RankEngine:
         gathered = torch.zeros(5 * self.world, dtype=torch.int64, device=self.device)
         all_gather(gathered, stats, group=self.routes.grad_group)
         ev["stats"] = s.record(s.compute)
+        if trace.TRACE is not None:
+            trace.TRACE.gpu(step, ev)
         return StepTiming(step, t_start, data_s, self.window.update_wait_s, self.staging_wait_s, tokens, ev,
                           loss_sum, n_targets, gathered, cpu_start, norm)

@@ -18,6 +18,7 @@ not arithmetic), with the thread count set explicitly per rank.
 from __future__ import annotations
 
 import math
+import os
 import threading
 import time
 from collections import deque
@@ -26,6 +27,7 @@ from typing import Any
 
 import torch
 from slidedp.config import OptimizerConfig, ScheduleConfig
+from slidedp.step import trace
 from slidedp.step.host_state import Board, HostState, wait_until
 from slidedp.step.routes import ShardMap, sum_of_squares
 
@@ -70,6 +72,14 @@ def update_shard_(master: torch.Tensor, grad: torch.Tensor, exp_avg: torch.Tenso
     t0 = time.perf_counter()
     delivery.copy_(master)
     return time.perf_counter() - t0
+
+
+def update_order() -> str:
+    """The updater's order during the backward (SLIDEDP_UPDATE_ORDER): `arrival` (the default) or `lowest`."""
+    order = os.environ.get("SLIDEDP_UPDATE_ORDER", "arrival")
+    if order not in ("arrival", "lowest"):
+        raise ValueError(f"SLIDEDP_UPDATE_ORDER must be arrival or lowest, got {order!r}")
+    return order
 
 
 @dataclass
@@ -132,6 +142,8 @@ class Updater(threading.Thread):
         self._offcpu = 0.0  # seconds of _busy in update_shard_ this thread spent off the CPU
         self._waited = 0.0  # seconds this thread waited inside _process (running total)
         self.last_step = 0  # last step whose every unit is updated on this rank's shards
+        self._landed = 0.0  # when the gradient being processed was in hand (for the trace)
+        self.order = update_order()  # during the backward: the order gradients arrived in, or the lowest landed
 
     # ------------------------------------------------------------------ main-thread side
     def submit(self, item: GradItem) -> None:
@@ -181,8 +193,12 @@ class Updater(threading.Thread):
                     continue
                 t0, waited = time.perf_counter(), self._waited
                 self._process(item)
+                t1 = time.perf_counter()
                 # busy = working: the waits for a gradient to land, for other ranks and for the norm are not
-                self._busy += time.perf_counter() - t0 - (self._waited - waited)
+                self._busy += t1 - t0 - (self._waited - waited)
+                if trace.TRACE is not None:
+                    trace.TRACE.add("hold" if self.clip else "update", item.step, unit=item.unit, t0=t0,
+                                    landed=self._landed, t1=t1)
         except BaseException as exc:  # surfaced to the main thread through check()
             self.error = exc
 
@@ -215,7 +231,16 @@ class Updater(threading.Thread):
             if not self._pending:
                 return None
             item = self._pending[0]
-            if item.step in self._backward_ended:
+            if self.order == "lowest" and item.step not in self._backward_ended \
+                    and item.seq > self._pending[-1].seq + 2 - self.slots:
+                # during the backward, the lowest landed unit: what is left when it ends is spread up to the top
+                # layers rather than the bottom ones, so the next forward runs ahead with the updater. Not when one
+                # of the backward's next two handoffs would wait for the oldest one's staging slot (a ring).
+                same = [it for it in self._pending if it.step == item.step]
+                landed = [it for it in same if it.published or it.event.query()]
+                if landed:
+                    item = min(landed, key=lambda it: it.unit)
+            elif item.step in self._backward_ended:
                 # Backward is over: finish in forward order so the next forward's first units are ready first,
                 # among the gradients that have landed (waiting on a copy still under way would idle this thread
                 # while others are ready); none landed: the first handed over, whose copy lands first.
@@ -271,6 +296,7 @@ class Updater(threading.Thread):
 
     def _process(self, item: GradItem) -> None:
         g = self._reduced_gradient(item)
+        self._landed = time.perf_counter()  # the gradient is here: what came before was waiting for it
         if not self.norm_on_device:
             # per unit, summed in unit order at the end: the processing order depends on timing and float
             # addition is not associative, so a running total would differ in its last bits run to run
@@ -316,7 +342,10 @@ class Updater(threading.Thread):
                 g = self.state.held_unit(u)[lo:hi]
                 if coef < 1.0:
                     g.mul_(coef)
+                t0 = time.perf_counter()
                 self._update_unit(u, g, step)
+                if trace.TRACE is not None:
+                    trace.TRACE.add("final", step, unit=u, t0=t0, t1=time.perf_counter())
         self.results.append(StepResult(step, norm, clipped, self._busy, self._cast, self._offcpu,
                                        time.perf_counter(), skipped))
         self.last_step = step

@@ -21,6 +21,7 @@ import torch.distributed as dist
 from slidedp.config import JobConfig
 from slidedp.policy import ExecutionPolicy
 from slidedp.presets import flops_per_token
+from slidedp.step import trace
 from slidedp.step.devices import apply_memory_cap
 from slidedp.step.host_state import Board, HostLayout, HostState, wait_until
 from slidedp.step.model_adapter import ModelAdapter, load_hf_config
@@ -170,6 +171,9 @@ def rank_main(rank: int, world: int, args: RankArgs, queue) -> None:
             if board.get(Board.STOP_REQUEST) == 2:  # the launcher saw a rank die
                 raise RuntimeError("another rank failed")
 
+        # The gradient staging is no part of what the launcher fills: it is page-locked while the fill runs.
+        state.pin_staging()
+        marks.done("page_lock_staging")
         # Everything above overlaps the launcher's filling of the host state; nothing below may read it before
         # the launcher says it is whole. The state is page-locked only then, and the launcher pages the moments in
         # only once every rank has said it is done (Board.set_pinned): for Qwen3-8B on the GPU machine page-locking
@@ -186,6 +190,9 @@ def rank_main(rank: int, world: int, args: RankArgs, queue) -> None:
 
         engine = RankEngine(cfg, adapter, state, args.policy, rank, world, device, groups, abort=abort)
         engine.updater.last_step = args.start_step
+        tr = trace.start(rank)  # SLIDEDP_TRACE: a timeline of the steps (slidedp.step.trace)
+        if tr is not None:
+            tr.anchor(engine.streams)
         engine.updater.start()
         marks.done("engine")
         model_cfg = adapter.config.to_dict()
@@ -232,6 +239,8 @@ def rank_main(rank: int, world: int, args: RankArgs, queue) -> None:
         reporter.emit_ready(pending, final=True)
         engine.updater.stop()
         engine.updater.join(timeout=60)
+        if tr is not None:
+            tr.write()
         dist.barrier(group=groups[1])
         queue.put(("done", rank, {"last_step": last_done, "data_state": pipeline.state_dict()}))
         pipeline.close()

@@ -23,6 +23,7 @@ import time
 
 import torch
 from slidedp.schedule import window_plan
+from slidedp.step import trace
 from slidedp.step.host_state import HostState, wait_until
 from slidedp.step.routes import Routes
 
@@ -74,7 +75,10 @@ class Window:
         t0 = time.perf_counter()
         wait_until(lambda: self._update_ready(u), f"the host update of unit {u} for step {self.step}",
                    abort=self.abort)
-        self.update_wait_s += time.perf_counter() - t0
+        t1 = time.perf_counter()
+        self.update_wait_s += t1 - t0
+        if trace.TRACE is not None and t1 - t0 > 1e-4:
+            trace.TRACE.add("wait_update", self.step, unit=u, t0=t0, t1=t1)
 
     def _deliver(self, u: int, buf: torch.Tensor, key: object) -> object:
         if u not in self._delivered:  # the first delivery of a step waits for last step's update

@@ -1,0 +1,96 @@
+"""A timeline of a rank's steps, for finding where the host updater and the compute stream wait.
+
+Off unless SLIDEDP_TRACE names a folder: each rank then writes `trace-rank{R}.jsonl` there at the end of its run,
+one event per line, every time in seconds on one clock (the host's perf_counter, from the trace's start):
+
+  {"kind": "step", "step", "t"}                          the main thread begins the step
+  {"kind": "gpu", "step", "start", "forward_end", "backward_end"}
+                                                         when the compute stream reached those points (CUDA events
+                                                         placed on the host clock through one event recorded on an
+                                                         idle device at the trace's start)
+  {"kind": "backward_issued", "step", "t"}               the main thread has issued the step's last backward
+  {"kind": "wait_update", "step", "unit", "t0", "t1"}    the main thread waited for the unit's last update before
+                                                         delivering it
+  {"kind": "wait_slot", "step", "unit", "t0", "t1"}      ... for a free gradient staging slot
+  {"kind": "update", "step", "unit", "t0", "landed", "t1"}
+                                                         the updater took the unit's gradient (t0), had it (the copy
+                                                         had landed and every rank's part was there), and was done
+  {"kind": "final", "step", "unit", "t0", "t1"}          with clipping: the update after the global norm
+
+Only the first MAX_STEPS steps are kept. The cost of a disabled trace is one attribute test per event site.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from typing import Any
+
+MAX_STEPS = 64
+
+TRACE: Trace | None = None  # the rank's trace, or None (the default): set by `start`
+
+
+class Trace:
+    def __init__(self, path: str, streams: Any = None):
+        self.path = path
+        self.events: list[dict[str, Any]] = []
+        self._gpu: list[tuple[int, dict[str, Any]]] = []
+        self._streams = streams
+        self._ref = None
+        self._ref_t = 0.0
+        self.t_origin = time.perf_counter()
+
+    def anchor(self, streams: Any) -> None:
+        """Put the device's clock on the host's: one timing event recorded on an idle device."""
+        import torch
+
+        self._streams = streams
+        if streams.cuda:
+            torch.cuda.synchronize(streams.device)
+        self._ref = streams.record(streams.compute, timing=True)
+        if streams.cuda:
+            self._ref.synchronize()
+        self._ref_t = time.perf_counter()
+
+    def wanted(self, step: int) -> bool:
+        return step <= MAX_STEPS
+
+    def add(self, kind: str, step: int, **fields: Any) -> None:
+        if self.wanted(step):
+            self.events.append({"kind": kind, "step": step, **fields})  # list.append: safe across threads
+
+    def gpu(self, step: int, events: dict[str, Any]) -> None:
+        if self.wanted(step) and self._ref is not None:
+            self._gpu.append((step, {k: events[k] for k in ("start", "forward_end", "backward_end") if k in events}))
+
+    def _on_host_clock(self, ev: Any) -> float:
+        return self._ref_t + self._ref.elapsed_time(ev) / 1e3
+
+    def write(self) -> str:
+        """Resolve the device events (their steps are over) and write the file; returns its path."""
+        rows = list(self.events)
+        for step, evs in self._gpu:
+            evs_done = {k: v for k, v in evs.items() if getattr(v, "query", lambda: True)()}
+            rows.append({"kind": "gpu", "step": step, **{k: self._on_host_clock(v) for k, v in evs_done.items()}})
+        origin = self.t_origin
+        os.makedirs(os.path.dirname(self.path) or ".", exist_ok=True)
+        with open(self.path, "w", encoding="utf-8") as fh:
+            for r in rows:
+                out = {k: (round(v - origin, 6) if k in ("t", "t0", "t1", "landed", "start", "forward_end",
+                                                         "backward_end") else v) for k, v in r.items()}
+                fh.write(json.dumps(out) + "\n")
+        return self.path
+
+
+def start(rank: int) -> Trace | None:
+    """The rank's trace when SLIDEDP_TRACE names a folder, else None."""
+    global TRACE
+    folder = os.environ.get("SLIDEDP_TRACE", "").strip()
+    TRACE = Trace(os.path.join(folder, f"trace-rank{rank}.jsonl")) if folder else None
+    return TRACE
+
+
+def now() -> float:
+    return time.perf_counter()
