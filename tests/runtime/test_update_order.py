@@ -39,12 +39,12 @@ def test_after_the_backward_the_lowest_landed_gradient_comes_first_and_none_land
     assert up._next_item().unit == 30  # none landed: the first handed over, whose copy lands first
     items[2].published = True  # seen landed before (announced to the other ranks)
     assert up._next_item().unit == 10
-    during = _updater(items, ended=set())  # during the backward: in the order handed over
+    during = _updater(items, ended=set(), order="arrival")  # during the backward: in the order handed over
     assert during._next_item().unit == 30
 
 
 def test_the_lowest_order_takes_the_lowest_landed_gradient_during_the_backward_unless_a_slot_is_needed():
-    """SLIDEDP_UPDATE_ORDER=lowest: during the backward the updater takes the lowest unit whose copy has landed, so
+    """The updater's order (SLIDEDP_UPDATE_ORDER lowest, the default): during the backward the updater takes the lowest unit whose copy has landed, so
     that what is left when the backward ends is spread up to the top layers and the next forward does not run
     its upper layers after the updater has gone idle. When one of the backward's next two handoffs would wait for
     the oldest gradient's staging slot (slots are a ring), it takes the oldest instead."""
@@ -69,6 +69,9 @@ def test_the_lowest_order_takes_the_lowest_landed_gradient_during_the_backward_u
 def test_an_unknown_update_order_is_refused_before_the_run(monkeypatch):
     import pytest
     from slidedp.step import optimizer
+
+    monkeypatch.delenv("SLIDEDP_UPDATE_ORDER", raising=False)
+    assert optimizer.update_order() == "lowest"  # the default
 
     monkeypatch.setenv("SLIDEDP_UPDATE_ORDER", "newest")
     with pytest.raises(ValueError, match="arrival or lowest"):

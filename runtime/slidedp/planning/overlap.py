@@ -12,7 +12,8 @@ durations from calibration instead of real work, on the resources that run concu
   d2h      the GPU->host copy stream: gradients, offloaded activations going out
   coll     the gradient collectives (reduce-scatter)
   cpu      the host update of every rank's shard (ranks are symmetric, so one resource stands for all of them):
-           arrival order during backward, forward order once the backward has been issued, as the updater does
+           the lowest landed unit first (during the backward unless a handoff would wait for the oldest one's
+           slot), as the updater does
 
 Ranks are symmetric, so one rank is replayed; its transfers stand for N identical ones when they share host
 memory. Shared bandwidth is modelled as pools with a capacity: host DRAM (CPU update, host reduction and every
@@ -152,6 +153,7 @@ class _Replay:
         self.queues: dict[str, list[_Task]] = {r: [] for r in IN_ORDER}
         self.cpu_tasks: list[_Task] = []
         self.submit: dict[int, _Task] = {}  # cpu task order -> host task that handed it to the updater
+        self.seq: dict[int, int] = {}  # cpu task order -> its handoff number (its staging slot is seq % slots)
         self.updated: dict[tuple[int, int], _Task] = {}  # (step, unit) -> task after which it is updated
         self.final: dict[int, list[_Task]] = {}  # clip: the forward-order updates after the norm
         self.holds_per_step: dict[int, int] = {}
@@ -232,6 +234,7 @@ class _Replay:
             )
             self.updated[(s, u)] = work
         self.submit[work.order] = submit
+        self.seq[work.order] = seq
         state["released"][seq] = work
 
     def _device_reduce(self, u: int, s: int, src: _Task, state: dict, parity: bool = False) -> None:
@@ -449,10 +452,13 @@ class _Replay:
                 avail = [t for t in known if self.submit[t.order].end <= t0]
                 pick = min(avail, key=lambda t: t.order)
                 eb = self.end_backward.get(pick.step)
-                if eb is not None and eb.end is not None and eb.end <= t0:
-                    # backward is over: the lowest unit among the gradients that have landed, so the next
-                    # forward's first units come first without waiting on a copy still under way; none landed:
-                    # the first issued (copies out land in the order they were issued)
+                ended = eb is not None and eb.end is not None and eb.end <= t0
+                newest = max(self.seq[t.order] for t in known)
+                if ended or self.seq[pick.order] > newest + 2 - self.d.staging_slots:
+                    # the lowest unit among the gradients that have landed: after the backward so the next
+                    # forward's first units come first, during it so that what is left at its end spreads up to
+                    # the top layers; during it not when one of the next two handoffs would wait for the oldest
+                    # one's staging slot. None landed: the first issued (copies out land in the order issued).
                     same = [t for t in avail if t.step == pick.step]
                     landed = [t for t in same if all(x.end is not None and x.end <= t0 for x in t.deps)]
                     pick = min(landed, key=lambda t: t.unit) if landed else min(same, key=lambda t: t.order)
