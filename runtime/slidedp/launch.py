@@ -306,6 +306,9 @@ def train(config: dict | JobConfig, on_step: Callable[[dict], None] | None = Non
             layout = dataclasses.replace(layout, run=state_cache.layout.run)
         else:
             state_cache.close()  # free the old state before the new one is touched: both may not fit in RAM
+    from slidedp.step.optimizer import update_order
+
+    update_order()  # SLIDEDP_UPDATE_ORDER refused here, before anything is allocated, not in every rank
     if should_stop is not None and should_stop():  # asked while starting: nothing is allocated yet
         _log(on_log, "stopped before the host state was allocated")
         return TrainResult("stopped", 0, [], cfg.output_dir, None, None, policy, plan)

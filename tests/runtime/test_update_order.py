@@ -78,6 +78,25 @@ def test_an_unknown_update_order_is_refused_before_the_run(monkeypatch):
         optimizer.update_order()
 
 
+def test_a_run_with_an_unknown_update_order_fails_before_its_host_state_exists(tmp_path, monkeypatch):
+    import pytest
+    from slidedp.launch import train
+    from slidedp.step import host_state
+
+    from tests.runtime.exactness import make_pattern_data
+
+    data = make_pattern_data(str(tmp_path / "data.jsonl"), rows=8, seq_len=32)
+    monkeypatch.setenv("SLIDEDP_UPDATE_ORDER", "newest")
+    monkeypatch.setenv("SLIDEDP_SHM_DIR", str(tmp_path / "shm"))
+    created = []
+    monkeypatch.setattr(host_state.HostState, "create", classmethod(lambda cls, *a, **k: created.append(1)))
+    with pytest.raises(ValueError, match="SLIDEDP_UPDATE_ORDER must be arrival or lowest"):
+        train({"model": "tiny-qwen3", "data": {"path": data, "format": "tokens"}, "seq_len": 32,
+               "micro_batch_size": 2, "steps": 1, "ranks": 1, "precision": "fp32",
+               "output_dir": str(tmp_path / "out"), "export": False})
+    assert not created
+
+
 def test_both_update_orders_train_the_same_bits(tmp_path, monkeypatch):
     """Each unit's update reads only its own gradient and state, and the norm sums in unit order: the order the
     updater takes the units in changes no bit (2 gloo ranks, the host route, 4 staging slots)."""
