@@ -115,3 +115,32 @@ def test_both_update_orders_train_the_same_bits(tmp_path, monkeypatch):
                                    "edge_update": "host", "device_layers": 0, "staging_slots": 4, "window": 2}})
         runs[order] = [(r["loss"], r["grad_norm"]) for r in result.metrics]
     assert runs["arrival"] == runs["lowest"] and len(runs["lowest"]) == 4
+
+
+def test_a_steps_update_busy_time_includes_its_last_unit_with_its_off_cpu_part():
+    """The step's result is made once its last unit's busy time is counted: it was made inside that unit's
+    processing, so the unit's busy time went to the next step while its off-CPU part stayed in this one, and a
+    step could report more time off the CPU than busy (seen in CI: update_offcpu 2.6 ms > update_busy 1.4 ms)."""
+    import time
+
+    from slidedp.step.optimizer import Updater
+
+    up = object.__new__(Updater)
+    up.threads, up.clip, up.host_units, up._done_units = None, False, [1], 0
+    up._waited = up._busy = up._offcpu = up._cast = 0.0
+    seen: list[tuple[float, float]] = []
+    up._wait_moments = lambda: None
+    up._next_item = iter([GradItem(1, 1, 1, 1, _Copy(True)), None]).__next__
+
+    def process(item):
+        time.sleep(0.05)
+        up._offcpu += 0.04  # as _update_unit counts it: a part of this unit's busy time
+        up._done_units += 1
+
+    up._process = process
+    up._finish_step = lambda step: seen.append((up._busy, up._offcpu))
+    up.error = None
+    Updater.run(up)
+    assert up.error is None and len(seen) == 1
+    busy, offcpu = seen[0]
+    assert busy >= 0.05 and offcpu <= busy

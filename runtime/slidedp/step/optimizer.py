@@ -201,6 +201,9 @@ class Updater(threading.Thread):
                 if trace.TRACE is not None:
                     trace.TRACE.add("hold" if self.clip else "update", item.step, unit=item.unit, t0=t0,
                                     landed=self._landed, t1=t1)
+                if self._done_units == len(self.host_units):
+                    # after the unit's busy time is counted: the step's result carries it, with its off-CPU part
+                    self._finish_step(item.step)
         except BaseException as exc:  # surfaced to the main thread through check()
             self.error = exc
 
@@ -312,8 +315,6 @@ class Updater(threading.Thread):
             self._release(item)
         self._remove(item)
         self._done_units += 1
-        if self._done_units == len(self.host_units):
-            self._finish_step(item.step)
 
     def _finish_step(self, step: int) -> None:
         board = self.board
