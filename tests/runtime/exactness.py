@@ -53,6 +53,17 @@ def make_pattern_data(path: str, rows: int, seq_len: int, seed: int = 0, alphabe
     return path
 
 
+def tiny_job(data: str, output_dir: str, **over) -> dict:
+    """A tiny-qwen3 job on `data` (token rows of 32): fp32, micro-batch 2, no export; `over` adds or replaces keys."""
+    return {"model": "tiny-qwen3", "data": {"path": data, "format": "tokens"}, "seq_len": 32, "micro_batch_size": 2,
+            "precision": "fp32", "output_dir": output_dir, "export": False, **over}
+
+
+# the host route with the fewest staging slots the window allows: the updater's order matters most there
+HOST_ROUTE_FEW_SLOTS = {"delivery": "replicated", "grad_reduce": "host", "activations": "checkpoint",
+                        "edge_update": "host", "device_layers": 0, "staging_slots": 4, "window": 2}
+
+
 def read_rows(path: str) -> tuple[torch.Tensor, torch.Tensor]:
     ids, labels = [], []
     with open(path, encoding="utf-8") as fh:

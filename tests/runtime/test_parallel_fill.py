@@ -263,3 +263,43 @@ def test_populate_maps_pages_another_process_wrote_into_this_ones_page_tables(tm
         assert bool((flat == 0.25).all())
     finally:
         os.unlink(path)
+
+
+def test_the_staging_is_registered_in_whole_slots_and_the_delivery_copy_in_whole_units(tmp_path, monkeypatch):
+    """What a GPU rank page-locks (HostState.pin_staging, then pin), with cudaHostRegister recorded instead of
+    made: the staging in ranges that start on slots, populated for writing; the delivery copy in ranges that start
+    on units, populated for reading, or whole with SLIDEDP_PIN_THREADS=1; each once; no populate with
+    SLIDEDP_PIN_POPULATE=0."""
+    from slidedp.step import host_state
+
+    adapter = ModelAdapter(load_hf_config("tiny-qwen3"))
+    layout = HostLayout(run=f"slidedp-fill-lock-{os.getpid()}", directory=str(tmp_path / "shm"),
+                        unit_numels=[u.numel for u in adapter.units], world=2, delivery_dtype="bfloat16",
+                        staging_slots=4, hold_gradient=False)
+    calls: list[tuple[int, list, int, int | None]] = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(host_state, "_register", lambda base, ranges, threads, advice: calls.append(
+        (base, ranges, threads, advice)) or [base])
+    # every page-aligned start its own range, tiny as these are (the default keeps ranges to 1 GiB at least)
+    monkeypatch.setattr(host_state.pin_ranges, "__defaults__", (None, 1))
+    state = HostState.create(layout)
+    try:
+        state.pin_staging()
+        state.pin()
+        state.pin()
+        assert [c[0] for c in calls] == [state.staging.data_ptr(), state.delivery.data_ptr()]
+        (_, staging, threads, advice), (_, delivery, _, advice_d) = calls
+        slot = layout.slot_numel * 4
+        assert threads == 8 and advice == host_state.MADV_POPULATE_WRITE and advice_d == host_state.MADV_POPULATE_READ
+        assert staging == pin_ranges([i * slot for i in range(2 * 4)], 2 * 4 * slot, min_bytes=1)
+        assert delivery == pin_ranges([o * 2 for o in layout.offsets], layout.total * 2, min_bytes=1)
+        state._registered.clear()
+        calls.clear()
+        monkeypatch.setenv("SLIDEDP_PIN_THREADS", "1")
+        monkeypatch.setenv("SLIDEDP_PIN_POPULATE", "0")
+        state.pin()
+        (_, staging, _, advice), (_, delivery, _, advice_d) = calls
+        assert delivery == [(0, layout.total * 2)] and len(staging) >= 1 and advice is None and advice_d is None
+    finally:
+        state._registered.clear()
+        unlink(layout)

@@ -11,7 +11,7 @@ import pytest
 from slidedp.launch import train
 from slidedp.startup import Startup
 
-from tests.runtime.exactness import make_pattern_data
+from tests.runtime.exactness import make_pattern_data, tiny_job
 
 
 def test_train_reports_its_start_up_stages_in_order_with_their_durations(tmp_path, monkeypatch):
@@ -28,9 +28,7 @@ def test_train_reports_its_start_up_stages_in_order_with_their_durations(tmp_pat
         return detect(*args, **kwargs)
 
     monkeypatch.setattr(topology, "detect", recorded_detect)
-    result = train({"model": "tiny-qwen3", "data": {"path": data, "format": "tokens"}, "seq_len": 32,
-                    "micro_batch_size": 2, "steps": 2, "precision": "fp32", "output_dir": str(tmp_path / "out"),
-                    "export": False}, on_stage=seen.append, on_log=lines.append)
+    result = train(tiny_job(data, str(tmp_path / "out"), steps=2), on_stage=seen.append, on_log=lines.append)
     order = [e["stage"] for e in seen if "progress" not in e]
     if "calibrating" in order:  # this host had no calibration of the job's shape yet: measured, then cached
         assert order.index("calibrating") == 1
@@ -72,9 +70,7 @@ def test_a_rank_that_loads_its_model_and_data_beside_its_start_trains_the_same_b
     runs = {}
     for overlap in ("1", "0"):
         monkeypatch.setenv("SLIDEDP_RANK_OVERLAP", overlap)
-        result = train({"model": "tiny-qwen3", "data": {"path": data, "format": "tokens"}, "seq_len": 32,
-                        "micro_batch_size": 2, "steps": 3, "ranks": 2, "precision": "fp32",
-                        "output_dir": str(tmp_path / f"out-{overlap}"), "export": False})
+        result = train(tiny_job(data, str(tmp_path / f"out-{overlap}"), steps=3, ranks=2))
         runs[overlap] = result.metrics
     for key in ("loss", "grad_norm"):
         assert [r[key] for r in runs["1"]] == [r[key] for r in runs["0"]], key

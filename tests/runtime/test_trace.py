@@ -6,17 +6,14 @@ import json
 
 from slidedp.launch import train
 
-from tests.runtime.exactness import make_pattern_data
+from tests.runtime.exactness import HOST_ROUTE_FEW_SLOTS, make_pattern_data, tiny_job
 
 
 def test_a_traced_run_writes_each_ranks_steps_updates_and_waits_on_one_clock(tmp_path, monkeypatch):
     data = make_pattern_data(str(tmp_path / "data.jsonl"), rows=16, seq_len=32)
     monkeypatch.setenv("SLIDEDP_TRACE", str(tmp_path / "trace"))
-    train({"model": "tiny-qwen3", "data": {"path": data, "format": "tokens"}, "seq_len": 32, "micro_batch_size": 2,
-           "steps": 3, "ranks": 2, "precision": "fp32", "output_dir": str(tmp_path / "out"), "export": False,
-           "optimizer": {"max_grad_norm": 0.0},
-           "policy": {"delivery": "replicated", "grad_reduce": "host", "activations": "checkpoint",
-                      "edge_update": "host", "device_layers": 0, "staging_slots": 4, "window": 2}})
+    train(tiny_job(data, str(tmp_path / "out"), steps=3, ranks=2, optimizer={"max_grad_norm": 0.0},
+                   policy=HOST_ROUTE_FEW_SLOTS))
     for rank in (0, 1):
         rows = [json.loads(line) for line in open(tmp_path / "trace" / f"trace-rank{rank}.jsonl", encoding="utf-8")]
         kinds = {r["kind"] for r in rows}

@@ -83,7 +83,7 @@ def test_a_run_with_an_unknown_update_order_fails_before_its_host_state_exists(t
     from slidedp.launch import train
     from slidedp.step import host_state
 
-    from tests.runtime.exactness import make_pattern_data
+    from tests.runtime.exactness import make_pattern_data, tiny_job
 
     data = make_pattern_data(str(tmp_path / "data.jsonl"), rows=8, seq_len=32)
     monkeypatch.setenv("SLIDEDP_UPDATE_ORDER", "newest")
@@ -91,9 +91,7 @@ def test_a_run_with_an_unknown_update_order_fails_before_its_host_state_exists(t
     created = []
     monkeypatch.setattr(host_state.HostState, "create", classmethod(lambda cls, *a, **k: created.append(1)))
     with pytest.raises(ValueError, match="SLIDEDP_UPDATE_ORDER must be arrival or lowest"):
-        train({"model": "tiny-qwen3", "data": {"path": data, "format": "tokens"}, "seq_len": 32,
-               "micro_batch_size": 2, "steps": 1, "ranks": 1, "precision": "fp32",
-               "output_dir": str(tmp_path / "out"), "export": False})
+        train(tiny_job(data, str(tmp_path / "out"), steps=1, ranks=1))
     assert not created
 
 
@@ -102,17 +100,13 @@ def test_both_update_orders_train_the_same_bits(tmp_path, monkeypatch):
     updater takes the units in changes no bit (2 gloo ranks, the host route, 4 staging slots)."""
     from slidedp.launch import train
 
-    from tests.runtime.exactness import make_pattern_data
+    from tests.runtime.exactness import HOST_ROUTE_FEW_SLOTS, make_pattern_data, tiny_job
 
     data = make_pattern_data(str(tmp_path / "data.jsonl"), rows=16, seq_len=32)
     runs = {}
     for order in ("arrival", "lowest"):
         monkeypatch.setenv("SLIDEDP_UPDATE_ORDER", order)
-        result = train({"model": "tiny-qwen3", "data": {"path": data, "format": "tokens"}, "seq_len": 32,
-                        "micro_batch_size": 2, "steps": 4, "ranks": 2, "precision": "fp32",
-                        "output_dir": str(tmp_path / order), "export": False,
-                        "policy": {"delivery": "replicated", "grad_reduce": "host", "activations": "checkpoint",
-                                   "edge_update": "host", "device_layers": 0, "staging_slots": 4, "window": 2}})
+        result = train(tiny_job(data, str(tmp_path / order), steps=4, ranks=2, policy=HOST_ROUTE_FEW_SLOTS))
         runs[order] = [(r["loss"], r["grad_norm"]) for r in result.metrics]
     assert runs["arrival"] == runs["lowest"] and len(runs["lowest"]) == 4
 

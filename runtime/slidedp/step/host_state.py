@@ -308,13 +308,9 @@ class HostState:
         its pages one by one on one thread (Qwen3-8B with the embedding and head updated on the host: 8 slots of
         2.5 GB, 12-16 s of the rank's start on the GPU machine). It is registered instead in ranges of whole
         slots, each first populated for writing (`populate`, MADV_POPULATE_WRITE), on the page-lock threads."""
-        if not torch.cuda.is_available() or self._pinned(self.staging):
-            return
-        slot_bytes = self.layout.slot_numel * self.staging.element_size()
-        nbytes = self.staging.numel() * self.staging.element_size()
-        ranges = pin_ranges([i * slot_bytes for i in range(self.layout.world * self.layout.staging_slots)], nbytes)
-        write = MADV_POPULATE_WRITE if _pin_populate() else None
-        self._registered.append((self.staging, _register(self.staging.data_ptr(), ranges, _pin_threads(), write)))
+        if torch.cuda.is_available():
+            slots = self.layout.world * self.layout.staging_slots
+            self._lock(self.staging, [i * self.layout.slot_numel for i in range(slots)], MADV_POPULATE_WRITE)
 
     def pin(self) -> None:
         """Page-lock the delivery copy (and the staging, if `pin_staging` has not) for async DMA (once per rank
@@ -326,21 +322,22 @@ class HostState:
         them in no page table yet, and registering would fault them in one by one while holding this process's
         memory-map lock, which the rank's loading thread needs for its imports. SLIDEDP_PIN_POPULATE=0 leaves
         that to the registering (for measurement)."""
-        if not torch.cuda.is_available():
-            return
-        self.pin_staging()
-        if self._pinned(self.delivery):
-            return
-        t = self.delivery
-        threads, nbytes = _pin_threads(), t.numel() * t.element_size()
-        ranges = [(0, nbytes)]
-        if threads > 1:
-            ranges = pin_ranges([o * t.element_size() for o in self.layout.offsets], nbytes)
-        read = MADV_POPULATE_READ if _pin_populate() else None
-        self._registered.append((t, _register(t.data_ptr(), ranges, threads, read)))
+        if torch.cuda.is_available():
+            self.pin_staging()
+            self._lock(self.delivery, self.layout.offsets, MADV_POPULATE_READ, whole_on_one_thread=True)
 
-    def _pinned(self, t: torch.Tensor) -> bool:
-        return any(t is r for r, _ in self._registered)
+    def _lock(self, t: torch.Tensor, starts: list[int], advice: int, whole_on_one_thread: bool = False) -> None:
+        """Register `t` once, in ranges starting at element offsets `starts` (pin_ranges), each populated first
+        with `advice` unless SLIDEDP_PIN_POPULATE=0; whole_on_one_thread: one range when SLIDEDP_PIN_THREADS=1."""
+        if any(t is r for r, _ in self._registered):
+            return
+        threads, size, nbytes = _pin_threads(), t.element_size(), t.numel() * t.element_size()
+        if whole_on_one_thread and threads == 1:
+            ranges = [(0, nbytes)]
+        else:
+            ranges = pin_ranges([o * size for o in starts], nbytes)
+        advice_or_none = advice if _pin_populate() else None
+        self._registered.append((t, _register(t.data_ptr(), ranges, threads, advice_or_none)))
 
     def unpin(self) -> None:
         """Unregister every range pin registered (nothing without CUDA)."""

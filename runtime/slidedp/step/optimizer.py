@@ -236,19 +236,14 @@ class Updater(threading.Thread):
             if not self._pending:
                 return None
             item = self._pending[0]
-            if self.order == "lowest" and item.step not in self._backward_ended \
-                    and item.seq > self._pending[-1].seq + 2 - self.slots:
-                # during the backward, the lowest landed unit: what is left when it ends is spread up to the top
-                # layers rather than the bottom ones, so the next forward runs ahead with the updater. Not when one
-                # of the backward's next two handoffs would wait for the oldest one's staging slot (a ring).
-                same = [it for it in self._pending if it.step == item.step]
-                landed = [it for it in same if it.published or it.event.query()]
-                if landed:
-                    item = min(landed, key=lambda it: it.unit)
-            elif item.step in self._backward_ended:
-                # Backward is over: finish in forward order so the next forward's first units are ready first,
-                # among the gradients that have landed (waiting on a copy still under way would idle this thread
-                # while others are ready); none landed: the first handed over, whose copy lands first.
+            ended = item.step in self._backward_ended
+            # The lowest unit among the gradients that have landed (waiting on a copy still under way would idle
+            # this thread while others are ready); none landed: the first handed over, whose copy lands first.
+            # Once the backward is over, so that the next forward's first units are ready first. During it
+            # (order `lowest`), so that what is left when it ends is spread up to the top layers rather than the
+            # bottom ones and the next forward runs ahead with the updater; but not when one of the backward's
+            # next two handoffs would wait for the oldest one's staging slot (a ring): then the oldest.
+            if ended or (self.order == "lowest" and item.seq > self._pending[-1].seq + 2 - self.slots):
                 same = [it for it in self._pending if it.step == item.step]
                 landed = [it for it in same if it.published or it.event.query()]
                 if landed:

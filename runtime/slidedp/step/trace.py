@@ -33,11 +33,10 @@ TRACE: Trace | None = None  # the rank's trace, or None (the default): set by `s
 
 
 class Trace:
-    def __init__(self, path: str, streams: Any = None):
+    def __init__(self, path: str):
         self.path = path
         self.events: list[dict[str, Any]] = []
         self._gpu: list[tuple[int, dict[str, Any]]] = []
-        self._streams = streams
         self._ref = None
         self._ref_t = 0.0
         self.t_origin = time.perf_counter()
@@ -46,7 +45,6 @@ class Trace:
         """Put the device's clock on the host's: one timing event recorded on an idle device."""
         import torch
 
-        self._streams = streams
         if streams.cuda:
             torch.cuda.synchronize(streams.device)
         self._ref = streams.record(streams.compute, timing=True)
