@@ -144,7 +144,8 @@ def run_peer(spec: str, model: str, gpus: int, mbs: int, seq: int, steps: int, w
     return {"policy": spec, **row}
 
 
-# carried from a row's first metrics record: the cap it ran under and its start-up (docs/interfaces.md §3)
+# carried from the first of a row's metrics records that has them: the cap it ran under and its start-up (all on
+# the first record, but moments_paged_s where the paging ended after step 1; docs/interfaces.md §3)
 FIRST_RECORD_KEYS = ("gpu_memory_cap", "startup_s", "time_to_first_step_s", "moments_paged_s", "rank_startup_s",
                      "startup_parts_s")
 
@@ -160,7 +161,7 @@ def summarise(row: dict, warmup: int) -> dict:
             "tokens_per_s": pick["tokens_per_s"],
             "tflops": pick["tflops"], "hbm_peak_gib": max(max(m["hbm_peak_gib"] or [0.0]) for m in ms),
             "hbm_device_used_gib": max(max(m.get("hbm_device_used_gib") or [0.0]) for m in ms),
-            **{key: row["metrics"][0].get(key) for key in FIRST_RECORD_KEYS},
+            **{key: next((m[key] for m in row["metrics"] if key in m), None) for key in FIRST_RECORD_KEYS},
             "host_rss_gib": pick["host_rss_gib"], "phases": pick["phases"], "cpu_s": pick.get("cpu_s"),
             "bytes": pick["bytes"],
             "loss_first": row["metrics"][0]["loss"], "loss_last": row["metrics"][-1]["loss"],

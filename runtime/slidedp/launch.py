@@ -306,9 +306,11 @@ def train(config: dict | JobConfig, on_step: Callable[[dict], None] | None = Non
             layout = dataclasses.replace(layout, run=state_cache.layout.run)
         else:
             state_cache.close()  # free the old state before the new one is touched: both may not fit in RAM
+    from slidedp.step.host_fill import moment_paging
     from slidedp.step.optimizer import update_order
 
     update_order()  # SLIDEDP_UPDATE_ORDER refused here, before anything is allocated, not in every rank
+    paging = moment_paging()  # and SLIDEDP_PAGE_MOMENTS
     if should_stop is not None and should_stop():  # asked while starting: nothing is allocated yet
         _log(on_log, "stopped before the host state was allocated")
         return TrainResult("stopped", 0, [], cfg.output_dir, None, None, policy, plan)
@@ -377,9 +379,9 @@ def train(config: dict | JobConfig, on_step: Callable[[dict], None] | None = Non
             _log(on_log, f"step {start_step} of {cfg.steps} is the last: no step to run")
             last, last_data_state = start_step, data_state
         else:
-            if state.fresh and resume_from is None and os.environ.get("SLIDEDP_PAGE_MOMENTS", "1") != "0":
+            if state.fresh and resume_from is None and paging is not None:
                 # fresh moments are paged in while the ranks start, not by the first step's update
-                pager = MomentPager([state.exp_avg, state.exp_avg_sq], state.board)
+                pager = MomentPager([state.exp_avg, state.exp_avg_sq], state.board, mode=paging)
             last, last_data_state = _run_ranks(cfg, state, layout, policy, plan, start_step, data_state, ckpt_root,
                                                metrics_path, records, on_record, on_log, should_stop, RankArgs,
                                                CKPT_DONE, monitor, startup, ranks, pager)
@@ -449,6 +451,7 @@ def _run_ranks(cfg: JobConfig, state, layout: HostLayout, policy: ExecutionPolic
     done: dict[int, dict] = {}
     stop_sent = False
     rank_startup: dict[str, float] | None = None  # rank 0's own start-up parts, for the first record
+    paged_reported = False
     while len(done) < world:
         if pager is not None and pager.error is not None:
             state.board.set(state.board.STOP_REQUEST, 2)
@@ -484,11 +487,12 @@ def _run_ranks(cfg: JobConfig, state, layout: HostLayout, policy: ExecutionPolic
                 payload["time_to_first_step_s"] = startup.total_s
                 if rank_startup is not None:
                     payload["rank_startup_s"] = rank_startup
-                if pager is not None:
-                    payload["moments_paged_s"] = pager.elapsed_s
                 parts = startup.parts_s()
                 if parts:
                     payload["startup_parts_s"] = parts
+            if pager is not None and not paged_reported and pager.elapsed_s is not None:
+                # the first record after the paging ended: the first, unless its update ran beside the paging
+                payload["moments_paged_s"], paged_reported = pager.elapsed_s, True
             payload["host_rss_gib"] = _rss_gib(ranks.pids, state.shared_bytes())
             diverged, raised = monitor.check(payload)
             if raised:

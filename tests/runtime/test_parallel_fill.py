@@ -4,6 +4,7 @@ copy made in the same pass; the delivery copy's page-locked ranges follow unit a
 
 from __future__ import annotations
 
+import errno
 import os
 import threading
 import time
@@ -12,7 +13,7 @@ import pytest
 import torch
 from slidedp.persist import checkpoint as ckpt
 from slidedp.step import host_fill
-from slidedp.step.host_state import HostLayout, HostState, pin_ranges, unlink
+from slidedp.step.host_state import MADV_POPULATE_WRITE, HostLayout, HostState, pin_ranges, unlink
 from slidedp.step.model_adapter import ModelAdapter, load_hf_config
 
 
@@ -216,7 +217,7 @@ def test_fresh_moments_are_paged_in_only_once_every_rank_has_page_locked_the_sta
     state = HostState.create(layout)
     try:
         state.exp_avg.fill_(1.0)  # what the paging writes is zeros: anything else shows a page it has not reached
-        pager = host_fill.MomentPager([state.exp_avg], state.board, threads=2)
+        pager = host_fill.MomentPager([state.exp_avg], state.board, threads=2, mode="zero")
         pager.start()
         state.board.set_pinned(0)
         time.sleep(0.3)  # one of two ranks pinned: nothing paged, and the updaters still wait
@@ -226,7 +227,7 @@ def test_fresh_moments_are_paged_in_only_once_every_rank_has_page_locked_the_sta
         pager.join(timeout=30)
         assert not pager.is_alive() and pager.waited_s >= 0.3 and pager.elapsed_s is not None
         assert not bool(state.exp_avg.any()) and state.board.get(state.board.MOMENTS_PAGING) == 0
-        halted = host_fill.MomentPager([state.exp_avg_sq], HostState.attach(layout).board, threads=2)
+        halted = host_fill.MomentPager([state.exp_avg_sq], HostState.attach(layout).board, threads=2, mode="zero")
         state.board.ints[state.board._o_pinned:].zero_()  # a run that ends before its ranks pinned
         state.exp_avg_sq.fill_(1.0)
         halted.start()
@@ -234,6 +235,80 @@ def test_fresh_moments_are_paged_in_only_once_every_rank_has_page_locked_the_sta
         assert not halted.is_alive() and halted.elapsed_s is None and bool((state.exp_avg_sq == 1.0).all())
     finally:
         unlink(layout)
+
+
+def _allocated_bytes(path: str) -> int:
+    return os.stat(path).st_blocks * 512
+
+
+def test_populating_fresh_moments_allocates_their_pages_and_keeps_what_an_update_wrote(tmp_path):
+    """The default paging has the kernel allocate the moments' zeroed pages (MADV_POPULATE_WRITE) and writes
+    nothing: the updaters do not wait for it (the board's flag stays 0), so a page an update wrote first keeps its
+    bytes. It too starts only once every rank has page-locked the state."""
+    adapter = ModelAdapter(load_hf_config("tiny-qwen3"))
+    shm = "/dev/shm" if os.path.isdir("/dev/shm") else str(tmp_path / "shm")
+    layout = HostLayout(run=f"slidedp-fill-populate-{os.getpid()}", directory=shm,
+                        unit_numels=[u.numel for u in adapter.units], world=1, delivery_dtype="bfloat16",
+                        staging_slots=2, hold_gradient=False)
+    state = HostState.create(layout)
+    try:
+        path, nbytes = layout.path("exp_avg"), state.exp_avg.numel() * 4
+        unit = state.layout.offsets[1], state.layout.offsets[2]  # an update's write before the paging
+        state.exp_avg[unit[0]:unit[1]].fill_(0.5)
+        before = _allocated_bytes(path)
+        pager = host_fill.MomentPager([state.exp_avg], state.board, threads=2)
+        if pager.mode != "populate":
+            pytest.skip("this kernel has no MADV_POPULATE_WRITE (Linux 5.14+): the pager falls back to zeros")
+        assert state.board.get(state.board.MOMENTS_PAGING) == 0  # no updater waits for it
+        pager.start()
+        time.sleep(0.2)
+        assert pager.waited_s is None and _allocated_bytes(path) <= before + 4096  # not before the page-lock
+        state.board.set_pinned(0)
+        pager.join(timeout=30)
+        assert not pager.is_alive() and pager.error is None and pager.elapsed_s is not None
+        assert _allocated_bytes(path) >= nbytes and before < nbytes  # every page allocated, none was before
+        assert bool((state.exp_avg[unit[0]:unit[1]] == 0.5).all())
+        assert not bool(state.exp_avg[:unit[0]].any()) and not bool(state.exp_avg[unit[1]:].any())
+        assert state.board.get(state.board.MOMENTS_PAGING) == 0
+    finally:
+        unlink(layout)
+
+
+def test_a_failed_populate_is_the_pagers_error_and_the_boards(tmp_path, monkeypatch):
+    adapter = ModelAdapter(load_hf_config("tiny-qwen3"))
+    layout = HostLayout(run=f"slidedp-fill-enomem-{os.getpid()}", directory=str(tmp_path / "shm"),
+                        unit_numels=[u.numel for u in adapter.units], world=1, delivery_dtype="bfloat16",
+                        staging_slots=2, hold_gradient=False)
+    state = HostState.create(layout)
+    try:
+        pager = host_fill.MomentPager([state.exp_avg], state.board, threads=2)
+        if pager.mode != "populate":
+            pytest.skip("this kernel has no MADV_POPULATE_WRITE (Linux 5.14+)")
+        calls = []
+
+        def refused(base, nbytes, advice):
+            calls.append(advice)
+            return errno.EINTR if len(calls) == 1 else errno.ENOMEM  # retried once, then a real failure
+
+        monkeypatch.setattr(host_fill, "populate", refused)
+        state.board.set_pinned(0)
+        pager.run()
+        assert isinstance(pager.error, OSError) and pager.error.errno == errno.ENOMEM
+        assert "Cannot allocate memory" in str(pager.error) and calls[:2] == [MADV_POPULATE_WRITE] * 2
+        assert state.board.get(state.board.MOMENTS_PAGING) == 2 and pager.elapsed_s is None
+    finally:
+        unlink(layout)
+
+
+def test_the_paging_mode_comes_from_the_environment_and_an_unknown_one_is_refused(monkeypatch):
+    monkeypatch.delenv("SLIDEDP_PAGE_MOMENTS", raising=False)
+    assert host_fill.moment_paging() == "populate"
+    for value, mode in (("1", "populate"), ("populate", "populate"), ("zero", "zero"), ("0", None)):
+        monkeypatch.setenv("SLIDEDP_PAGE_MOMENTS", value)
+        assert host_fill.moment_paging() == mode
+    monkeypatch.setenv("SLIDEDP_PAGE_MOMENTS", "yes")
+    with pytest.raises(ValueError, match="SLIDEDP_PAGE_MOMENTS must be populate"):
+        host_fill.moment_paging()
 
 
 def test_populate_maps_pages_another_process_wrote_into_this_ones_page_tables(tmp_path):

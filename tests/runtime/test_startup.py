@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
+import time
 
 import psutil
 import pytest
@@ -200,19 +201,20 @@ def test_a_fill_that_fails_ends_the_ranks_started_before_it(tmp_path, monkeypatc
     assert _rank_children() == []
 
 
-@pytest.mark.slow  # two 2-rank trainings; make test runs it
-def test_fresh_moments_are_paged_in_while_the_ranks_start_and_no_update_comes_before(tmp_path, monkeypatch):
-    """A run from step 0 writes its fresh AdamW moments once, in the launcher, while the ranks start, instead of
-    the first step's update faulting them in. Paging held back until the ranks have run step 1's backward and
-    gone quiet: no unit is updated before it ends (an update racing its zeros would lose that step's moments),
-    and the losses and norms are those of a run that pages nothing."""
+@pytest.mark.slow  # three 2-rank trainings; make test runs it
+def test_fresh_moments_are_paged_in_while_the_ranks_start_and_no_update_comes_before_zeros(tmp_path, monkeypatch):
+    """A run from step 0 pages in its fresh AdamW moments once, in the launcher, while the ranks start, instead of
+    the first step's update faulting them in. Written as zeros (SLIDEDP_PAGE_MOMENTS=zero), paging held back until
+    the ranks have run step 1's backward and gone quiet: no unit is updated before it ends (an update racing its
+    zeros would lose that step's moments), and the losses and norms are those of a run that pages nothing. The
+    default, populated by the kernel, does not hold the updaters back: the test after this one."""
     from slidedp.step import host_fill
 
     monkeypatch.setenv("SLIDEDP_PAGE_MOMENTS", "0")
     job = {**_job(tmp_path, "plain"), "steps": 3}
     plain = train(job)
     assert "moments_paged_s" not in plain.metrics[0]
-    monkeypatch.delenv("SLIDEDP_PAGE_MOMENTS")
+    monkeypatch.setenv("SLIDEDP_PAGE_MOMENTS", "zero")
     run = host_fill.MomentPager.run
     updated_when_paged: list[int] = []
 
@@ -228,6 +230,53 @@ def test_fresh_moments_are_paged_in_while_the_ranks_start_and_no_update_comes_be
     assert paged.metrics[0]["moments_paged_s"] >= 0 and "moments_paged_s" not in paged.metrics[1]
     assert [r["loss"] for r in paged.metrics] == [r["loss"] for r in plain.metrics]
     assert [r["grad_norm"] for r in paged.metrics] == [r["grad_norm"] for r in plain.metrics]
+
+
+@pytest.mark.slow  # two 2-rank trainings; make test runs it
+def test_populated_moments_do_not_hold_back_the_first_update_and_lose_nothing_it_wrote(tmp_path, monkeypatch):
+    """The default paging (the kernel allocates the zeroed pages, MADV_POPULATE_WRITE) writes nothing, so the
+    updaters do not wait for it: paging held back until a unit of step 1 has been updated still trains the losses
+    and norms of a run that pages nothing (an update's moments are never overwritten)."""
+    from slidedp.step import host_fill
+
+    monkeypatch.setenv("SLIDEDP_PAGE_MOMENTS", "0")
+    job = {**_job(tmp_path, "plain"), "steps": 6}  # steps left after the paging: one record says how long it took
+    plain = train(job)
+    monkeypatch.delenv("SLIDEDP_PAGE_MOMENTS")
+    run = host_fill.MomentPager.run
+    updated_before: list[int] = []
+
+    def held(self):
+        if self.mode != "populate":
+            return run(self)  # a kernel without the advice: the zeros, tested above
+        board = self.board
+        deadline = time.monotonic() + 120
+        while not any(board.updated(u, r) for u in range(board.units) for r in range(board.world)):
+            assert time.monotonic() < deadline, "no unit was updated while the paging was held back"
+            time.sleep(0.002)
+        updated_before.extend(board.updated(u, r) for u in range(board.units) for r in range(board.world))
+        run(self)
+
+    monkeypatch.setattr(host_fill.MomentPager, "run", held)
+    paged = train({**job, "output_dir": str(tmp_path / "paged")})
+    if not updated_before:
+        pytest.skip("this kernel has no MADV_POPULATE_WRITE (Linux 5.14+)")
+    assert max(updated_before) >= 1, "the updaters waited for the paging"
+    reported = [r["moments_paged_s"] for r in paged.metrics if "moments_paged_s" in r]
+    assert len(reported) == 1 and reported[0] >= 0  # on the first record after the paging ended
+    assert [r["loss"] for r in paged.metrics] == [r["loss"] for r in plain.metrics]
+    assert [r["grad_norm"] for r in paged.metrics] == [r["grad_norm"] for r in plain.metrics]
+
+
+def test_a_run_with_an_unknown_paging_mode_fails_before_its_host_state_exists(tmp_path, monkeypatch):
+    from slidedp.step import host_state
+
+    monkeypatch.setenv("SLIDEDP_PAGE_MOMENTS", "always")
+    created = []
+    monkeypatch.setattr(host_state.HostState, "create", classmethod(lambda cls, *a, **k: created.append(1)))
+    with pytest.raises(ValueError, match="SLIDEDP_PAGE_MOMENTS must be populate"):
+        train(_job(tmp_path, "unknown"))
+    assert created == [] and _rank_children() == []
 
 
 def test_paging_in_the_moments_that_fails_fails_the_run_and_ends_its_ranks(tmp_path, monkeypatch):

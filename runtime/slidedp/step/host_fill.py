@@ -14,6 +14,7 @@ each running torch's kernels on one thread so the workers do not fight over the 
 
 from __future__ import annotations
 
+import errno
 import os
 import threading
 import time
@@ -22,6 +23,7 @@ from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from contextlib import contextmanager
 
 import torch
+from slidedp.step.host_state import MADV_POPULATE_WRITE, populate
 
 MAX_THREADS = 32  # past this, memory bandwidth, not cores, bounds writing the state
 PROGRESS_POLL_S = 0.5  # how often the calling thread wakes to report progress
@@ -107,6 +109,21 @@ def fill_host_state(adapter, state, seed: int, model_dir: str | None = None,
 
 
 PAGE_CHUNK = 1 << 24  # elements per piece of paging in (64 MB of fp32)
+PAGING_MODES = ("populate", "zero")
+
+
+def moment_paging() -> str | None:
+    """How fresh AdamW moments are paged in (SLIDEDP_PAGE_MOMENTS): `populate` (the default; `1` says the same),
+    `zero` (for measurement: written as zeros, the updaters waiting for it) or None (`0`: left to the first
+    update's faults). Anything else is refused, by the launcher before the host state exists."""
+    value = os.environ.get("SLIDEDP_PAGE_MOMENTS", "populate")
+    if value == "1":
+        return "populate"
+    if value == "0":
+        return None
+    if value not in PAGING_MODES:
+        raise ValueError(f"SLIDEDP_PAGE_MOMENTS must be populate (or 1), zero or 0, got {value!r}")
+    return value
 
 
 class MomentPager(threading.Thread):
@@ -114,30 +131,55 @@ class MomentPager(threading.Thread):
 
     Fresh moments are holes that read as zero (HostState), so the first step's update would fault in 8 B/param
     of pages itself, inside the step (for Qwen3-8B 65.5 GB, at the rate the fill writes fresh pages). This thread
-    writes those zeros once, on `threads` threads, while the ranks are still starting. It begins once every rank
+    has them allocated once, on `threads` threads, while the ranks are still starting. It begins once every rank
     has page-locked the state (Board.all_pinned): page-locking beside the paging is many times slower (Qwen3-8B
-    on the GPU machine: 17-25 s against about 1.3 s alone), and it is on the way to the first step, while the
-    paging need only end before the first update. Board.MOMENTS_PAGING is 1 from construction (before the ranks
-    may read the state) until they are paged in (0), or 2 if that failed; each rank's updater waits for it before
-    its first update, so no update races the zeros. Only for moments no one has written: a resumed or kept state
-    already holds its moments."""
+    on the GPU machine: 17-25 s against about 1.3 s alone).
 
-    def __init__(self, tensors: list[torch.Tensor], board, threads: int | None = None):
+    mode `populate` (Linux 5.14+): the kernel allocates each piece's zeroed pages in bulk (madvise
+    MADV_POPULATE_WRITE), without a fault per page and without writing anything: a page an update has already
+    written keeps its bytes, so the updaters need not wait and the first step's update runs beside the paging,
+    faulting in only the pages it reaches first. Board.MOMENTS_PAGING stays 0 unless the paging fails (2). Where
+    the kernel lacks the advice (checked on the first page at construction) the mode falls back to `zero`.
+
+    mode `zero`: the pages are written with zeros. An update must not race those zeros, so Board.MOMENTS_PAGING
+    is 1 from construction (before the ranks may read the state) until they are paged in (0), or 2 if that failed,
+    and each rank's updater waits for it before its first update.
+
+    Only for moments no one has written: a resumed or kept state already holds its moments."""
+
+    def __init__(self, tensors: list[torch.Tensor], board, threads: int | None = None, mode: str = "populate"):
         super().__init__(name="slidedp-moment-pager", daemon=True)
+        if mode not in PAGING_MODES:
+            raise ValueError(f"paging mode must be one of {PAGING_MODES}, got {mode!r}")
         self.pieces = [(t, lo, min(lo + PAGE_CHUNK, t.numel())) for t in tensors
                        for lo in range(0, t.numel(), PAGE_CHUNK)]
+        if mode == "populate" and self.pieces:
+            t = self.pieces[0][0]  # one page: EINVAL where the kernel does not know the advice
+            if populate(t.data_ptr(), min(4096, t.numel() * t.element_size()), MADV_POPULATE_WRITE) != 0:
+                mode = "zero"
+        self.mode = mode
         self.board = board
         self.threads = threads or fill_threads(len(self.pieces))
         self.elapsed_s: float | None = None  # set once paged in (from the start of paging)
         self.waited_s: float | None = None  # for the ranks to page-lock the state, before paging
         self.error: BaseException | None = None
         self._halt = threading.Event()
-        board.set(board.MOMENTS_PAGING, 1)
+        board.set(board.MOMENTS_PAGING, 1 if mode == "zero" else 0)
 
     def page_piece(self, piece: tuple[torch.Tensor, int, int]) -> None:
-        if not self._halt.is_set():
-            t, lo, hi = piece
+        if self._halt.is_set():
+            return
+        t, lo, hi = piece
+        if self.mode == "zero":
             t[lo:hi].zero_()
+            return
+        size = t.element_size()
+        for _ in range(100):  # EINTR / EAGAIN: a signal or a transient shortage; the pages done stay done
+            err = populate(t.data_ptr() + lo * size, (hi - lo) * size, MADV_POPULATE_WRITE)
+            if err not in (errno.EINTR, errno.EAGAIN):
+                break
+        if err != 0:
+            raise OSError(err, os.strerror(err))
 
     def run(self) -> None:
         t0 = time.perf_counter()
