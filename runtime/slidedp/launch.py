@@ -381,7 +381,8 @@ def train(config: dict | JobConfig, on_step: Callable[[dict], None] | None = Non
         else:
             if state.fresh and resume_from is None and paging is not None:
                 # fresh moments are paged in while the ranks start, not by the first step's update
-                pager = MomentPager([state.exp_avg, state.exp_avg_sq], state.board, mode=paging)
+                pager = MomentPager([state.exp_avg, state.exp_avg_sq], state.board, mode=paging,
+                                    stripe_bytes=layout.stripe_bytes)
             last, last_data_state = _run_ranks(cfg, state, layout, policy, plan, start_step, data_state, ckpt_root,
                                                metrics_path, records, on_record, on_log, should_stop, RankArgs,
                                                CKPT_DONE, monitor, startup, ranks, pager)

@@ -147,12 +147,15 @@ class MomentPager(threading.Thread):
 
     Only for moments no one has written: a resumed or kept state already holds its moments."""
 
-    def __init__(self, tensors: list[torch.Tensor], board, threads: int | None = None, mode: str = "populate"):
+    def __init__(self, tensors: list[torch.Tensor], board, threads: int | None = None, mode: str = "populate",
+                 stripe_bytes: int | None = None):
         super().__init__(name="slidedp-moment-pager", daemon=True)
         if mode not in PAGING_MODES:
             raise ValueError(f"paging mode must be one of {PAGING_MODES}, got {mode!r}")
-        self.pieces = [(t, lo, min(lo + PAGE_CHUNK, t.numel())) for t in tensors
-                       for lo in range(0, t.numel(), PAGE_CHUNK)]
+        pieces = [(i, lo) for i, t in enumerate(tensors) for lo in range(0, t.numel(), PAGE_CHUNK)]
+        if stripe_bytes:  # one file per stripe_bytes (HostLayout.files): the threads' next pieces in other files
+            pieces.sort(key=lambda p: ((p[1] * tensors[p[0]].element_size()) % stripe_bytes, p))
+        self.pieces = [(tensors[i], lo, min(lo + PAGE_CHUNK, tensors[i].numel())) for i, lo in pieces]
         if mode == "populate" and self.pieces:
             t = self.pieces[0][0]  # one page: EINVAL where the kernel does not know the advice
             if populate(t.data_ptr(), min(4096, t.numel() * t.element_size()), MADV_POPULATE_WRITE) != 0:

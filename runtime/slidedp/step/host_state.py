@@ -134,14 +134,66 @@ def _pin_populate() -> bool:
     return os.environ.get("SLIDEDP_PIN_POPULATE", "1") != "0"
 
 
-def _map(path: str, numel: int, dtype: torch.dtype, create: bool) -> torch.Tensor:
+def _map(layout: HostLayout, kind: str, numel: int, dtype: torch.dtype, create: bool) -> torch.Tensor:
+    """A segment as one flat tensor. Up to layout.stripe_bytes it is one file; a larger one is several files
+    mapped back to back into one reserved range (`_map_striped`), so that filling it on many cores does not wait
+    on one file's page allocation. create: new files (an existing one under the name is emptied), each a hole:
+    every page reads as zero until someone writes it, and is only allocated then."""
     nbytes = numel * torch.empty((), dtype=dtype).element_size()
+    files = layout.files(kind, nbytes)
     if create:
-        # "wb" empties a file left under this name, and the extension is a hole: every page reads as zero until
-        # someone writes it, and is only allocated then
-        with open(path, "wb") as fh:
-            fh.truncate(max(nbytes, 1))
-    return torch.from_file(path, shared=True, size=numel, dtype=dtype)
+        for path, size in files:
+            with open(path, "wb") as fh:
+                fh.truncate(max(size, 1))
+    if len(files) == 1:
+        return torch.from_file(files[0][0], shared=True, size=numel, dtype=dtype)
+    return torch.frombuffer(_map_striped(files, nbytes), dtype=dtype, count=numel)
+
+
+_PROT_NONE, _PROT_RW, _MAP_SHARED, _MAP_PRIVATE, _MAP_FIXED, _MAP_ANONYMOUS, _MAP_NORESERVE = (
+    0, 0x1 | 0x2, 0x01, 0x02, 0x10, 0x20, 0x4000)
+
+
+def _libc():
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mmap.restype = ctypes.c_void_p
+    libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
+    libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+    return libc
+
+
+def _map_striped(files: list[tuple[str, int]], nbytes: int):
+    """Map the files back to back, shared, into one range reserved for them; returns a writable buffer over the
+    range that unmaps it when the last reference to it (the tensor's storage) is gone."""
+    import ctypes
+    import weakref
+
+    libc = _libc()
+    failed = ctypes.c_void_p(-1).value
+    base = libc.mmap(None, nbytes, _PROT_NONE, _MAP_PRIVATE | _MAP_ANONYMOUS | _MAP_NORESERVE, -1, 0)
+    if base in (None, failed):
+        err = ctypes.get_errno()
+        raise OSError(err, f"reserving {nbytes} bytes of address space for the host state: {os.strerror(err)}")
+    try:
+        at = base
+        for path, size in files:
+            fd = os.open(path, os.O_RDWR)
+            try:
+                got = libc.mmap(at, size, _PROT_RW, _MAP_SHARED | _MAP_FIXED, fd, 0)
+            finally:
+                os.close(fd)
+            if got != at:
+                err = ctypes.get_errno()
+                raise OSError(err, f"mapping {path}: {os.strerror(err)}")
+            at += size
+    except BaseException:
+        libc.munmap(base, nbytes)
+        raise
+    buf = (ctypes.c_uint8 * nbytes).from_address(base)
+    weakref.finalize(buf, libc.munmap, base, nbytes)
+    return buf
 
 
 def space_error(layout: HostLayout, keep_state: bool = False) -> dict[str, str] | None:
@@ -186,9 +238,9 @@ class Board:
         self._o_norm_seq = self._o_read + n_read
         self._o_pinned = self._o_norm_seq + self.world
         size = self._o_pinned + self.world
-        self.ints = _map(layout.path("board"), size, torch.int64, create)
+        self.ints = _map(layout, "board", size, torch.int64, create)
         # two blocks by step parity: a rank may publish step t+1 before a slower updater has read step t
-        self.floats = _map(layout.path("norms"), 2 * self.world, torch.float64, create)
+        self.floats = _map(layout, "norms", 2 * self.world, torch.float64, create)
         if create:
             self.ints.zero_()
             self.floats.zero_()
@@ -267,18 +319,18 @@ class HostState:
         self.layout = layout
         n = layout.total
         fresh = create and not keep_state  # keep_state: the master, moments and delivery copy exist already
-        self.master = _map(layout.path("master"), n, torch.float32, fresh)
-        self.exp_avg = _map(layout.path("exp_avg"), n, torch.float32, fresh)
-        self.exp_avg_sq = _map(layout.path("exp_avg_sq"), n, torch.float32, fresh)
+        self.master = _map(layout, "master", n, torch.float32, fresh)
+        self.exp_avg = _map(layout, "exp_avg", n, torch.float32, fresh)
+        self.exp_avg_sq = _map(layout, "exp_avg_sq", n, torch.float32, fresh)
         if layout.delivery_dtype == "bfloat16":
-            self.delivery = _map(layout.path("delivery"), n, torch.bfloat16, fresh)
+            self.delivery = _map(layout, "delivery", n, torch.bfloat16, fresh)
         else:
             self.delivery = self.master  # fp32 precision delivers the master itself: no second copy
         # Gradient staging: `staging_slots` units per rank; with the host route every rank reads its shard of
         # every other rank's slot, so the staging lives in shared memory too.
-        self.staging = _map(layout.path("staging"), layout.world * layout.staging_slots * layout.slot_numel,
+        self.staging = _map(layout, "staging", layout.world * layout.staging_slots * layout.slot_numel,
                             torch.float32, create)
-        self.held = _map(layout.path("held"), n, torch.float32, create) if layout.hold_gradient else None
+        self.held = _map(layout, "held", n, torch.float32, create) if layout.hold_gradient else None
         self.board = Board(layout, create)
         self._registered: list[tuple[torch.Tensor, list[int]]] = []  # (tensor, the base address of each range)
         # Fresh segments are truncated to nothing and extended (_map), so the AdamW moments already read as zeros:
@@ -381,12 +433,8 @@ class HostState:
 
     def shared_bytes(self) -> int:
         """Every shared segment of this run, staging and board included."""
-        total = 0
-        for kind in ("master", "exp_avg", "exp_avg_sq", "delivery", "staging", "held", "board", "norms"):
-            p = self.layout.path(kind)
-            if os.path.exists(p):
-                total += os.path.getsize(p)
-        return total
+        return sum(os.path.getsize(p) for kind in ("master", "exp_avg", "exp_avg_sq", "delivery", "staging", "held",
+                                                   "board", "norms") for p in _segment_files(self.layout, kind))
 
 
 STATE_KINDS = ("master", "exp_avg", "exp_avg_sq", "delivery")
@@ -396,7 +444,17 @@ def unlink(layout: HostLayout, keep_state: bool = False) -> None:
     """Remove the run's segments; keep_state leaves the state itself (and its manifest) for a later run."""
     kinds = ("staging", "held", "board", "norms") + (() if keep_state else STATE_KINDS + ("manifest.json",))
     for kind in kinds:
-        try:
-            os.unlink(layout.path(kind))
-        except FileNotFoundError:
-            pass
+        for path in _segment_files(layout, kind) if kind != "manifest.json" else [layout.path(kind)]:
+            try:
+                os.unlink(path)
+            except FileNotFoundError:
+                pass
+
+
+def _segment_files(layout: HostLayout, kind: str) -> list[str]:
+    """The files of a segment that exist: path(kind), or its stripes path(kind).0, .1, ..."""
+    import glob
+
+    path = layout.path(kind)
+    stripes = [p for p in glob.glob(glob.escape(path) + ".*") if p[len(path) + 1:].isdigit()]
+    return ([path] if os.path.exists(path) else []) + sorted(stripes, key=lambda p: int(p[len(path) + 1:]))

@@ -16,6 +16,11 @@ from dataclasses import dataclass
 from slidedp.policy import ExecutionPolicy
 
 SHM_PREFIX = "slidedp-"
+# A segment larger than this is kept in several files of this size, mapped back to back into one range
+# (slidedp.step.host_state): the kernel hands out a shared-memory file's fresh pages under a lock of that file,
+# so one file filled on every core took its pages at 4.9 GB/s on the one-GPU machine, and 16 files at 16-24 GB/s
+# (scripts/probe_paging.py). A multiple of the page size.
+STRIPE_BYTES = 1 << 30
 STATE_BYTES_PER_PARAM = 12  # fp32 master weights and the two AdamW moments
 GIB = 2**30
 
@@ -47,6 +52,13 @@ class HostLayout:
     staging_slots: int
     hold_gradient: bool  # exact clipping holds the reduced gradient until the norm is known
     staging_numel: int = 0  # elements per staging slot: a whole unit (host route) or one shard (gpu route)
+    stripe_bytes: int = STRIPE_BYTES  # bytes per file of a segment larger than this (a multiple of the page size)
+
+    def __post_init__(self) -> None:
+        page = os.sysconf("SC_PAGE_SIZE")
+        if self.stripe_bytes <= 0 or self.stripe_bytes % page:
+            raise ValueError(f"stripe_bytes must be a positive multiple of the page size ({page}), "
+                             f"got {self.stripe_bytes}")
 
     @property
     def offsets(self) -> list[int]:
@@ -70,6 +82,14 @@ class HostLayout:
 
     def path(self, kind: str) -> str:
         return os.path.join(self.directory, f"{self.run}.{kind}")
+
+    def files(self, kind: str, nbytes: int) -> list[tuple[str, int]]:
+        """The files that hold a segment of `nbytes` and the bytes of each: path(kind) itself up to stripe_bytes,
+        else path(kind).0, .1, ... of stripe_bytes each, the last one what remains."""
+        if nbytes <= self.stripe_bytes:
+            return [(self.path(kind), nbytes)]
+        return [(f"{self.path(kind)}.{k}", min(self.stripe_bytes, nbytes - lo))
+                for k, lo in enumerate(range(0, nbytes, self.stripe_bytes))]
 
     def parts(self) -> dict[str, int]:
         """Bytes of each part of the run's segments once touched."""
@@ -103,4 +123,4 @@ def plan_layout(unit_numels: list[int], world: int, policy: ExecutionPolicy, pre
     return HostLayout(run=run or f"{SHM_PREFIX}{os.getpid()}-{uuid.uuid4().hex[:8]}",
                       directory=directory or shm_dir(), unit_numels=list(unit_numels), world=world,
                       delivery_dtype="bfloat16" if host_cast else "float32", staging_slots=policy.staging_slots,
-                      hold_gradient=clip, staging_numel=staging)
+                      hold_gradient=clip, staging_numel=staging, stripe_bytes=STRIPE_BYTES)
