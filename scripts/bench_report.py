@@ -149,9 +149,12 @@ def slidedp_label(row: dict, layers: int | None) -> str:
     if row["gpus"] > 1:
         parts.append(f"{chosen.get('delivery', '?')} delivery, {chosen.get('grad_reduce', '?').upper()} reduce")
     edge, on_gpu = chosen.get("edge_update", "host"), int(chosen.get("device_layers") or 0)
-    if edge == "gpu" or on_gpu:
-        parts.append(f"embedding/head + {on_gpu} layer{'s' if on_gpu != 1 else ''} updated on the GPU" if on_gpu
+    layers_on_gpu = f"{on_gpu} layer{'s' if on_gpu != 1 else ''}"
+    if edge == "gpu":
+        parts.append(f"embedding/head + {layers_on_gpu} updated on the GPU" if on_gpu
                      else "embedding/head updated on the GPU")
+    elif on_gpu:
+        parts.append(f"{layers_on_gpu} updated on the GPU, embedding/head on the host")
     else:
         parts.append("every unit updated on the host")
     keep = int(chosen.get("keep_layers") or 0)

@@ -77,6 +77,21 @@ def test_a_command_whose_cap_is_not_its_rows_is_refused(tmp_path):
         report.load(bad, report.RESULTS)
 
 
+def test_the_label_says_where_the_embedding_and_head_are_updated():
+    """A row with leading layers on the GPU and the embedding and head on the host was labelled as if all of them
+    were updated on the GPU."""
+    report = load_report()
+    row = {"gpus": 1, "policy": "auto", "chosen": {"edge_update": "host", "device_layers": 18}}
+    assert report.slidedp_label(row, 36).startswith(
+        "**SlideDP** AutoPolicy: 18 layers updated on the GPU, embedding/head on the host")
+    row["chosen"]["edge_update"] = "gpu"
+    assert "embedding/head + 18 layers updated on the GPU" in report.slidedp_label(row, 36)
+    row["chosen"]["device_layers"] = 0
+    assert "embedding/head updated on the GPU" in report.slidedp_label(row, 36)
+    row["chosen"]["edge_update"] = "host"
+    assert "every unit updated on the host" in report.slidedp_label(row, 36)
+
+
 def test_check_fails_when_the_doc_differs(tmp_path):
     doc = tmp_path / "benchmarks.md"
     text = (ROOT / "docs" / "benchmarks.md").read_text(encoding="utf-8")
