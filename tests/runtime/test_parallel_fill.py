@@ -207,13 +207,17 @@ def test_pin_ranges_start_at_page_aligned_unit_starts_and_cover_everything():
     assert pin_ranges([0, 4 * page], 6 * page, page=page, min_bytes=2 * page) == [(0, 4 * page), (4 * page, 6 * page)]
 
 
+def _tiny_layout(run: str, directory: str, world: int = 1) -> HostLayout:
+    """The host layout of tiny-qwen3 on `world` ranks, a run name made unique by this process's id."""
+    adapter = ModelAdapter(load_hf_config("tiny-qwen3"))
+    return HostLayout(run=f"{run}-{os.getpid()}", directory=directory, unit_numels=[u.numel for u in adapter.units],
+                      world=world, delivery_dtype="bfloat16", staging_slots=2, hold_gradient=False)
+
+
 def test_fresh_moments_are_paged_in_only_once_every_rank_has_page_locked_the_state(tmp_path):
     """Page-locking beside the paging is many times slower and lies on the way to the first step, so the pager
     waits until every rank has said it is done (Board.set_pinned) and pages nothing before."""
-    adapter = ModelAdapter(load_hf_config("tiny-qwen3"))
-    layout = HostLayout(run=f"slidedp-fill-pinned-{os.getpid()}", directory=str(tmp_path / "shm"),
-                        unit_numels=[u.numel for u in adapter.units], world=2, delivery_dtype="bfloat16",
-                        staging_slots=2, hold_gradient=False)
+    layout = _tiny_layout("slidedp-fill-pinned", str(tmp_path / "shm"), world=2)
     state = HostState.create(layout)
     try:
         state.exp_avg.fill_(1.0)  # what the paging writes is zeros: anything else shows a page it has not reached
@@ -245,11 +249,8 @@ def test_populating_fresh_moments_allocates_their_pages_and_keeps_what_an_update
     """The default paging has the kernel allocate the moments' zeroed pages (MADV_POPULATE_WRITE) and writes
     nothing: the updaters do not wait for it (the board's flag stays 0), so a page an update wrote first keeps its
     bytes. It too starts only once every rank has page-locked the state."""
-    adapter = ModelAdapter(load_hf_config("tiny-qwen3"))
-    shm = "/dev/shm" if os.path.isdir("/dev/shm") else str(tmp_path / "shm")
-    layout = HostLayout(run=f"slidedp-fill-populate-{os.getpid()}", directory=shm,
-                        unit_numels=[u.numel for u in adapter.units], world=1, delivery_dtype="bfloat16",
-                        staging_slots=2, hold_gradient=False)
+    shm = "/dev/shm" if os.path.isdir("/dev/shm") else str(tmp_path / "shm")  # st_blocks: a tmpfs counts pages
+    layout = _tiny_layout("slidedp-fill-populate", shm)
     state = HostState.create(layout)
     try:
         path, nbytes = layout.path("exp_avg"), state.exp_avg.numel() * 4
@@ -275,10 +276,7 @@ def test_populating_fresh_moments_allocates_their_pages_and_keeps_what_an_update
 
 
 def test_a_failed_populate_is_the_pagers_error_and_the_boards(tmp_path, monkeypatch):
-    adapter = ModelAdapter(load_hf_config("tiny-qwen3"))
-    layout = HostLayout(run=f"slidedp-fill-enomem-{os.getpid()}", directory=str(tmp_path / "shm"),
-                        unit_numels=[u.numel for u in adapter.units], world=1, delivery_dtype="bfloat16",
-                        staging_slots=2, hold_gradient=False)
+    layout = _tiny_layout("slidedp-fill-enomem", str(tmp_path / "shm"))
     state = HostState.create(layout)
     try:
         pager = host_fill.MomentPager([state.exp_avg], state.board, threads=2)

@@ -192,7 +192,9 @@ def _map_striped(files: list[tuple[str, int]], nbytes: int):
         libc.munmap(base, nbytes)
         raise
     buf = (ctypes.c_uint8 * nbytes).from_address(base)
-    weakref.finalize(buf, libc.munmap, base, nbytes)
+    # not at exit: a daemon thread (the updater) may still be reading the range while the interpreter ends, and
+    # the process's end unmaps it anyway
+    weakref.finalize(buf, libc.munmap, base, nbytes).atexit = False
     return buf
 
 
