@@ -49,6 +49,35 @@ def test_a_striped_segment_is_one_tensor_over_its_files_in_order_and_another_map
     assert glob.glob(os.path.join(layout.directory, layout.run + ".*")) == []  # every stripe removed
 
 
+def _mapped(path: str) -> bool:
+    with open("/proc/self/maps", encoding="utf-8") as fh:
+        return any(line.rstrip().endswith(path) or line.rstrip().endswith(path + " (deleted)") for line in fh)
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/maps"), reason="needs Linux's /proc")
+def test_a_striped_segment_is_unmapped_once_its_tensors_are_gone(tmp_path):
+    """Unlinked shared-memory files keep their memory while mapped: a striped state must be unmapped when the
+    last tensor over it goes, or every run in a process (a benchmark's rows) would keep its state's RAM."""
+    import gc
+
+    layout = _layout(tmp_path, "unmap", 4 * PAGE)
+    os.makedirs(layout.directory)
+    state = HostState.create(layout)
+    first = layout.files("master", 4 * layout.total)[0][0]
+    view = state.master[10:20]
+    try:
+        assert _mapped(first)
+        del state
+        gc.collect()
+        assert _mapped(first), "unmapped while a view of it was alive"
+        view.fill_(1.0)
+        del view
+        gc.collect()
+        assert not _mapped(first)
+    finally:
+        unlink(layout)
+
+
 def test_a_stripe_size_that_is_not_whole_pages_is_refused(tmp_path):
     with pytest.raises(ValueError, match="stripe_bytes must be a positive multiple of the page size"):
         _layout(tmp_path, "bad", PAGE + 8)
