@@ -13,6 +13,7 @@ owner's pid; `cleanup_orphans` removes segments of runs whose owner is gone, and
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import time
@@ -83,9 +84,7 @@ def populate(base: int, nbytes: int, advice: int = MADV_POPULATE_READ) -> int:
     then faults the pages in itself, as before)."""
     import ctypes
 
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
-    return 0 if libc.madvise(base, nbytes, advice) == 0 else ctypes.get_errno()
+    return 0 if _libc().madvise(base, nbytes, advice) == 0 else ctypes.get_errno()
 
 
 def _register(base: int, ranges: list[tuple[int, int]], threads: int, populate_first: int | None = None) -> list[int]:
@@ -154,10 +153,13 @@ _PROT_NONE, _PROT_RW, _MAP_SHARED, _MAP_PRIVATE, _MAP_FIXED, _MAP_ANONYMOUS, _MA
     0, 0x1 | 0x2, 0x01, 0x02, 0x10, 0x20, 0x4000)
 
 
+@functools.cache
 def _libc():
+    """This process's C library with the signatures of the calls made here (madvise, mmap, munmap)."""
     import ctypes
 
     libc = ctypes.CDLL(None, use_errno=True)
+    libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
     libc.mmap.restype = ctypes.c_void_p
     libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
     libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
@@ -338,6 +340,7 @@ class HostState:
         # Fresh segments are truncated to nothing and extended (_map), so the AdamW moments already read as zeros:
         # writing zeros would touch 8 B/param for nothing. A kept state (keep_state) keeps its moments.
         self.fresh = fresh
+        self._shared_bytes: int | None = None  # shared_bytes(), once listed
 
     # ------------------------------------------------------------------ lifecycle
     @classmethod
@@ -434,9 +437,13 @@ class HostState:
         return n * 12 + (n * 2 if self.layout.delivery_dtype == "bfloat16" else 0)
 
     def shared_bytes(self) -> int:
-        """Every shared segment of this run, staging and board included."""
-        return sum(os.path.getsize(p) for kind in ("master", "exp_avg", "exp_avg_sq", "delivery", "staging", "held",
-                                                   "board", "norms") for p in _segment_files(self.layout, kind))
+        """Every shared segment of this run, staging and board included. Their files do not change while they are
+        mapped, so they are listed once (the launcher asks for every step's record)."""
+        if self._shared_bytes is None:
+            self._shared_bytes = sum(os.path.getsize(p) for kind in ("master", "exp_avg", "exp_avg_sq", "delivery",
+                                                                     "staging", "held", "board", "norms")
+                                     for p in _segment_files(self.layout, kind))
+        return self._shared_bytes
 
 
 STATE_KINDS = ("master", "exp_avg", "exp_avg_sq", "delivery")
