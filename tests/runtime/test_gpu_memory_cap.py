@@ -54,6 +54,23 @@ def test_a_cap_too_small_is_refused_naming_the_smallest_cap_that_fits(nvlink_bs4
     assert smallest > 4
     assert _plan(nvlink_bs4, smallest)["feasible"]  # the cap named fits ...
     assert not _plan(nvlink_bs4, smallest - 0.5)["feasible"]  # ... and half a GiB less does not
+    # a cap within the card's reach: the advice is to raise the cap, so the card's size is given beside it
+    assert err["msg"].endswith(f"{smallest:g} GiB; the card has 140.4 GiB"), err["msg"]  # 150754820096 B
+    assert "more than the card" not in err["msg"]
+
+
+def test_a_job_that_needs_more_than_the_card_is_told_to_shrink_not_to_raise_the_cap(nvlink_bs4):
+    """Micro-batch 16 at 16k tokens needs about 159 GiB per GPU even fully checkpointed: no cap up to the
+    card's 140.4 GiB fits, so raising gpu_memory_gib is no advice; the refusal says to shrink the batch."""
+    topo, cal = nvlink_bs4
+    plan = ap.plan_job(_cfg(gpu_memory_gib=24, micro_batch_size=16, seq_len=16384), topo, cal)
+    assert not plan["feasible"]
+    err = plan["errors"][0]
+    assert err["loc"] == "gpu_memory_gib", err
+    smallest = float(err["msg"].split("smallest gpu_memory_gib that fits is ")[1].split(" GiB")[0])
+    assert smallest > 140.4
+    assert err["msg"].endswith(f"{smallest:g} GiB, more than the card's 140.4 GiB: lower micro_batch_size or seq_len")
+    assert "the card has" not in err["msg"]
 
 
 def test_a_cap_above_the_card_is_refused_naming_the_card(nvlink_bs4):
