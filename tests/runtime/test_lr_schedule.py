@@ -1,7 +1,7 @@
 """The learning-rate schedule, judged on the weights against torch.
 
-slidedp.train() on the CPU (1 rank, fp32) with `schedule` warmup + cosine, warmup + linear to a floor, and warmup
-+ constant must end where torch.optim.AdamW under torch.optim.lr_scheduler.LambdaLR ends from the same initial
+slidedp.train() on the CPU (1 rank, fp32) with `schedule` warmup + cosine (to 0 and to a floor), warmup + linear
+to a floor, and warmup + constant must end where torch.optim.AdamW under torch.optim.lr_scheduler.LambdaLR ends from the same initial
 weights over the same batches: the weight change w6 - w0 and both AdamW moments to 1e-4 relative per tensor (the
 exactness suite's tolerance), every step's loss to 1e-5 and every reported lr to 1e-12. The LambdaLR multiplier
 is written here from docs/interfaces.md §1 (`schedule.*`), not taken from the runtime. A run stopped after step
@@ -15,7 +15,10 @@ import os
 
 import pytest
 import slidedp
+import torch
 from safetensors.torch import load_file
+from slidedp.config import OptimizerConfig, ScheduleConfig
+from slidedp.step.optimizer import lr_at
 
 from tests.runtime.exactness import make_model_dir, make_token_data, reference_run, rel_err, slidedp_tensors
 
@@ -48,6 +51,7 @@ def documented_multiplier(i: int, steps: int, warmup: int, decay: str, floor: fl
 
 SCHEDULES = {
     "warmup2-cosine": {"warmup_steps": 2, "decay": "cosine", "min_lr_ratio": 0.0},
+    "warmup2-cosine-floor": {"warmup_steps": 2, "decay": "cosine", "min_lr_ratio": 0.2},
     "warmup2-linear-floor": {"warmup_steps": 2, "decay": "linear", "min_lr_ratio": 0.25},
     "warmup3-constant": {"warmup_steps": 3, "decay": "constant", "min_lr_ratio": 0.0},
 }
@@ -111,6 +115,8 @@ def test_schedule_trains_to_the_weights_of_torch_adamw_under_lambdalr(workdir, n
     expected = {
         # lr/2, lr, then (1 + cos(pi q/4)) / 2 for q = 1, 2, 3, 4
         "warmup2-cosine": [0.5, 1.0, 0.8535533905932737, 0.5, 0.14644660940672624, 0.0],
+        # 0.2 + 0.8 (1 + cos(pi q/4)) / 2 for q = 1, 2, 3, 4
+        "warmup2-cosine-floor": [0.5, 1.0, 0.882842712474619, 0.6, 0.317157287525381, 0.2],
         # 0.25 + 0.75 (1 - q/4) for q = 1, 2, 3, 4
         "warmup2-linear-floor": [0.5, 1.0, 0.8125, 0.625, 0.4375, 0.25],
         "warmup3-constant": [1 / 3, 2 / 3, 1.0, 1.0, 1.0, 1.0],
@@ -121,6 +127,49 @@ def test_schedule_trains_to_the_weights_of_torch_adamw_under_lambdalr(workdir, n
     result = slidedp.train(_config(workdir, schedule, out))
     assert result.status == "completed" and result.steps_done == STEPS
     _assert_matches(workdir, out, result.metrics, ref)
+
+
+def _torch_decay_lrs(decay: str, lr: float, span: int, floor: float) -> list[float]:
+    """torch's own decay schedulers over `span` steps down to floor × lr: the lr after 1, 2, ..., span steps."""
+    p = torch.nn.Parameter(torch.zeros(1))
+    opt = torch.optim.SGD([p], lr=lr)
+    if decay == "cosine":
+        sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=span, eta_min=floor * lr)
+    else:
+        sched = torch.optim.lr_scheduler.LinearLR(opt, start_factor=1.0, end_factor=floor, total_iters=span)
+    out = []
+    for _ in range(span):
+        opt.step()
+        sched.step()
+        out.append(opt.param_groups[0]["lr"])
+    return out
+
+
+@pytest.mark.parametrize("decay", ["cosine", "linear"])
+@pytest.mark.parametrize("warmup, floor", [(0, 0.1), (3, 0.25), (4, 0.0)])
+def test_the_decay_reaches_its_floor_as_torch_schedulers_do(decay, warmup, floor):
+    """lr_at itself, against CosineAnnealingLR (eta_min = floor × lr) and LinearLR (end_factor = floor): a floor
+    above 0 lifts every decayed step, not only the last (the trained runs above use floor 0 for the cosine).
+    Past the last step the lr stays at the floor."""
+    total, lr = 13, 2e-3
+    opt, sched = OptimizerConfig(lr=lr), ScheduleConfig(warmup_steps=warmup, decay=decay, min_lr_ratio=floor)
+    ours = [lr_at(k, total, opt, sched) for k in range(1, total + 1)]
+    assert ours[:warmup] == pytest.approx([lr * k / warmup for k in range(1, warmup + 1)], rel=1e-12)
+    assert ours[warmup:] == pytest.approx(_torch_decay_lrs(decay, lr, total - warmup, floor), rel=1e-9, abs=1e-15)
+    assert ours[-1] == pytest.approx(floor * lr, rel=1e-12, abs=1e-18)
+    assert lr_at(total + 5, total, opt, sched) == pytest.approx(floor * lr, rel=1e-12, abs=1e-18)
+    # in numbers, from the formula written here (docs/interfaces.md §1), so torch and the runtime cannot agree on
+    # a wrong floor: the middle decayed step of each
+    mid = warmup + (total - warmup) // 2
+    q = (mid - warmup) / (total - warmup)
+    shape = 0.5 * (1 + math.cos(math.pi * q)) if decay == "cosine" else 1 - q
+    assert lr_at(mid, total, opt, sched) == pytest.approx(lr * (floor + (1 - floor) * shape), rel=1e-12)
+
+
+def test_a_constant_schedule_ignores_the_floor():
+    opt = OptimizerConfig(lr=1e-3)
+    sched = ScheduleConfig(warmup_steps=2, decay="constant", min_lr_ratio=0.5)
+    assert [lr_at(k, 6, opt, sched) for k in range(1, 8)] == pytest.approx([5e-4] + [1e-3] * 6, rel=1e-15)
 
 
 @pytest.mark.slow  # make test-fast keeps its 10 minutes; make test runs it
