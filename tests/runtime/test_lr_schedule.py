@@ -1,11 +1,12 @@
 """The learning-rate schedule, judged on the weights against torch.
 
-slidedp.train() on the CPU (1 rank, fp32) with `schedule` warmup + cosine (to 0 and to a floor), warmup + linear
-to a floor, and warmup + constant must end where torch.optim.AdamW under torch.optim.lr_scheduler.LambdaLR ends
-from the same initial weights over the same batches: the weight change w6 - w0 and both AdamW moments to 1e-4 relative per tensor (the
-exactness suite's tolerance), every step's loss to 1e-5 and every reported lr to 1e-12. The LambdaLR multiplier
-is written here from docs/interfaces.md §1 (`schedule.*`), not taken from the runtime. A run stopped after step
-3 and resumed to step 6 must end at the same weights as the uninterrupted torch run.
+slidedp.train() on the CPU (1 rank, fp32) with `schedule` warmup + cosine (to 0 and to a floor), warmup +
+linear to a floor, and warmup + constant must end where torch.optim.AdamW under
+torch.optim.lr_scheduler.LambdaLR ends from the same initial weights over the same batches: the weight change
+w6 - w0 and both AdamW moments to 1e-4 relative per tensor (the exactness suite's tolerance), every step's
+loss to 1e-5 and every reported lr to 1e-12. The LambdaLR multiplier is written here from docs/interfaces.md
+§1 (`schedule.*`), not taken from the runtime. A run stopped after step 3 and resumed to step 6 must end at
+the same weights as the uninterrupted torch run.
 """
 
 from __future__ import annotations
