@@ -1,6 +1,6 @@
 """`slidedp serve`: the whole workbench on one machine with nothing to set up.
 
-    slidedp serve [--host 127.0.0.1] [--port 8000] [--insecure] [--api-only]
+    slidedp serve [--host 127.0.0.1] [--port 8000] [--insecure] [--allow-any-path] [--api-only]
 
 A data directory (SLIDEDP_DATA_DIR, default ./.slidedp) holds a SQLite file, the job outputs and the logs of
 the processes started here: a private redis-server (on a unix socket in the data directory, or a free
@@ -15,6 +15,12 @@ required as `Authorization: Bearer`, and printed once to stderr as a login URL `
 (the token in the fragment, which a browser never sends to the server); it is also in <data dir>/api-token (0600)
 while the server runs, for the container's health check and for scripts. `--insecure` (SLIDEDP_INSECURE=1) serves
 such a bind without a token, with a warning.
+
+What a job may read and write follows the bind too (core.config.roots_for_bind): on a non-loopback address each
+of SLIDEDP_MODEL_ROOTS, SLIDEDP_DATA_ROOTS and SLIDEDP_OUTPUT_ROOTS left unset is set to a folder of the data
+directory (models/, datasets/, jobs/named/), made and printed at start, for the API and the local worker alike.
+`--allow-any-path` (SLIDEDP_ALLOW_ANY_PATH=1) leaves them unset, with a warning: any caller may then train on
+any file the server can read.
 """
 
 from __future__ import annotations
@@ -51,6 +57,13 @@ def parse_args(argv: Optional[list[str]]) -> argparse.Namespace:
         "the port can run jobs as this user",
     )
     parser.add_argument(
+        "--allow-any-path",
+        action="store_true",
+        default=None,
+        help="on a non-loopback address, do not confine jobs to the data folder when SLIDEDP_*_ROOTS are unset "
+        "(default SLIDEDP_ALLOW_ANY_PATH): any caller can then train on, and read back, any file this user can read",
+    )
+    parser.add_argument(
         "--api-only",
         action="store_true",
         help="the API and UI only: no private Redis, no local worker (REDIS_URL and workers are elsewhere)",
@@ -78,7 +91,15 @@ def apply_access(
 
     access = access_for_bind(host, settings.api_token, insecure or settings.insecure)
     token_file = data_dir / TOKEN_FILE
-    token_file.unlink(missing_ok=True)  # one left by a run that was killed
+    if token_file.is_dir() and not token_file.is_symlink():
+        if access.generated:
+            raise SystemExit(
+                f"slidedp serve: {token_file} is a folder, where the generated API token is written (a job's "
+                "output folder from an older version may have been put there); move it out of the data folder "
+                "and start again"
+            )
+    else:
+        token_file.unlink(missing_ok=True)  # one left by a run that was killed
     if access.generated:
         _write_token_file(token_file, access.token)
         stack.callback(token_file.unlink, missing_ok=True)
@@ -97,19 +118,38 @@ def apply_access(
             "reach this port,\nwithout a token. They can submit jobs that read and write files as this user "
             f"(uid {os.getuid()}).\nSet SLIDEDP_API_TOKEN, or drop --insecure to get a generated token.\n{bar}\n"
         )
-    if not access.loopback:
-        unset = [
-            f"SLIDEDP_{name.upper()}"
-            for name in ("model_roots", "data_roots", "output_roots")
-            if not getattr(settings, name)
-        ]
-        if unset:
-            _say(
-                f"WARNING: the API is reachable beyond this machine and {', '.join(unset)} "
-                f"{'is' if len(unset) == 1 else 'are'} not set: jobs may read any file this server can read "
-                "and write wherever it can write. Set them to the folders of models, datasets and outputs.\n"
-            )
     return settings.model_copy(update={"api_token": access.token, "insecure": access.insecure})
+
+
+def confine_for_bind(settings: Settings, host: str, allow_any_path: bool) -> Settings:
+    """The roots a job is held to on this bind (core.config.roots_for_bind): the data folder's own folders for
+    those left unset on a non-loopback bind, made here, said at start, and put in the environment so that the
+    local worker and the job processes hold jobs to the same folders."""
+    from slidedp_web.core.config import is_loopback, roots_for_bind
+
+    settings = settings.model_copy(update={"allow_any_path": allow_any_path or settings.allow_any_path})
+    defaults = roots_for_bind(settings, host)
+    for name, folder in defaults.items():
+        folder.mkdir(parents=True, exist_ok=True)
+        os.environ[f"SLIDEDP_{name.upper()}"] = str(folder)
+    if defaults:
+        shown = "".join(f"\n    SLIDEDP_{name.upper()}={folder}" for name, folder in defaults.items())
+        _say(
+            f"\nThe API listens on {host}, beyond this machine: jobs read and write only in these folders of the "
+            f"data folder (set the variables to choose others):{shown}\n"
+        )
+        settings = settings.model_copy(update={name: str(folder) for name, folder in defaults.items()})
+    unset = [f"SLIDEDP_{n.upper()}" for n in ("model_roots", "data_roots", "output_roots") if not getattr(settings, n)]
+    if unset and not is_loopback(host):
+        bar = "!" * 78
+        _say(
+            f"\n{bar}\nWARNING: --allow-any-path / SLIDEDP_ALLOW_ANY_PATH: the API on {host} is reachable beyond "
+            f"this machine and {', '.join(unset)} {'is' if len(unset) == 1 else 'are'} not set.\nWhoever may call "
+            "it can train on any file this user can read and read it back through generation, and write wherever "
+            "this user can write.\nSet the roots to the folders of models, datasets and outputs, or drop "
+            f"--allow-any-path to confine jobs to the data folder.\n{bar}\n"
+        )
+    return settings
 
 
 def free_port() -> int:
@@ -296,6 +336,7 @@ def _serve(args: argparse.Namespace, data_dir: Path) -> None:
         settings = get_settings()
         host = args.host or settings.host
         port = args.port or settings.port
+        settings = confine_for_bind(settings, host, bool(args.allow_any_path))
         if not args.api_only:
             upgrade(settings)  # once, before the worker and the API both look at the schema
             # The worker never calls the API: it does not get the token.

@@ -1,13 +1,17 @@
 """Guards: what the workbench refuses up front, with a clear answer, instead of failing late or going too far.
 
-* **Roots.** With SLIDEDP_MODEL_ROOTS / SLIDEDP_DATA_ROOTS set (colon-separated folders), a job's model directory
-  and dataset file must lie inside one of them once every `..` and symlink is resolved; anything else is a 422
-  naming `model` or `data.path`. The API reads what a job names (it validates the dataset, sizes the model), so
-  without roots any file the server can read could be probed through it. Unset means unconfined, as on a laptop.
-  The job process checks again with its own worker's settings: the worker may be configured more tightly.
-  SLIDEDP_OUTPUT_ROOTS does the same for a job's `output_dir` (a relative one is taken under the first root);
-  the data folder is not exempt, except a job's own folder there, which the API picks when output_dir is left
-  out. A refusal reads the same whether or not the path exists. Who owns a folder is slidedp_web/outputs.py.
+* **Roots.** Every path a job names goes through one check (root_errors): its model directory, its dataset and
+  eval dataset, its output folder and an init_from checkpoint path. A path that cannot name a file (a NUL
+  byte, a name over 255 bytes) is a 422 naming its key, always. With SLIDEDP_MODEL_ROOTS / SLIDEDP_DATA_ROOTS /
+  SLIDEDP_OUTPUT_ROOTS set (colon-separated folders) each must also lie inside a root of its kind once every `..`
+  and symlink is resolved (a relative output_dir is taken under the first output root); anything else is a 422
+  naming `model`, `data.path`, `eval.path`, `output_dir` or `init_from.checkpoint`. The API reads what a job
+  names (it validates the datasets, sizes the model), so a refused path is never opened: its contents cannot
+  come back in an answer, and the refusal reads the same whether it exists, is a folder or is missing. Unset
+  means unconfined, as on a laptop (a non-loopback `slidedp serve` sets them: slidedp_web/embedded.py). The job
+  process checks again with its own worker's settings: the worker may be configured more tightly. The data
+  folder is not exempt, except a job's own folder there, which the API picks when output_dir is left out. Who
+  owns a folder is slidedp_web/outputs.py.
 * **Request size.** Bodies above SLIDEDP_MAX_REQUEST_BYTES are refused with 413 before they are read; a job config
   is a few kilobytes, and nothing else is uploaded.
 * **Resources.** Before the job process allocates anything it checks the job against its host as the worker
@@ -34,6 +38,21 @@ MAX_WALK_ENTRIES = 10_000  # a model directory holds tens of files; stop looking
 
 
 # ------------------------------------------------------------------------------------------------ roots
+NAME_MAX = 255  # bytes in one file or folder name (Linux filesystems)
+PATH_MAX = 4096  # bytes in a whole path, its terminating NUL included
+SHOWN_CHARS = 80  # what an error quotes of a value the client sent; the client has the rest
+SHOWN_PATH_CHARS = 240  # a path is quoted further, so that the folder it names can still be told apart
+
+
+def shown(value: Any, limit: int = SHOWN_CHARS) -> str:
+    """A client's value as an error quotes it: repr of its first `limit` characters, '…' when there were more.
+
+    An answer must not grow with the request (a 100 KB profile name repeated back) nor carry more of it than
+    it takes to see which value is meant."""
+    text = value if isinstance(value, str) else repr(value)
+    return repr(text[:limit] + "…") if len(text) > limit else repr(text)
+
+
 def parse_roots(value: Optional[str]) -> list[Path]:
     """The folders of a colon-separated roots setting, resolved (symlinks included) once."""
     if not value:
@@ -42,51 +61,98 @@ def parse_roots(value: Optional[str]) -> list[Path]:
 
 
 def _inside(path: Path, roots: list[Path]) -> bool:
+    # By path components: a sibling sharing a root's prefix (/x/models2 beside /x/models) is outside.
     return any(path == root or path.is_relative_to(root) for root in roots)
 
 
-def _escaping_link(directory: Path, roots: list[Path]) -> Optional[tuple[Path, Path]]:
-    """A symlink below `directory` whose target lies outside the roots: (link, target), else None."""
+def form_error(value: str) -> Optional[str]:
+    """Why `value` cannot name a file on this host at all, judged on its text alone (nothing is looked up, so the
+    answer is the same wherever it points), or None."""
+    if "\x00" in value:
+        return "holds a NUL byte, which no path may hold"
+    try:
+        raw = os.fsencode(os.path.expanduser(value))
+    except (UnicodeError, ValueError):
+        return "holds characters that cannot be written in a file name on this host"
+    if len(raw) >= PATH_MAX:
+        return f"is {len(raw)} bytes long; a path has at most {PATH_MAX - 1} bytes on this host: shorten it"
+    longest = max(len(part) for part in raw.split(b"/"))
+    if longest > NAME_MAX:
+        return (
+            f"holds a name of {longest} bytes; a file or folder name has at most {NAME_MAX} bytes on this host: "
+            "shorten it"
+        )
+    return None
+
+
+def _escaping_link(directory: Path, roots: list[Path]) -> Optional[Path]:
+    """A symlink below `directory` whose target lies outside the roots, else None."""
     seen = 0
-    for top, dirs, files in os.walk(directory, followlinks=False):
+    for top, dirs, files in os.walk(directory, followlinks=False):  # unreadable folders are skipped
         for name in dirs + files:
             seen += 1
             entry = Path(top) / name
-            if entry.is_symlink():
-                target = Path(os.path.realpath(entry))
-                if not _inside(target, roots):
-                    return entry, target
+            if os.path.islink(entry) and not _inside(Path(os.path.realpath(entry)), roots):
+                return entry
             if seen >= MAX_WALK_ENTRIES:
                 return None
     return None
 
 
 def path_error(value: str, roots: list[Path], kind: str, setting: str) -> Optional[str]:
-    """Why `value` (a `kind` path: model or dataset) may not be used under these roots, or None when it may.
+    """Why `value` (a `kind` path: model, dataset, output folder, checkpoint) may not be used under these roots,
+    or None when it may.
 
-    A refusal says the same whether or not the path exists and never shows where its symlinks lead: the
+    A refusal says the same whether the path exists, is a folder or a file, cannot be looked up (a loop of
+    symlinks, a folder the server may not enter) or is missing, and never shows where its symlinks lead: the
     answer must not let a client map files outside the roots."""
     allowed = f"{':'.join(str(r) for r in roots)} ({setting})"
     refusal = (
-        f"{value!r} is not inside the folders allowed for {kind}s: {allowed}; paths are judged after "
-        f"'~', '..' and symlinks are resolved. Put the {kind} in one of them, or ask the operator to add "
-        "its folder."
+        f"{shown(value, SHOWN_PATH_CHARS)} is not inside the folders allowed for {kind}s: {allowed}; paths are "
+        f"judged after '~', '..' and symlinks are resolved. Put the {kind} in one of them, or ask the operator to "
+        "add its folder."
     )
     try:
         real = Path(os.path.realpath(os.path.expanduser(value)))
-    except (ValueError, OSError):  # a NUL byte, a loop of symlinks
+        if not _inside(real, roots):
+            return refusal
+        link = _escaping_link(real, roots) if os.path.isdir(real) else None
+    except (ValueError, OSError):  # a NUL byte, a name too long, a folder the server may not enter
         return refusal
-    if not _inside(real, roots):
-        return refusal
-    if real.is_dir():
-        escape = _escaping_link(real, roots)
-        if escape is not None:
-            link, _target = escape
-            return (
-                f"{value!r} holds a symlink {str(link)!r} that leads outside the folders allowed for {kind}s "
-                f"({allowed}). Copy the file into the {kind} directory instead."
-            )
+    if link is not None:
+        return (
+            f"{shown(value, SHOWN_PATH_CHARS)} holds a symlink {shown(str(link.relative_to(real)))} that leads "
+            f"outside the folders allowed for {kind}s ({allowed}). Copy the file into the {kind} directory instead."
+        )
     return None
+
+
+def config_paths(config: dict[str, Any]) -> list[tuple[str, str]]:
+    """(loc, value) of every path a job config names: the model directory (a preset names none), the dataset
+    and the eval dataset (a shipped `demo:` dataset names none), the output folder, and an init_from checkpoint
+    given as a path (with init_from.job it is the name of that job's checkpoint). Values that are not strings
+    are left to the config's own validation."""
+    from slidedp.config import is_model_path
+
+    def text(value: Any) -> Optional[str]:
+        return value if isinstance(value, str) and value else None
+
+    found: list[tuple[str, str]] = []
+    model = text(config.get("model"))
+    if model is not None and ("\x00" in model or is_model_path(model)):
+        found.append(("model", model))
+    for section in ("data", "eval"):
+        part = config.get(section)
+        path = text(part.get("path")) if isinstance(part, dict) else None
+        if path is not None and not path.startswith(DEMO_PREFIX):
+            found.append((f"{section}.path", path))
+    out = text(config.get("output_dir"))
+    if out is not None:
+        found.append(("output_dir", out))
+    init = config.get("init_from")
+    if isinstance(init, dict) and init.get("job") is None and text(init.get("checkpoint")) is not None:
+        found.append(("init_from.checkpoint", init["checkpoint"]))
+    return found
 
 
 def root_errors(
@@ -96,38 +162,45 @@ def root_errors(
     output_roots: Optional[str] = None,
     data_dir: Optional[Path] = None,
 ) -> list[dict[str, str]]:
-    """[{"loc", "msg"}] for a job config (a raw request body or a stored config) whose model, dataset or output
-    folder lies outside the configured roots; [] when no roots are set or the paths are inside them. A relative
-    output_dir is taken under the first output root (slidedp_web.outputs.resolve). The data folder is not
-    exempt: only a job's own folder there, which the API chooses when output_dir is left out, is never judged
-    here. Values that are not strings are left to the config's own validation."""
+    """[{"loc", "msg"}] for every path of a job config (a raw request body or a stored config; config_paths)
+    that cannot name a file at all (form_error: a NUL byte, a name over 255 bytes), or lies outside the roots of
+    its kind: model -> model roots; data.path, eval.path -> data roots; output_dir and an init_from checkpoint
+    path -> output roots (a relative output_dir is taken under the first, as slidedp_web.outputs.resolve does;
+    a checkpoint may also lie in the jobs folder of `data_dir`, where the jobs' own folders are). [] when every
+    path is well formed and no roots are set, or the paths are inside them. The data folder is not exempt:
+    only a job's own folder there, which the API chooses when output_dir is left out, is never judged here.
+
+    This is the one check of a job's paths: the API runs it before it reads anything a request names (a path
+    it refuses is never opened, so its contents cannot come back in an answer), and the job process runs it
+    again (preflight) with its worker's settings."""
     if not isinstance(config, dict):
         return []
-    from slidedp.config import is_model_path
-
+    roots_of = {"model": parse_roots(model_roots), "data": parse_roots(data_roots), "output": parse_roots(output_roots)}
+    checkpoint_roots = roots_of["output"] + (
+        [Path(os.path.realpath(Path(data_dir) / "jobs"))] if roots_of["output"] and data_dir is not None else []
+    )
+    judged = {  # loc -> (roots, kind, setting)
+        "model": (roots_of["model"], "model", "SLIDEDP_MODEL_ROOTS"),
+        "data.path": (roots_of["data"], "dataset", "SLIDEDP_DATA_ROOTS"),
+        "eval.path": (roots_of["data"], "dataset", "SLIDEDP_DATA_ROOTS"),
+        "output_dir": (roots_of["output"], "output folder", "SLIDEDP_OUTPUT_ROOTS"),
+        "init_from.checkpoint": (checkpoint_roots, "checkpoint", "SLIDEDP_OUTPUT_ROOTS"),
+    }
     errors = []
-    roots = parse_roots(model_roots)
-    model = config.get("model")
-    if roots and isinstance(model, str) and model and is_model_path(model):
-        msg = path_error(model, roots, "model", "SLIDEDP_MODEL_ROOTS")
-        if msg:
-            errors.append({"loc": "model", "msg": msg})
-    roots = parse_roots(data_roots)
-    data = config.get("data")
-    path = data.get("path") if isinstance(data, dict) else None
-    if roots and isinstance(path, str) and path and not path.startswith(DEMO_PREFIX):
-        msg = path_error(path, roots, "dataset", "SLIDEDP_DATA_ROOTS")
-        if msg:
-            errors.append({"loc": "data.path", "msg": msg})
-    roots = parse_roots(output_roots)
-    out = config.get("output_dir")
-    if roots and isinstance(out, str) and out and "\x00" not in out:
-        target = Path(os.path.expanduser(out))
-        if not target.is_absolute():
+    for loc, value in config_paths(config):
+        bad_form = form_error(value)
+        if bad_form:
+            errors.append({"loc": loc, "msg": f"{shown(value, SHOWN_PATH_CHARS)} {bad_form}"})
+            continue
+        roots, kind, setting = judged[loc]
+        if not roots:
+            continue
+        target = Path(os.path.expanduser(value))
+        if loc == "output_dir" and not target.is_absolute():
             target = roots[0] / target
-        msg = path_error(str(target), roots, "output folder", "SLIDEDP_OUTPUT_ROOTS")
+        msg = path_error(str(target) if loc == "output_dir" else value, roots, kind, setting)
         if msg:
-            errors.append({"loc": "output_dir", "msg": msg})
+            errors.append({"loc": loc, "msg": msg})
     return errors
 
 
@@ -272,12 +345,14 @@ def preflight(
     from slidedp_web.outputs import default_folder, real
 
     judged = config.to_dict() if isinstance(config, JobConfig) else config
-    if (
-        job_id is not None
-        and isinstance(judged.get("output_dir"), str)
-        and real(judged["output_dir"]) == default_folder(settings, job_id)
-    ):
-        judged = {k: v for k, v in judged.items() if k != "output_dir"}  # the job's own folder
+    out = judged.get("output_dir") if isinstance(judged, dict) else None
+    if job_id is not None and isinstance(out, str) and form_error(out) is None:
+        try:
+            own = real(out) == default_folder(settings, job_id)
+        except (OSError, ValueError):
+            own = False
+        if own:
+            judged = {k: v for k, v in judged.items() if k != "output_dir"}  # the job's own folder
     errors = root_errors(
         settings.model_roots, settings.data_roots, judged, settings.output_roots, settings.data_dir
     )

@@ -238,6 +238,8 @@ def create(settings: Settings, session: Session, body: Any) -> Job:
     plan = planning.summary(checked.plan) if checked.plan else None
     config = cfg.to_dict()
     config["data"]["path"] = _absolute_if_local(config["data"]["path"])
+    if config.get("eval", {}).get("path"):
+        config["eval"]["path"] = _absolute_if_local(config["eval"]["path"])
     config["model"] = _absolute_if_local(config["model"])
     queue = host.queue if host else settings.queue
     with write_session(settings) as ws:

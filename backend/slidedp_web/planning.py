@@ -87,19 +87,20 @@ def declared_host(body: Any) -> Optional[DeclaredHost]:
         return None
     name = body.pop("profile")
     names = ", ".join(profiles.shipped())
+    from slidedp_web.guards import shown  # quotes at most the first 80 characters of what was sent
 
     def refuse(msg: str) -> RequestValidationError:
         return RequestValidationError([{"loc": ["body", "profile"], "type": "value_error", "msg": msg}])
 
     if not isinstance(name, str):
-        raise refuse(f"must be a shipped profile's name (GET /api/profiles), got {name!r}; the shipped ones: {names}")
+        raise refuse(f"must be a shipped profile's name (GET /api/profiles), got {shown(name)}; the shipped ones: {names}")
     if body.get("host"):
         raise refuse("plans for a declared host instead of a reported one: give `host` or `profile`, not both")
     try:
         return DeclaredHost(profiles.load(name, allow_path=False))
     except profiles.ProfileError:
         raise refuse(
-            f"{name!r} is not a shipped profile; the API takes a shipped profile's name, never a file path: "
+            f"{shown(name)} is not a shipped profile; the API takes a shipped profile's name, never a file path: "
             f"one of {names} (GET /api/profiles)"
         ) from None
 

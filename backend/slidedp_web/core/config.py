@@ -104,6 +104,13 @@ class Settings(BaseSettings):
         "first); the data directory is not exempt, except each job's own folder (unset: anywhere the server can "
         "write).",
     )
+    allow_any_path: bool = Field(
+        False,
+        description="On a non-loopback bind, leave the roots that are not set unset (what `slidedp serve "
+        "--allow-any-path` sets): whoever may call the API can then train on any file the server can read and "
+        "read it back through generation. Without it such a bind confines them to the data folder "
+        "(roots_for_bind).",
+    )
     log_format: str = Field(
         "text", description="'json': one JSON object per log record (ts, level, logger, msg, job_id)."
     )
@@ -190,6 +197,7 @@ class Settings(BaseSettings):
             "model_roots",
             "data_roots",
             "output_roots",
+            "allow_any_path",
             "log_format",
         ):
             value = getattr(self, name)
@@ -255,6 +263,24 @@ def access_for_bind(host: str, api_token: Optional[str], insecure: bool = False)
     if insecure:
         return Access(None, generated=False, loopback=False, insecure=True)
     return Access(secrets.token_urlsafe(32), generated=True, loopback=False, insecure=False)
+
+
+# Where a network bind's jobs may read and write when the operator named no folders: the data folder's own.
+DEFAULT_ROOTS = {"model_roots": "models", "data_roots": "datasets", "output_roots": "jobs/named"}
+
+
+def roots_for_bind(settings: Settings, host: str) -> dict[str, Path]:
+    """The roots to set for a bind, {setting name: folder}: on a non-loopback bind each of model_roots,
+    data_roots and output_roots left unset gets its folder in the data folder (models/, datasets/, jobs/named/,
+    where relative output folders go anyway); {} on loopback (this machine's own users, unconfined as before)
+    or with allow_any_path.
+
+    Without roots a caller of the API could train on any text or JSON file the server can read and have it
+    repeated back by generation; a token only says who the caller is, not what they may read."""
+    if is_loopback(host) or settings.allow_any_path:
+        return {}
+    data = settings.data_dir.resolve()
+    return {name: data / folder for name, folder in DEFAULT_ROOTS.items() if not getattr(settings, name)}
 
 
 def base_url(host: str, port: int, public_url: Optional[str] = None) -> str:

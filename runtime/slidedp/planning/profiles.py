@@ -79,6 +79,7 @@ CHUNK_MIB = (4, 16, 64, 256)
 PCIE_LANE_GBPS = {1: 0.25, 2: 0.5, 3: 0.985, 4: 1.969, 5: 3.938, 6: 7.563}
 
 NAME = re.compile(r"[a-z0-9][a-z0-9.-]{0,63}")
+SHOWN_CHARS = 80  # what an error quotes of a profile name it was given (a request may send 100 KB of one)
 # Field -> (type, lower bound exclusive or inclusive, upper bound) of each figure a profile declares.
 GPU_FIELDS: dict[str, tuple[type, float, float]] = {
     "count": (int, 1, 64),
@@ -122,14 +123,15 @@ def load(name_or_path: str, allow_path: bool = True) -> dict[str, Any]:
     """A shipped profile by name or (allow_path) a profile file, validated; ProfileError says what is wrong.
 
     The web API passes allow_path=False: it never reads a path a request names."""
+    quoted = repr(name_or_path if len(name_or_path) <= SHOWN_CHARS else name_or_path[:SHOWN_CHARS] + "…")
     if name_or_path in shipped():
         return _read(os.path.join(profile_dir(), name_or_path + ".json"), name_or_path)
     names = ", ".join(shipped())
     if not allow_path:
-        raise ProfileError(repr(name_or_path), [f"no shipped profile has this name; the shipped ones: {names}"])
+        raise ProfileError(quoted, [f"no shipped profile has this name; the shipped ones: {names}"])
     if not os.path.isfile(name_or_path):
         raise ProfileError(
-            repr(name_or_path),
+            quoted,
             [f"is neither a shipped profile ({names}) nor a file; give one of those names or the path of a profile "
              "JSON file (docs/interfaces.md, 'Hardware profile JSON')"],
         )
