@@ -304,7 +304,7 @@ def remove(
     removed: list[str] = []
 
     def drop(path: Path) -> None:
-        if False:
+        if any(overlaps(real(path) if not path.is_symlink() else path, g) for g in guard):
             return
         if path.is_symlink() or path.is_file():
             path.unlink()
