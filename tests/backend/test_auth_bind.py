@@ -132,7 +132,8 @@ def serve(*args: str) -> list[str]:
 @pytest.mark.timeout(300)
 def test_serve_on_all_addresses_without_a_token_generates_one(tmp_path):
     data = tmp_path / "data"
-    dataset = tokens_dataset(tmp_path / "tokens.jsonl")
+    (data / "datasets").mkdir(parents=True)  # where a network bind without roots lets jobs read datasets
+    dataset = tokens_dataset(data / "datasets" / "tokens.jsonl")
     server = NetnsServer(serve("--host", "0.0.0.0", "--port", str(PORT)), clean_env(data), tmp_path)
     try:
         match = wait_for(lambda: LOGIN.search(server.stderr()) or server.proc.poll() is not None, 90,
@@ -164,7 +165,8 @@ def test_serve_on_all_addresses_without_a_token_generates_one(tmp_path):
         err = server.stderr()
         assert err.count(token) == 1, "the token is printed once"
         assert f"http://{os.uname().nodename}:{PORT}/#token={token}" in err
-        assert "SLIDEDP_MODEL_ROOTS, SLIDEDP_DATA_ROOTS, SLIDEDP_OUTPUT_ROOTS are not set" in err
+        for name, folder in (("MODEL", "models"), ("DATA", "datasets"), ("OUTPUT", "jobs/named")):
+            assert f"SLIDEDP_{name}_ROOTS={data / folder}" in err  # confined to the data folder, and told so
         assert token not in server.stdout()
         token_file = data / "api-token"
         assert token_file.read_text().strip() == token
@@ -192,8 +194,9 @@ def test_serve_insecure_answers_without_a_token_after_a_warning(tmp_path):
         err = server.stderr()
         assert "WARNING: --insecure / SLIDEDP_INSECURE" in err and "ANYONE" in err
         assert not LOGIN.search(err) and "#token=" not in err
-        # Roots: only the unset ones are named.
-        assert "SLIDEDP_DATA_ROOTS, SLIDEDP_OUTPUT_ROOTS are not set" in err
+        # Roots: only the unset ones are given the data folder's.
+        assert f"SLIDEDP_DATA_ROOTS={data / 'datasets'}" in err and "SLIDEDP_MODEL_ROOTS=" not in err
+        assert f"SLIDEDP_OUTPUT_ROOTS={data / 'jobs' / 'named'}" in err
         assert not (data / "api-token").exists()
     finally:
         assert server.stop() == 0, server.stderr()[-3000:]
