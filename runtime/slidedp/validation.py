@@ -27,14 +27,13 @@ import typing
 from typing import Any
 
 from slidedp.config import ConfigError, JobConfig, is_model_path
+from slidedp.data.scan import scan_dataset
 from slidedp.data.sources import (
     FORMAT_FIELDS,
     DataError,
-    check_record,
     count_records,
     file_kind,
     import_pyarrow_parquet,
-    iter_records,
     resolve_data_path,
 )
 from slidedp.data.tokenizer import TOKENIZER_FILES, tokenizer_source
@@ -42,14 +41,15 @@ from slidedp.host_memory import check_host_ram
 from slidedp.presets import PRESETS, SUPPORTED_ARCHITECTURES, unit_param_counts
 from slidedp.trackers import EXTRA, missing_packages, requested, wandb_login_missing
 
-SCAN_RECORDS = 1000  # records read in full; the rest of the file is only counted
-MAX_RECORD_ERRORS = 3  # bad records reported per dataset
+MIN_SEQ_LEN = 2  # a row's tokens are trained as predictions of the next: one token predicts nothing
 
 
 def validate_job(cfg: JobConfig, host_ram_bytes: int | None = None) -> list[dict[str, str]]:
     """Every problem found with the job's model, dataset and host RAM, as [{"loc", "msg"}]."""
     errors: list[dict[str, str]] = []
     model_cfg = _check_model(cfg, errors)
+    if _check_seq_len(cfg, errors):
+        cfg = dataclasses.replace(cfg, seq_len=None)  # the rows' length is not judged against an unusable one
     _check_tokenizer(cfg, errors)
     vocab = model_cfg.get("vocab_size") if model_cfg else None
     _check_dataset(cfg, vocab, errors)
@@ -273,7 +273,42 @@ def _check_dataset_exists(value: str, errors: list[dict[str, str]]) -> None:
                        ".json, .parquet or .txt file on the host that runs the job"})
 
 
+def _check_seq_len(cfg: JobConfig, errors: list[dict[str, str]]) -> bool:
+    """seq_len leaves a row something to train on; True after recording why it does not."""
+    if not isinstance(cfg.seq_len, int) or cfg.seq_len >= MIN_SEQ_LEN:
+        return False
+    errors.append({"loc": "seq_len", "msg": f"must be at least {MIN_SEQ_LEN}, got {cfg.seq_len}: each token of a "
+                   "row is trained to predict the next one, so a row of one token has no target and the dataset "
+                   "gives no usable rows; set seq_len to the tokens per training sequence (512 to 4096 is usual)"})
+    return True
+
+
 # ---------------------------------------------------------------------------- init_from
+def checkpoint_model_problem(path: str, cfg: JobConfig) -> str | None:
+    """Why the checkpoint directory `path` cannot start cfg's model, as the run's own init_from check would find
+    it: incomplete, or written for another model shape (its units' parameter counts differ). None when it can,
+    or when cfg's model is unusable (reported as such by validate_job)."""
+    from slidedp.persist import checkpoint as ckpt  # imports no torch
+
+    model_cfg = _check_model(cfg, [])
+    try:
+        units = unit_param_counts(model_cfg) if model_cfg is not None else None
+    except (KeyError, TypeError):
+        units = None
+    if units is None:
+        return None
+    if not ckpt.is_complete(path):
+        return "is not complete (its meta.json is unreadable or an array is shorter than it says: a write cut short)"
+    meta = ckpt.read_meta(path)
+    theirs = [int(n) for n in meta["unit_numels"]]
+    if theirs == [int(n) for n in units]:
+        return None
+    old = (meta.get("config") or {}).get("model", "another model")
+    return (f"was written for another model shape ({old!r}: {sum(theirs):,} parameters in {len(theirs)} units; "
+            f"this job's model {cfg.model!r} has {sum(units):,} in {len(units)}): init_from needs a checkpoint of "
+            f"the same model; set model to {old!r}, or start from a job of model {cfg.model!r}")
+
+
 def _check_init_from(cfg: JobConfig, model_cfg: dict[str, Any] | None, errors: list[dict[str, str]]) -> None:
     """The init_from checkpoint exists, is complete, fits the model and lies outside output_dir.
 
@@ -436,7 +471,7 @@ def _check_dataset(cfg: JobConfig, vocab: int | None, errors: list[dict[str, str
                 f"with {FORMAT_FIELDS[fmt]} for format {fmt}",
                 loc="data.format",
             )
-        if os.path.getsize(path) == 0 or count_records(path) == 0:
+        if os.path.getsize(path) == 0:
             raise DataError(f"dataset file {path} is empty: it holds no records")
         if kind == ".parquet":
             _check_parquet_columns(path, cfg)
@@ -445,8 +480,6 @@ def _check_dataset(cfg: JobConfig, vocab: int | None, errors: list[dict[str, str
         errors.extend(exc.errors)
     except OSError as exc:
         errors.append({"loc": "data.path", "msg": f"cannot read {value}: {exc.strerror or exc}"})
-    except UnicodeDecodeError:
-        errors.append({"loc": "data.path", "msg": f"{value} is not UTF-8 text; save it as UTF-8"})
 
 
 def _check_parquet_columns(path: str, cfg: JobConfig) -> None:
@@ -467,38 +500,14 @@ def _check_parquet_columns(path: str, cfg: JobConfig) -> None:
 
 
 def _check_records(path: str, cfg: JobConfig, vocab: int | None, errors: list[dict[str, str]]) -> None:
-    """Check the first SCAN_RECORDS records for the format (bad JSON stops the scan: the file is unreadable)."""
+    """Every record of the file checked for the format (slidedp.data.scan: streamed, remembered by content); an
+    unreadable part (bad JSON, not UTF-8) ends the scan."""
     fmt = cfg.data.format
-    found = 0
-    any_text = False
-    scanned = 0
-    for where, record in iter_records(path, cfg.data.text_field, limit=SCAN_RECORDS):
-        scanned += 1
-        problem = check_record(fmt, record, cfg.data.text_field)
-        if problem is None and fmt == "tokens":
-            problem = _check_token_row(record, cfg.seq_len, vocab)
-        if problem is None and fmt == "text":
-            any_text = any_text or bool(record[cfg.data.text_field].strip())
-        if problem:
-            errors.append({"loc": "data.path", "msg": f"{path} {where}: {problem}"})
-            found += 1
-            if found >= MAX_RECORD_ERRORS:
-                return
-    if fmt == "text" and not found and not any_text and scanned < SCAN_RECORDS:
+    found = scan_dataset(path, fmt, cfg.data.text_field, cfg.seq_len, vocab)
+    errors.extend(found.errors(path))
+    if found.problems:
+        return
+    if found.records == 0:
+        errors.append({"loc": "data.path", "msg": f"dataset file {path} is empty: it holds no records"})
+    elif fmt == "text" and not found.any_text:
         errors.append({"loc": "data.path", "msg": f"{path} tokenises to nothing: every text is empty"})
-
-
-def _check_token_row(record: dict, seq_len: int | None, vocab: int | None) -> str | None:
-    """Why a tokens row is unusable, or None; seq_len None: its length is not judged (seq_len did not parse)."""
-    ids = record["input_ids"]
-    if seq_len is not None and len(ids) != seq_len:
-        return (
-            f"input_ids has {len(ids)} tokens but seq_len is {seq_len}; format tokens needs every row to be "
-            "exactly seq_len tokens (re-tokenise the data, or set seq_len)"
-        )
-    if vocab is not None and max(ids) >= vocab:
-        return (
-            f"token id {max(ids)} is outside the model's vocabulary of {vocab} tokens; "
-            "the data was tokenised for another model"
-        )
-    return None

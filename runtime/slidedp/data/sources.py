@@ -84,44 +84,13 @@ def import_pyarrow_parquet() -> Any:
 def iter_records(path: str, text_field: str = "text", limit: int | None = None) -> Iterator[tuple[str, Any]]:
     """Yield (where, record) in file order, at most ``limit``; where is "line N", "record N" or "row N".
 
-    Raises DataError for what makes the file unreadable (bad JSON on a line, a .json that is not a list).
+    Streams every file type: memory holds one record (a .jsonl line, a .json array element, a parquet batch),
+    never the whole file. Raises DataError for what makes the file unreadable (bad JSON on a line, a .json
+    that is not a list, bytes that are not UTF-8), naming where; messages never quote the file's text.
     Records are returned as parsed; check_record says whether one fits a format.
     """
     kind = file_kind(path)
-    count = 0
-    if kind == ".jsonl":
-        with open(path, encoding="utf-8") as fh:
-            for n, line in enumerate(fh, 1):
-                if not line.strip():
-                    continue
-                if limit is not None and count >= limit:
-                    return
-                try:
-                    record = json.loads(line)
-                except json.JSONDecodeError as exc:
-                    raise DataError(
-                        f"{path} line {n}: bad JSON ({exc.msg} at column {exc.colno}); "
-                        "each line of a .jsonl file must be one JSON object"
-                    ) from None
-                count += 1
-                yield f"line {n}", record
-    elif kind == ".json":
-        with open(path, encoding="utf-8") as fh:
-            try:
-                data = json.load(fh)
-            except json.JSONDecodeError as exc:
-                raise DataError(
-                    f"{path}: bad JSON at line {exc.lineno} column {exc.colno} ({exc.msg}); "
-                    "a .json dataset must be one JSON array of objects"
-                ) from None
-        if not isinstance(data, list):
-            raise DataError(
-                f"{path}: holds a JSON {type(data).__name__}, not a list of records; "
-                "write a JSON array of objects (or one object per line in a .jsonl file)"
-            )
-        for n, record in enumerate(data[:limit] if limit is not None else data, 1):
-            yield f"record {n}", record
-    elif kind == ".parquet":
+    if kind == ".parquet":
         pq = import_pyarrow_parquet()
         n = 0
         for batch in pq.ParquetFile(path).iter_batches(batch_size=1024):
@@ -130,24 +99,156 @@ def iter_records(path: str, text_field: str = "text", limit: int | None = None) 
                     return
                 n += 1
                 yield f"row {n}", record
-    else:  # .txt: blank-line-separated blocks are documents
-        with open(path, encoding="utf-8") as fh:
-            block: list[str] = []
-            start = 0
-            for n, line in enumerate(fh, 1):
-                if line.strip():
-                    if not block:
-                        start = n
-                    block.append(line)
-                    continue
-                if block:
-                    if limit is not None and count >= limit:
-                        return
-                    count += 1
-                    yield f"line {start}", {text_field: "".join(block).strip("\n")}
-                    block = []
-            if block and (limit is None or count < limit):
-                yield f"line {start}", {text_field: "".join(block).strip("\n")}
+        return
+    reader = {".jsonl": _jsonl_records, ".json": _json_array_records, ".txt": _text_blocks}[kind]
+    with open(path, encoding="utf-8") as fh:
+        try:
+            for count, item in enumerate(reader(fh, path, text_field)):
+                if limit is not None and count >= limit:
+                    return
+                yield item
+        except UnicodeDecodeError:
+            raise DataError(
+                f"{path} line {_first_non_utf8_line(path)}: not UTF-8 text; save the file as UTF-8"
+            ) from None
+
+
+def _first_non_utf8_line(path: str) -> int:
+    """The first line that does not decode (the text layer says only that a chunk of the file did not)."""
+    with open(path, "rb") as fh:
+        for n, line in enumerate(fh, 1):
+            try:
+                line.decode("utf-8")
+            except UnicodeDecodeError:
+                return n
+    return 0
+
+
+def _jsonl_records(fh: Any, path: str, _field: str) -> Iterator[tuple[str, Any]]:
+    for n, line in enumerate(fh, 1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise DataError(
+                f"{path} line {n}: bad JSON ({exc.msg} at column {exc.colno}); "
+                "each line of a .jsonl file must be one JSON object"
+            ) from None
+        yield f"line {n}", record
+
+
+def _text_blocks(fh: Any, _path: str, text_field: str) -> Iterator[tuple[str, Any]]:
+    """.txt: blank-line-separated blocks are documents."""
+    block: list[str] = []
+    start = 0
+    for n, line in enumerate(fh, 1):
+        if line.strip():
+            if not block:
+                start = n
+            block.append(line)
+            continue
+        if block:
+            yield f"line {start}", {text_field: "".join(block).strip("\n")}
+            block = []
+    if block:
+        yield f"line {start}", {text_field: "".join(block).strip("\n")}
+
+
+JSON_CHUNK = 1 << 20  # characters read at a time from a .json file
+
+
+def _json_array_records(fh: Any, path: str, _field: str) -> Iterator[tuple[str, Any]]:
+    """The elements of a .json file's top-level array, decoded one at a time from a window onto the file.
+
+    The window holds the unread rest of the current chunk; an element cut by the window's end is decoded again
+    once the window has grown (by at least its own size, so a large element costs linear time)."""
+    decoder = json.JSONDecoder()
+    buf, pos, eof = "", 0, False
+    line_base, col_base = 1, 0  # the line and column (0-based) of buf[0] in the file
+
+    def more(at_least: int = JSON_CHUNK) -> bool:
+        nonlocal buf, pos, eof, line_base, col_base
+        if eof:
+            return False
+        if pos:  # drop what was read, keeping track of where the window starts
+            gone = buf[:pos]
+            newlines = gone.count("\n")
+            line_base += newlines
+            col_base = len(gone) - gone.rfind("\n") - 1 if newlines else col_base + len(gone)
+            buf, pos = buf[pos:], 0
+        chunk = fh.read(max(at_least, JSON_CHUNK))
+        eof = not chunk
+        buf += chunk
+        return bool(chunk)
+
+    def bad(at: int, msg: str) -> DataError:
+        before = buf[:at]
+        newlines = before.count("\n")
+        col = len(before) - before.rfind("\n") if newlines else col_base + len(before) + 1
+        return DataError(
+            f"{path}: bad JSON at line {line_base + newlines} column {col} ({msg}); "
+            "a .json dataset must be one JSON array of objects"
+        )
+
+    def skip_space() -> str:
+        """The next character that is not whitespace ('' at the end of the file), left unread."""
+        nonlocal pos
+        while True:
+            while pos < len(buf) and buf[pos] in " \t\n\r":
+                pos += 1
+            if pos < len(buf):
+                return buf[pos]
+            if not more():
+                return ""
+
+    first = skip_space()
+    if first != "[":
+        kinds = {"{": "object", '"': "string", "t": "boolean", "f": "boolean", "n": "null"}
+        kind = kinds.get(first, "number" if first and first in "-0123456789" else None)
+        if kind is None:
+            raise bad(pos, "Expecting value")
+        raise DataError(
+            f"{path}: holds a JSON {kind}, not a list of records; "
+            "write a JSON array of objects (or one object per line in a .jsonl file)"
+        )
+    pos += 1
+    n = 0
+    while True:
+        ch = skip_space()
+        if ch == "]" and n == 0:
+            pos += 1
+            break
+        if ch == "":
+            raise bad(pos, "Expecting value")
+        while True:
+            try:
+                record, end = decoder.raw_decode(buf, pos)
+            except json.JSONDecodeError as exc:
+                # Cut by the window's end, the element fails within a few characters of it (a literal such as
+                # `tru` fails where it starts), or in a string that runs to it; an error earlier is the file's.
+                cut = exc.pos >= len(buf) - 8 or exc.msg.startswith("Unterminated string")
+                if eof or not cut:
+                    raise bad(exc.pos, exc.msg) from None
+                more(len(buf))  # decode it again from a wider window
+                continue
+            if end == len(buf) and not eof:
+                more(len(buf))  # a number at the window's end may have more digits
+                continue
+            break
+        pos = end
+        n += 1
+        yield f"record {n}", record
+        ch = skip_space()
+        if ch == ",":
+            pos += 1
+        elif ch == "]":
+            pos += 1
+            break
+        else:
+            raise bad(pos, "Expecting ',' delimiter")
+    if skip_space():
+        raise bad(pos, "Extra data")
 
 
 def count_records(path: str) -> int:
@@ -236,8 +337,13 @@ def read_dataset(path: str, fmt: str, text_field: str = "text") -> list[tuple[st
     return records
 
 
+_INT = {int}
+
+
 def _int_list(value: Any) -> bool:
-    return isinstance(value, list) and all(isinstance(v, int) and not isinstance(v, bool) for v in value)
+    # The types as a set are built at C speed: a few-hundred-MB token file has tens of millions of ids. A bool
+    # is its own type here, so it is refused.
+    return isinstance(value, list) and set(map(type, value)) <= _INT
 
 
 def _string_field(record: dict, name: str, who: str) -> str | None:
