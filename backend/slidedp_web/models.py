@@ -10,6 +10,8 @@ from datetime import datetime, timezone
 from typing import Any, Literal, Optional
 
 import sqlalchemy as sa
+from pydantic import computed_field
+from slidedp import trackers
 from sqlmodel import Field, SQLModel
 
 JobStatus = Literal["queued", "running", "completed", "failed", "cancelled", "interrupted"]
@@ -206,6 +208,14 @@ class JobPublic(SQLModel):
     stage: Optional[dict[str, Any]] = None
     cancel_request: Optional[Literal["stop", "save"]] = None
     cancel_requested_at: Optional[str] = None
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def tensorboard_events(self) -> bool:
+        """Whether output_dir/tensorboard holds event files as this server sees the folder: the job page names the
+        folder and its `tensorboard --logdir` command only then (the default tracker writes none without its
+        package, and the folder may not exist)."""
+        return trackers.tensorboard_events(self.output_dir)
 
 
 class JobSummary(SQLModel):

@@ -56,6 +56,8 @@ export interface Job {
   tokens_per_s: number | null;
   output_dir: string;
   checkpoints: string[];
+  /** Whether output_dir/tensorboard holds TensorBoard event files (docs/interfaces.md §6); absent from older servers. */
+  tensorboard_events?: boolean | null;
   /** Health warnings the run raised, oldest first (docs/interfaces.md §6); absent from servers that do not report them. */
   warnings?: JobWarning[] | null;
   /** Where the current attempt's start-up is (§6): the last `stage` event; null before the attempt starts. */

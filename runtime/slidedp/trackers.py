@@ -37,6 +37,7 @@ from typing import Any
 from slidedp.config import ConfigError, JobConfig
 
 TENSORBOARD_DIR = "tensorboard"  # under output_dir
+EVENTS_GLOB = "events.out.tfevents.*"  # the event files' names in that folder
 MLFLOW_DIR = "mlflow"  # under output_dir: the local store when MLFLOW_TRACKING_URI is not set
 STATE_FILE = "trackers.json"  # under output_dir: the W&B and MLflow run ids a resumed job continues
 PROJECT = "slidedp"  # W&B project and MLflow experiment unless WANDB_PROJECT / MLFLOW_EXPERIMENT_NAME say otherwise
@@ -66,6 +67,17 @@ def missing_packages(tracker: str) -> list[str]:
     if tracker == "mlflow" and not os.environ.get("MLFLOW_TRACKING_URI"):
         needs += MLFLOW_LOCAL_STORE
     return [package for module, package in needs if importlib.util.find_spec(module) is None]
+
+
+def tensorboard_events(output_dir: str) -> bool:
+    """Whether a job's output folder holds TensorBoard event files: what a reader of that folder would find, asked
+    by the workbench before it points anyone at the folder (the default tracker writes none without its package)."""
+    if not output_dir:
+        return False
+    try:
+        return any(Path(output_dir, TENSORBOARD_DIR).glob(EVENTS_GLOB))
+    except OSError:  # unreadable, or not a folder
+        return False
 
 
 def wandb_login_missing() -> str | None:
@@ -214,7 +226,7 @@ class TensorBoardWriter:
         from torch.utils.tensorboard.summary import hparams
 
         folder = os.path.join(out, TENSORBOARD_DIR)
-        earlier = sorted(Path(folder).glob("events.out.tfevents.*"))
+        earlier = sorted(Path(folder).glob(EVENTS_GLOB))
         if start_step == 0:  # an earlier run's events would read as this run's
             for path in earlier:
                 path.unlink()
