@@ -4,7 +4,7 @@
 import { h, replace } from "../dom";
 import { isNum } from "../fmt";
 import { PHASE_TERMS } from "../glossary";
-import { type MeasuredStep, renderStep, type StepLane } from "../planview/glance";
+import { type MeasuredStep, onCpu, renderStep, type StepLane } from "../planview/glance";
 import type { Job, MetricsRecord, Plan } from "../types";
 
 function median(xs: number[]): number {
@@ -55,8 +55,14 @@ export function stepPicture(): { el: HTMLElement; update: (job: Job | null, reco
       const key = JSON.stringify([measured, plan?.predicted ?? null]);
       if (key === shown) return; // redrawn only when a figure changed
       shown = key;
-      const picture = renderStep(plan ?? ({ predicted: null } as Plan), measured);
+      const picture = renderStep(plan ?? ({ predicted: null } as Plan), measured, jobOnCpu(job));
       if (picture) replace(body, picture);
     },
   };
+}
+
+/** Whether the job trains on the CPU: its config's `gpus` is 0, or its plan says so (`job.on_gpu`). */
+export function jobOnCpu(job: Pick<Job, "config" | "policy"> | null): boolean {
+  if (!job) return false;
+  return job.config?.gpus === 0 || (job.policy ? onCpu(job.policy) : false);
 }

@@ -116,7 +116,13 @@ const BINDING_WORDS: Record<string, string> = {
   recompute: "recomputing activations",
 };
 
-export function resourceWords(key: string): string {
+/** Whether the plan is for a job that trains on the CPU (gpus = 0): its compute is the CPU's, not a GPU's. */
+export function onCpu(plan: Pick<Plan, "job">): boolean {
+  return plan.job?.on_gpu === false;
+}
+
+export function resourceWords(key: string, cpu = false): string {
+  if (cpu && key === "compute") return "CPU compute";
   return BINDING_WORDS[key] ?? key.replace(/_/g, " ");
 }
 
@@ -128,10 +134,10 @@ export function bindingOf(plan: Plan): string | null {
   const terms = (b?.terms_s ?? null) as Record<string, number> | null;
   if (b && typeof b.binding === "string" && terms && isNum(terms[b.binding])) {
     const floor = isNum(b.step_time_s) ? `; this policy's physical floor is ${secs(b.step_time_s)} per step` : "";
-    return `${resourceWords(b.binding)}: ${secs(terms[b.binding])} of work per step${floor}`;
+    return `${resourceWords(b.binding, onCpu(plan))}: ${secs(terms[b.binding])} of work per step${floor}`;
   }
   const top = mostExposed(plan);
-  return top ? `${resourceWords(top[0])}: ${secs(top[1])} of the step waits on it` : null;
+  return top ? `${resourceWords(top[0], onCpu(plan))}: ${secs(top[1])} of the step waits on it` : null;
 }
 
 function mostExposed(plan: Plan): [string, number] | null {
@@ -169,7 +175,7 @@ export function bestChangeOf(plan: Plan): string | null {
   const exposed = mostExposed(plan);
   const rejectedGain = bestRejected ? t - (bestRejected.predicted.step_time_s as number) : 0;
   if (exposed && exposed[1] >= 0.01 * t && exposed[1] >= rejectedGain) {
-    return `a faster ${resourceWords(exposed[0]).replace(/^the /, "")}: ${secs(exposed[1])} of the ${secs(t)} step (${pct(exposed[1] / t)}) waits on it`;
+    return `a faster ${resourceWords(exposed[0], onCpu(plan)).replace(/^the /, "")}: ${secs(exposed[1])} of the ${secs(t)} step (${pct(exposed[1] / t)}) waits on it`;
   }
   if (bestRejected && rejectedGain > 0) {
     const why = bestRejected.why_not ? ` but ${bestRejected.why_not}` : " but does not fit";
@@ -510,21 +516,27 @@ const BUSY_WORDS: Record<string, string> = {
   cpu: "CPU update",
 };
 
-/** One predicted step: the GPU compute stream's phases in their order (they partition the step), the engine's two
+/** The compute stream's name in the step picture: a CPU job (gpus = 0) computes on the CPU. */
+export function streamWords(cpu: boolean): { stream: string; compute: string } {
+  return cpu ? { stream: "CPU compute", compute: "CPU compute" } : { stream: "GPU stream", compute: "GPU compute" };
+}
+
+/** One predicted step: the compute stream's phases in their order (they partition the step), the engine's two
  *  spans, and how long each resource is busy in it (its length, not its place in time: the plan does not say
- *  when). Empty without times. */
-export function stepLanesOf(plan: Plan): { step_s: number; lanes: StepLane[] } | null {
+ *  when). Empty without times. `cpu`: the job trains on the CPU (the plan's own `job.on_gpu` unless told). */
+export function stepLanesOf(plan: Plan, cpu = onCpu(plan)): { step_s: number; lanes: StepLane[] } | null {
+  const words = streamWords(cpu);
   const pred = plan.predicted;
   if (!pred || !isNum(pred.step_time_s) || pred.step_time_s <= 0) return null;
   const lanes: StepLane[] = [];
   const phases = Object.entries(pred.phases ?? {}).filter(([, v]) => isNum(v) && v > 1e-6);
   if (phases.length)
-    lanes.push({ key: "phases", label: "GPU stream", segments: phases.map(([k, v]) => ({ key: k, label: PHASE_WORDS[k] ?? k.replace(/_/g, " "), s: v, title: PHASE_TERMS[k]?.text })) });
+    lanes.push({ key: "phases", label: words.stream, segments: phases.map(([k, v]) => ({ key: k, label: PHASE_WORDS[k] ?? k.replace(/_/g, " "), s: v, title: PHASE_TERMS[k]?.text })) });
   const spans = Object.entries(pred.spans ?? {}).filter(([, v]) => isNum(v) && v > 1e-6);
   if (spans.length) lanes.push({ key: "spans", label: "spans", segments: spans.map(([k, v]) => ({ key: k, label: `${k} span`, s: v, title: PHASE_TERMS[k]?.text })) });
   for (const [k, v] of Object.entries(pred.busy ?? {})) {
     if (!isNum(v) || v <= 1e-6) continue;
-    lanes.push({ key: `busy-${k}`, label: BUSY_WORDS[k] ?? k, segments: [{ key: k, label: "busy", s: v, title: explain("busy") }] });
+    lanes.push({ key: `busy-${k}`, label: k === "compute" ? words.compute : BUSY_WORDS[k] ?? k, segments: [{ key: k, label: "busy", s: v, title: explain("busy") }] });
   }
   return lanes.length ? { step_s: pred.step_time_s, lanes } : null;
 }
@@ -548,9 +560,10 @@ function laneRow(lane: StepLane, scale: number, end_s: number, measured: boolean
   return h("div", { class: `step-lane${measured ? " step-measured" : ""}`, "data-lane": lane.key }, h("span", { class: "step-label" }, lane.label), track);
 }
 
-/** The plan's one step; with `measured`, the run's measured step above it on the same time scale. */
-export function renderStep(plan: Plan, measured: MeasuredStep | null = null): HTMLElement | null {
-  const step = stepLanesOf(plan);
+/** The plan's one step; with `measured`, the run's measured step above it on the same time scale. `cpu`: the job
+ *  trains on the CPU. */
+export function renderStep(plan: Plan, measured: MeasuredStep | null = null, cpu = onCpu(plan)): HTMLElement | null {
+  const step = stepLanesOf(plan, cpu);
   if (!step && !measured) return null;
   const all = [...(step?.lanes ?? []), ...(measured?.lanes ?? [])];
   const scale = Math.max(step?.step_s ?? 0, measured?.step_s ?? 0, ...all.map((l) => l.segments.reduce((s, x) => s + x.s, 0)));
@@ -561,7 +574,7 @@ export function renderStep(plan: Plan, measured: MeasuredStep | null = null): HT
     for (const lane of measured.lanes) box.append(laneRow(lane, scale, measured.step_s, true));
   }
   if (step) {
-    box.append(h("p", { class: "muted" }, `One predicted step of ${secs(step.step_s)}. The GPU stream's phases and the two spans are in time order and add up to the step; the other lanes show how long each resource is busy per step, not when.`));
+    box.append(h("p", { class: "muted" }, `One predicted step of ${secs(step.step_s)}. The ${cpu ? "CPU compute" : "GPU stream"}'s phases and the two spans are in time order and add up to the step; the other lanes show how long each resource is busy per step, not when.`));
     for (const lane of step.lanes) box.append(laneRow(lane, scale, step.step_s, false));
   }
   return box;
