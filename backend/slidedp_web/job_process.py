@@ -30,12 +30,29 @@ def run(env: dict[str, str], job_id: int, attempt: int, stop: Any, conn: Any) ->
     except BaseException as exc:  # noqa: BLE001 - the outcome must reach the worker whatever happened
         outcome = {"status": "failed", "error": {"message": f"{type(exc).__name__}: {exc}", "errors": []}}
         _log(settings, job_id, traceback.format_exc())
+    finally:
+        if _folder is not None:  # train() has ended the ranks and unmapped the host state by now
+            _folder.release()
+    if _orphan.gone.is_set():
+        _finish_orphaned(settings, job_id, attempt, outcome)
+        return
     try:
         conn.send(outcome)
-    except OSError:
-        pass  # the worker is gone; the database already has the job's steps and logs
+    except OSError:  # the worker died after the watcher last looked: record the outcome here
+        _finish_orphaned(settings, job_id, attempt, outcome)
     finally:
         conn.close()
+
+
+def _finish_orphaned(settings: Any, job_id: int, attempt: int, outcome: dict[str, Any]) -> None:
+    """No worker is left to record this attempt's outcome (it was killed): record it from here, as it would."""
+    from slidedp_web.tasks import _finish
+
+    reason = "cancel" if _orphan.cancelled else "worker_gone"
+    try:
+        _finish(settings, job_id, attempt, outcome, reason, False, 0)
+    except Exception:  # noqa: BLE001 - then the heartbeat sweep marks it interrupted, as before
+        _log(settings, job_id, traceback.format_exc())
 
 
 def _log(settings: Any, job_id: int, text: str) -> None:
@@ -80,6 +97,8 @@ def _train(settings: Any, job_id: int, attempt: int, stop: Any) -> dict[str, Any
         refused = job_refusal(settings, cfg, job_id, plan)
     if refused is None:
         refused = _claim_folder(settings, job_id)  # before anything is written
+    if refused is None:
+        refused = _hold_folder(settings, job_id, output_dir)  # one live process per folder, until this one ends
     if refused is None and cfg.init_from is not None:
         refused = _resolve_init_from(settings, cfg)
     if refused is not None:
@@ -104,7 +123,7 @@ def _train(settings: Any, job_id: int, attempt: int, stop: Any) -> dict[str, Any
         + ("resuming from the newest checkpoint" if resume else "starting")
         + f"; output in {output_dir}",
     )
-    _watch_parent(settings, job_id, stop)
+    _watch_parent(settings, job_id, attempt, stop)
 
     steps = [0]  # steps this attempt has finished
 
@@ -236,6 +255,27 @@ def _claim_folder(settings: Any, job_id: int) -> dict[str, Any] | None:
     return None
 
 
+# The job folder's lock (folder_lock.py), held from the claim until run() ends; released by the kernel if killed.
+_folder: Any = None
+
+
+def _hold_folder(settings: Any, job_id: int, output_dir: str) -> dict[str, Any] | None:
+    """Take the folder's lock; an earlier attempt still holding it (its worker was killed and it is stopping at a
+    step boundary) gets the cancel grace period and a little more to save and end, then its group is killed."""
+    global _folder
+    from slidedp_web import folder_lock
+
+    try:
+        _folder = folder_lock.take(
+            output_dir, settings.cancel_grace_s + 10.0, lambda line: _log(settings, job_id, line)
+        )
+    except folder_lock.FolderBusy as exc:
+        return _refusal(settings, str(exc))
+    except OSError as exc:
+        return _refusal(settings, f"cannot lock {str(output_dir)!r}: {exc.strerror or exc}")
+    return None
+
+
 def _resolve_init_from(settings: Any, cfg: Any) -> dict[str, Any] | None:
     """init_from {job, checkpoint NAME} becomes the checkpoint's path for the runtime, read-only there."""
     import dataclasses
@@ -314,16 +354,43 @@ class _StoppedBeforeFirstStep(Exception):
     """A stop asked before the attempt's first step: raised through slidedp.train to end it at once."""
 
 
-def _watch_parent(settings: Any, job_id: int, stop: Any) -> None:
-    """If the worker dies, stop at the next step boundary with a checkpoint; kill the group if that hangs."""
+class _Orphan:
+    """Set once the worker that started this process is gone; this process then reports for itself."""
+
+    gone = threading.Event()
+    cancelled = False
+
+
+_orphan = _Orphan()
+
+
+def _watch_parent(settings: Any, job_id: int, attempt: int, stop: Any) -> None:
+    """If the worker dies, stop at the next step boundary with a checkpoint; kill the group if that hangs.
+
+    Until then this process does the dead supervisor's part: it writes the heartbeat (the job is alive, and a
+    sweep must not mark it interrupted and let a resume start beside it), passes a cancel request on, and
+    records its own outcome (run())."""
     parent = os.getppid()
 
     def watch() -> None:
         while os.getppid() == parent:
             time.sleep(1.0)
+        _orphan.gone.set()
         stop.value = 2
         _log(settings, job_id, "the worker that ran this job is gone: stopping at the next step boundary")
-        time.sleep(settings.cancel_grace_s)
+        kill_at = time.monotonic() + settings.cancel_grace_s
+        from slidedp_web.tasks import SAVE, STOP, _heartbeat
+
+        while time.monotonic() < kill_at:
+            try:
+                request = _heartbeat(settings, job_id, attempt, write=True)
+            except Exception:  # noqa: BLE001 - the database may be down; the stop goes on regardless
+                request = None
+            if request and not _orphan.cancelled:
+                _orphan.cancelled = True
+                stop.value = SAVE if request == "save" else STOP
+            time.sleep(min(settings.heartbeat_s, 1.0))
+        _log(settings, job_id, f"the job did not stop within {settings.cancel_grace_s:g} s: killing it")
         os.killpg(0, signal.SIGKILL)
 
     threading.Thread(target=watch, name="slidedp-parent-watch", daemon=True).start()

@@ -20,7 +20,7 @@ from slidedp.planning import profiles
 from slidedp.validation import JobCheck, check_config
 from sqlmodel import Session, func, select
 
-from slidedp_web import celery_app, generations, live, outputs, planning
+from slidedp_web import celery_app, folder_lock, generations, live, outputs, planning
 from slidedp_web.core.config import Settings
 from slidedp_web.core.db import read_session, write_session
 from slidedp_web.guards import root_errors
@@ -546,7 +546,11 @@ def interrupt_stale(settings: Settings, host_name: Optional[str] = None) -> list
 
     def stale(job: Job) -> bool:
         beat = as_utc(job.heartbeat_at)
-        return host_name is not None or beat is None or beat < cutoff
+        if not (host_name is not None or beat is None or beat < cutoff):
+            return False
+        # A job process outlives a worker killed with SIGKILL: while it holds its folder's lock it is alive and
+        # stopping, and reports its own end; marked now, a resume would start a second process in the folder.
+        return not folder_lock.held(job.output_dir)
 
     with read_session(settings) as session:
         query = select(Job).where(Job.status == "running")

@@ -25,7 +25,7 @@ from slidedp_web.core.config import Settings, get_settings
 from slidedp_web.core.db import read_session, write_session
 from slidedp_web.hosts import report, set_current_job
 from slidedp_web.journal import clean_json, record_log, status_event
-from slidedp_web.models import Job, utcnow
+from slidedp_web.models import Host, Job, utcnow
 
 log = logging.getLogger(__name__)
 STOP, SAVE = 1, 2
@@ -207,6 +207,18 @@ def _finish(
     error: Optional[dict] = None
     if result == "completed":
         status = "completed"
+    elif reason == "worker_gone":  # recorded by the job process itself (job_process._finish_orphaned)
+        status = "interrupted"
+        saved = (
+            " at a step boundary, with a checkpoint"
+            if result == "stopped" and (outcome or {}).get("steps_done")
+            else ""
+        )
+        error = {
+            "message": f"the worker on {settings.host_name} died during the job, which stopped on its own{saved}; "
+            "resume it to continue from its last checkpoint",
+            "errors": [],
+        }
     elif reason == "shutdown":
         status = "interrupted"
         error = {
@@ -244,7 +256,13 @@ def _finish(
         event = status_event(
             session, job, status, error=error, message=f"attempt {attempt}: {result or 'no outcome'}"
         )
-        set_current_job(session, settings.host_name, None)
+        # Only while it still names this job: a job process outliving its worker ends after the next worker
+        # may have started another job.
+        session.execute(
+            sa.update(Host)
+            .where(Host.name == settings.host_name, Host.current_job_id == job_id)
+            .values(current_job_id=None)
+        )
     live.publish(settings, job_id, event)
     log.info("job %s attempt %s: %s", job_id, attempt, status)
     return status

@@ -197,9 +197,10 @@ class StateCache:
 
 
 def _export_or_keep(cfg: JobConfig, adapter, state, ckpt_root: str, last: int, data_state: dict | None,
-                    on_log) -> dict:
-    """Export final/; when that fails, keep the trained state in a checkpoint of the last step and raise
-    ExportFailed naming it. Every existing checkpoint is kept."""
+                    on_log, room=None) -> dict:
+    """Export final/; when that fails, keep the trained state in a checkpoint of the last step (written into the
+    room reserved for it, `room`, when the run kept one) and raise ExportFailed naming it. Every existing
+    checkpoint is kept."""
     from slidedp.persist import checkpoint as ckpt
     from slidedp.persist.export import ExportError, export_hf
 
@@ -214,7 +215,8 @@ def _export_or_keep(cfg: JobConfig, adapter, state, ckpt_root: str, last: int, d
         kept = latest
     else:
         try:  # keep every checkpoint there is, and add the last step's
-            kept = ckpt.save(ckpt_root, last, cfg, state, data_state, keep=len(ckpt.list_checkpoints(ckpt_root)) + 1)
+            kept = ckpt.save(ckpt_root, last, cfg, state, data_state, keep=len(ckpt.list_checkpoints(ckpt_root)) + 1,
+                             room=room)
             _log(on_log, f"checkpoint of step {last} written to {kept}, to export from")
         except Exception as exc:  # noqa: BLE001 - reported in the error below
             save_error = exc
@@ -318,7 +320,17 @@ def train(config: dict | JobConfig, on_step: Callable[[dict], None] | None = Non
     short = host_state.space_error(layout, keep_state=reuse)
     if short is not None:
         raise ConfigError([short])
-    state = HostState.create(layout, keep_state=reuse)
+    # With no checkpoints along the way, the state of a finished run whose export fails survives only in the one
+    # checkpoint written then: its room is taken now, and refused now when the disk does not have it.
+    room = ckpt.Reserve(cfg.output_dir, layout.total) if cfg.export and not cfg.checkpoint.interval else None
+    if room is not None:
+        room.hold()
+    try:
+        state = HostState.create(layout, keep_state=reuse)
+    except BaseException:
+        if room is not None:
+            room.release()
+        raise
     startup.mark("allocating_host_state")
     if state_cache is not None:
         state_cache.layout = layout
@@ -397,11 +409,11 @@ def train(config: dict | JobConfig, on_step: Callable[[dict], None] | None = Non
             latest = ckpt.latest(ckpt_root)
             if latest is None or ckpt.step_of(latest) != last:
                 # every rank has finished step `last`'s update before reporting done: the host state is final
-                path = ckpt.save(ckpt_root, last, cfg, state, last_data_state, keep=cfg.checkpoint.keep)
+                path = ckpt.save(ckpt_root, last, cfg, state, last_data_state, keep=cfg.checkpoint.keep, room=room)
                 _log(on_log, f"stopped after step {last}; checkpoint written to {path}")
         final_dir, files = None, []
         if status == "completed" and cfg.export:
-            exported = _export_or_keep(cfg, adapter, state, ckpt_root, last, last_data_state, on_log)
+            exported = _export_or_keep(cfg, adapter, state, ckpt_root, last, last_data_state, on_log, room)
             final_dir, files = exported["final_dir"], exported["files"]
             _log(on_log, f"exported a Hugging Face model to {final_dir}")
         ended = status
@@ -414,6 +426,8 @@ def train(config: dict | JobConfig, on_step: Callable[[dict], None] | None = Non
         if ranks is not None:  # ends the ranks still running (killed after 10 s)
             ranks.close()
         unlink(layout, keep_state=state_cache is not None)
+        if room is not None:
+            room.release()
         if trackers is not None:
             trackers.close(ended)
 

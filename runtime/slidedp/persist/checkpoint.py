@@ -160,22 +160,73 @@ def _remove_stale_temporaries(root: str) -> None:
         shutil.rmtree(os.path.join(root, name), ignore_errors=True)
 
 
-def check_free_disk(root: str, num_params: int, step: int | None = None) -> None:
-    """Refuse before writing anything when the checkpoint would not fit (a full disk mid-write helps nobody)."""
+def check_free_disk(root: str, num_params: int, step: int | None = None, interval: int = 1) -> None:
+    """Refuse before writing anything when the checkpoint would not fit (a full disk mid-write helps nobody).
+    interval: the run's checkpoint.interval, for the advice (0: this checkpoint is the run's only one)."""
     need = checkpoint_bytes(num_params) + _SLACK
     free = shutil.disk_usage(root).free
     if free < need:
         what = f"checkpoint of step {step}" if step is not None else "a checkpoint"
-        raise OSError(f"{what} needs {need / 2**30:.2f} GiB in {root}, only {free / 2**30:.2f} GiB free: free "
-                      f"disk, point output_dir to a larger disk, or set checkpoint.interval to 0")
+        if interval:
+            fix = "free disk, point output_dir to a larger disk, or set checkpoint.interval to 0"
+        else:
+            fix = ("free disk or point output_dir to a larger disk (checkpoint.interval is 0 already: this "
+                   "checkpoint, of a stop or a failed export, is the only one the run writes)")
+        raise OSError(f"{what} needs {need / 2**30:.2f} GiB in {root}, only {free / 2**30:.2f} GiB free: {fix}")
 
 
-def save(root: str, step: int, cfg: JobConfig, state, data_state: dict | None, keep: int) -> str:
-    """Write the host state as checkpoint `step` under root, atomically; keep the newest `keep`."""
+class Reserve:
+    """Room on the output disk kept for the one checkpoint a run with checkpoint.interval 0 may still have to
+    write: the last step's, when its export fails (a full disk, most often). Without it, whatever filled the disk
+    during training would take that room too and the trained state would be lost with the export.
+
+    A file of the checkpoint's size, allocated (not sparse) when training starts and removed just before that
+    checkpoint is written, or when the run ends. A run killed outright leaves it; the next run in the folder
+    takes it over as it is, allocating only what it lacks."""
+
+    NAME = ".slidedp-reserve"
+
+    def __init__(self, output_dir: str, num_params: int):
+        self.path = os.path.join(output_dir, self.NAME)
+        self.bytes = checkpoint_bytes(num_params) + _SLACK
+        self.held = False
+
+    def hold(self) -> None:
+        """Allocate the room; ConfigError (loc output_dir) when the disk does not have it."""
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        try:
+            os.posix_fallocate(fd, 0, self.bytes)
+        except OSError as exc:
+            os.close(fd)
+            self.release()
+            folder = os.path.dirname(self.path)
+            free = shutil.disk_usage(folder).free
+            raise ConfigError([{"loc": "output_dir", "msg": (
+                f"checkpoint.interval is 0, so if the export fails the trained state is kept in a checkpoint of "
+                f"the last step instead, and the run keeps room for it from the start: {self.bytes / 2**30:.2f} "
+                f"GiB in {folder}, where only {free / 2**30:.2f} GiB is free ({exc.strerror or exc}); free disk "
+                "or point output_dir to a larger disk")}]) from None
+        os.close(fd)
+        self.held = True
+
+    def release(self) -> None:
+        try:
+            os.unlink(self.path)
+        except FileNotFoundError:
+            pass
+        self.held = False
+
+
+def save(root: str, step: int, cfg: JobConfig, state, data_state: dict | None, keep: int,
+         room: Reserve | None = None) -> str:
+    """Write the host state as checkpoint `step` under root, atomically; keep the newest `keep`. room: the
+    reserve kept for this checkpoint, given back to the disk first."""
     import torch
 
     os.makedirs(root, exist_ok=True)
-    check_free_disk(root, state.layout.total, step)
+    if room is not None:
+        room.release()
+    check_free_disk(root, state.layout.total, step, cfg.checkpoint.interval)
     _remove_stale_temporaries(root)
     final = os.path.join(root, f"{PREFIX}{step:08d}")
     tmp = os.path.join(root, f"{TMP_PREFIX}{step:08d}-{os.getpid()}")
