@@ -1,6 +1,6 @@
 // The REST client of the workbench API (same origin, everything under /api; contract in docs/interfaces.md §6).
 import { parseJson } from "./json";
-import type { Checkpoint, FieldErrorItem, Health, Host, Job, LogLine, MetricsRecord, Plan, Preset, ProfileSummary } from "./types";
+import type { Checkpoint, FieldErrorItem, Health, Host, Job, LogLine, MetricsRecord, Plan, Preset, ProfileSummary, TrackerInfo } from "./types";
 
 const TOKEN_KEY = "slidedp.apiToken";
 
@@ -168,7 +168,7 @@ export async function request<T>(method: string, path: string, body?: unknown): 
 
 export const api = {
   health: () => request<Health>("GET", "/api/health"),
-  presets: () => request<{ items: Preset[] }>("GET", "/api/presets"),
+  presets: () => request<{ items: Preset[]; trackers?: TrackerInfo[] }>("GET", "/api/presets"),
   hosts: () => request<{ items: Host[] }>("GET", "/api/hosts"),
   plan: (config: Record<string, unknown>) => request<Plan>("POST", "/api/plan", config),
   profiles: () => request<{ items: ProfileSummary[] }>("GET", "/api/profiles"),

@@ -129,6 +129,16 @@ export interface Preset {
   config: Record<string, unknown>;
 }
 
+/** An experiment tracker config `report_to` can name, as the server finds it (GET /api/presets `trackers`). */
+export interface TrackerInfo {
+  name: string;
+  label: string;
+  installed: boolean;
+  missing: string[];
+  needs: string;
+  problem?: string | null;
+}
+
 export interface Health {
   status: "ok" | "degraded" | string;
   database?: boolean;

@@ -8,35 +8,10 @@ import { renderPlan, type PlanAnswer } from "../plan";
 import { planBody, planForField, type ProfileSummary } from "../planview/planfor";
 import { navigate, type Cleanup } from "../router";
 import { fieldForLoc, getPath, jobKeys, leafPaths, setPath, type KeyInfo } from "../schema";
-import type { FieldErrorItem, Host, Preset } from "../types";
+import { checkedTrackers, fieldLabel, GROUPS, reportToValue, TRACKER_LABELS, TRACKER_NAMES, TRACKERS_KEY, type Slot } from "../jobform";
+import type { FieldErrorItem, Host, Preset, TrackerInfo } from "../types";
 import { errorBox } from "../ui";
 
-type Kind = KeyInfo["type"];
-
-interface Slot {
-  path: string;
-  label: string;
-  kind: Kind; // used when the API's schema is not available
-}
-
-interface Group {
-  id: string;
-  title: string;
-  slots: Slot[];
-}
-
-const s = (path: string, label: string, kind: Kind): Slot => ({ path, label, kind });
-
-// Layout only: types, choices, defaults and docs come from the API's schema of JobConfig when it answers.
-const GROUPS: Group[] = [
-  { id: "model", title: "Model and data", slots: [s("model", "Model (preset name or local directory)", "string"), s("data.path", "Dataset path", "string"), s("data.format", "Dataset format", "enum"), s("data.text_field", "Text field", "string"), s("data.pack", "Pack examples", "boolean"), s("data.shuffle", "Shuffle", "boolean"), s("data.seed", "Data seed", "integer")] },
-  { id: "batch", title: "Batch and length", slots: [s("seq_len", "Sequence length", "integer"), s("micro_batch_size", "Micro-batch size", "integer"), s("grad_accum", "Gradient accumulation", "integer"), s("steps", "Steps", "integer")] },
-  { id: "optimizer", title: "Optimizer (AdamW)", slots: [s("optimizer.lr", "Learning rate", "number"), s("optimizer.weight_decay", "Weight decay", "number"), s("optimizer.betas", "Betas", "pair"), s("optimizer.eps", "Epsilon", "number"), s("optimizer.max_grad_norm", "Max grad norm (0: no clipping)", "number")] },
-  { id: "schedule", title: "Learning-rate schedule", slots: [s("schedule.warmup_steps", "Warmup steps", "integer"), s("schedule.decay", "Decay", "enum"), s("schedule.min_lr_ratio", "Min lr ratio", "number")] },
-  { id: "hardware", title: "Hardware", slots: [s("gpus", "GPUs (0: CPU)", "integer"), s("ranks", "CPU ranks (when GPUs = 0)", "integer"), s("precision", "Precision", "enum"), s("cpu_threads", "CPU threads per rank", "integer"), s("host_ram_gib", "Host RAM for the job (GiB)", "number")] },
-  { id: "policy", title: "Policy overrides", slots: [s("policy.delivery", "Parameter delivery", "enum"), s("policy.grad_reduce", "Gradient reduction", "enum"), s("policy.delivery_cast", "bf16 cast on", "enum"), s("policy.edge_update", "Embedding / head update on", "enum"), s("policy.activations", "Activations", "enum"), s("policy.keep_layers", "Keep layers", "integer"), s("policy.offload_layers", "Offload layers", "integer"), s("policy.window", "Window (unit buffers)", "integer"), s("policy.chunk_mb", "Transfer chunk (MiB)", "integer"), s("policy.loss_chunk_tokens", "Loss chunk (tokens)", "integer"), s("policy.resident_units", "Resident units", "integer"), s("policy.device_layers", "Layers updated on the GPUs", "integer")] },
-  { id: "output", title: "Checkpoints and output", slots: [s("checkpoint.interval", "Checkpoint every K steps (0: off)", "integer"), s("checkpoint.keep", "Keep checkpoints", "integer"), s("output_dir", "Output directory", "string"), s("resume", "Resume from newest checkpoint", "boolean"), s("export", "Export HF model at the end", "boolean"), s("seed", "Seed", "integer"), s("deterministic", "Deterministic kernels", "boolean")] },
-];
 // Keys the request accepts next to the config: shown at the top, never inside a config section.
 const FILING = new Set(["name", "host"]);
 
@@ -110,7 +85,7 @@ class Field {
       "div",
       { class: "field", "data-path": path },
       // The asterisk sits outside the label so the field's accessible name is the label alone.
-      h("div", { class: "label-row" }, h("label", { for: id }, label), info.required ? h("span", { class: "req", title: "required" }, "*") : null),
+      h("div", { class: "label-row" }, h("label", { for: id, title: info.description }, label), info.required ? h("span", { class: "req", title: "required" }, "*") : null),
       control,
       info.description ? h("p", { class: "help", id: helpId }, info.description) : null,
       this.errEl,
@@ -183,6 +158,76 @@ class Field {
   }
 }
 
+/** Config `report_to` as one checkbox per tracker, each saying whether this server has its package and what else
+ *  it needs (GET /api/presets `trackers`). Same surface as Field, so the form collects it like any other key. */
+class TrackersField {
+  readonly wrap: HTMLElement;
+  readonly inputs: HTMLInputElement[] = [];
+  private readonly errEl: HTMLElement;
+
+  constructor(
+    readonly path: string,
+    info: KeyInfo | null,
+    trackers: readonly TrackerInfo[],
+    onChange: () => void,
+  ) {
+    const id = fid(path);
+    this.errEl = h("p", { class: "field-error", id: `${id}-error`, "data-field": path, hidden: true });
+    const known = new Map(trackers.map((t) => [t.name, t]));
+    const rows = TRACKER_NAMES.map((name) => {
+      const t = known.get(name);
+      const box = h("input", { type: "checkbox", id: `${id}-${name}`, name: path, value: name, checked: name === "tensorboard", "aria-describedby": `${id}-${name}-help ${id}-error` });
+      box.addEventListener("change", () => {
+        this.setError(null);
+        onChange();
+      });
+      this.inputs.push(box);
+      const state = !t ? "This server did not say whether its package is installed." : t.installed ? `Installed on this server.${t.problem ? ` Not ready: ${t.problem}.` : ""}` : `Not installed on this server: pip install ${t.missing.join(" ")} (or 'slidedp[trackers]').`;
+      return h(
+        "div",
+        { class: "tracker", dataset: { tracker: name, installed: t ? String(t.installed) : "unknown" } },
+        h("label", { class: "check", for: `${id}-${name}` }, box, ` ${t?.label ?? TRACKER_LABELS[name] ?? name}`),
+        h("p", { class: "help", id: `${id}-${name}-help` }, h("span", { class: t && !t.installed ? "warn-text" : "muted" }, state), t?.needs ? ` Needs: ${t.needs}` : ""),
+      );
+    });
+    this.wrap = h(
+      "div",
+      { class: "field trackers", "data-path": path },
+      h("div", { class: "label-row" }, h("span", { class: "label", id: `${id}-label`, title: info?.description }, "Report to")),
+      h("div", { role: "group", "aria-labelledby": `${id}-label` }, rows),
+      h("p", { class: "help" }, "TensorBoard is on unless you untick it: a job writes its event files where the package is installed. A ticked tracker the job's host lacks is refused when the job is submitted."),
+      this.errEl,
+    );
+  }
+
+  checked(): string[] {
+    return this.inputs.filter((b) => b.checked).map((b) => b.value);
+  }
+
+  value(): unknown {
+    return reportToValue(this.checked());
+  }
+
+  set(v: unknown): void {
+    const on = checkedTrackers(v);
+    for (const b of this.inputs) b.checked = on.includes(b.value);
+  }
+
+  setError(msg: string | null): void {
+    this.errEl.hidden = !msg;
+    this.errEl.textContent = msg ?? "";
+    this.wrap.classList.toggle("has-error", !!msg);
+  }
+
+  focus(): void {
+    this.inputs[0]?.focus();
+  }
+
+  text(): unknown {
+    return this.value();
+  }
+}
+
 /** The API's problems together with the form's own: a field the form could not read keeps the form's message. */
 export function mergeProblems(local: FieldErrorItem[], remote: FieldErrorItem[]): FieldErrorItem[] {
   const under = (loc: string, path: string) => loc === path || loc.startsWith(path + ".") || loc.startsWith(path + "[");
@@ -209,12 +254,13 @@ export function newJobPage(root: HTMLElement): Cleanup {
     const presetList: Preset[] = presets.status === "fulfilled" ? (presets.value.items ?? []) : [];
     const hostList: Host[] = hosts.status === "fulfilled" ? (hosts.value.items ?? []) : [];
     const profileList: ProfileSummary[] = profiles.status === "fulfilled" ? (profiles.value.items ?? []) : [];
-    build(keys, presetList, hostList, presets.status === "rejected" ? presets.reason : null, profileList);
+    const trackerList: TrackerInfo[] = presets.status === "fulfilled" ? (presets.value.trackers ?? []) : [];
+    build(keys, presetList, hostList, presets.status === "rejected" ? presets.reason : null, profileList, trackerList);
   })();
 
-  function build(keys: KeyInfo[], presets: Preset[], hosts: Host[], presetError: unknown, profiles: ProfileSummary[] = []): void {
+  function build(keys: KeyInfo[], presets: Preset[], hosts: Host[], presetError: unknown, profiles: ProfileSummary[] = [], trackers: TrackerInfo[] = []): void {
     const byPath = new Map(keys.map((k) => [k.path, k]));
-    const fields = new Map<string, Field>();
+    const fields = new Map<string, Field | TrackersField>();
     const summary = h("div", { class: "form-summary", role: "alert", hidden: true });
     const preview = h("pre", { class: "body-preview" });
     const planEl = h("div", { class: "plan-panel", id: "plan-preview", "aria-live": "polite" });
@@ -243,7 +289,7 @@ export function newJobPage(root: HTMLElement): Cleanup {
     const hostSlot = byPath.get("host") ?? { path: "host", type: "string", hasDefault: true, default: null, required: false, nullable: true };
     const hostField = new Field("host", "Host", { ...hostSlot, type: "enum", options: hosts.map((x) => x.name) }, changed);
     fields.set("host", hostField);
-    const nameWrap = mk("name", "Job name", s("name", "Job name", "string"));
+    const nameWrap = mk("name", "Job name", { path: "name", label: "Job name", kind: "string" });
 
     // Policy: AutoPolicy decides everything, or some choices are overridden.
     const autoRadio = h("input", { type: "radio", name: "policy-mode", id: "policy-auto", value: "auto", checked: true });
@@ -261,6 +307,11 @@ export function newJobPage(root: HTMLElement): Cleanup {
     for (const g of GROUPS) {
       const wraps = g.slots.map((slot) => {
         placed.add(slot.path);
+        if (slot.path === TRACKERS_KEY) {
+          const f = new TrackersField(slot.path, byPath.get(slot.path) ?? null, trackers, changed);
+          fields.set(slot.path, f);
+          return f.wrap;
+        }
         return mk(slot.path, slot.label, keys.length ? null : slot);
       });
       if (g.id === "policy") {
@@ -276,12 +327,12 @@ export function newJobPage(root: HTMLElement): Cleanup {
         );
         continue;
       }
-      sections.push(h("fieldset", { class: "group", id: `group-${g.id}` }, h("legend", null, g.title), h("div", { class: "field-grid" }, wraps)));
+      sections.push(h("fieldset", { class: "group", id: `group-${g.id}` }, h("legend", null, g.title), g.intro ? h("p", { class: "help group-intro" }, g.intro) : null, h("div", { class: "field-grid" }, wraps)));
     }
     // Keys the schema has and the layout does not know yet still get a field.
     const others = keys.filter((k) => !placed.has(k.path) && !FILING.has(k.path));
     if (others.length) {
-      sections.push(h("fieldset", { class: "group", id: "group-other" }, h("legend", null, "Other"), h("div", { class: "field-grid" }, others.map((k) => mk(k.path, k.path, null)))));
+      sections.push(h("fieldset", { class: "group", id: "group-other" }, h("legend", null, "Other"), h("div", { class: "field-grid" }, others.map((k) => mk(k.path, fieldLabel(k.path), null)))));
     }
     const isPolicy = (path: string) => path.startsWith("policy.");
 
@@ -333,7 +384,7 @@ export function newJobPage(root: HTMLElement): Cleanup {
     function showErrors(errs: FieldErrorItem[], heading: string, focus = true): void {
       for (const f of fields.values()) f.setError(null);
       const shown = new Set(fields.keys());
-      const at = new Map<Field, string[]>();
+      const at = new Map<Field | TrackersField, string[]>();
       let marked = 0;
       for (const e of errs) {
         const path = fieldForLoc(e.loc, shown);
