@@ -245,7 +245,10 @@ class CheckpointConfig:
 @dataclass
 class HealthConfig:
     """What counts as a sick run. A non-finite loss or gradient norm always ends the job as failed (with clipping
-    that step's update is skipped); the checks below raise warnings, or stop the job with on_warning: stop."""
+    that step's update is skipped). A dead run ends failed too (on_dead): its gradient norm is exactly 0 for
+    zero_grad_steps steps in a row, or its loss jumps above loss_spike_factor times the lowest loss so far and is
+    not back under that line within spike_recovery_steps steps. A spike that comes back is a warning; warnings stop
+    the job only with on_warning: stop. Every check runs from the second step on, warm-up included."""
 
     on_warning: Literal["warn", "stop"] = _f(
         "warn",
@@ -254,17 +257,31 @@ class HealthConfig:
     )
     loss_spike_factor: float = _f(
         10.0,
-        doc="Warn when a step's loss is above this many times the lowest loss so far (checked after the "
-        "learning-rate warm-up, from the second step on).",
+        doc="A step's loss above this many times the lowest loss so far is a spike: a warning, and a dead run "
+        "when the loss is not back under the line within spike_recovery_steps (from the second step on, "
+        "warm-up included).",
         gt=1.0,
         le=1e12,
     )
+    spike_recovery_steps: int = _f(
+        5,
+        doc="Steps a loss spike has to come back under loss_spike_factor times the lowest loss before the run "
+        "counts as dead.",
+        ge=1,
+        le=1_000_000,
+    )
     zero_grad_steps: int = _f(
         3,
-        doc="Warn when the gradient norm is exactly 0 for this many steps in a row (nothing is learning). "
+        doc="A gradient norm of exactly 0 for this many steps in a row means nothing is learning: a dead run. "
         "0 turns the check off.",
         ge=0,
         le=1_000_000,
+    )
+    on_dead: Literal["fail", "warn"] = _f(
+        "fail",
+        doc="fail: a dead run (see zero_grad_steps and spike_recovery_steps) ends failed at the next step "
+        "boundary, 'diverged: ... at step N' naming the step it died at; its checkpoints from before stay and "
+        "nothing is exported. warn: it is only a warning, and the run goes on.",
     )
 
 

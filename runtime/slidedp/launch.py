@@ -528,8 +528,10 @@ def _run_ranks(cfg: JobConfig, state, layout: HostLayout, policy: ExecutionPolic
                 stop_sent = True
         elif kind == "checkpoint":
             if monitor.stop_reason is None:
+                # while the run may be dying the new checkpoint may hold a dead state: rotate none of the earlier
+                # ones away for it (a run cannot have more checkpoints than steps)
                 path = ckpt.save(ckpt_root, payload["step"], cfg, state, payload["data_state"],
-                                 keep=cfg.checkpoint.keep)
+                                 keep=cfg.steps if monitor.suspect else cfg.checkpoint.keep)
                 _log(on_log, f"checkpoint of step {payload['step']} written to {path}")
                 kept = best.written(payload["step"], path, records)
                 if kept is not None:
