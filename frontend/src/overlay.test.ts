@@ -8,8 +8,10 @@ const run = (steps: number[], loss: (s: number) => number | null = (s) => 10 - s
 
 describe("parseSelection", () => {
   it("reads the job ids in the order given, each once, and the log axis", () => {
-    expect(parseSelection("?ids=5,3,5,12&log=1")).toEqual({ ids: [5, 3, 12], problems: [], log: true });
-    expect(parseSelection("?ids=%207%20,,8")).toEqual({ ids: [7, 8], problems: [], log: false });
+    expect(parseSelection("?ids=5,3,5,12&log=1")).toEqual({ ids: [5, 3, 12], problems: [], scales: { log: true } });
+    expect(parseSelection("?ids=%207%20,,8")).toEqual({ ids: [7, 8], problems: [], scales: {} });
+    // an explicit linear choice is kept too (it overrides the automatic log axis); other values choose nothing
+    expect(parseSelection("?ids=1&log=0&log_grad_norm=1&log_tokens=yes").scales).toEqual({ log: false, log_grad_norm: true });
   });
 
   it("names what is not a job id instead of dropping it silently", () => {
@@ -25,7 +27,7 @@ describe("parseSelection", () => {
   });
 
   it("reads no ids from a URL without them, and keeps at most MAX_COMPARED", () => {
-    expect(parseSelection("")).toEqual({ ids: [], problems: [], log: false });
+    expect(parseSelection("")).toEqual({ ids: [], problems: [], scales: {} });
     const many = Array.from({ length: MAX_COMPARED + 2 }, (_, i) => i + 1);
     const sel = parseSelection(`?ids=${many.join(",")}`);
     expect(sel.ids).toEqual(many.slice(0, MAX_COMPARED));
@@ -33,8 +35,10 @@ describe("parseSelection", () => {
   });
 
   it("round-trips through the URL it builds", () => {
-    expect(compareHref([4, 2], true)).toBe("/jobs/compare?ids=4,2&log=1");
-    expect(parseSelection(compareHref([4, 2], true).split("?")[1])).toEqual({ ids: [4, 2], problems: [], log: true });
+    expect(compareHref([4, 2], { log: true })).toBe("/jobs/compare?ids=4,2&log=1");
+    expect(parseSelection(compareHref([4, 2], { log: true }).split("?")[1])).toEqual({ ids: [4, 2], problems: [], scales: { log: true } });
+    const both = { log: false, log_step_time: true };
+    expect(parseSelection(compareHref([4], both).split("?")[1]).scales).toEqual(both);
     expect(compareHref([9])).toBe("/jobs/compare?ids=9");
   });
 });
@@ -60,30 +64,30 @@ describe("overlay", () => {
   it("puts jobs of different lengths on one shared step axis", () => {
     const o = overlay([run([1, 2, 3]), run([1, 2, 3, 4, 5], (s) => s / 10)]);
     expect(o.steps).toEqual([1, 2, 3, 4, 5]);
-    expect(o.loss[0]).toEqual([9, 8, 7, null, null]);
-    expect(o.loss[1]).toEqual([0.1, 0.2, 0.3, 0.4, 0.5]);
-    expect(o.last).toEqual([{ step: 3, loss: 7 }, { step: 5, loss: 0.5 }]);
+    expect(o.values[0]).toEqual([9, 8, 7, null, null]);
+    expect(o.values[1]).toEqual([0.1, 0.2, 0.3, 0.4, 0.5]);
+    expect(o.last).toEqual([{ step: 3, value: 7 }, { step: 5, value: 0.5 }]);
   });
 
   it("keeps eval loss only at the steps that evaluated, and says which jobs evaluated", () => {
     const a = run([1, 2, 3, 4]).map((r) => (r.step % 2 === 0 ? { ...r, eval_loss: r.step } : r));
     const o = overlay([a, run([1, 2])]);
-    expect(o.evalLoss[0]).toEqual([null, 2, null, 4]);
-    expect(o.evalLoss[1]).toEqual([null, null, null, null]);
+    expect(o.evalValues[0]).toEqual([null, 2, null, 4]);
+    expect(o.evalValues[1]).toEqual([null, null, null, null]);
     expect(o.hasEval).toEqual([true, false]);
   });
 
   it("draws a non-finite loss as a gap, and a value a log axis cannot place as one too", () => {
     const recs: MetricsRecord[] = [{ step: 1, loss: 2 }, { step: 2, loss: null }, { step: 3, loss: NaN }, { step: 4, loss: 0 }, { step: 5, loss: 1 }];
-    expect(overlay([recs]).loss[0]).toEqual([2, null, null, 0, 1]);
-    expect(overlay([recs], { log: true }).loss[0]).toEqual([2, null, null, null, 1]);
-    expect(overlay([recs]).last[0]).toEqual({ step: 5, loss: 1 });
+    expect(overlay([recs]).values[0]).toEqual([2, null, null, 0, 1]);
+    expect(overlay([recs], { log: true }).values[0]).toEqual([2, null, null, null, 1]);
+    expect(overlay([recs]).last[0]).toEqual({ step: 5, value: 1 });
   });
 
   it("draws a resumed job as one line with its resume step", () => {
     const recs = run([1, 2, 3, 4, 5, 6]).map((r) => (r.step === 1 || r.step === 4 ? { ...r, startup_s: {} } : r));
     const o = overlay([recs, run([1, 2, 3, 4, 5, 6])]);
-    expect(o.loss[0]).toEqual([9, 8, 7, 6, 5, 4]);
+    expect(o.values[0]).toEqual([9, 8, 7, 6, 5, 4]);
     expect(o.resumes).toEqual([[4], []]);
   });
 
@@ -103,11 +107,11 @@ describe("overlay", () => {
     expect(o.resumes[0]).toEqual([2345]);
     // the columns stay aligned with the drawn steps
     const i = o.steps.indexOf(2345);
-    expect(o.loss[0][i]).toBe(5 + Math.sin(2345));
-    expect(o.evalLoss[0][o.steps.indexOf(1000)]).toBe(4);
+    expect(o.values[0][i]).toBe(5 + Math.sin(2345));
+    expect(o.evalValues[0][o.steps.indexOf(1000)]).toBe(4);
     // the short job keeps its first and last step (its extremes), each with its own value
-    expect(o.loss[1].slice(0, 2)).toEqual([9, 7]);
+    expect(o.values[1].slice(0, 2)).toEqual([9, 7]);
     expect(o.steps.slice(0, 2)).toEqual([1, 3]);
-    expect(o.loss[1].slice(2).every((v) => v === null)).toBe(true);
+    expect(o.values[1].slice(2).every((v) => v === null)).toBe(true);
   });
 });

@@ -308,6 +308,24 @@ def test_two_finished_runs_compared_from_the_list_and_kept_in_the_url(page, work
     both_drawn()
     assert page.locator("#compare-runs").get_by_role("link", name=f"#{ia}").is_visible()
 
+    # What differs in their configs: only the differing keys, with the form's labels, a column per job in order.
+    diff = page.locator("#compare-config table")
+    rows = {r.get_attribute("data-key"): r for r in diff.locator("tbody tr").all()}
+    assert {"steps", "eval.holdout", "eval.interval", "optimizer.max_grad_norm"} <= set(rows), list(rows)
+    assert "model" not in rows and "seq_len" not in rows and "output_dir" not in rows
+    assert rows["steps"].locator("td").all_inner_texts() == ["4", str(STEPS)]
+    assert rows["steps"].locator("th").inner_text().startswith("Steps")
+    assert rows["eval.holdout"].locator("th").inner_text().startswith("Held-out share of the training data")
+    assert diff.locator("thead th").all_inner_texts()[1:] == [f"#{ib} evaluated", f"#{ia} charts"]
+    # gradient norm, step time and tokens/s are charted for both runs too, on the same step axis
+    for cid in ("compare-grad-norm", "compare-step-time", "compare-tokens"):
+        page.wait_for_function(f"() => document.querySelector('#chart-{cid}')?.dataset.jobs === '2'")
+        assert page.evaluate(f"window.__slidedpCharts[{cid!r}].data[0]") == list(range(1, STEPS + 1))
+    assert page.evaluate("window.__slidedpCharts['compare-grad-norm'].data[2]") == pytest.approx(
+        [r["grad_norm"] for r in recs[ia]]
+    )
+    screenshot(page, "compare-config")  # the whole page: the differences table above the four charts
+
     # The log axis is part of the URL too; a reload shows the same comparison.
     chart.get_by_label("log scale").check()
     page.wait_for_function("() => window.__slidedpCharts.compare.scales.y.distr === 3")
