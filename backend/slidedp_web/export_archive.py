@@ -1,4 +1,6 @@
-"""Stream a directory as a .tar.gz without writing the archive to disk first (a model can be tens of GB)."""
+"""Stream a directory as a .tar.gz without writing the archive to disk first (a model can be tens of GB), and
+record what the export wrote so that the download can tell a file replaced since, even one of the same size.
+"""
 
 from __future__ import annotations
 
@@ -11,6 +13,29 @@ from collections.abc import Iterator
 from pathlib import Path
 
 CHUNK = 1 << 20
+# What identifies a file as written, besides its size: the inode (a file renamed over it is another one), the
+# modification time (rewritten in place) and the change time (which no user can set back, as `touch -d` does the
+# modification time). Hashing instead would read tens of GB at every export and every download.
+IDENTITY = ("ino", "mtime_ns", "ctime_ns")
+
+
+def stamped(final: Path, files: list[dict]) -> list[dict]:
+    """The export's file list [{"name", "bytes"}] with each file's identity as it is now, just after the export
+    wrote it (a file that cannot be read is listed as it was: the download refuses it as missing)."""
+    out = []
+    for item in files:
+        try:
+            st = os.lstat(final / str(item.get("name", "")))
+        except (OSError, ValueError):
+            out.append(dict(item))
+            continue
+        out.append({**item, **{key: getattr(st, f"st_{key}") for key in IDENTITY}})
+    return out
+
+
+def changed(st: os.stat_result, item: dict) -> bool:
+    """Whether a file's stat is not the identity the export recorded (a listing without one: not judged)."""
+    return any(item.get(key) is not None and getattr(st, f"st_{key}") != int(item[key]) for key in IDENTITY)
 
 
 class _QueueWriter:

@@ -18,6 +18,7 @@ folder that is being removed.
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 import re
@@ -168,6 +169,82 @@ def check_source(job: Job, checkpoint: Optional[str]) -> Path:
     return checkpoint_dir(job, checkpoint) if checkpoint else export_dir(job)
 
 
+# The count below encodes the prompt as the job's format renders it, without the special tokens the worker's
+# tokenizer may add (a BOS, a chat template's headers): a lower bound of what the model reads. The margin covers
+# a tokenizer that transformers loads a little differently from its tokenizer.json (a prefix space), so that
+# only a prompt the worker would certainly refuse is refused here; one just past the limit is the worker's to say.
+CONTEXT_MARGIN = 4
+
+
+def context_error(job: Job, source: Path, request: dict[str, Any]) -> Optional[str]:
+    """Why the prompt and max_new_tokens do not fit the model's context (max_position_embeddings), as the worker
+    would find it after waiting in the queue; None when they fit, or when this process cannot count the tokens
+    (no tokenizer.json, no `tokenizers` package: the worker's own check then says it)."""
+    model = str(job.config.get("model", ""))
+    fmt = (job.config.get("data") or {}).get("format") or "text"
+    limit = _max_positions(source / "config.json" if not request["checkpoint"] else None, model)
+    tokenizer = _tokenizer(source if not request["checkpoint"] else None, model)
+    if not isinstance(limit, int) or limit <= 0 or tokenizer is None:
+        return None
+    from slidedp.data.formats import prompt_text
+
+    prompt = request["prompt"]
+    text = prompt_text({"instruction": prompt, "prompt": prompt}, fmt) if fmt in ("prompt_completion", "alpaca") \
+        else prompt
+    tokens = len(tokenizer.encode(text, add_special_tokens=False).ids)
+    asked = request["max_new_tokens"]
+    if tokens - CONTEXT_MARGIN + asked <= limit:
+        return None
+    room = limit - asked
+    shorten = f"shorten the prompt to at most about {room} tokens, or " if room > 0 else ""
+    return (f"is at least {tokens} tokens as the job's data.format {fmt} renders it, and with max_new_tokens {asked} "
+            f"that is more than the {limit} positions the model takes (max_position_embeddings); {shorten}ask for "
+            "fewer new tokens")
+
+
+def _max_positions(config_json: Optional[Path], model: str) -> Any:
+    """max_position_embeddings of the export's config.json, or (config_json None: a checkpoint) of the job's
+    model: its preset or its directory's config.json."""
+    import json
+
+    from slidedp.config import is_model_path
+    from slidedp.presets import PRESETS
+
+    if config_json is None:
+        if not is_model_path(model):
+            return (PRESETS.get(model) or {}).get("max_position_embeddings")
+        config_json = Path(model) / "config.json"
+    try:
+        return json.loads(config_json.read_text(encoding="utf-8")).get("max_position_embeddings")
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
+def _tokenizer(export: Optional[Path], model: str) -> Any:
+    """The tokenizer the worker would load, from its tokenizer.json (the export's, or the job's model's)."""
+    from slidedp.data.tokenizer import tokenizer_source
+
+    folder = export if export is not None else tokenizer_source(model)
+    path = Path(folder) / "tokenizer.json" if folder else None
+    try:
+        st = path.stat() if path else None
+    except OSError:
+        return None
+    return _load_tokenizer(str(path), st.st_mtime_ns, st.st_size) if st else None
+
+
+@functools.lru_cache(maxsize=8)
+def _load_tokenizer(path: str, _mtime_ns: int, _size: int) -> Any:
+    try:
+        from tokenizers import Tokenizer  # the Rust tokenizer alone: no torch, no transformers in the API
+    except ImportError:
+        return None
+    try:
+        return Tokenizer.from_file(path)
+    except Exception:  # noqa: BLE001 - a tokenizer this library cannot read is the worker's to load or refuse
+        return None
+
+
 # ----------------------------------------------------------------------------------------------- create
 def create(settings: Settings, session: Session, job_id: int, body: Any) -> Generation:
     from slidedp_web.jobs import get_or_404 as job_or_404  # jobs imports this module
@@ -175,11 +252,14 @@ def create(settings: Settings, session: Session, job_id: int, body: Any) -> Gene
     request = parse_request(body)  # a bad body is a 422 whether or not the job exists
     job = job_or_404(session, job_id)
     try:
-        check_source(job, request["checkpoint"])
+        source = check_source(job, request["checkpoint"])
     except Unusable as exc:
         if exc.loc:
             raise unprocessable([{"loc": exc.loc, "msg": str(exc)}]) from None
         raise HTTPException(exc.status, str(exc)) from None
+    too_long = context_error(job, source, request)
+    if too_long:
+        raise unprocessable([{"loc": "prompt", "msg": too_long}])
     live.require(settings, "generation")
     queued = session.exec(
         select(func.count()).select_from(Generation).where(Generation.job_id == job_id, Generation.status == "queued")

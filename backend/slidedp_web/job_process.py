@@ -311,6 +311,12 @@ def _record_outputs(settings: Any, job_id: int, **values: Any) -> None:
     with write_session(settings) as session:
         job = session.get(Job, job_id)
         if job is not None:
+            if "export" in values:  # each file's identity as written, which the download compares
+                from pathlib import Path
+
+                from slidedp_web.export_archive import stamped
+
+                values["export"] = stamped(Path(job.output_dir) / "final", values["export"])
             job.outputs = {**(job.outputs or {}), **values}
             session.add(job)
 

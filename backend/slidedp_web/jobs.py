@@ -17,7 +17,7 @@ import sqlalchemy as sa
 from fastapi import HTTPException
 from slidedp.config import JobConfig
 from slidedp.planning import profiles
-from slidedp.validation import JobCheck, check_config
+from slidedp.validation import JobCheck, check_config, checkpoint_model_problem
 from sqlmodel import Session, func, select
 
 from slidedp_web import celery_app, folder_lock, generations, live, outputs, planning
@@ -172,7 +172,7 @@ def check_request(
     )
     out.plannable = cfg is not None and not refused and host_error is None and not limits and model_usable
     if check.parsed is not None and check.known("init_from"):
-        out.init_from_job, found = init_from_errors(session, check.parsed)
+        out.init_from_job, found = init_from_errors(session, check.parsed, check.known("model"))
         errors += found
     if check.parsed is not None and check.known("output_dir") and host_error is None:
         if "output_dir" in raw:
@@ -362,9 +362,12 @@ def room_error(folder: Path, cfg: Any) -> Optional[dict[str, str]]:
     return {"loc": "output_dir", "msg": msg} if msg else None
 
 
-def init_from_errors(session: Session, cfg: Any) -> tuple[Optional[int], list[dict[str, str]]]:
+def init_from_errors(
+    session: Session, cfg: Any, same_model: bool = False
+) -> tuple[Optional[int], list[dict[str, str]]]:
     """(the id of the job whose checkpoint init_from names, []), or (None, [why not]). The API takes a job and a
-    checkpoint name; a checkpoint path is for the command line, where the user owns the files."""
+    checkpoint name; a checkpoint path is for the command line, where the user owns the files. same_model: the
+    checkpoint must also hold cfg's model shape, as the run would refuse it otherwise."""
     source = getattr(cfg, "init_from", None)
     if source is None:
         return None, []
@@ -395,6 +398,10 @@ def init_from_errors(session: Session, cfg: Any) -> tuple[Optional[int], list[di
                 f"{source.checkpoint!r}; it has: {', '.join(names)} (or say latest)",
             }
         ]
+    name = names[-1] if source.checkpoint == "latest" else source.checkpoint
+    problem = checkpoint_model_problem(checkpoint_path(session, source.job, name), cfg) if same_model else None
+    if problem:
+        return None, [{"loc": "init_from.job", "msg": f"checkpoint {name} of job {source.job} {problem}"}]
     return int(source.job), []
 
 

@@ -81,16 +81,30 @@ UNREADABLE_BODY = "There was an error parsing the body"  # FastAPI's words for a
 
 
 def _clear_body_errors(app: FastAPI) -> None:
-    """FastAPI answers a JSON body that is not UTF-8 text with a bare 400; say what is wrong and how to fix it."""
-    from fastapi.exception_handlers import http_exception_handler
+    """FastAPI answers a JSON body it cannot decode with a bare 400; say what is wrong and how to fix it: text
+    that is not UTF-8 (400), or arrays and objects nested deeper than the parser goes (422, as any JSON the
+    request cannot be made of)."""
+    from fastapi.exception_handlers import http_exception_handler, request_validation_exception_handler
+    from fastapi.exceptions import RequestValidationError
     from starlette.exceptions import HTTPException as StarletteHTTPException
 
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(request: Any, exc: StarletteHTTPException) -> Any:
         if exc.status_code == 400 and exc.detail == UNREADABLE_BODY:
+            if isinstance(exc.__cause__, RecursionError):
+                too_deep = RequestValidationError([{
+                    "loc": ["body"], "type": "json_invalid",
+                    "msg": "the JSON nests too deeply to be read (arrays or objects inside one another, thousands of "
+                    "levels down); a request body is a JSON object whose values nest a few levels at most",
+                }])
+                return await request_validation_exception_handler(request, too_deep)
+            why = (
+                "JSON must be UTF-8 encoded" if isinstance(exc.__cause__, UnicodeDecodeError)
+                else f"it could not be decoded ({type(exc.__cause__).__name__})"
+            )
             exc = StarletteHTTPException(
                 400,
-                "the request body is not JSON text: JSON must be UTF-8 encoded; send the job config as a JSON "
+                f"the request body is not JSON text: {why}; send the job config as a JSON "
                 "object with Content-Type: application/json",
             )
         return await http_exception_handler(request, exc)

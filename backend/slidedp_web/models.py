@@ -47,6 +47,9 @@ def _json(nullable: bool = True) -> Any:
 
 class Job(SQLModel, table=True):
     __tablename__ = "jobs"
+    # An id is never handed out twice (a deleted job's URLs, tickets and event cursors must not reach a new job):
+    # SQLite's AUTOINCREMENT (migration 0005); Postgres's sequence never goes back.
+    __table_args__ = {"sqlite_autoincrement": True}
 
     id: Optional[int] = Field(default=None, primary_key=True)
     name: Optional[str] = Field(default=None, max_length=200)

@@ -348,8 +348,8 @@ def _rmdir_if_empty(path: Path, removed: list[str], guard: list[Path]) -> None:
 # ------------------------------------------------------------------------------------------------ export
 def export_listing(folder: Path, outputs: Optional[dict[str, Any]]) -> list[tuple[Path, int]]:
     """The files of the job's export to send: (path, size), each checked to be a regular file (not a link) of
-    the size the export recorded. Raises FileNotFoundError without an export, ValueError when final/ no longer
-    holds what the job wrote."""
+    the size and identity (export_archive.stamped) the export recorded. Raises FileNotFoundError without an
+    export, ValueError when final/ no longer holds what the job wrote."""
     final = folder / "final"
     if final.is_symlink() or not final.is_dir():
         raise FileNotFoundError(str(final))
@@ -373,6 +373,10 @@ def export_listing(folder: Path, outputs: Optional[dict[str, Any]]) -> list[tupl
             raise ValueError(f"{str(path)!r} is no longer the file the export wrote (not a regular file)")
         if item.get("bytes") is not None and st.st_size != int(item["bytes"]):
             raise ValueError(f"{str(path)!r} has {st.st_size} bytes, the export wrote {item['bytes']}")
+        from slidedp_web.export_archive import changed
+
+        if changed(st, item):
+            raise ValueError(f"{str(path)!r} is no longer the file the export wrote (replaced or rewritten since)")
         files.append((path, st.st_size))
     if not files:
         raise FileNotFoundError(str(final))

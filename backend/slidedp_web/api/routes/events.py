@@ -13,11 +13,13 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import AsyncIterator
-from typing import Any, Optional
+from typing import Annotated, Any, Optional
 
 import anyio
 import redis
 from fastapi import APIRouter, Header, Query, Request, Response
+from fastapi.exceptions import RequestValidationError
+from pydantic import Field, TypeAdapter, ValidationError
 from sqlmodel import select
 from sse_starlette import EventSourceResponse, ServerSentEvent
 
@@ -63,11 +65,9 @@ async def job_events(
     last_event_id: Optional[int] = Query(None, ge=0, le=DB_INT_MAX, description="Resume after this event id"),
     last_event_id_header: Optional[str] = Header(None, alias="Last-Event-ID"),
 ) -> Response:
+    after = max(last_event_id or 0, _header_cursor(last_event_id_header))
     job = get_or_404(session, job_id)
     session.close()
-    after = last_event_id or 0
-    if last_event_id_header and last_event_id_header.strip().isdigit():
-        after = max(after, min(int(last_event_id_header.strip()), DB_INT_MAX))
     if is_terminal(job.status) and after >= job.event_seq:
         # Nothing more will come: 204 is how SSE tells a browser's EventSource to stop reconnecting.
         return Response(status_code=204)
@@ -75,6 +75,26 @@ async def job_events(
     return EventSourceResponse(
         _stream(request, settings, job_id, after), ping=15, headers={"X-Accel-Buffering": "no"}
     )
+
+
+# The header is held to the query parameter's own rule, so that a cursor means the same wherever it is sent.
+_CURSOR = TypeAdapter(Annotated[int, Field(ge=0, le=DB_INT_MAX)])
+
+
+def _header_cursor(value: Optional[str]) -> int:
+    """The event id a Last-Event-ID header resumes after (0: none sent); a 422 for one that is not an event id."""
+    if value is None or value == "":
+        return 0  # EventSource sends an empty id when the last event it saw had none
+    try:
+        return _CURSOR.validate_python(value)
+    except ValidationError as exc:
+        shown = value if len(value) <= 24 else value[:24] + "..."
+        raise RequestValidationError([
+            {**e, "loc": ("header", "Last-Event-ID"), "input": shown,
+             "msg": f"{e['msg']}: Last-Event-ID must be the id of an event this stream sent (an integer from 0 to "
+             f"{DB_INT_MAX}), got {shown!r}; leave it out to receive the job's events from the start"}
+            for e in exc.errors(include_url=False, include_context=False)
+        ]) from None
 
 
 async def _stream(request: Request, settings: Settings, job_id: int, after: int) -> AsyncIterator[Any]:
