@@ -134,6 +134,8 @@ def cmd_generate(args) -> int:
                 print(json.dumps({**record, "format": gen.format, "load_s": round(gen.load_s, 3)}), flush=True)
             else:
                 print(out.text, flush=True)
+                if out.note and not out.text.strip():  # an empty line alone would say nothing
+                    print(f"generate: {out.note}", file=sys.stderr, flush=True)
     except GenerateError as exc:
         print(f"generate: {exc}", file=sys.stderr)
         return 2

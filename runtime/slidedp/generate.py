@@ -46,9 +46,33 @@ class Generation:
     stop: str  # "eos": an end marker was generated; "length": max_new_tokens was reached
     generate_s: float
     token_ids: list[int]  # the answer's token ids, end marker included
+    note: str | None = None  # why the answer is empty or cut short, and what to try (explain())
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+def explain(text: str, stop: str, new_tokens: int, max_new_tokens: int, fmt: str, temperature: float) -> str | None:
+    """A sentence on an answer a person would not understand without one: empty, or cut at max_new_tokens. None
+    for an answer that ended at an end marker with text in it."""
+    if text.strip():
+        if stop == "length":
+            return (f"The answer was cut at max_new_tokens ({max_new_tokens}) before the model ended it; ask for more "
+                    "tokens to see the rest.")
+        return None
+    shaped = (f" The prompt was rendered in the job's data format ({fmt}), as training showed it; a model that has "
+              "not learnt that shape yet often ends at once." if fmt != "text" else "")
+    sample = " Sampling (temperature above 0) may find a different first token." if temperature == 0 else ""
+    if stop == "eos" and new_tokens <= 1:
+        return ("The model's first token was its end marker: it ended the answer at once, so the answer is empty."
+                f"{shaped} Try a prompt worded like the training data, a later checkpoint, or more training.{sample}")
+    if stop == "eos":
+        return (f"The model generated {new_tokens - 1} tokens that are all special tokens or white space, then its "
+                f"end marker: nothing printable.{shaped} Try a prompt worded like the training data or more "
+                f"training.{sample}")
+    return (f"The model generated {new_tokens} tokens, all special tokens or white space, and reached "
+            f"max_new_tokens ({max_new_tokens}) without an end marker: nothing printable.{shaped} Try more training "
+            "or a later checkpoint.")
 
 
 def saved_format(model_dir: str) -> str | None:
@@ -153,7 +177,9 @@ class Generator:
         new = [int(t) for t in out[0, len(ids):].tolist()]
         stopped = bool(new) and new[-1] in self.stop_ids
         answer = self.tokenizer.decode(new, skip_special_tokens=True)
-        return Generation(prompt, text, answer, len(ids), len(new), "eos" if stopped else "length", seconds, new)
+        stop = "eos" if stopped else "length"
+        note = explain(answer, stop, len(new), max_new_tokens, self.format, temperature)
+        return Generation(prompt, text, answer, len(ids), len(new), stop, seconds, new, note)
 
 
 def generate(model_dir: str, prompts: list[str], max_new_tokens: int = 64, temperature: float = 0.0,

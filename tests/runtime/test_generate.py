@@ -141,3 +141,39 @@ def test_the_demo_held_out_prompts_are_not_in_its_training_file():
             assert r["completion"] == " " + " ".join(reversed(words))
         else:
             assert r["completion"] == f" {int(r['prompt'].split()[1]) + 1}"
+
+
+def test_an_empty_answer_says_why(export, capsys, monkeypatch):
+    """A model whose first token is its end marker answers an empty string: the generation says so, and what to
+    try, in the record and on the command's stderr. The tiny model's head is replaced by one that always picks EOS
+    (zero weights, the EOS logit as its only bias), so the real forward and decoding run."""
+    gen = Generator(export, device="cpu")
+    eos = gen.tokenizer.eos_token_id
+    head = gen.model.get_output_embeddings()
+    picks_eos = torch.nn.Linear(head.in_features, head.out_features, bias=True)
+    with torch.no_grad():
+        picks_eos.weight.zero_()
+        picks_eos.bias.zero_()
+        picks_eos.bias[eos] = 10.0
+    gen.model.set_output_embeddings(picks_eos)
+    out = gen("3 + 4 =", max_new_tokens=NEW)
+    assert (out.text, out.stop, out.new_tokens) == ("", "eos", 1)
+    assert out.note.startswith("The model's first token was its end marker: it ended the answer at once")
+    assert "prompt_completion" in out.note and "temperature above 0" in out.note
+    assert gen("3 + 4 =", max_new_tokens=NEW, temperature=1.0, seed=1).note.count("temperature") == 0
+
+    monkeypatch.setattr("slidedp.generate.Generator", lambda *a, **k: gen)
+    assert cli.main(["generate", "--model", export, "--prompt", "3 + 4 ="]) == 0
+    captured = capsys.readouterr()
+    assert captured.out == "\n" and "its end marker" in captured.err
+
+
+def test_a_cut_or_unprintable_answer_says_why():
+    from slidedp.generate import explain
+
+    assert explain("7", "eos", 2, 8, "prompt_completion", 0.0) is None
+    assert explain("7 8 9", "length", 8, 8, "text", 0.0) == (
+        "The answer was cut at max_new_tokens (8) before the model ended it; ask for more tokens to see the rest.")
+    assert explain("  ", "eos", 4, 8, "text", 0.5).startswith(
+        "The model generated 3 tokens that are all special tokens or white space, then its end marker")
+    assert "reached max_new_tokens (8) without an end marker" in explain("", "length", 8, 8, "chat", 0.0)
