@@ -60,7 +60,7 @@ def test_migrations_create_the_tables_in_the_schema(api, settings, pg_schema):
         "generations",
         "alembic_version",
     } <= tables
-    assert version == "0004"
+    assert version == "0005"
     with get_engine(settings).connect() as conn:
         columns = {c["name"] for c in sa.inspect(conn).get_columns("jobs", schema=pg_schema)}
     assert {"owner_token", "outputs", "init_from_job", "action"} <= columns
