@@ -140,7 +140,7 @@ def answer(settings: Any, generation_id: int) -> dict[str, Any]:
         "text": out.text,
         "timings": timings,
         "result": {"format": gen_model.format, "prompt_tokens": out.prompt_tokens, "new_tokens": out.new_tokens,
-                   "stop": out.stop, "device": gen_model.device, "model_dir": str(model_dir)},
+                   "stop": out.stop, "note": out.note, "device": gen_model.device, "model_dir": str(model_dir)},
     }
 
 

@@ -305,7 +305,7 @@ def public(session: Session, gen: Generation) -> GenerationPublic:
         max_new_tokens=gen.max_new_tokens, temperature=gen.temperature, seed=gen.seed, checkpoint=gen.checkpoint,
         host=gen.host, waiting=waiting, waiting_for_job=behind, formatted_prompt=gen.formatted_prompt,
         text=gen.text, format=result.get("format"), prompt_tokens=result.get("prompt_tokens"),
-        new_tokens=result.get("new_tokens"), stop=result.get("stop"), error=gen.error,
+        new_tokens=result.get("new_tokens"), stop=result.get("stop"), note=result.get("note"), error=gen.error,
         created_at=iso(gen.created_at), started_at=iso(gen.started_at), finished_at=iso(gen.finished_at),
         timings=timings,
     )

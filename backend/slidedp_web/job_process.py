@@ -166,11 +166,17 @@ def _train(settings: Any, job_id: int, attempt: int, stop: Any) -> dict[str, Any
             "status": "failed",
             "error": {"message": f"the job cannot start: {exc}", "errors": exc.errors},
         }
-    except UnhealthyRun as exc:  # diverged, or a health warning with on_warning: stop
+    except UnhealthyRun as exc:  # diverged, died, or a health warning with on_warning: stop
         _log(settings, job_id, str(exc))
+        reason = "diverged" if str(exc).startswith("diverged:") else "health_stop"
         return {
             "status": "failed",
-            "error": {"message": str(exc), "errors": [{"loc": "health", "msg": str(exc)}]},
+            "error": {
+                "message": str(exc),
+                "errors": [{"loc": "health", "msg": str(exc)}],
+                "reason": reason,
+                "step": exc.step,
+            },
         }
     except ExportFailed as exc:  # trained to the end; the state is in a checkpoint when one could be kept
         _log(settings, job_id, f"ExportFailed: {exc}")

@@ -187,6 +187,10 @@ class Generation(SQLModel, table=True):
 class JobError(SQLModel):
     message: str
     errors: list[dict[str, Any]] = []
+    # why the run ended, where the runtime said: "diverged" (a non-finite number, or a dead run: health.on_dead)
+    # or "health_stop" (a warning with health.on_warning: stop); `step` the step it went wrong at
+    reason: Optional[str] = None
+    step: Optional[int] = None
 
 
 class JobPublic(SQLModel):
@@ -319,6 +323,7 @@ class GenerationPublic(SQLModel):
     prompt_tokens: Optional[int] = None
     new_tokens: Optional[int] = None
     stop: Optional[Literal["eos", "length"]] = None
+    note: Optional[str] = None  # why an answer is empty or cut short, and what to try (slidedp.generate.explain)
     error: Optional[str] = None
     created_at: Optional[str] = None
     started_at: Optional[str] = None

@@ -118,6 +118,11 @@ def test_a_completed_job_answers_a_prompt_through_its_worker(client, finished, l
     assert (done["formatted_prompt"], done["format"]) == (PROMPT, "prompt_completion")
     assert done["text"] == expected
     assert 1 <= done["new_tokens"] <= 6 and done["stop"] in ("eos", "length")
+    # the same note the runtime gives this answer: said for an empty or cut answer, none for a whole one
+    from slidedp.generate import explain
+
+    assert done["note"] == explain(done["text"], done["stop"], done["new_tokens"], 6, "prompt_completion", 0.0)
+    assert (done["note"] is None) == (bool(done["text"].strip()) and done["stop"] == "eos")
     assert done["host"] == finished["host"] and done["created_at"] <= done["started_at"] <= done["finished_at"]
     t = done["timings"]
     assert t["load_s"] > 0 and t["generate_s"] > 0 and t["total_s"] >= t["queued_s"] >= 0 and "convert_s" not in t

@@ -124,6 +124,7 @@ def test_a_diverged_job_fails_with_its_reason_and_a_sick_one_carries_its_warning
     assert done["status"] == "failed", done
     assert done["error"]["message"].startswith("diverged: ") and "at step 2" in done["error"]["message"]
     assert done["error"]["errors"][0]["loc"] == "health"
+    assert (done["error"]["reason"], done["error"]["step"]) == ("diverged", 2)
     assert done["checkpoints"] == ["step-00000001"]
     metrics = client.get(f"/api/jobs/{done['id']}/metrics").json()["items"]
     assert [m["step"] for m in metrics] == [1, 2] and metrics[1]["diverged"] == done["error"]["message"]

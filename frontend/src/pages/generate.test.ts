@@ -1,5 +1,5 @@
 import { describe, expect, it } from "vitest";
-import { modelSources, statusLine, type Generation } from "./generate";
+import { answerNote, modelSources, statusLine, type Generation } from "./generate";
 
 const base: Generation = {
   id: 4,
@@ -35,5 +35,16 @@ describe("the prompt box", () => {
       "Answered on gpu1 (3 tokens, checkpoint converted in 2.0 s, queued 41 s); it stopped at max new tokens.",
     );
     expect(statusLine({ ...base, status: "failed", error: "job 2 has no export" })).toBe("Failed: job 2 has no export");
+  });
+});
+
+describe("an answer that needs a word", () => {
+  it("shows the runtime's note, says an empty answer is empty, and says nothing of a whole one", () => {
+    const done = { ...base, status: "done", stop: "eos" as const };
+    const note = "The model's first token was its end marker: it ended the answer at once, so the answer is empty.";
+    expect(answerNote({ ...done, text: "", note })).toBe(note);
+    expect(answerNote({ ...done, text: "  " })).toBe("The answer is empty: the model generated nothing printable.");
+    expect(answerNote({ ...done, text: "8" })).toBeNull();
+    expect(answerNote({ ...base, status: "running", text: "" })).toBeNull();
   });
 });

@@ -25,6 +25,8 @@ export interface Generation {
   format?: string | null;
   new_tokens?: number | null;
   stop?: "eos" | "length" | string | null;
+  /** Why an answer is empty or cut short, and what to try (the runtime's words). */
+  note?: string | null;
   error?: string | null;
   timings?: Record<string, number | null> | null;
 }
@@ -55,6 +57,13 @@ export function statusLine(g: Generation): string {
   return `Answered on ${g.host ?? "the job's host"} (${parts.join(", ")})${why}.`;
 }
 
+/** What to say under a finished answer: the runtime's note, or, from a server without notes, that it is empty. */
+export function answerNote(g: Generation): string | null {
+  if (g.status !== "done") return null;
+  if (g.note) return g.note;
+  return (g.text ?? "").trim() ? null : "The answer is empty: the model generated nothing printable.";
+}
+
 function hostOf(waiting: string | null | undefined): string {
   const m = /on host (\S+)/.exec(waiting ?? "");
   return m ? ` on host ${m[1]}` : "";
@@ -72,6 +81,7 @@ export function generatePanel(jobId: number): { el: HTMLElement; update: (job: J
   const formattedEl = h("pre", { id: "gen-formatted" });
   const formattedBox = h("details", { hidden: true }, h("summary", null, "The prompt as the model read it"), formattedEl);
   const answerEl = h("pre", { id: "gen-answer", "aria-label": "Answer", hidden: true });
+  const noteEl = h("p", { id: "gen-note", class: "warn-box", hidden: true });
   const field = (id: string, label: string, input: HTMLElement, hint?: string) =>
     h("div", { class: "field" }, h("label", { for: id, title: hint }, label), input);
   const form = h(
@@ -97,6 +107,7 @@ export function generatePanel(jobId: number): { el: HTMLElement; update: (job: J
     statusEl,
     formattedBox,
     answerEl,
+    noteEl,
   );
   let shownSources = "";
   let timer: ReturnType<typeof setTimeout> | null = null;
@@ -110,6 +121,9 @@ export function generatePanel(jobId: number): { el: HTMLElement; update: (job: J
     formattedEl.textContent = g.formatted_prompt ?? "";
     answerEl.hidden = g.status !== "done";
     answerEl.textContent = g.text ?? "";
+    const note = answerNote(g);
+    noteEl.hidden = note === null;
+    noteEl.textContent = note ?? "";
   }
 
   async function follow(url: string): Promise<void> {
