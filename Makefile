@@ -9,7 +9,7 @@ LINT_PATHS := $(wildcard runtime backend tests examples)
 TEST_WORKERS ?= 2
 PYTEST_PAR := -n $(TEST_WORKERS) --dist loadfile
 
-.PHONY: run test test-fast lint install gpu-test clean
+.PHONY: run test test-fast lint install gpu-test clean mutate
 
 $(STAMP): pyproject.toml scripts/setup.sh
 	scripts/setup.sh
@@ -39,6 +39,11 @@ test-fast: install
 gpu-test:
 	NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONPATH=runtime:. \
 		python3 -m pytest -q -m gpu tests/gpu tests/runtime
+
+## make mutate: mutation testing of the optimizer's schedule and clip rule, health, the memory cap, path guards, DELETE
+## and export (slow, not part of make test; one target: make mutate TARGETS=clip; docs/testing.md)
+mutate: install
+	$(BIN)/python scripts/mutate.py $(TARGETS)
 
 lint: install
 	$(BIN)/ruff check $(LINT_PATHS)

@@ -147,7 +147,7 @@ def _torch_decay_lrs(decay: str, lr: float, span: int, floor: float) -> list[flo
 
 
 @pytest.mark.parametrize("decay", ["cosine", "linear"])
-@pytest.mark.parametrize("warmup, floor", [(0, 0.1), (3, 0.25), (4, 0.0)])
+@pytest.mark.parametrize("warmup, floor", [(0, 0.1), (3, 0.25), (4, 0.0), (12, 0.3)])  # 12: one decayed step
 def test_the_decay_reaches_its_floor_as_torch_schedulers_do(decay, warmup, floor):
     """lr_at itself, against CosineAnnealingLR (eta_min = floor × lr) and LinearLR (end_factor = floor): a floor
     above 0 lifts every decayed step, not only the last (the trained runs above use floor 0 for the cosine).
