@@ -316,7 +316,7 @@ def test_two_finished_runs_compared_from_the_list_and_kept_in_the_url(page, work
     assert rows["steps"].locator("td").all_inner_texts() == ["4", str(STEPS)]
     assert rows["steps"].locator("th").inner_text().startswith("Steps")
     assert rows["eval.holdout"].locator("th").inner_text().startswith("Held-out share of the training data")
-    assert diff.locator("thead th").all_inner_texts()[1:] == [f"#{ib} evaluated", f"#{ia} charts"]
+    assert [t.strip() for t in diff.locator("thead th").all_inner_texts()[1:]] == [f"#{ib} evaluated", f"#{ia} charts"]
     # gradient norm, step time and tokens/s are charted for both runs too, on the same step axis
     for cid in ("compare-grad-norm", "compare-step-time", "compare-tokens"):
         page.wait_for_function(f"() => document.querySelector('#chart-{cid}')?.dataset.jobs === '2'")
