@@ -26,7 +26,7 @@ import torch.distributed as dist
 from slidedp.config import OptimizerConfig, ScheduleConfig
 from slidedp.step.collectives import all_gather, reduce_scatter
 from slidedp.step.host_state import HostState
-from slidedp.step.optimizer import lr_at
+from slidedp.step.optimizer import clip_coefficient, clips, lr_at
 from slidedp.step.routes import Routes, ShardMap, sum_of_squares
 
 
@@ -124,16 +124,16 @@ class DeviceUpdate:
         s = self.streams
         lr = lr_at(step, self.total_steps, self.opt, self.sched)
         coef = found_inf = None
-        if self.opt.max_grad_norm <= 0:
+        if not clips(self.opt):
             for u in self.units:  # the reduced shards only, not the other units' copies queued behind them
                 s.compute.wait_event(self._reduced_ev.pop(u))
         else:
             s.compute.wait_stream(s.d2h)  # the global norm: every unit's gradient of the step
-            norm = self._global_sumsq.sqrt()
-            coef = (self.opt.max_grad_norm / (norm + 1e-6)).clamp(max=1.0).to(torch.float32)
+            coef, skip = clip_coefficient(self._global_sumsq.sqrt(), self.opt.max_grad_norm)
+            coef = coef.to(torch.float32)
             # a non-finite norm skips the step's update, as the host updater does, without a device sync: the
             # fused kernel leaves weights and moments untouched when found_inf is 1
-            found_inf = (~torch.isfinite(norm)).to(torch.float32).reshape(())
+            found_inf = skip.to(torch.float32).reshape(())
         step_t = torch.tensor(float(step), device=self.device)
         for u in self.units:
             g = self._reduced.pop(u)

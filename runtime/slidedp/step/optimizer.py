@@ -48,6 +48,28 @@ def lr_at(step: int, total: int, opt: OptimizerConfig, sched: ScheduleConfig) ->
     return opt.lr * factor
 
 
+CLIP_EPS = 1e-6  # torch.nn.utils.clip_grad_norm_'s: keeps the factor finite for a zero norm
+
+
+def clips(opt: OptimizerConfig) -> bool:
+    """Whether the step clips to a global norm: optimizer.max_grad_norm > 0; 0 turns it off (and the updater then
+    need not hold the gradients for the norm, which is still computed and reported)."""
+    return opt.max_grad_norm > 0
+
+
+def clip_coefficient(norm: torch.Tensor, max_grad_norm: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """The clip rule of a step, from its global gradient norm (a float64 scalar tensor on any device, so the
+    device update applies it without a sync): (coef, skip).
+
+    coef multiplies every gradient of the step: max_grad_norm / (norm + CLIP_EPS), at most 1, the factor of
+    torch.nn.utils.clip_grad_norm_ (the division is a true float64 one, so the host's float and the device's
+    tensor give the same bits). skip is True where the norm is inf or nan (a diverged step, slidedp.health): the
+    step then updates no weight and no moment, whatever coef holds. Only for clips(opt).
+    """
+    coef = (torch.full_like(norm, max_grad_norm) / (norm + CLIP_EPS)).clamp(max=1.0)
+    return coef, ~torch.isfinite(norm)
+
+
 def adamw_(param: torch.Tensor, grad: torch.Tensor, exp_avg: torch.Tensor, exp_avg_sq: torch.Tensor,
            step: int, lr: float, opt: OptimizerConfig) -> None:
     """One AdamW step on flat fp32 host tensors (decoupled weight decay, bias correction)."""
@@ -125,7 +147,7 @@ class Updater(threading.Thread):
         self.norm_on_device = grad_reduce == "gpu" or self.world == 1
         self.slots = state.layout.staging_slots
         self.deliver_bf16 = state.delivery is not state.master  # a bf16 copy the update must write
-        self.clip = opt.max_grad_norm > 0
+        self.clip = clips(opt)
         self._cond = threading.Condition()
         self._pending: deque[GradItem] = deque()
         self._backward_ended: set[int] = set()
@@ -326,14 +348,15 @@ class Updater(threading.Thread):
                                        "the gradient norm")
             norm = math.sqrt(sum(board.norms(step)))
         clipped = skipped = False
-        if self.clip and not math.isfinite(norm):
+        if self.clip:
+            coef_t, skip_t = clip_coefficient(torch.tensor(norm, dtype=torch.float64), self.opt.max_grad_norm)
+            skipped, coef = bool(skip_t), float(coef_t)
+        if skipped:
             # a diverged step (slidedp.health): the held gradients are dropped and no unit is updated, so the host
             # state stays that of the last good step; the units are marked done so no one waits for them
-            skipped = True
             for u in self.host_units:
                 self.board.set_updated(u, self.rank, step)
         elif self.clip:
-            coef = min(1.0, self.opt.max_grad_norm / (norm + 1e-6))
             clipped = coef < 1.0
             for u in self.host_units:  # forward order: unit 0 is the next forward's first need
                 lo, hi = self.shards.own_range(u)
