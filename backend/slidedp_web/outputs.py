@@ -32,7 +32,9 @@ from pathlib import Path
 from typing import Any, Optional
 
 MARKER = ".slidedp-job.json"
-RUN_FILES = ("metrics.jsonl", "metrics.jsonl.tmp")  # files train() writes in the folder
+# files a run writes in the folder: train()'s metrics, the job process's folder lock (slidedp_web/folder_lock.py) and
+# the room kept for the last checkpoint (slidedp.persist.checkpoint.Reserve), which a killed run leaves behind
+RUN_FILES = ("metrics.jsonl", "metrics.jsonl.tmp", ".slidedp-job.lock", ".slidedp-reserve")
 RUN_DIRS = ("final", "final.tmp", "final.old")  # the export, its temporary and the one it replaces
 # checkpoints converted to model directories for generation (slidedp_web/generations.py): the folder is the job's
 CONVERTED_DIRS = ("converted",)

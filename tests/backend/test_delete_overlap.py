@@ -53,6 +53,20 @@ def test_without_other_jobs_delete_removes_the_run_and_the_folder_it_created(tmp
     }
 
 
+def test_a_killed_run_s_lock_and_reserved_room_go_with_its_folder(tmp_path):
+    """A run killed with -9 leaves its folder lock and the room reserved for its last checkpoint: DELETE removes
+    them as the run's own files, so the folder it created goes too."""
+    from slidedp.persist.checkpoint import Reserve
+    from slidedp_web.folder_lock import LOCK_NAME
+
+    folder = run_folder(tmp_path)
+    (folder / LOCK_NAME).write_text("4242 host boot\n")
+    (folder / Reserve.NAME).write_bytes(b"\0" * 4096)
+    removed = remove(folder, [])
+    assert not folder.exists(), tree(folder)
+    assert {LOCK_NAME, Reserve.NAME} <= {Path(p).name for p in removed}
+
+
 @pytest.mark.parametrize(
     "other",
     [

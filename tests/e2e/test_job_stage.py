@@ -228,10 +228,11 @@ def test_the_host_state_stage_shows_its_units_and_the_summary_follows(page, work
 
 @pytest.mark.timeout(300)
 def test_a_job_with_health_warnings_is_not_a_plain_completed(page, workbench):
-    # lr 500 in bf16 without warm-up: the loss spikes at step 2, then the gradient is 0 from step 3 on.
+    # The demo at lr 1000 dies (its loss spikes, then the gradient norm is exactly 0); with health.on_dead: warn
+    # that is only said, as warnings, and the run completes.
     job = _post(
         workbench + "/api/jobs",
-        _demo(workbench, steps=8, name="warned", precision="bf16", lr=500.0, warmup=0),
+        _demo(workbench, steps=12, name="warned", lr=1000.0, health={"on_dead": "warn"}),
     )
     jid = job["id"]
     done = _wait_status(workbench, jid, {"completed", "failed"}, 240)
@@ -265,6 +266,30 @@ def test_a_job_with_health_warnings_is_not_a_plain_completed(page, workbench):
     section = page.get_by_role("region", name="Warnings")
     section.wait_for()
     assert f"Warnings ({len(warnings)})" in section.inner_text()
+    assert page.console.unexpected() == []
+
+
+@pytest.mark.timeout(300)
+def test_a_dead_run_ends_failed_with_the_step_it_died_and_no_export(page, workbench):
+    # The CPU demo at lr 1000 with its own warm-up: the loss spikes inside the warm-up, then the gradient norm is
+    # exactly 0. The run ends failed, saying where it died, and offers no export as its result.
+    job = _post(workbench + "/api/jobs", _demo(workbench, steps=30, name="dead", lr=1000.0, export=True))
+    jid = job["id"]
+    done = _wait_status(workbench, jid, {"completed", "failed"}, 240)
+    assert done["status"] == "failed", done
+    message = done["error"]["message"]
+    assert re.fullmatch(r"diverged: .+ at step \d+", message), message
+    assert done["error"]["reason"] == "diverged" and done["error"]["step"] >= 1, done["error"]
+    assert done["step"] < 30
+
+    page.goto(f"{workbench}/jobs/{jid}")
+    badge = page.locator('.title-row [data-status="failed"]')
+    badge.wait_for()
+    head = page.locator(".page-head")
+    page.get_by_text(re.compile(rf"Diverged at step {done['error']['step']}: ")).first.wait_for()
+    assert head.get_by_role("button", name="Download export").count() == 0
+    assert head.get_by_role("link", name="Download export").count() == 0
+    screenshot(page, "job-dead-run")
     assert page.console.unexpected() == []
 
 
