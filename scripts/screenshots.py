@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Screenshots of the job page for the documentation: a healthy run and a run whose health warnings fired.
+"""Screenshots of the job page for the documentation: a healthy run and a run that died.
 
 Starts the embedded workbench (SQLite, a private Redis, one local worker, the API and the UI) on a free
 127.0.0.1 port with a temporary data folder, the way the browser tests do (tests/e2e/e2e_support.py), runs two
@@ -7,8 +7,9 @@ short jobs of the CPU demo preset on its worker, and photographs each job page i
 at 1280x900:
 
 - docs/img/job-healthy.png: the CPU demo as the preset has it;
-- docs/img/job-warned.png: the same model at a learning rate of 500 in bf16 without warm-up, whose loss spikes
-  at step 2 and whose gradient is then 0 (two health warnings; the loss chart on its log axis).
+- docs/img/job-dead.png: the same job at a learning rate of 1000 (the preset's 6 warm-up steps kept), whose loss
+  spikes inside the warm-up and whose gradient norm is then exactly 0: the run ends failed, "Diverged at step N"
+  (the loss chart on its log axis).
 
     .venv/bin/python scripts/screenshots.py [--out docs/img]
 
@@ -35,7 +36,7 @@ from e2e_support import CHROMIUM, CHROMIUM_ARGS, get_json, start_workbench  # no
 VIEWPORT = {"width": 1280, "height": 900}
 MAX_BYTES = 400 * 1024
 HEALTHY_STEPS = 60
-WARNED_STEPS = 30
+DEAD_STEPS = 60
 
 
 def post(url: str, body: dict) -> dict:
@@ -61,25 +62,18 @@ def jobs(url: str) -> tuple[dict, dict]:
     """Submit both jobs (the worker runs them one after the other) and wait for them."""
     demo = next(p for p in get_json(url + "/api/presets")["items"] if p["id"] == "cpu-demo")["config"]
     healthy = post(url + "/api/jobs", {**demo, "name": "CPU demo", "steps": HEALTHY_STEPS})
-    warned = post(
+    dead = post(
         url + "/api/jobs",
-        {
-            **demo,
-            "name": "CPU demo, lr 500 in bf16",
-            "steps": WARNED_STEPS,
-            "export": False,
-            "precision": "bf16",
-            "optimizer": {**demo["optimizer"], "lr": 500.0},
-            "schedule": {**demo["schedule"], "warmup_steps": 0},
-        },
+        {**demo, "name": "CPU demo, lr 1000", "steps": DEAD_STEPS, "optimizer": {**demo["optimizer"], "lr": 1000.0}},
     )
     healthy = wait_done(url, healthy["id"], 900)
-    warned = wait_done(url, warned["id"], 900)
+    dead = wait_done(url, dead["id"], 900)
     if healthy["status"] != "completed" or healthy["warnings"]:
         raise SystemExit(f"the healthy run ended {healthy['status']} with warnings {healthy['warnings']}")
-    if warned["status"] != "completed" or not warned["warnings"]:
-        raise SystemExit(f"the warned run ended {warned['status']} with warnings {warned['warnings']}")
-    return healthy, warned
+    if dead["status"] != "failed" or not str((dead["error"] or {}).get("message", "")).startswith("diverged:"):
+        raise SystemExit(f"the lr-1000 run ended {dead['status']}: {dead['error']}")
+    print(f"the lr-1000 run: {dead['error']['message']} (warnings: {[w['message'] for w in dead['warnings']]})")
+    return healthy, dead
 
 
 def shoot(page, url: str, job: dict, path: Path, log_loss: bool) -> int:
@@ -110,14 +104,14 @@ def main() -> int:
 
     with tempfile.TemporaryDirectory(prefix="slidedp-screenshots-") as tmp, start_workbench(Path(tmp)) as url:
         print(f"workbench at {url}; running the two jobs ...", flush=True)
-        healthy, warned = jobs(url)
+        healthy, dead = jobs(url)
         with sync_playwright() as p:
             browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
             try:
                 page = browser.new_page(viewport=VIEWPORT, device_scale_factor=1)
                 shots = [
                     (healthy, args.out / "job-healthy.png", False),
-                    (warned, args.out / "job-warned.png", True),
+                    (dead, args.out / "job-dead.png", True),
                 ]
                 for job, path, log_loss in shots:
                     size = shoot(page, url, job, path, log_loss)

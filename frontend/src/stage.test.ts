@@ -69,8 +69,11 @@ describe("start-up stages", () => {
 
 describe("divergence", () => {
   it("reads the step and the reason of a diverged run", () => {
-    expect(divergence({ message: "diverged: loss is NaN at step 2" })).toEqual({ step: 2, reason: "loss is NaN", text: "Diverged at step 2: loss is NaN" });
+    expect(divergence({ message: "diverged: loss is NaN at step 2" })).toEqual({ step: 2, reason: "loss is NaN", dead: false, text: "Diverged at step 2: loss is NaN" });
     expect(divergence({ message: "diverged: gradient norm is +inf at step 17" })?.text).toBe("Diverged at step 17: gradient norm is +inf");
+    const dead = divergence({ message: "diverged: the gradient norm is exactly 0 for 3 steps in a row (steps 4-6), so nothing is learning, at step 4" });
+    expect(dead).toEqual({ step: 4, dead: true, reason: "the gradient norm is exactly 0 for 3 steps in a row (steps 4-6), so nothing is learning", text: "Diverged at step 4: the gradient norm is exactly 0 for 3 steps in a row (steps 4-6), so nothing is learning" });
+    expect(divergence({ message: "diverged: gradient norm is +inf at step 17" })?.dead).toBe(false);
     expect(divergence({ message: "diverged: loss is NaN" })?.text).toBe("Diverged: loss is NaN");
     expect(divergence({ message: "stopped by health.on_warning: loss 7 at step 3 ..." })).toBeNull();
     expect(divergence({ message: "the job's process died with signal 9" })).toBeNull();

@@ -104,16 +104,18 @@ export function startupText(sum: { total: number; parts: StartupPart[] }): strin
   return `Start-up: ${tenths(sum.total)}${parts ? ` (${parts})` : ""}`;
 }
 
-/** A run that ended for non-finite numbers (error.message "diverged: loss is NaN at step 2"): its step and
- *  reason, else null. */
-export function divergence(error: JobError | null | undefined): { step: number | null; reason: string; text: string } | null {
+/** A run that diverged or died (error.message "diverged: loss is NaN at step 2", "diverged: the gradient norm is
+ *  exactly 0 …, so nothing is learning, at step 4"): its step, its reason, and whether the numbers stayed finite
+ *  (a dead run), else null. */
+export function divergence(error: JobError | null | undefined): { step: number | null; reason: string; text: string; dead: boolean } | null {
   const msg = typeof error?.message === "string" ? error.message.trim() : "";
   if (!/^diverged:/i.test(msg)) return null;
   const rest = msg.replace(/^diverged:\s*/i, "").replace(/\.$/, "");
-  const m = /^(.*?)\s+at step (\d+)$/i.exec(rest);
+  const m = /^(.*?),?\s+at step (\d+)$/i.exec(rest);
   const reason = (m ? m[1] : rest) || "a number that is not finite";
   const step = m ? Number(m[2]) : null;
-  return { step, reason, text: step !== null ? `Diverged at step ${step}: ${reason}` : `Diverged: ${reason}` };
+  const dead = !/\b(NaN|[+-]?inf)\b/.test(reason);
+  return { step, reason, dead, text: step !== null ? `Diverged at step ${step}: ${reason}` : `Diverged: ${reason}` };
 }
 
 function capitalise(s: string): string {

@@ -403,7 +403,7 @@ export function jobPage(root: HTMLElement, params: string[]): Cleanup {
   function renderError(): void {
     const div = job?.status === "failed" ? divergence(job.error) : null;
     if (div) {
-      // The run went non-finite: said at the top in red, in place of the error box below.
+      // The run went non-finite or died: said at the top in red, in place of the error box below.
       const key = div.text;
       if (divergedEl.dataset.shown !== key) {
         divergedEl.dataset.shown = key;
@@ -416,7 +416,9 @@ export function jobPage(root: HTMLElement, params: string[]): Cleanup {
             h(
               "p",
               null,
-              "The run was stopped there and failed; no checkpoint or export is written after it. The charts draw the steps it recorded, the values that were not finite as gaps. A lower learning rate (optimizer.lr) or gradient clipping (optimizer.max_grad_norm) usually keeps a run finite.",
+              div.dead
+                ? "The run stopped learning there, so it was stopped and failed: no export is its result, and the checkpoints from before it are kept. A lower learning rate (optimizer.lr), a longer warm-up (schedule.warmup_steps) or gradient clipping (optimizer.max_grad_norm) usually keeps a run alive; health.on_dead: warn lets such a run go on with warnings."
+                : "The run was stopped there and failed; no checkpoint or export is written after it. The charts draw the steps it recorded, the values that were not finite as gaps. A lower learning rate (optimizer.lr) or gradient clipping (optimizer.max_grad_norm) usually keeps a run finite.",
             ),
           ),
         );
