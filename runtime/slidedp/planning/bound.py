@@ -13,6 +13,7 @@ from typing import Any
 
 from slidedp.planning.cost_model import Rates, durations
 from slidedp.planning.job import Job
+from slidedp.planning.overlap import steady_samples
 from slidedp.policy import ExecutionPolicy
 from slidedp.schedule import step_schedule, window_plan
 
@@ -33,14 +34,12 @@ def bound(job: Job, pol: ExecutionPolicy, rates: Rates) -> dict[str, Any]:
     update = sum(d.update)  # with clipping, what runs after the norm is known
     hold = sum(d.hold) if job.clip else 0.0  # with clipping, the norm and the copy as gradients arrive
     # the deliveries the window makes in a step (a kept edge unit's bytes and time are zero)
-    schedule = step_schedule(L, M)
     dedicated = {0, head} | {i + 1 for i, r in enumerate(pol.resident) if r}
-    plan, _ = window_plan(schedule, dedicated, pol.window)
-    delivered = [schedule[k] for k, e in enumerate(plan) if (e[1] if e[0] == "d" else e[2])]
+    delivered = _deliveries(L, M, dedicated, pol.window)
     offload = pol.counts()["offload"] * M
-    h2d = sum(d.deliver[u] for u in delivered) + offload * d.act_h2d
+    h2d = sum(d.deliver[u] * n for u, n in delivered) + offload * d.act_h2d
     d2h = sum(d.grad_d2h) + offload * d.act_d2h
-    dma_bytes = job.world * (sum(d.deliver_bytes[u] for u in delivered) + sum(d.grad_bytes)
+    dma_bytes = job.world * (sum(d.deliver_bytes[u] * n for u, n in delivered) + sum(d.grad_bytes)
                              + 2 * offload * d.act_bytes)
     dram_bytes = sum(d.update_bytes) + (sum(d.hold_bytes) if job.clip else 0.0) + dma_bytes
     dram_cap, _ = rates.pools()
@@ -88,3 +87,24 @@ def bound(job: Job, pol: ExecutionPolicy, rates: Rates) -> dict[str, Any]:
         "unhidden_s": exposed[binding],
         "host_dram_bytes": dram_bytes,
     }
+
+
+def _deliveries(layers: int, micro_batches: int, dedicated: set[int], window: int) -> list[tuple[int, int]]:
+    """(unit, deliveries) pairs that sum to what the window delivers in a step: (unit, 1) per delivery in
+    schedule order, or for a step too long to walk each unit's count extended from two shorter steps, as the
+    overlap model extends its replay (overlap.steady_samples): past the first micro-batch the window repeats
+    its deliveries every two micro-batches at most."""
+    def walk(m: int) -> list[tuple[int, int]]:
+        schedule = step_schedule(layers, m)
+        plan, _ = window_plan(schedule, dedicated, window)
+        return [(schedule[k], 1) for k, e in enumerate(plan) if (e[1] if e[0] == "d" else e[2])]
+
+    samples = steady_samples(micro_batches)
+    if samples is None:
+        return walk(micro_batches)
+    a, b, n = samples
+    short, longer = {}, {}
+    for counts, m in ((short, a), (longer, b)):
+        for u, _ in walk(m):
+            counts[u] = counts.get(u, 0) + 1
+    return [(u, short.get(u, 0) + n * (longer.get(u, 0) - short.get(u, 0))) for u in sorted({*short, *longer})]
