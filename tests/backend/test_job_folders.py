@@ -47,10 +47,15 @@ def insert_legacy_job(settings, output_dir: str, status: str = "completed") -> i
 
 
 def test_the_data_folder_and_the_jobs_root_are_no_job_s_folder(client, dataset, settings):
-    for value in ("jobs", ".", str(settings.data_dir), "jobs/123", str(Path(settings.data_dir).parent)):
+    data = Path(settings.data_dir)
+    for value in (".", str(data), str(data / "jobs"), str(data / "jobs" / "123"), str(data / "jobs" / "named"),
+                  str(data.parent)):
         item = conflict(client.post("/api/jobs", json={**tiny_job(dataset), "output_dir": value}))
-        assert "leave output_dir out" in item["msg"], item
+        assert "leave output_dir out" in item["msg"], (value, item)
     assert client.get("/api/jobs").json()["total"] == 0
+    # a relative folder is a folder of its own under <data>/jobs/named/, whatever its name
+    own = client.post("/api/jobs", json={**tiny_job(dataset), "output_dir": "jobs"})
+    assert own.status_code == 201 and own.json()["output_dir"] == str(data.resolve() / "jobs" / "named" / "jobs")
 
 
 def test_a_folder_another_job_recorded_is_refused_naming_that_job(client, dataset, tmp_path):
