@@ -205,3 +205,33 @@ def test_delete_keeps_the_export_and_checkpoint_other_rows_recorded(client, data
     assert os.listdir(folder / "checkpoints") == ["step-00000002"]  # its own last checkpoint went
     assert not (folder / "metrics.jsonl").exists() and not (folder / outputs.MARKER).exists()
     assert client.get(f"/api/jobs/{job['id']}").status_code == 404
+
+
+def test_claim_and_remove_at_their_edges(tmp_path):
+    """What mutation testing found untested: an existing empty folder is claimed, one holding unmarked files is
+    refused, the marker names its job (and a second job's claim says whose it is), a marker that is not an object
+    owns nothing for anyone, and a link to a run folder is no run folder."""
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert outputs.claim(empty, 7, TOKEN) == []
+    assert outputs.read_marker(empty) == {"job_id": 7, "owner_token": TOKEN}
+    with pytest.raises(outputs.FolderRefused, match="marked as the folder of job 7"):
+        outputs.claim(empty, 8, "another-token")
+    busy = tmp_path / "busy"
+    busy.mkdir()
+    (busy / "notes.txt").write_text("mine")
+    with pytest.raises(outputs.FolderRefused):
+        outputs.claim(busy, 9, TOKEN)
+    assert (busy / "notes.txt").read_text() == "mine" and not (busy / outputs.MARKER).exists()
+
+    listed = run_folder(tmp_path)
+    (listed / outputs.MARKER).write_text("[1, 2]")
+    assert outputs.read_marker(listed) == {}
+    assert remove(listed, []) == [] and (listed / "metrics.jsonl").exists()
+
+    target = tmp_path / "target"
+    outputs.claim(target, 1, TOKEN)
+    (target / "metrics.jsonl").write_text("{}\n")
+    link = tmp_path / "link"
+    link.symlink_to(target, target_is_directory=True)
+    assert remove(link, []) == [] and (target / "metrics.jsonl").exists()

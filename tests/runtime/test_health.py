@@ -189,3 +189,21 @@ def test_checkpoints_from_before_the_run_died_are_not_rotated_away(tmp_path):
         train(cfg)
     kept = sorted(int(name.split("-")[1]) for name in os.listdir(tmp_path / "out" / "checkpoints"))
     assert kept and kept[0] < err.value.step, (kept, str(err.value))
+
+
+def test_the_monitor_s_edges_and_words():
+    """What mutation testing found untested: a negative infinity is named as one; a loss exactly on the spike line
+    is no spike and one exactly back on it has come back; a dead gradient's warning names its last step."""
+    assert _monitor().check({"step": 4, "loss": 1.0, "grad_norm": -math.inf})[0] == (
+        "diverged: gradient norm is -inf at step 4")
+    mon = _monitor()
+    mon.check({"step": 1, "loss": 2.0, "grad_norm": 1.0})
+    assert mon.check({"step": 2, "loss": 20.0, "grad_norm": 1.0}) == (None, [])  # on the line (10 x 2.0)
+    assert mon.check({"step": 3, "loss": 20.5, "grad_norm": 1.0})[1][0]["kind"] == "loss_spike" and mon.suspect
+    mon.check({"step": 4, "loss": 20.0, "grad_norm": 1.0})
+    assert not mon.suspect  # back on the line is back
+    dead = _monitor(on_dead="warn", zero_grad_steps=2)
+    dead.check({"step": 7, "loss": 1.0, "grad_norm": 0.0})
+    _, [warning] = dead.check({"step": 8, "loss": 1.0, "grad_norm": 0.0})
+    assert warning == {"step": 8, "kind": "zero_grad",
+                       "message": "gradient norm is exactly 0 for 2 steps in a row (steps 7-8): nothing is learning"}
