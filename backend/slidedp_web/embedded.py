@@ -326,8 +326,6 @@ def _serve(args: argparse.Namespace, data_dir: Path) -> None:
     with contextlib.ExitStack() as stack:
         if not os.environ.get("REDIS_URL") and not args.api_only:
             os.environ["REDIS_URL"] = stack.enter_context(private_redis(data_dir))
-        import uvicorn
-
         from slidedp_web.core.config import get_settings
         from slidedp_web.core.db import upgrade
         from slidedp_web.main import create_app
@@ -366,7 +364,26 @@ def _serve(args: argparse.Namespace, data_dir: Path) -> None:
         if json_logs:
             logs.configure("INFO", "json")
         kwargs = {"log_config": None} if json_logs else {}
-        uvicorn.run(create_app(settings), host=host, port=port, log_level="info", **kwargs)
+        _run_api(create_app(settings), host, port, **kwargs)
+
+
+def _run_api(app: object, host: str, port: int, **kwargs: object) -> None:
+    """uvicorn.run, with a server that on the first Ctrl-C (or SIGTERM) also kills the plans being made:
+    uvicorn's graceful shutdown waits for every request in flight, and a plan request would hold it for as long
+    as planning takes (up to SLIDEDP_PLAN_TIMEOUT_S); killed, it answers 503 at once."""
+    import uvicorn
+
+    from slidedp_web import planning
+
+    class Server(uvicorn.Server):
+        def handle_exit(self, sig: int, frame: object) -> None:
+            planning.stop_planning()
+            super().handle_exit(sig, frame)
+
+    server = Server(uvicorn.Config(app, host=host, port=port, log_level="info", **kwargs))
+    server.run()
+    if not server.started:
+        raise SystemExit(f"slidedp serve: the API did not start on {host}:{port} (see the messages above)")
 
 
 if __name__ == "__main__":

@@ -183,6 +183,8 @@ def check_request(
     if cfg is not None and model_usable and host_error is None:
         try:
             out.plan = planning.plan_preview(cfg, host, settings)
+        except HTTPException:  # planning ran past SLIDEDP_PLAN_TIMEOUT_S, or the server is stopping: a 503
+            raise
         except Exception as exc:  # noqa: BLE001 - a planner bug must not stop a valid job; the worker plans again
             log.warning("plan preview failed: %s", exc)
             out.plan_failure = str(exc)

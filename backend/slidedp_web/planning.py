@@ -3,14 +3,23 @@
 No training and no torch: slidedp.planning.autopolicy.plan_job is fed the topology and calibration the
 host's worker reported. A job keeps that plan (`summary`); `job_policy` reads a job's stored policy column in
 the one shape the API answers (docs/interfaces.md §5 and §6, JobPublic.policy).
+
+The planner runs in a process of its own (`bounded_plan`), never on the API's threads: one that takes longer than
+SLIDEDP_PLAN_TIMEOUT_S is killed and the request answered 503, and `stop_planning` (the server's Ctrl-C) kills
+those in flight so that no request holds the shutdown.
 """
 
 from __future__ import annotations
 
 import logging
+import multiprocessing
+import os
+import threading
+import time
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
+from fastapi import HTTPException
 from fastapi.exceptions import RequestValidationError
 from slidedp.config import JobConfig
 from slidedp.planning import profiles
@@ -191,7 +200,7 @@ def plan_preview(cfg: JobConfig, host: Optional[Host], settings: Settings) -> di
     calibration is the profile's (planning/profiles.py), whatever this deployment's hosts have measured."""
     if isinstance(host, DeclaredHost):
         declared = profiles.declared_calibration(cfg, host.profile) if cfg.gpus > 0 else None
-        plan = clean_json(plan_job(cfg, host.topology, declared, sweep=True))
+        plan = bounded_plan(cfg, host.topology, declared, settings.plan_timeout_s)
         plan["host"] = host.name
         plan["calibration_match"] = {"used": None, "why_not": [], "run": None,
                                      "declared": profiles.declared_marker(host.profile)}
@@ -200,10 +209,111 @@ def plan_preview(cfg: JobConfig, host: Optional[Host], settings: Settings) -> di
     calibration, match = calibration_choice(
         cfg, host.calibration if host else local_calibration(settings), topology
     )
-    plan = clean_json(plan_job(cfg, topology, calibration, sweep=True))  # with the card sweep the preview shows
+    plan = bounded_plan(cfg, topology, calibration, settings.plan_timeout_s)  # with the card sweep
     plan.setdefault("host", host.name if host else settings.host_name)
     plan["calibration_match"] = clean_json(match)
     return plan
+
+
+# ------------------------------------------------------------------------------- planning off the API threads
+# A forkserver, not fork: the API process has threads (the server's pool, the database's), and a fork of it
+# could inherit a lock held by one of them. The forkserver is one clean process that has imported the planner
+# once; each plan is a fork of it, a few milliseconds.
+_lock = threading.Lock()
+_context: Optional[Any] = None
+_running: set[Any] = set()  # planning processes in flight
+_closed = threading.Event()  # the server is stopping: no new planning
+_slots = threading.BoundedSemaphore(max(2, os.cpu_count() or 2))  # planning processes at once
+
+
+def _planning_context() -> Any:
+    global _context
+    with _lock:
+        if _context is None:
+            _context = multiprocessing.get_context("forkserver")
+            _context.set_forkserver_preload(["slidedp_web.planning"])
+        return _context
+
+
+def _plan_in_child(conn: Any, cfg: JobConfig, topology: dict[str, Any], calibration: Optional[dict[str, Any]]) -> None:
+    try:
+        conn.send(("plan", clean_json(plan_job(cfg, topology, calibration, sweep=True))))
+    except Exception as exc:  # noqa: BLE001 - the API says what the planner raised
+        conn.send(("error", f"{type(exc).__name__}: {exc}"))
+    finally:
+        conn.close()
+
+
+def _stopping() -> HTTPException:
+    return HTTPException(503, "the server is stopping; the plan was not made: send the request again once it is up")
+
+
+def bounded_plan(
+    cfg: JobConfig, topology: dict[str, Any], calibration: Optional[dict[str, Any]], timeout_s: float
+) -> dict[str, Any]:
+    """plan_job(..., sweep=True) in a planning process, within timeout_s (waiting for a free slot included):
+    the plan JSON; HTTPException 503 when the deadline passes or the server stops first (the process is
+    killed); RuntimeError with the planner's own error when it raised."""
+    deadline = time.monotonic() + timeout_s
+    if not _slots.acquire(timeout=timeout_s):
+        raise _too_long(cfg, timeout_s, busy=True)
+    try:
+        ctx = _planning_context()
+        receive, send = ctx.Pipe(duplex=False)
+        proc = ctx.Process(target=_plan_in_child, args=(send, cfg, topology, calibration), name="slidedp-plan",
+                           daemon=True)
+        with _lock:
+            if _closed.is_set():
+                receive.close()
+                send.close()
+                raise _stopping()
+            proc.start()
+            _running.add(proc)
+        send.close()
+        try:
+            # poll also answers at once when the process dies (killed by stop_planning): recv then finds EOF
+            if not receive.poll(max(0.0, deadline - time.monotonic())):
+                raise _too_long(cfg, timeout_s)
+            try:
+                kind, value = receive.recv()
+            except EOFError:
+                if _closed.is_set():
+                    raise _stopping() from None
+                proc.join(1)
+                raise RuntimeError(f"the planning process ended without a plan (exit code {proc.exitcode})") from None
+        finally:
+            proc.kill()
+            proc.join()
+            receive.close()
+            with _lock:
+                _running.discard(proc)
+    finally:
+        _slots.release()
+    if kind == "error":
+        raise RuntimeError(value)
+    return value
+
+
+def _too_long(cfg: JobConfig, timeout_s: float, busy: bool = False) -> HTTPException:
+    what = "no planning slot came free" if busy else "planning this job did not finish"
+    return HTTPException(
+        503,
+        f"{what} within SLIDEDP_PLAN_TIMEOUT_S = {timeout_s:g} s and it was stopped; nothing was created. "
+        f"A plan's work grows with the model's layers ({cfg.model}) and the policy keys left on auto: fix some "
+        "(policy.activations, policy.window, policy.delivery) or use a smaller model to plan faster, or ask the "
+        "operator for a longer SLIDEDP_PLAN_TIMEOUT_S"
+        + ("; other plans were being made, try again shortly" if busy else ""),
+    )
+
+
+def stop_planning() -> None:
+    """No new planning, and every planning process in flight killed: their requests answer 503 at once, so a
+    server that is stopping has no request to wait for."""
+    with _lock:
+        _closed.set()
+        running = list(_running)
+    for proc in running:
+        proc.kill()
 
 
 HEADROOM = 0.9  # a plan using more of a memory budget than this leaves little room: a warning

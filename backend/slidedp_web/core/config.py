@@ -81,6 +81,12 @@ class Settings(BaseSettings):
 
     # Limits
     max_queued_jobs: int = Field(100, description="Job creation answers 429 beyond this many queued jobs.")
+    plan_timeout_s: float = Field(
+        30.0,
+        gt=0,
+        description="A plan preview (POST /api/plan, POST /api/jobs) still running after this many seconds is "
+        "stopped and answered 503.",
+    )
     max_page_size: int = Field(500, description="Largest `limit` accepted by list endpoints.")
     max_log_line_chars: int = Field(4000, description="Longer log lines are cut to this length.")
     max_request_bytes: int = Field(
