@@ -11,6 +11,8 @@
                                                            times predicted from the profile's figures
     slidedp profiles                                       the shipped hardware profiles (also plan --profiles)
     slidedp topology                                       this host's GPUs, links, CPU and RAM as JSON
+    slidedp topology --save FILE                           the same with the host's calibrations, to plan for it
+    slidedp plan --config job.yaml --host FILE             the plan for a saved host, from its own calibrations
     slidedp presets                                        model presets (random init) and their sizes
     slidedp validate --config job.yaml                     the checks a job passes before anything is allocated
     slidedp config-schema [--format markdown|json]         the job config's keys, types, defaults, ranges and
@@ -153,7 +155,21 @@ def cmd_plan(args) -> int:
               file=sys.stderr)
         return 2
     cfg = _load(args)
-    if args.profile:  # a declared host: its topology and figures from the profile, nothing measured here
+    saved = None
+    if args.host and args.profile:
+        print("slidedp plan: give --host FILE or --profile, not both", file=sys.stderr)
+        return 2
+    if args.host:  # a saved host (`slidedp topology --save`): its topology and its own measured calibrations
+        from slidedp.planning import host_file
+
+        try:
+            saved = host_file.load(args.host)
+        except host_file.HostFileError as exc:
+            print(f"--host: {exc}", file=sys.stderr)
+            return 2
+        topo = saved.topology
+        calibration = None if args.no_calibration else host_file.pick_calibration(cfg, saved)
+    elif args.profile:  # a declared host: its topology and figures from the profile, nothing measured here
         try:
             profile = profiles.load(args.profile)
         except profiles.ProfileError as exc:
@@ -174,9 +190,14 @@ def cmd_plan(args) -> int:
     from slidedp.planning import autopolicy
 
     plan = autopolicy.plan_job(cfg, topo, calibration, sweep=True)  # with what another card would buy
+    if saved is not None:
+        plan["imported_host"] = {"name": saved.name, "file": args.host, "saved_at": saved.saved_at,
+                                 "summary": host_file.describe(saved, args.host)}
     if args.json:
         print(json.dumps(plan, indent=2))
     else:
+        if saved is not None:
+            print(host_file.describe(saved, args.host))
         print(autopolicy.format_plan(plan))
     return 0 if plan.get("feasible", True) else 3
 
@@ -191,7 +212,21 @@ def cmd_profiles(args) -> int:
 def cmd_topology(args) -> int:
     from slidedp.planning import topology
 
-    print(json.dumps(topology.detect(args.host_ram_gib), indent=2))
+    topo = topology.detect(args.host_ram_gib)
+    if not args.save:
+        print(json.dumps(topo, indent=2))
+        return 0
+    from slidedp.planning import host_file
+    from slidedp.planning.calibration import cached_calibrations
+
+    saved = host_file.build(topo, cached_calibrations(topo.get("hostname")))
+    try:
+        host_file.save(args.save, saved)
+    except OSError as exc:
+        print(f"topology --save: cannot write {args.save}: {exc.strerror or exc}", file=sys.stderr)
+        return 2
+    print(f"saved host {saved.name} ({len(topo['gpus'])} GPU(s), {len(saved.calibrations)} calibration(s)) to "
+          f"{args.save}; plan for it elsewhere with slidedp plan --config JOB.yaml --host {args.save}")
     return 0
 
 
@@ -304,6 +339,9 @@ def build_parser() -> argparse.ArgumentParser:
                             help="plan for a declared host instead of this one: a shipped profile's name (see "
                             "--profiles) or a profile JSON file; every time is predicted from its figures")
             sp.add_argument("--profiles", action="store_true", help="list the shipped hardware profiles and exit")
+            sp.add_argument("--host", metavar="FILE", default=None,
+                            help="plan for a saved host instead of this one: the file `slidedp topology --save` "
+                            "wrote on it (its topology and calibrations)")
         if name == "train":
             sp.add_argument("--overwrite", action="store_true",
                             help="start a fresh run even when output_dir holds an earlier run's files")
@@ -338,6 +376,9 @@ def build_parser() -> argparse.ArgumentParser:
     sp.set_defaults(fn=cmd_generate)
     sp = sub.add_parser("topology", help="print this host's topology as JSON")
     sp.add_argument("--host-ram-gib", type=float, default=None)
+    sp.add_argument("--save", metavar="FILE", default=None,
+                    help="write this host's topology and its cached calibrations to FILE (a saved host, for "
+                    "`slidedp plan --host FILE` elsewhere or the workbench's Hosts page) instead of printing")
     sp.set_defaults(fn=cmd_topology)
     sub.add_parser("presets", help="list model presets").set_defaults(fn=cmd_presets)
     sub.add_parser("profiles", help="list the shipped hardware profiles (slidedp plan --profile NAME)").set_defaults(

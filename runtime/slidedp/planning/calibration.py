@@ -205,6 +205,26 @@ def cache_path(cfg: JobConfig, topology: dict[str, Any]) -> str:
     return os.path.join(cache_dir(), f"{host}-{calibration_key(cfg, topology)}.json")
 
 
+def cached_calibrations(hostname: str | None = None) -> list[dict]:
+    """Every calibration record cached for this host (one per job shape measured), oldest file name first; a file
+    that does not read as JSON is left out. What `slidedp topology --save` puts in a saved host."""
+    directory = cache_dir()
+    prefix = f"{hostname or socket.gethostname()}-"
+    if not os.path.isdir(directory):
+        return []
+    out = []
+    for name in sorted(os.listdir(directory)):
+        if name.startswith(prefix) and name.endswith(".json"):
+            try:
+                with open(os.path.join(directory, name), encoding="utf-8") as fh:
+                    record = json.load(fh)
+            except (OSError, ValueError):
+                continue
+            if isinstance(record, dict):
+                out.append(record)
+    return out
+
+
 def save_calibration(calib: dict, path: str) -> None:
     os.makedirs(os.path.dirname(path), exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), prefix=".calib-")
