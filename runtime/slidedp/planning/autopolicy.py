@@ -43,7 +43,7 @@ from slidedp.planning.memory_model import ActivationSizes, memory
 from slidedp.planning.plan_json import PlanJson, refusal
 from slidedp.planning.plan_json import metrics_prediction as metrics_prediction
 from slidedp.planning.profiles import declared_note
-from slidedp.planning.refusals import Infeasible, Refusals
+from slidedp.planning.refusals import Infeasible, Refusals, ways_out
 from slidedp.planning.report import format_plan as format_plan
 from slidedp.planning.routes import RouteSearch
 from slidedp.policy import ExecutionPolicy
@@ -57,13 +57,22 @@ def plan_job(cfg: Any, topology: dict[str, Any], calibration: dict[str, Any] | N
     basis it was made on (plan_basis), so that a later run can tell whether it still holds. `sweep` adds the card
     sweep (planning/card_sweep.py): the same search at other memory sizes per GPU, which costs about one more
     search per size whose budget binds, so only what a person reads asks for it (`slidedp plan`, the web preview)."""
-    if cfg.policy.delivery_cast == "auto":
-        plan = _cast_choice(cfg, topology, calibration, sweep)
-    else:
-        plan = _plan(cfg, topology, calibration, sweep)
+    plan = _planned(cfg, topology, calibration, sweep)
+    if not plan.get("feasible"):  # what to change: each way planned by memory alone (planning/refusals.py)
+        ways = ways_out(cfg, plan, len(topology.get("gpus", [])),
+                        lambda changed: _planned(changed, topology, calibration, timed=False))
+        if ways:
+            plan["ways_out"] = ways
     plan = _declared(plan, topology)
     plan["basis"] = plan_basis(cfg, topology, calibration)
     return plan
+
+
+def _planned(cfg: Any, topology: dict[str, Any], calibration: dict[str, Any] | None, sweep: bool = False,
+             timed: bool = True) -> dict[str, Any]:
+    if cfg.policy.delivery_cast == "auto":
+        return _cast_choice(cfg, topology, calibration, sweep, timed)
+    return _plan(cfg, topology, calibration, sweep, timed)
 
 
 def _with_cast(cfg: Any, cast: str) -> Any:
@@ -71,13 +80,13 @@ def _with_cast(cfg: Any, cast: str) -> Any:
 
 
 def _cast_choice(cfg: Any, topology: dict[str, Any], calibration: dict[str, Any] | None,
-                 sweep: bool) -> dict[str, Any]:
+                 sweep: bool, timed: bool = True) -> dict[str, Any]:
     """policy.delivery_cast auto: the job planned with the bf16 cast on the host and on the GPUs, and the faster
     plan that fits taken (the host's on a tie, without times, in fp32 or on the CPU, where the cast changes nothing
     or cannot be priced). `delivery_cast_choice` says what each cast would have given."""
     if cfg.precision != "bf16" or cfg.gpus == 0:
-        return _plan(_with_cast(cfg, "host"), topology, calibration, sweep)
-    plans = {cast: _plan(_with_cast(cfg, cast), topology, calibration) for cast in ("host", "gpu")}
+        return _plan(_with_cast(cfg, "host"), topology, calibration, sweep, timed)
+    plans = {cast: _plan(_with_cast(cfg, cast), topology, calibration, timed=timed) for cast in ("host", "gpu")}
 
     def time(plan: dict[str, Any]) -> float | None:
         return (plan.get("predicted") or {}).get("step_time_s") if plan.get("feasible") else None
@@ -100,7 +109,8 @@ def _cast_choice(cfg: Any, topology: dict[str, Any], calibration: dict[str, Any]
 
 
 def _plan(cfg: Any, topology: dict[str, Any], calibration: dict[str, Any] | None,
-          sweep: bool = False) -> dict[str, Any]:
+          sweep: bool = False, timed: bool = True) -> dict[str, Any]:
+    """One cast's plan; `timed` False plans by memory alone (the calibration then sizes activations only)."""
     try:
         job = Job.from_config(cfg, topology)
     except (KeyError, OSError, ValueError, TypeError) as exc:
@@ -119,7 +129,7 @@ def _plan(cfg: Any, topology: dict[str, Any], calibration: dict[str, Any] | None
             "missing",
         )
     rates, note = None, "no calibration given: memory fit only, no step times"
-    if calibration:
+    if calibration and timed:
         try:
             if (calibration.get("device") == "cuda") != job.on_gpu:
                 raise Uncalibrated(
@@ -137,6 +147,8 @@ def _plan(cfg: Any, topology: dict[str, Any], calibration: dict[str, Any] | None
         out = refusal(exc.errors, _kind(calibration) if rates else "missing")
         out["calibration_note"] = note
         out["job"] = planner.job_summary()
+        if planner.smallest_cap is not None:
+            out["smallest_gpu_memory_gib"] = planner.smallest_cap
         if sweep:
             out["card_sweep"] = card_sweep(out, job, planner.best_at)
         return out

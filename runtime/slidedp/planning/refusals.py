@@ -4,6 +4,7 @@ which setting to change (the planning issue's "an infeasible job is refused"). I
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from typing import Any
 
 from slidedp.planning.job import (
@@ -33,6 +34,7 @@ class Refusals:
     job: Job
     cfg: Any
     user: dict[str, Any]
+    smallest_cap: float | None = None
 
     def check_minimum(self, window: int, chunk: int, loss_chunks: list[int]) -> None:
         """Refuse a job whose leanest policy (or the user's fixed choices) cannot fit."""
@@ -144,6 +146,7 @@ class Refusals:
                 return {"loc": f"policy.{key}", "msg": f"{head}; lower policy.{key}"}
         if j.hbm_cap_bytes is not None:
             smallest = smallest_cap_gib(m["hbm_peak_bytes"])
+            self.smallest_cap = smallest  # the refusal's smallest_gpu_memory_gib (a way out, when the card has it)
             card = f"; the card has {j.hbm_bytes / GIB:.1f} GiB" if smallest * GIB <= j.hbm_bytes else (
                 f", more than the card's {j.hbm_bytes / GIB:.1f} GiB: lower micro_batch_size or seq_len")
             return {
@@ -164,3 +167,94 @@ class Refusals:
             if self.fits(self.with_counts(pol, n)) is None:
                 break
         return n[field]
+
+
+# Ways out of a refusal: each a change of the job, planned by the memory model alone (no times, so a check costs
+# milliseconds), the first that fits of each kind listed. The work stays bounded: micro-batch halvings down to 1,
+# seq_len halvings down to MIN_WAY_SEQ, one cap, GPU doublings up to what the host has (about 8 checks).
+MIN_WAY_SEQ = 512
+
+
+def ways_out(cfg: Any, plan: dict[str, Any], gpus_on_host: int,
+             check: Callable[[Any], dict[str, Any]]) -> list[dict[str, Any]]:
+    """The cheapest changes that make a refused job fit, each `{"change", "fits", "hbm_peak_gib", "hbm_budget_gib",
+    "host_ram_gib", "host_limit_gib", "summary"}`; `check(cfg)` plans a changed config by memory alone. Only a
+    refusal for memory has ways out (a bad model name or GPU count is fixed by the setting its error names)."""
+    if plan.get("feasible") or not plan.get("job") or any(
+        e["loc"] in ("model", "gpus") or "more than the" in e["msg"] and e["loc"] == "gpu_memory_gib"
+        for e in plan.get("errors") or []
+    ):
+        return []
+    out = []
+    mb, ga, seq = cfg.micro_batch_size, cfg.grad_accum, cfg.seq_len
+    sequences = mb * ga * cfg.world_size
+    smaller, m = [], mb
+    while m > 1:
+        m = max(d for d in range(1, m // 2 + 1) if mb % d == 0)  # a divisor, so a step can keep its sequences
+        smaller.append(m)
+    way = None
+    for m in smaller:  # first with grad_accum raised to keep the step's sequences
+        way = _try(check, cfg, {"micro_batch_size": m, "grad_accum": ga * mb // m},
+                   f"micro_batch_size {m} with grad_accum {ga * mb // m} (the same {sequences} sequences a step)")
+        if way:
+            break
+    # more micro-batches a step can cost memory of their own (a gradient accumulated across them): then the
+    # smaller micro-batch with grad_accum as it is, a step of fewer sequences
+    for m in smaller if way is None else []:
+        fewer = m * ga * cfg.world_size
+        way = _try(check, cfg, {"micro_batch_size": m},
+                   f"micro_batch_size {m} (a step then holds {fewer} sequence{'s' if fewer > 1 else ''}, not "
+                   f"{sequences}; with grad_accum raised to keep them it does not fit)")
+        if way:
+            break
+    if way:
+        out.append(way)
+    s = seq
+    while s // 2 >= MIN_WAY_SEQ:
+        s //= 2
+        way = _try(check, cfg, {"seq_len": s}, f"seq_len {s} (each step then trains on {s / seq:.0%} of the tokens)")
+        if way:
+            out.append(way)
+            break
+    # The refusal's smallest cap is priced on the leanest policy at the refused cap; at a larger cap the start
+    # knobs can take a little more, so the named cap may itself refuse, naming the next: followed up to 3 times.
+    cap = plan.get("smallest_gpu_memory_gib") if cfg.gpu_memory_gib is not None else None
+    for _ in range(3):
+        if cap is None:
+            break
+        refused: dict[str, Any] = {}
+        way = _try(check, cfg, {"gpu_memory_gib": cap}, f"gpu_memory_gib {cap:g} (from {cfg.gpu_memory_gib:g})",
+                   refused)
+        if way:
+            out.append(way)
+            break
+        cap = refused.get("smallest_gpu_memory_gib")
+    n = cfg.gpus
+    while 0 < n < gpus_on_host:
+        n = min(2 * n, gpus_on_host)
+        way = _try(check, cfg, {"gpus": n},
+                   f"gpus {n} (from {cfg.gpus}; a step then holds {mb * ga * n} sequences, not {sequences})")
+        if way:
+            out.append(way)
+            break
+    return out
+
+
+def _try(check: Callable[[Any], dict[str, Any]], cfg: Any, change: dict[str, Any], words: str,
+         refused: dict[str, Any] | None = None) -> dict | None:
+    """The way out `change` names, when the changed job fits; None when it does not (its refusal then in
+    `refused`)."""
+    plan = check(dataclasses.replace(cfg, **change))
+    if not plan.get("feasible"):
+        if refused is not None:
+            refused.update(plan)
+        return None
+    pred, job = plan.get("predicted") or {}, plan.get("job") or {}
+    peak, budget = pred.get("hbm_peak_gib"), job.get("hbm_budget_gib")
+    host, limit = pred.get("host_ram_gib"), job.get("host_limit_gib")
+    if peak is not None and budget:
+        fig = f"{peak:.1f} of {budget:.1f} GiB of GPU memory per GPU"
+    else:
+        fig = f"{host:.1f} of {limit:.1f} GiB of host RAM"
+    return {"change": change, "fits": True, "hbm_peak_gib": peak, "hbm_budget_gib": budget, "host_ram_gib": host,
+            "host_limit_gib": limit, "summary": f"{words}: {fig}"}

@@ -17,6 +17,10 @@ def format_plan(plan: dict[str, Any]) -> str:
         lines.append("NOT FEASIBLE")
         for e in plan.get("errors", []):
             lines.append(f"  {e['loc']}: {e['msg']}")
+        if plan.get("ways_out"):
+            lines.append("")
+            lines.append("ways out (each checked against the memory model):")
+            lines.extend(f"  {w['summary']}" for w in plan["ways_out"])
         lines.extend(format_card_sweep(plan.get("card_sweep") or []))
         return "\n".join(lines)
     pol, pred = plan["policy"], plan["predicted"]
