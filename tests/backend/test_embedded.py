@@ -158,10 +158,11 @@ def test_killed_serve_takes_its_redis_and_worker_with_it(tmp_path):
             "the local worker to be ready",
         )
         redis_pid = int((data / "redis.pid").read_text())
+        # the worker by its command line, or by the title Celery gives its process when setproctitle is installed
         worker_pids = [
             int(p)
             for p in subprocess.run(
-                ["pgrep", "-f", "-P", str(proc.pid), "slidedp_web.worker"], capture_output=True, text=True
+                ["pgrep", "-f", "-P", str(proc.pid), r"slidedp_web\.worker|celeryd: "], capture_output=True, text=True
             ).stdout.split()
         ]
         assert len(worker_pids) == 1
