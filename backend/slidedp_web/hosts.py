@@ -157,3 +157,51 @@ class Reporter(threading.Thread):
                 report(self.settings, topology=topology)
             except Exception as exc:  # noqa: BLE001 - keep reporting through a database hiccup
                 log.warning("host report failed: %s", exc)
+
+
+# ---------------------------------------------------------------------------- imported hosts
+# A host imported from a saved-host file (`slidedp topology --save`, docs/interfaces.md §4 "Saved host") has a row
+# like a worker's so that POST /api/plan can plan for it, but no worker ever consumes its queue: it never reports
+# (never online, so never chosen for a job without a host) and POST /api/jobs refuses it by name.
+IMPORTED_PREFIX = "imported:"
+IMPORTED_QUEUE = "none (imported host)"
+
+
+def imported_marker(host: Any) -> Optional[dict[str, Any]]:
+    """{"name", "file", "saved_at", "imported_at"} of an imported host, None for a worker's host."""
+    topology = getattr(host, "topology", None)
+    marker = topology.get("imported") if isinstance(topology, dict) else None
+    return marker if isinstance(marker, dict) else None
+
+
+def import_saved(settings: Settings, saved: Any, file_name: str) -> str:
+    """Store a saved host (slidedp.planning.host_file.SavedHost) as host `imported:<name>`, replacing an earlier
+    import of the same name; its name."""
+    name = IMPORTED_PREFIX + saved.name
+    marker = {"name": saved.name, "file": file_name, "saved_at": saved.saved_at, "imported_at": utcnow().isoformat()}
+    values = {
+        "queue": IMPORTED_QUEUE,
+        "topology": clean_json({**saved.topology, "imported": marker}),
+        "calibration": {"dir": None, "entries": clean_json(saved.calibrations)} if saved.calibrations else None,
+        "last_seen": None,
+        "current_job_id": None,
+    }
+    with write_session(settings) as session:
+        existing = session.get(Host, name)
+        if existing is not None and imported_marker(existing) is None:
+            raise ValueError(f"a worker host is named {name!r}; rename the saved host's \"name\" to import it")
+        if existing is None:
+            session.add(Host(name=name, **values))
+        else:
+            session.execute(sa.update(Host).where(Host.name == name).values(values))
+    return name
+
+
+def imported_host_error(host: Any) -> Optional[dict[str, str]]:
+    """{"loc": "host", "msg"} when a job names an imported host, which has no worker to run it."""
+    marker = imported_marker(host)
+    if marker is None:
+        return None
+    return {"loc": "host", "msg": f"{host.name} is an imported host (from {marker.get('file')}): the workbench can "
+            "plan for it but has no worker there to run jobs; start a worker on that machine (slidedp worker) and "
+            "submit to the host it reports as"}

@@ -20,7 +20,7 @@ from slidedp.planning import profiles
 from slidedp.validation import JobCheck, check_config, checkpoint_model_problem
 from sqlmodel import Session, func, select
 
-from slidedp_web import celery_app, folder_lock, generations, live, outputs, planning
+from slidedp_web import celery_app, folder_lock, generations, hosts, live, outputs, planning
 from slidedp_web.core.config import Settings
 from slidedp_web.core.db import read_session, write_session
 from slidedp_web.guards import root_errors
@@ -214,8 +214,9 @@ def _once(errors: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def create(settings: Settings, session: Session, body: Any) -> Job:
     checked = check_request(settings, session, body)
-    if checked.errors:
-        raise unprocessable(checked.errors)
+    imported = hosts.imported_host_error(checked.host)  # planned for, but no worker there runs a job
+    if checked.errors or imported:
+        raise unprocessable(checked.errors + ([imported] if imported else []))
     extra, host, cfg, folder = checked.extra, checked.host, checked.config, checked.folder
     assert cfg is not None
     source = checked.init_from_job

@@ -19,8 +19,9 @@ from slidedp.planning.shape import calibration_shape, shape_differences
 
 KIND = "slidedp-host"
 FILE_SCHEMA = 1
-# A two-GPU host with a dozen calibrated shapes is ~200 KiB; a file ten times larger is not a saved host.
-MAX_BYTES = 4 * 2**20
+# A calibration record is 2-10 KiB: a host with a hundred measured shapes still fits. As the API's default request
+# bound (SLIDEDP_MAX_REQUEST_BYTES), so a file the CLI reads imports too.
+MAX_BYTES = 2**20
 
 
 class HostFileError(ValueError):
