@@ -10,6 +10,7 @@ import { renderAlternatives, renderMemoryBars, renderStep, renderVerdict } from 
 import { matchWords } from "./calibration";
 import { renderDeclared } from "./planview/planfor";
 import { renderCardSweep } from "./planview/cardsweep";
+import { renderDecisions, renderWaysOut } from "./planview/decisions";
 
 type Obj = Record<string, unknown>;
 
@@ -199,7 +200,8 @@ export function isPlanPolicy(c: Candidate, policy: Plan["policy"]): boolean {
 /** The paper's marginal pipeline cost per layer, tau_j = tau_0 + T_j k_j - T_0 k_j, as rows by activation policy. */
 export function marginalRows(m: Marginal): Obj[] {
   const names = [...new Set([...Object.keys(m.tau_s ?? {}), ...Object.keys(m.delta_s ?? {}), ...Object.keys(m.T_s_per_GB ?? {})])];
-  return names.map((n) => present({ policy: n, tau_s: m.tau_s?.[n], change_vs_base_s: m.delta_s?.[n], T_s_per_GB: m.T_s_per_GB?.[n] }));
+  // in words, not the paper's symbols (tau, T_j): the page never introduces them
+  return names.map((n) => present({ policy: n, cost_per_layer_s: m.tau_s?.[n], change_vs_recompute_s: m.delta_s?.[n], transfer_s_per_GB: m.T_s_per_GB?.[n] }));
 }
 
 // Keys with a place of their own; the others are listed under "Details".
@@ -241,7 +243,7 @@ export function readPlan(plan: PlanAnswer): PlanView {
     memory: memoryOf(plan),
     candidates: candidates.map(candidateRow),
     chosen: candidates.map((c) => isPlanPolicy(c, plan.policy)),
-    marginal: plan.marginal ? { facts: present({ tau_0_s: plan.marginal.tau_0_s, k_bytes: plan.marginal.k_bytes }), rows: marginalRows(plan.marginal) } : null,
+    marginal: plan.marginal ? { facts: present({ recompute_cost_per_layer_s: plan.marginal.tau_0_s, activation_bytes_per_layer: plan.marginal.k_bytes }), rows: marginalRows(plan.marginal) } : null,
     details,
   };
 }
@@ -261,7 +263,7 @@ export function renderPlan(plan: PlanAnswer | null, opts: { title?: string } = {
   const v = readPlan(plan);
   if (v.problems.length) {
     const heading = v.blocked ? "This job cannot run as it is:" : "The plan found problems:";
-    box.append(h("div", { class: "error-box plan-problems", role: "alert" }, h("strong", null, heading), h("ul", null, v.problems.map((p) => h("li", null, p)))));
+    box.append(h("div", { class: "error-box plan-problems", role: "alert" }, h("strong", null, heading), h("ul", null, v.problems.map((p) => h("li", null, p))), renderWaysOut(plan)));
   }
   if (v.warnings.length) {
     box.append(h("div", { class: "warn-box plan-warnings", role: "status" }, h("strong", null, "Warnings:"), h("ul", null, v.warnings.map((p) => h("li", null, p)))));
@@ -293,7 +295,24 @@ export function renderPlan(plan: PlanAnswer | null, opts: { title?: string } = {
   if (sweep) box.append(h("h3", null, "What a different card would buy"), sweep);
   const step = glance ? renderStep(plan) : null;
   if (step) box.append(h("h3", null, "One step"), step);
-  if (v.why) box.append(h("h3", null, "Why"), h("p", { class: "why" }, v.why));
+  // Why: one sentence per decision with its reason in numbers; the planner's own notes and every figure behind
+  // them go under Details, folded.
+  const reasons = renderDecisions(plan);
+  if (reasons) box.append(h("h3", null, "Why"), reasons);
+  const outer = box;
+  const more = h("details", { class: "plan-details" }, h("summary", null, "Details: the planner's notes, policy, figures and candidates"));
+  const fold = !!reasons;
+  const target = fold ? more : box;
+  if (fold) outer.append(more);
+  fillDetails(target, plan, v, glance, bars, reasons ? null : v.why);
+  return outer;
+}
+
+/** Everything below the glance: the planner's notes (its own `why`), the policy, prediction, memory figures,
+ *  candidates and the marginal cost per layer, then the other keys and the raw JSON. */
+function fillDetails(box: HTMLElement, plan: PlanAnswer, v: PlanView, glance: unknown, bars: HTMLElement | null, whyHeading: string | null): void {
+  if (whyHeading) box.append(h("h3", null, "Why"), h("p", { class: "why" }, whyHeading));
+  else if (v.why) box.append(h("h3", null, "The planner's notes"), h("p", { class: "why" }, v.why));
   box.append(h("h3", null, v.asRun ? "Policy as run" : "Chosen policy", " ", typeof v.feasible === "boolean" && !glance ? badge(v.feasible, "feasible", "not feasible") : null));
   if (v.policy) {
     if (v.asRun) box.append(h("p", { class: "muted" }, "What the engine ran. The prediction and candidates are the plan made when the job was submitted."));
@@ -335,13 +354,17 @@ export function renderPlan(plan: PlanAnswer | null, opts: { title?: string } = {
   }
   if (v.marginal) {
     box.append(
-      h("h3", null, "Marginal cost per layer (τ)"),
+      h("h3", null, "What one more layer costs, by where its activations go"),
+      h(
+        "p",
+        { class: "muted" },
+        "The planner weighs each layer's activations by what it adds to the step in the running pipeline: the cost of a layer that recomputes them (the base), the change if it keeps or offloads them instead, and the transfer time per GB each choice adds. The activation bytes one layer saves is what keeping it costs in GPU memory.",
+      ),
       h("div", null, Object.keys(v.marginal.facts).length ? kvList(v.marginal.facts) : null, v.marginal.rows.length ? objectTable(v.marginal.rows, undefined, "per layer, in the running pipeline") : null),
     );
   }
-  if (Object.keys(v.details).length) box.append(h("h3", null, "Details"), kvList(v.details, new Set(), true));
+  if (Object.keys(v.details).length) box.append(h("h3", null, "Other fields"), kvList(v.details, new Set(), true));
   box.append(h("details", { class: "raw" }, h("summary", null, "Raw JSON"), h("pre", null, JSON.stringify(plan, null, 2))));
-  return box;
 }
 
 /** Which stored calibration priced the plan, or why none of the host's could and the command that measures the

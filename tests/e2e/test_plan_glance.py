@@ -76,6 +76,15 @@ def test_the_workbench_answer_opens_with_the_verdict(page, workbench):
         first.get_attribute("class") or ""
     )
     assert "delivery" in plan.locator(".verdict-policy").inner_text()
+    # Why: one sentence per decision, each term with the glossary's hover text; the planner's notes, the policy
+    # and the per-layer costs folded under Details, with no symbol the page never explained
+    reasons = plan.locator(":scope > ul.plan-decisions > li")
+    assert reasons.count() >= 5
+    assert reasons.first.inner_text().startswith("Parameters are ")
+    assert plan.locator(".plan-decisions .term").first.get_attribute("title")
+    fold = plan.locator(":scope > details.plan-details")
+    assert fold.count() == 1 and fold.get_attribute("open") is None
+    assert plan.locator(":scope > p.why").count() == 0 and "τ" not in plan.inner_text()
     assert page.console.unexpected() == []
 
 

@@ -1,0 +1,47 @@
+// The plan's decisions as sentences, on the shipped plans (Qwen3-8B on the two-H200 fixture host, micro-batch 4
+// and 8): one per choice, with its reason in numbers and no symbol the page never explained. (The DOM around
+// them, Why and the Details fold, is pinned by the browser test tests/e2e/test_plan_glance.py.)
+import { describe, expect, it } from "vitest";
+import bs4 from "../fixtures/plan-8b-bs4.json";
+import bs8 from "../fixtures/plan-8b-bs8.json";
+import type { PlanAnswer } from "../plan";
+import { decisions, sentence } from "./decisions";
+import { explain } from "../glossary";
+
+const p4 = bs4 as unknown as PlanAnswer;
+const p8 = bs8 as unknown as PlanAnswer;
+const said = (p: PlanAnswer) => Object.fromEntries(decisions(p).map((d) => [d.topic, sentence(d)]));
+
+describe("decisions", () => {
+  it("gives the route with its margin over the next best route", () => {
+    // micro-batch 8: replicated/gpu 2.828 s, sharded/gpu next at 2.850 s
+    expect(said(p8).route).toBe(
+      "Parameters are sent whole to each GPU (replicated) and gradients are summed between the GPUs (gpu): 2.83 s a step, 0.02 s faster than the next best route (sharded with gpu reduction, 2.85 s).",
+    );
+    expect(said(p4).route).toMatch(/^Parameters are split across the GPUs .* \(sharded\) and gradients are summed between the GPUs \(gpu\): 2\.53 s a step, 0\.03 s faster than the next best route \(replicated with gpu reduction, 2\.56 s\)\.$/);
+  });
+
+  it("says why some layers recompute: keeping every layer would not fit", () => {
+    const a = said(p8).activations;
+    expect(a).toMatch(/^23 of 36 layers keep their activations on the GPU \(keep\), 13 recompute them in the backward pass \(checkpoint\): keeping every layer's would need \d+\.\d GiB of GPU memory, more than the 129\.\d GiB budget, and each kept layer takes 3\.31 GiB\.$/);
+    expect(said(p4).activations).toBe("All 36 layers keep their activations on the GPU (keep): recomputing a layer instead would add 0.2 ms a step, and the 1.66 GiB each kept layer takes fits.");
+  });
+
+  it("says where the update runs, why the GPUs' was not priced, the cast, the slots and what binds", () => {
+    const s4 = said(p4);
+    expect(s4.update).toBe("The host CPU runs the AdamW update of every layer (edge update and device layers 0): updating on the GPUs was not timed, as the calibration has no rate for the GPUs' AdamW.");
+    expect(s4.cast).toBe("The bf16 weights are made on the host, by the CPU update (cast host): as the job's policy.delivery_cast sets it.");
+    expect(s4.staging).toBe("8 host buffers hold gradients on their way to the CPU update (staging slots): at least the window of 2 plus one, so backward waits only when the CPU update falls that far behind.");
+    expect(s4.bound).toBe("What limits the step most: cpu update (1.62 s of the 2.53 s step is waiting on it, beyond what overlap hides).");
+    expect(Object.keys(s4)).toEqual(["route", "activations", "update", "cast", "staging", "bound"]);
+  });
+
+  it("uses no symbol and gives every term hover text from the glossary", () => {
+    for (const p of [p4, p8]) {
+      for (const d of decisions(p)) {
+        expect(sentence(d)).not.toMatch(/τ|tau|T_j|k_bytes|\bk\b/);
+        for (const part of d.parts) if (typeof part !== "string") expect(explain(part[1]), part[1]).toBeTruthy();
+      }
+    }
+  });
+});
