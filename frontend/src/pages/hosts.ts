@@ -1,5 +1,5 @@
 // Hosts: each worker host's detected topology as a diagram, with the measured figures its calibration gives.
-import { api } from "../api";
+import { api, request } from "../api";
 import { facts, h, replace } from "../dom";
 import { gbps, gib, when } from "../fmt";
 import { apiAbsent } from "../health";
@@ -51,9 +51,70 @@ function calibration(host: Host): HTMLElement {
   );
 }
 
+/** The marker the API puts on a host imported from a saved-host file (docs/interfaces.md §6 POST /api/hosts/import),
+ *  null for a worker's host. */
+export function importedOf(host: Host): { name: string; file: string; savedAt: string } | null {
+  const m = (host.topology ?? {}).imported as Record<string, unknown> | undefined;
+  if (!m || typeof m !== "object") return null;
+  return { name: String(m.name ?? host.name), file: String(m.file ?? "saved host"), savedAt: String(m.saved_at ?? "") };
+}
+
+/** What the page says of an imported host: where it came from, and that it is planned for but never runs a job. */
+export function importedNote(imp: { file: string; savedAt: string }): string {
+  return (
+    `Imported from ${imp.file}, saved ${imp.savedAt.slice(0, 10)}. The plan preview can plan jobs for this host ` +
+    "(pick it as the job's host), but it never receives jobs: no worker runs here. Start a worker on that machine " +
+    "(slidedp worker) to train there."
+  );
+}
+
+/** The saved host a chosen file holds, parsed, or the reason it is not one (the API checks it fully). */
+export function readSavedHost(text: string): { body: unknown } | { error: string } {
+  let body: unknown;
+  try {
+    body = JSON.parse(text);
+  } catch {
+    return { error: "the file is not JSON: choose the file `slidedp topology --save FILE` wrote on the host" };
+  }
+  if (!body || typeof body !== "object" || (body as Record<string, unknown>).kind !== "slidedp-host") {
+    return { error: 'not a saved host (no "kind": "slidedp-host"): make one on the host with `slidedp topology --save FILE`' };
+  }
+  return { body };
+}
+
+function importForm(onDone: () => void): HTMLElement {
+  const status = h("p", { class: "muted", role: "status" });
+  const input = h("input", { type: "file", accept: ".json,application/json", "aria-label": "Saved host file" }) as HTMLInputElement;
+  input.addEventListener("change", async () => {
+    const file = input.files?.[0];
+    if (!file) return;
+    const read = readSavedHost(await file.text());
+    if ("error" in read) {
+      replace(status, read.error);
+      return;
+    }
+    try {
+      const done = await request<{ name: string }>("POST", `/api/hosts/import?file=${encodeURIComponent(file.name)}`, read.body);
+      replace(status, `Imported ${done.name}.`);
+      onDone();
+    } catch (err) {
+      replace(status, errorBox(err, "the import"));
+    }
+  });
+  return h(
+    "details",
+    { class: "host-import" },
+    h("summary", null, "Import a saved host"),
+    h("p", null, "Plan for a GPU host from here: on that host run ", h("code", null, "slidedp topology --save host.json"), " and choose the file. It is listed as imported, for plans only."),
+    input,
+    status,
+  );
+}
+
 function hostCard(host: Host): HTMLElement {
+  const imported = importedOf(host);
   const view = readHost(host.topology ?? {}, host.calibration ?? null);
-  const online = host.online === true ? h("span", { class: "badge ok" }, "online") : host.online === false ? h("span", { class: "badge bad" }, "offline") : null;
+  const online = imported ? h("span", { class: "badge warn" }, "imported") : host.online === true ? h("span", { class: "badge ok" }, "online") : host.online === false ? h("span", { class: "badge bad" }, "offline") : null;
   const gpuTable = view.gpus.length
     ? h(
         "table",
@@ -86,8 +147,9 @@ function hostCard(host: Host): HTMLElement {
     "article",
     { class: "host card", "aria-label": `Host ${host.name}` },
     h("h2", null, host.name, " ", online),
+    imported ? h("p", { class: "imported-note" }, importedNote(imported)) : null,
     facts([
-      ["queue", host.queue ?? null],
+      ["queue", imported ? null : (host.queue ?? null)],
       ["last seen", host.last_seen ? when(host.last_seen) : null],
     ]),
     host.topology ? drawHost(view, host.name) : h("p", { class: "muted" }, "This host has not reported its topology."),
@@ -101,8 +163,8 @@ function hostCard(host: Host): HTMLElement {
 export function hostsPage(root: HTMLElement): Cleanup {
   let stopped = false;
   const body = h("div", null, h("p", { class: "muted" }, "Loading…"));
-  replace(root, h("div", { class: "page-head" }, h("h1", null, "Hosts")), body);
-  void (async () => {
+  replace(root, h("div", { class: "page-head" }, h("h1", null, "Hosts")), importForm(() => void load()), body);
+  const load = async () => {
     if (await apiAbsent()) {
       replace(body, h("p", { class: "muted" }, "The hosts appear here once the API answers."));
       return;
@@ -115,7 +177,8 @@ export function hostsPage(root: HTMLElement): Cleanup {
     } catch (err) {
       if (!stopped) replace(body, errorBox(err, "the hosts"));
     }
-  })();
+  };
+  void load();
   return () => {
     stopped = true;
   };
