@@ -78,34 +78,45 @@ def basic_topology(settings: Settings) -> dict[str, Any]:
     }
 
 
-def local_calibration(settings: Settings, hostname: Optional[str] = None) -> Optional[dict[str, Any]]:
+def local_calibration(
+    settings: Settings, hostname: Optional[str] = None, topology: Optional[dict[str, Any]] = None
+) -> Optional[dict[str, Any]]:
     """This host's cached calibrations ({"dir", "entries": [calibration JSON, ...]}, §5), None without any.
 
-    The runtime caches one calibration per host and job shape (`slidedp plan`, or a job's own planning); the
-    API picks the entry that matches a job's shape when it previews the job's plan.
+    The runtime caches one calibration per host and job shape (`slidedp plan`, or a job's own planning) in this
+    workbench's calibration folder; the API picks the entry that matches a job's shape when it previews the job's
+    plan. A record measured on other hardware (slidedp.planning.host_identity: its host_digest, else the host
+    and GPU its header names, against `topology`, or this hostname without one) is left out.
     """
+    from slidedp.planning.host_identity import measured_on
+
     directory = settings.calibration_path
     if not directory.is_dir():
         return None
-    prefix = f"{hostname or socket.gethostname()}-"
+    here = topology or {"hostname": hostname or socket.gethostname()}
+    prefix = f"{here.get('hostname') or socket.gethostname()}-"
     entries = []
     for path in sorted(directory.glob(f"{prefix}*.json")):
         try:
-            entries.append(clean_json(json.loads(path.read_text())))
+            record = json.loads(path.read_text())
         except (OSError, ValueError) as exc:
             log.warning("calibration file %s unreadable: %s", path, exc)
+            continue
+        if not isinstance(record, dict):
+            continue
+        if topology is not None and not measured_on(record, topology):
+            log.info("calibration file %s was measured on other hardware: not this host's", path)
+        elif topology is None and record.get("host") != here["hostname"]:
+            log.info("calibration file %s names host %s: not this host's", path, record.get("host"))
+        else:
+            entries.append(clean_json(record))
     return {"dir": str(directory), "entries": entries} if entries else None
 
 
 def report(settings: Settings, *, topology: Optional[dict] = None, started: bool = False) -> None:
     """Upsert this host's row: queue, topology, calibration, last_seen."""
     now = utcnow()
-    hostname = (topology or {}).get("hostname")
-    values: dict[str, Any] = {
-        "queue": settings.queue,
-        "last_seen": now,
-        "calibration": local_calibration(settings, hostname),
-    }
+    values: dict[str, Any] = {"queue": settings.queue, "last_seen": now}
     if topology is not None:
         values["topology"] = topology
     if started:
@@ -113,6 +124,12 @@ def report(settings: Settings, *, topology: Optional[dict] = None, started: bool
     for _ in range(2):
         try:
             with write_session(settings) as session:
+                # the records are judged against the topology this host last reported (detected every
+                # TOPOLOGY_EVERY_S, not at each report)
+                known = topology or session.execute(
+                    sa.select(Host.topology).where(Host.name == settings.host_name)
+                ).scalar()
+                values["calibration"] = local_calibration(settings, topology=known or None)
                 done = session.execute(sa.update(Host).where(Host.name == settings.host_name).values(values))
                 if done.rowcount == 0:
                     session.add(Host(name=settings.host_name, **{"topology": {}, **values}))

@@ -9,7 +9,6 @@ environment, so one set of variables configures a deployment:
 from __future__ import annotations
 
 import ipaddress
-import os
 import secrets
 import socket
 from dataclasses import dataclass
@@ -72,8 +71,8 @@ class Settings(BaseSettings):
     )
     calibration_dir: Optional[Path] = Field(
         None,
-        description="Where slidedp caches this host's calibrations, which the worker reports "
-        "(default: SLIDEDP_CACHE_DIR, else ~/.cache/slidedp/calibration, as the runtime).",
+        description="Where this workbench's jobs and plans cache this host's calibrations, which the worker "
+        "reports (default: calibration/ in the data directory; the slidedp CLI keeps its own cache).",
     )
     host_ram_gib: Optional[float] = Field(
         None, description="Host RAM to report instead of the detected figure."
@@ -171,8 +170,9 @@ class Settings(BaseSettings):
     def calibration_path(self) -> Path:
         if self.calibration_dir:
             return self.calibration_dir
-        cache = os.environ.get("SLIDEDP_CACHE_DIR")  # the runtime's slidedp.planning.calibration.cache_dir()
-        return Path(cache) if cache else Path.home() / ".cache" / "slidedp" / "calibration"
+        # A workbench's calibrations are its own: another workbench's (or the CLI's, in ~/.cache or wherever
+        # SLIDEDP_CACHE_DIR points) were measured for other models, or while other work loaded the host.
+        return (self.data_dir / "calibration").resolve()
 
     def env(self) -> dict[str, str]:
         """These settings as environment variables, for the processes a command starts."""

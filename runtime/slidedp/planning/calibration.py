@@ -46,6 +46,7 @@ from typing import Any
 import torch
 
 from slidedp.config import JobConfig
+from slidedp.planning.host_identity import host_digest, measured_on
 from slidedp.planning.microbench import (
     MIB,
     compute_threads,
@@ -140,7 +141,9 @@ def load_or_calibrate(
         try:
             with open(path, encoding="utf-8") as fh:
                 cached = json.load(fh)
-            if cached.get("schema") == SCHEMA_VERSION and (quick or not cached.get("quick")):
+            # a record another machine measured (a copied or shared cache) is measured again here
+            if (cached.get("schema") == SCHEMA_VERSION and (quick or not cached.get("quick"))
+                    and measured_on(cached, topology)):
                 return cached
         except (OSError, ValueError):
             pass
@@ -240,6 +243,7 @@ def _header(cfg: JobConfig, topology: dict, mc: dict, quick: bool) -> dict[str, 
         "schema": SCHEMA_VERSION,
         "key": calibration_key(cfg, topology),
         "host": topology.get("hostname") or socket.gethostname(),
+        "host_digest": host_digest(topology),  # the hardware it was measured on (host_identity.py)
         "created_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "quick": quick,
         "device": "cuda" if cfg.gpus > 0 else "cpu",
