@@ -7,6 +7,8 @@
     slidedp generate --model DIR [--prompt TEXT ...]       answer prompts with an exported model (stdin: one
                                                            prompt a line), formatted as the job's data.format
     slidedp plan --config job.yaml                         AutoPolicy's plan for this host, without training
+    slidedp plan --model M --seq N --mbs N --gpus N        the same for a job given by bench's flags (with
+                                                           --profile, --no-calibration, --gpu-memory-gib G)
     slidedp plan --config job.yaml --profile NAME|FILE     the plan for a declared host (a hardware profile), its
                                                            times predicted from the profile's figures
     slidedp profiles                                       the shipped hardware profiles (also plan --profiles)
@@ -40,8 +42,8 @@ from slidedp.config import ConfigError, JobConfig, load_config_file
 from slidedp.generate import FORMATS as GENERATE_FORMATS  # no torch: imported when it runs
 
 
-def _load(args) -> JobConfig:
-    raw = load_config_file(args.config)
+def _load(args, raw: dict | None = None) -> JobConfig:
+    raw = load_config_file(args.config) if raw is None else raw
     for item in args.set or []:
         key, _, value = item.partition("=")
         node = raw
@@ -144,17 +146,54 @@ def cmd_generate(args) -> int:
     return 0
 
 
+# `slidedp plan`'s job flags, as `slidedp bench` names them, and the job config key each one sets
+PLAN_FLAGS = {"model": "model", "seq": "seq_len", "mbs": "micro_batch_size", "gpus": "gpus",
+              "gpu_memory_gib": "gpu_memory_gib"}
+# planning reads no dataset: a job given by flags names this one (the config requires a path)
+FLAG_JOB_DATA = {"path": "(no dataset: a job given by plan's flags)", "format": "tokens"}
+
+
+def _flag_job(args) -> tuple[dict | None, str | None]:
+    """(the job config that plan's flags describe, None) or (None, what is wrong with them); every other key
+    at its default, as in a job file with only these keys and `data`."""
+    given = {flag: getattr(args, flag) for flag in PLAN_FLAGS if getattr(args, flag) is not None}
+    if args.config:
+        if given:
+            shown = ", ".join("--" + f.replace("_", "-") for f in given)
+            return None, f"give --config JOB.yaml or the job's flags ({shown}), not both"
+        return None, None
+    missing = [f"--{f}" for f in ("model", "seq", "mbs", "gpus") if f not in given]
+    if missing:
+        return None, ("give the job to plan: --config JOB.yaml, or --model PRESET_OR_DIR --seq N --mbs N --gpus N "
+                      f"(missing {' '.join(missing)}); --profiles lists the shipped profiles")
+    return {"data": dict(FLAG_JOB_DATA), **{PLAN_FLAGS[f]: v for f, v in given.items()}}, None
+
+
+def _no_gpus_here(cfg: JobConfig, topo: dict) -> str | None:
+    """Why this host cannot measure the job (it asks for more GPUs than are here), None when it can."""
+    found = len(topo.get("gpus") or [])
+    if cfg.gpus <= found:
+        return None
+    have = "no GPU (CUDA is not available here)" if not found else f"only {found} GPU(s)"
+    return f"the job asks for {cfg.gpus} GPU(s) but this host has {have}, so it cannot be calibrated here"
+
+
+def _plan_ways_out(why: str) -> str:
+    return (f"slidedp plan: {why}. Plan it without measuring (--no-calibration: the memory fit, no times), or "
+            "for a declared card with --profile NAME (slidedp profiles lists them).")
+
+
 def cmd_plan(args) -> int:
     from slidedp.planning import profiles, topology
 
     if args.profiles:
         print(profiles.format_list())
         return 0
-    if not args.config:
-        print("slidedp plan: --config JOB.yaml is required (or --profiles to list the shipped profiles)",
-              file=sys.stderr)
+    raw, wrong = _flag_job(args)
+    if wrong:
+        print(f"slidedp plan: {wrong}", file=sys.stderr)
         return 2
-    cfg = _load(args)
+    cfg = _load(args, raw)
     saved = None
     if args.host and args.profile:
         print("slidedp plan: give --host FILE or --profile, not both", file=sys.stderr)
@@ -184,9 +223,19 @@ def cmd_plan(args) -> int:
         topo = topology.detect(cfg.host_ram_gib)
         calibration = None
         if not args.no_calibration:  # GPU and CPU jobs alike: cached per host and shape
+            # said before any process is started for it: a GPU job on a host without its GPUs cannot be measured
+            missing = _no_gpus_here(cfg, topo)
+            if missing:
+                print(_plan_ways_out(missing), file=sys.stderr)
+                return 2
             from slidedp.planning import calibration as calib
 
-            calibration = calib.load_or_calibrate(cfg, topo, on_log=lambda line: print(line, file=sys.stderr))
+            try:
+                calibration = calib.load_or_calibrate(cfg, topo,
+                                                      on_log=lambda line: print(line, file=sys.stderr))
+            except RuntimeError as exc:  # the measuring process failed (out of memory, a driver error)
+                print(_plan_ways_out(f"calibrating this host failed: {exc}"), file=sys.stderr)
+                return 2
     from slidedp.planning import autopolicy
 
     plan = autopolicy.plan_job(cfg, topo, calibration, sweep=True)  # with what another card would buy
@@ -339,6 +388,14 @@ def build_parser() -> argparse.ArgumentParser:
                             help="plan for a declared host instead of this one: a shipped profile's name (see "
                             "--profiles) or a profile JSON file; every time is predicted from its figures")
             sp.add_argument("--profiles", action="store_true", help="list the shipped hardware profiles and exit")
+            sp.add_argument("--model", default=None, metavar="PRESET_OR_DIR",
+                            help="instead of --config: plan this model (a preset or a Hugging Face directory) "
+                            "with --seq, --mbs and --gpus, every other key at its default")
+            sp.add_argument("--seq", type=int, default=None, metavar="N", help="with --model: seq_len")
+            sp.add_argument("--mbs", type=int, default=None, metavar="N", help="with --model: micro_batch_size")
+            sp.add_argument("--gpus", type=int, default=None, metavar="N", help="with --model: gpus (0: the CPU)")
+            sp.add_argument("--gpu-memory-gib", type=float, default=None, metavar="G",
+                            help="with --model: gpu_memory_gib, the GPU memory each rank may use")
             sp.add_argument("--host", metavar="FILE", default=None,
                             help="plan for a saved host instead of this one: the file `slidedp topology --save` "
                             "wrote on it (its topology and calibrations)")
