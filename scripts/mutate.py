@@ -16,6 +16,7 @@ import argparse
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -66,6 +67,9 @@ def prepare(name: str, files: list[str], tests: list[str]) -> Path:
     text = "\n".join(lines) + "\n"
     if not (folder / "pyproject.toml").exists() or (folder / "pyproject.toml").read_text() != text:
         (folder / "pyproject.toml").write_text(text)
+    # mutmut keeps each mutant's outcome in mutants/ and does not run a survivor again when only the tests changed:
+    # every run starts from no results, so a test written to kill a survivor is seen to kill it
+    shutil.rmtree(folder / "mutants", ignore_errors=True)
     return folder
 
 

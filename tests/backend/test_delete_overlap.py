@@ -235,3 +235,31 @@ def test_claim_and_remove_at_their_edges(tmp_path):
     link = tmp_path / "link"
     link.symlink_to(target, target_is_directory=True)
     assert remove(link, []) == [] and (target / "metrics.jsonl").exists()
+
+
+def test_a_claim_says_whose_folder_it_is_and_what_is_in_it(tmp_path):
+    """A job's own retry finds its own marker and goes on; another job is told the folder's path and owner (or
+    that another job owns it, when the marker names none), and a folder of unmarked files is named with at most
+    five of its entries."""
+    own = tmp_path / "own"
+    assert outputs.claim(own, 3, TOKEN) == [str(own)]
+    assert outputs.claim(own, 3, TOKEN) == []  # the retry
+    with pytest.raises(outputs.FolderRefused) as err:
+        outputs.claim(own, 4, "another-token")
+    assert str(err.value) == (f"{str(own)!r} is marked as the folder of job 3 ({outputs.MARKER}); this job writes "
+                              "only its own folder")
+    (own / outputs.MARKER).write_text('{"owner_token": "t"}')
+    with pytest.raises(outputs.FolderRefused, match="is marked as the folder of job another job"):
+        outputs.claim(own, 4, "another-token")
+    full = tmp_path / "full"
+    full.mkdir()
+    for name in "abcdef":
+        (full / f"{name}.txt").write_text(name)
+    with pytest.raises(outputs.FolderRefused) as err:
+        outputs.claim(full, 5, TOKEN)
+    assert str(err.value) == (
+        f"{str(full)!r} already holds files this job did not write (a.txt, b.txt, c.txt, d.txt, e.txt, ...); name "
+        "an empty or new folder, or start from a job's weights with init_from")
+    (full / "f.txt").unlink()
+    with pytest.raises(outputs.FolderRefused, match=r"\(a\.txt, b\.txt, c\.txt, d\.txt, e\.txt\); name"):
+        outputs.claim(full, 5, TOKEN)
