@@ -10,15 +10,7 @@ import sys
 
 import httpx
 import pytest
-from backend_support import free_port, wait_for
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
+from backend_support import alive, free_port, wait_for
 
 
 def test_serve_starts_the_workbench_and_stops_everything(tmp_path):
@@ -60,7 +52,7 @@ def test_serve_starts_the_workbench_and_stops_everything(tmp_path):
         assert body == {"status": "ok", "database": True, "redis": True, "workers": 1}
         assert (data / "slidedp.db").is_file() and (data / "redis.sock").exists()
         redis_pid = int((data / "redis.pid").read_text())
-        assert _alive(redis_pid)
+        assert alive(redis_pid)
         hosts = httpx.get(f"{url}/api/hosts").json()["items"]
         assert len(hosts) == 1 and hosts[0]["online"]
         assert "SlideDP Workbench at http://127.0.0.1:" in (tmp_path / "serve.log").read_text()
@@ -73,7 +65,7 @@ def test_serve_starts_the_workbench_and_stops_everything(tmp_path):
             raise
         log.close()
     assert code == 0, (tmp_path / "serve.log").read_text()[-3000:]
-    wait_for(lambda: not _alive(redis_pid), 10, "the private redis-server to stop")
+    wait_for(lambda: not alive(redis_pid), 10, "the private redis-server to stop")
     assert not (data / "redis.sock").exists()
     assert "Warm shutdown" in (data / "worker.log").read_text()
 
@@ -170,7 +162,7 @@ def test_killed_serve_takes_its_redis_and_worker_with_it(tmp_path):
         os.kill(proc.pid, signal.SIGKILL)  # no cleanup runs in the killed process itself
         proc.wait(10)
     wait_for(
-        lambda: not _alive(redis_pid) and not _alive(worker_pids[0]),
+        lambda: not alive(redis_pid) and not alive(worker_pids[0]),
         30,
         "Redis and the worker to stop after their parent was killed",
     )

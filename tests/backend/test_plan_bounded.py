@@ -19,7 +19,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from backend_support import free_port, tiny_job, wait_for
+from backend_support import alive, free_port, tiny_job, wait_for
 from slidedp_web.presets import demo_config
 
 SLOW_PLANNER = textwrap.dedent(
@@ -130,7 +130,7 @@ def test_a_plan_past_the_deadline_is_stopped_and_answered_503(tmp_path, dataset,
         assert waited < 60  # answered near the deadline, not after the 600 s the planner sleeps
         planners = [int(p) for p in server.mark.read_text().split()]
         assert planners and server.proc.pid not in planners  # planned in a process of its own ...
-        wait_for(lambda: not any(_alive(p) for p in planners), 10, "the planning process to be killed")  # ... killed
+        wait_for(lambda: not any(alive(p) for p in planners), 10, "the planning process to be killed")  # ... killed
         if path == "/api/jobs":
             assert httpx.get(f"{server.url}/api/jobs").json()["total"] == 0  # nothing was created
         assert httpx.get(f"{server.url}/api/health", timeout=5).status_code in (200, 503)
@@ -151,12 +151,5 @@ def test_serve_stops_on_the_first_ctrl_c_while_a_plan_is_being_made(tmp_path, da
         assert resp is not None and resp.status_code == 503, pending
         assert "the server is stopping" in resp.json()["detail"]
         planners = [int(p) for p in server.mark.read_text().split()]
-        wait_for(lambda: not any(_alive(p) for p in planners), 10, "the planning process to be gone")
+        wait_for(lambda: not any(alive(p) for p in planners), 10, "the planning process to be gone")
 
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
