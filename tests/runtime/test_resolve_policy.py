@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from slidedp import launch
 from slidedp.config import JobConfig
-from slidedp.planning import autopolicy
+from slidedp.planning import calibration
 from slidedp.presets import PRESETS
 
 
@@ -21,11 +21,12 @@ def test_keep_and_offload_counts_reach_the_engine(monkeypatch, planner, keep, of
     layers = PRESETS["tiny-qwen3"]["num_hidden_layers"]
     if planner == "no plan":
         def broken(*_a, **_k):
-            raise RuntimeError("planner down")
-        monkeypatch.setattr(autopolicy, "plan_job", broken)
+            raise RuntimeError("calibration down")
+        monkeypatch.setattr(calibration, "load_or_calibrate", broken)
     policy, plan = launch.resolve_policy(_cfg({"activations": "auto", "keep_layers": keep, "offload_layers": off}),
                                          layers)
-    assert bool(plan) == (planner == "plan")
+    assert bool(plan.get("policy")) == (planner == "plan")
+    assert ("fallback" in plan) == (planner == "no plan")
     assert policy.activations == ("keep",) * keep + ("offload",) * off + ("checkpoint",) * (layers - keep - off)
 
 

@@ -5,7 +5,9 @@ run sees. The host is detected on a thread of its own (detect_early) while the l
 
 from __future__ import annotations
 
+import logging
 import os
+import subprocess
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
@@ -15,6 +17,11 @@ from slidedp.policy import ExecutionPolicy, resolve
 
 if TYPE_CHECKING:
     from slidedp.startup import Startup
+
+log = logging.getLogger(__name__)
+# What measuring the host may fail with: its queries and calibration processes (RuntimeError is what a failed
+# calibration, and torch, raise), files of the calibration cache. Nothing else falls back to the configured policy.
+MEASUREMENT_ERRORS = (OSError, RuntimeError, subprocess.SubprocessError)
 
 
 def _say(on_log: Callable[[str], None] | None, line: str) -> None:
@@ -50,7 +57,9 @@ def detect_early(cfg: JobConfig) -> Future | None:
 def resolve_policy(cfg: JobConfig, num_layers: int, on_log=None, plan: dict | None = None,
                    startup: Startup | None = None, detected: Future | None = None) -> tuple[ExecutionPolicy, dict]:
     """The execution policy, resolved once (slidedp.policy.resolve): AutoPolicy's plan where the config says
-    `auto`, the config where it fixes a choice. Returns (policy, plan); plan is {} when nothing was planned.
+    `auto`, the config where it fixes a choice. Returns (policy, plan); plan is {} when nothing was planned, and
+    {"fallback": {"reason", "policy"}} when the host could not be measured (MEASUREMENT_ERRORS: logged, and the
+    configured policy runs); an error of the planner itself is raised.
 
     `plan`: a plan made earlier for this job (the web service's, made when the job was submitted). It is used as it
     is when its basis (autopolicy.plan_basis) equals the basis of the topology and calibration this run sees;
@@ -63,7 +72,6 @@ def resolve_policy(cfg: JobConfig, num_layers: int, on_log=None, plan: dict | No
         from slidedp.planning import autopolicy, topology
 
         try:
-            calibration = None
             topo = detected.result() if detected is not None else topology.detect(cfg.host_ram_gib)
             _mark(startup, "detecting_host")
             from slidedp.planning import calibration as calib  # CPU jobs too: cached per host and shape
@@ -71,6 +79,16 @@ def resolve_policy(cfg: JobConfig, num_layers: int, on_log=None, plan: dict | No
             calibration = calib.load_or_calibrate(
                 cfg, topo, on_log=startup.calibration_log(on_log) if startup is not None else on_log)
             _mark(startup, "calibration")
+        except MEASUREMENT_ERRORS as exc:
+            # The host could not be measured (a GPU query or a calibration process failed, a cache folder is not
+            # writable): the run goes on with the configured policy, and says so where a user looks.
+            topo = None
+            plan = {"fallback": {"reason": f"{type(exc).__name__}: {exc}", "policy": "configured"}}
+            log.warning("planner unavailable, running the configured policy: %s", plan["fallback"]["reason"])
+            _say(on_log, f"planner unavailable ({plan['fallback']['reason']}); using the configured policy")
+        if topo is not None:
+            # Past the measurements every error is the planner's own and is raised: a plan silently replaced by
+            # the configured policy hides the bug and changes what the job runs.
             why = None if stored is None else _stale_plan(stored, autopolicy.plan_basis(cfg, topo, calibration),
                                                           cfg.world_size, num_layers)
             if stored is not None and why is None:
@@ -81,14 +99,14 @@ def resolve_policy(cfg: JobConfig, num_layers: int, on_log=None, plan: dict | No
                 if why is not None:
                     plan["replanned"] = why
                     _say(on_log, f"re-planned: {why}")
-        except Exception as exc:  # the plan is advice; a broken planner must not stop a valid job
-            _say(on_log, f"planner unavailable ({type(exc).__name__}: {exc}); using the configured policy")
-            plan = {}
         _mark(startup, "plan")
         if plan and not plan.get("feasible", True):
             raise ConfigError(plan.get("errors") or [{"loc": "policy", "msg": "the job does not fit this host"}])
     planned = ExecutionPolicy.from_dict(plan["policy"]) if plan.get("policy") else None
-    return resolve(p, num_layers, cfg.world_size, planned), plan
+    policy = resolve(p, num_layers, cfg.world_size, planned)
+    if "fallback" in plan:
+        plan["fallback"]["policy"] = policy.to_dict()  # what ran instead of a plan, in the plan record
+    return policy, plan
 
 
 def _mark(startup: Startup | None, part: str) -> None:
