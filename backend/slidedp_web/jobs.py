@@ -181,11 +181,9 @@ def check_request(
         if room:
             errors.append(room)
     if cfg is not None and model_usable and host_error is None:
-        try:
+        try:  # past SLIDEDP_PLAN_TIMEOUT_S, or with the server stopping, planning answers 503 (raised through)
             out.plan = planning.plan_preview(cfg, host, settings)
-        except HTTPException:  # planning ran past SLIDEDP_PLAN_TIMEOUT_S, or the server is stopping: a 503
-            raise
-        except Exception as exc:  # noqa: BLE001 - a planner bug must not stop a valid job; the worker plans again
+        except RuntimeError as exc:  # the planner failed in its process: kept on the job (unplanned), not hidden
             log.warning("plan preview failed: %s", exc)
             out.plan_failure = str(exc)
         if host is not None and out.plan and out.plan.get("feasible") is False:
@@ -238,7 +236,7 @@ def create(settings: Settings, session: Session, body: Any) -> Job:
             f"{queued} jobs are already queued (SLIDEDP_MAX_QUEUED_JOBS = "
             f"{settings.max_queued_jobs}); wait for some to run or cancel them",
         )
-    plan = planning.summary(checked.plan) if checked.plan else None
+    plan = planning.summary(checked.plan) if checked.plan else planning.unplanned(checked.plan_failure)
     config = cfg.to_dict()
     config["data"]["path"] = _absolute_if_local(config["data"]["path"])
     if config.get("eval", {}).get("path"):

@@ -351,6 +351,19 @@ def summary(plan: dict[str, Any]) -> dict[str, Any]:
     return {**plan, "stage": "planned"}
 
 
+def unplanned(failure: Optional[str]) -> Optional[dict[str, Any]]:
+    """What a job keeps when its plan preview failed (None: no preview was asked for): the planner's error, shown
+    with the job's policy, and a warning the plan view lists. Its worker plans the job again when it starts."""
+    if failure is None:
+        return None
+    return {
+        "stage": "unplanned",
+        "plan_error": failure,
+        "warnings": [{"loc": "policy", "msg": f"the plan preview failed ({failure}); the job was accepted "
+                      "and its worker plans it when it starts, failing the job if the planner fails there too"}],
+    }
+
+
 # ------------------------------------------------------------------------------------------- stored policy
 # The ExecutionPolicy JSON (slidedp.policy, docs/interfaces.md §5), key by key.
 POLICY_KEYS = (
