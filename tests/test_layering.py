@@ -10,7 +10,8 @@ other) and under ``if TYPE_CHECKING:`` (a type-only import is still a dependency
 - the runtime (runtime/slidedp) never imports the web package (slidedp_web): the web package registers its
   commands (`slidedp serve`, `slidedp worker`) with the runtime CLI through the ``slidedp.commands`` entry-point
   group, and the runtime runs on the GPU machine without it;
-- no import cycle among slidedp modules.
+- no import cycle among slidedp modules, nor among slidedp_web modules;
+- the backend's services (slidedp_web outside api/ and main.py) raise slidedp_web.errors, never HTTP errors.
 
 The last tests run the runtime CLI: with the project installed `slidedp serve` and `slidedp worker` come from
 that entry-point group, and without it `slidedp serve` says which extra provides it.
@@ -266,22 +267,44 @@ def test_runtime_does_not_import_the_web_package():
     assert not found, "runtime/slidedp must not import slidedp_web:\n" + "\n".join(found)
 
 
-def test_no_import_cycles_among_slidedp_modules():
-    runtime = {
-        m: {t: line for t, line in e.items() if under(t, "slidedp")}
+@pytest.mark.parametrize("package", ["slidedp", "slidedp_web"])
+def test_no_import_cycles_within_a_package(package):
+    """Within the runtime, and within the web backend (a lazy import inside a function is an edge too: it only
+    hides the cycle from the interpreter until the function runs)."""
+    own = {
+        m: {t: line for t, line in e.items() if under(t, package)}
         for m, e in GRAPH.items()
-        if under(m, "slidedp")
+        if under(m, package)
     }
-    found = tangles(runtime)
+    found = tangles(own)
     report = []
     for component in found:
-        report.append(" -> ".join(chain_in(runtime, component)))
+        report.append(" -> ".join(chain_in(own, component)))
         report.extend(
-            "    " + where(a, b) for a in sorted(component) for b in sorted(runtime[a]) if b in component
+            "    " + where(a, b) for a in sorted(component) for b in sorted(own[a]) if b in component
         )
     assert not found, (
-        "import cycles among slidedp modules (every import inside each cycle listed):\n" + "\n".join(report)
+        f"import cycles among {package} modules (every import inside each cycle listed):\n" + "\n".join(report)
     )
+
+
+def framework_imports(module: str) -> Iterator[tuple[str, int]]:
+    """(name, line) of every HTTPException or RequestValidationError a module imports, anywhere in it."""
+    for node in ast.walk(ast.parse(MODULES[module].read_text())):
+        if isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] in ("fastapi", "starlette"):
+            for alias in node.names:
+                if alias.name in ("HTTPException", "RequestValidationError"):
+                    yield f"{node.module}.{alias.name}", node.lineno
+
+
+def test_backend_services_raise_their_own_refusals():
+    """The services (slidedp_web outside api/ and the app in main.py) raise slidedp_web.errors; only the API turns
+    them into HTTP answers."""
+    services = [m for m in sorted(MODULES) if under(m, "slidedp_web") and not under(m, "slidedp_web.api")
+                and m != "slidedp_web.main"]
+    found = [f"{MODULES[m].relative_to(ROOT)}:{line}: {m} imports {name}"
+             for m in services for name, line in framework_imports(m)]
+    assert not found, "services must raise slidedp_web.errors, not HTTP errors:\n" + "\n".join(found)
 
 
 # ---- the runtime CLI finds the web commands through the entry-point group

@@ -26,12 +26,12 @@ from pathlib import Path
 from typing import Any, Optional
 
 import sqlalchemy as sa
-from fastapi import HTTPException
 from sqlmodel import Session, func, select
 
 from slidedp_web import celery_app, live, outputs
 from slidedp_web.core.config import Settings
 from slidedp_web.core.db import write_session
+from slidedp_web.errors import Conflict, NotFound, TooMany, refused
 from slidedp_web.job_schema import text_errors, unprocessable
 from slidedp_web.models import Generation, GenerationPublic, Host, Job, StatusChange, as_utc, iso, utcnow
 
@@ -143,9 +143,7 @@ def checkpoint_dir(job: Job, name: str) -> Path:
         and all(_regular(path / f) for f in ("meta.json", "master.f32"))
     )
     if not inside:
-        from slidedp_web.jobs import list_checkpoints
-
-        names = [c.name for c in list_checkpoints(job.output_dir)]
+        names = [c.name for c in outputs.list_checkpoints(job.output_dir)]
         has = f"it has: {', '.join(names)}" if names else "it has none (it keeps them with checkpoint.interval > 0)"
         raise Unusable(f"job {job.id} has no checkpoint {name!r} in its folder; {has} (GET "
                        f"/api/jobs/{job.id}/checkpoints)", 422, "checkpoint")
@@ -247,16 +245,16 @@ def _load_tokenizer(path: str, _mtime_ns: int, _size: int) -> Any:
 
 # ----------------------------------------------------------------------------------------------- create
 def create(settings: Settings, session: Session, job_id: int, body: Any) -> Generation:
-    from slidedp_web.jobs import get_or_404 as job_or_404  # jobs imports this module
-
     request = parse_request(body)  # a bad body is a 422 whether or not the job exists
-    job = job_or_404(session, job_id)
+    job = session.get(Job, job_id)
+    if job is None:
+        raise NotFound(f"job {job_id} does not exist")
     try:
         source = check_source(job, request["checkpoint"])
     except Unusable as exc:
         if exc.loc:
             raise unprocessable([{"loc": exc.loc, "msg": str(exc)}]) from None
-        raise HTTPException(exc.status, str(exc)) from None
+        raise refused(exc.status, str(exc)) from None
     too_long = context_error(job, source, request)
     if too_long:
         raise unprocessable([{"loc": "prompt", "msg": too_long}])
@@ -265,12 +263,12 @@ def create(settings: Settings, session: Session, job_id: int, body: Any) -> Gene
         select(func.count()).select_from(Generation).where(Generation.job_id == job_id, Generation.status == "queued")
     ).one()
     if queued >= MAX_QUEUED_PER_JOB:
-        raise HTTPException(429, f"job {job_id} already has {queued} prompts waiting; poll them "
+        raise TooMany(f"job {job_id} already has {queued} prompts waiting; poll them "
                             f"(GET /api/jobs/{job_id}/generations/ID) and ask again once they are answered")
     with write_session(settings) as ws:
         # The job row is locked as DELETE locks it: a job deleted meanwhile is not given a new generation.
         if ws.get(Job, job_id, with_for_update=True) is None:
-            raise HTTPException(404, f"job {job_id} does not exist")
+            raise NotFound(f"job {job_id} does not exist")
         gen = Generation(job_id=job_id, status="queued", queue=job.queue, created_at=utcnow(), **request)
         ws.add(gen)
     try:
@@ -285,7 +283,7 @@ def create(settings: Settings, session: Session, job_id: int, body: Any) -> Gene
 def get_or_404(session: Session, job_id: int, generation_id: int) -> Generation:
     gen = session.get(Generation, generation_id)
     if gen is None or gen.job_id != job_id:  # another job's generation is not reachable through this one
-        raise HTTPException(404, f"job {job_id} has no generation {generation_id}")
+        raise NotFound(f"job {job_id} has no generation {generation_id}")
     return gen
 
 
@@ -358,7 +356,7 @@ def refuse_delete_while_running(ws: Session, job_id: int) -> None:
         select(Generation.id).where(Generation.job_id == job_id, Generation.status == "running")
     ).first()
     if busy is not None:
-        raise HTTPException(409, f"job {job_id}'s model is answering a prompt (generation {busy}); delete the job "
+        raise Conflict(f"job {job_id}'s model is answering a prompt (generation {busy}); delete the job "
                             "once it is done (seconds, usually)")
 
 

@@ -46,11 +46,11 @@ def run(env: dict[str, str], job_id: int, attempt: int, stop: Any, conn: Any) ->
 
 def _finish_orphaned(settings: Any, job_id: int, attempt: int, outcome: dict[str, Any]) -> None:
     """No worker is left to record this attempt's outcome (it was killed): record it from here, as it would."""
-    from slidedp_web.tasks import _finish
+    from slidedp_web.outcome import finish
 
     reason = "cancel" if _orphan.cancelled else "worker_gone"
     try:
-        _finish(settings, job_id, attempt, outcome, reason, False, 0)
+        finish(settings, job_id, attempt, outcome, reason, False, 0)
     except Exception:  # noqa: BLE001 - then the heartbeat sweep marks it interrupted, as before
         _log(settings, job_id, traceback.format_exc())
 
@@ -87,7 +87,7 @@ def _train(settings: Any, job_id: int, attempt: int, stop: Any) -> dict[str, Any
     plan = stored_plan(stored)
     from slidedp.config import ConfigError, JobConfig
 
-    from slidedp_web.guards import job_refusal, refusal
+    from slidedp_web.preflight import job_refusal, refusal
 
     try:
         cfg = JobConfig.from_dict(config)  # parsed once: the guards and slidedp.train take this object
@@ -331,7 +331,7 @@ def _export(settings: Any, job_id: int, output_dir: str) -> dict[str, Any]:
     """Write final/ from the newest checkpoint (POST /api/jobs/{id}/export)."""
     from slidedp.persist.export import export_checkpoint
 
-    from slidedp_web.jobs import list_checkpoints
+    from slidedp_web.outputs import list_checkpoints
 
     found = list_checkpoints(output_dir)
     if not found:
@@ -391,11 +391,11 @@ def _watch_parent(settings: Any, job_id: int, attempt: int, stop: Any) -> None:
         stop.value = 2
         _log(settings, job_id, "the worker that ran this job is gone: stopping at the next step boundary")
         kill_at = time.monotonic() + settings.cancel_grace_s
-        from slidedp_web.tasks import SAVE, STOP, _heartbeat
+        from slidedp_web.outcome import SAVE, STOP, heartbeat
 
         while time.monotonic() < kill_at:
             try:
-                request = _heartbeat(settings, job_id, attempt, write=True)
+                request = heartbeat(settings, job_id, attempt, write=True)
             except Exception:  # noqa: BLE001 - the database may be down; the stop goes on regardless
                 request = None
             if request and not _orphan.cancelled:

@@ -17,8 +17,9 @@ from functools import lru_cache
 from typing import Any, Optional
 
 import pydantic
-from fastapi.exceptions import RequestValidationError
 from slidedp.config import JobConfig
+
+from slidedp_web.errors import Unprocessable
 
 # Keys the API accepts next to the config's own: they say how the job is filed, not how it trains.
 EXTRA_KEYS = {
@@ -118,9 +119,9 @@ def _error_type(msg: str) -> str:
     return "value_error"
 
 
-def unprocessable(errors: list[dict[str, Any]]) -> RequestValidationError:
+def unprocessable(errors: list[dict[str, Any]]) -> Unprocessable:
     """A 422 naming each bad field by its config key path."""
-    return RequestValidationError(
+    return Unprocessable(
         [
             {"loc": loc_path(str(e.get("loc", ""))), "msg": str(e["msg"]), "type": _error_type(str(e["msg"]))}
             for e in errors
@@ -131,7 +132,7 @@ def unprocessable(errors: list[dict[str, Any]]) -> RequestValidationError:
 def split_body(body: Any) -> tuple[dict[str, Any], dict[str, Any]]:
     """(config keys, filing keys) of a request body; a body that is not a JSON object is a 422."""
     if not isinstance(body, dict):
-        raise RequestValidationError(
+        raise Unprocessable(
             [
                 {
                     "loc": ["body"],

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import logging
 import os
-import re
 import secrets
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -14,7 +13,6 @@ from pathlib import Path
 from typing import Any, Optional
 
 import sqlalchemy as sa
-from fastapi import HTTPException
 from slidedp.config import JobConfig
 from slidedp.planning import profiles
 from slidedp.validation import JobCheck, check_config, checkpoint_model_problem
@@ -23,13 +21,13 @@ from sqlmodel import Session, func, select
 from slidedp_web import celery_app, folder_lock, generations, hosts, live, outputs, planning
 from slidedp_web.core.config import Settings
 from slidedp_web.core.db import read_session, write_session
+from slidedp_web.errors import Conflict, NotFound, TooMany
 from slidedp_web.guards import root_errors
 from slidedp_web.job_schema import split_body, unprocessable
 from slidedp_web.journal import set_status, status_event
 from slidedp_web.models import (
     RESUMABLE_STATUSES,
     TERMINAL_STATUSES,
-    CheckpointPublic,
     Event,
     Generation,
     Host,
@@ -42,6 +40,7 @@ from slidedp_web.models import (
     iso,
     utcnow,
 )
+from slidedp_web.outputs import list_checkpoints
 
 log = logging.getLogger(__name__)
 
@@ -81,26 +80,10 @@ def public(job: Job) -> JobPublic:
     )
 
 
-def list_checkpoints(output_dir: str) -> list[CheckpointPublic]:
-    """Complete checkpoints the runtime kept in output_dir/checkpoints, oldest first: step-N folders whose
-    meta.json, written last, exists (a checkpoint still being written is a hidden temporary folder)."""
-    root = Path(output_dir) / "checkpoints"
-    if not output_dir or not root.is_dir():
-        return []
-    items = []
-    for entry in root.iterdir():
-        m = re.fullmatch(r"step-(\d+)", entry.name)
-        if m is None or entry.is_symlink() or not (entry / "meta.json").is_file():
-            continue
-        size = sum(p.stat().st_size for p in entry.iterdir() if p.is_file() and not p.is_symlink())
-        items.append(CheckpointPublic(name=entry.name, step=int(m.group(1)), bytes=size, path=str(entry)))
-    return sorted(items, key=lambda c: (c.step or 0, c.name))
-
-
 def get_or_404(session: Session, job_id: int) -> Job:
     job = session.get(Job, job_id)
     if job is None:
-        raise HTTPException(404, f"job {job_id} does not exist")
+        raise NotFound(f"job {job_id} does not exist")
     return job
 
 
@@ -231,8 +214,7 @@ def create(settings: Settings, session: Session, body: Any) -> Job:
     live.require(settings, "job creation")
     queued = session.exec(select(func.count()).select_from(Job).where(Job.status == "queued")).one()
     if queued >= settings.max_queued_jobs:
-        raise HTTPException(
-            429,
+        raise TooMany(
             f"{queued} jobs are already queued (SLIDEDP_MAX_QUEUED_JOBS = "
             f"{settings.max_queued_jobs}); wait for some to run or cancel them",
         )
@@ -426,7 +408,7 @@ def cancel(settings: Settings, job_id: int, save: bool) -> Job:
     with write_session(settings) as ws:
         job = ws.get(Job, job_id, with_for_update=True)
         if job is None:
-            raise HTTPException(404, f"job {job_id} does not exist")
+            raise NotFound(f"job {job_id} does not exist")
         event = None
         if job.status == "queued":
             # Not started: its queue message is dropped when a worker tries to claim it.
@@ -436,8 +418,8 @@ def cancel(settings: Settings, job_id: int, save: bool) -> Job:
             job.cancel_request, job.cancel_requested_at = ("save" if save else "stop"), utcnow()
             ws.add(job)
         else:
-            raise HTTPException(
-                409, f"job {job_id} is {job.status}: only queued or running jobs can be cancelled"
+            raise Conflict(
+                f"job {job_id} is {job.status}: only queued or running jobs can be cancelled"
             )
     if event:
         live.publish(settings, job_id, event)
@@ -449,10 +431,10 @@ def resume(settings: Settings, job_id: int) -> Job:
     with write_session(settings) as ws:
         job = ws.get(Job, job_id, with_for_update=True)
         if job is None:
-            raise HTTPException(404, f"job {job_id} does not exist")
+            raise NotFound(f"job {job_id} does not exist")
         if job.status not in RESUMABLE_STATUSES:
-            raise HTTPException(
-                409, f"job {job_id} is {job.status}: only {', '.join(RESUMABLE_STATUSES)} jobs can be resumed"
+            raise Conflict(
+                f"job {job_id} is {job.status}: only {', '.join(RESUMABLE_STATUSES)} jobs can be resumed"
             )
         event = _new_attempt(ws, job, "train", "resumed")
     _send(settings, job, event)
@@ -483,14 +465,13 @@ def request_export(settings: Settings, job_id: int) -> Job:
     with write_session(settings) as ws:
         job = ws.get(Job, job_id, with_for_update=True)
         if job is None:
-            raise HTTPException(404, f"job {job_id} does not exist")
+            raise NotFound(f"job {job_id} does not exist")
         if job.status in ("queued", "running"):
-            raise HTTPException(409, f"job {job_id} is {job.status}: export it once it has ended")
+            raise Conflict(f"job {job_id} is {job.status}: export it once it has ended")
         found = list_checkpoints(job.output_dir)
         if not found or found[-1].step != job.steps:
             newest = f"its newest checkpoint is {found[-1].name}" if found else "it has no checkpoint"
-            raise HTTPException(
-                409,
+            raise Conflict(
                 f"job {job_id} cannot be exported: {newest}, and an export needs the state of its last step "
                 f"({job.steps}); resume the job to train to the end (it exports when it completes)",
             )
@@ -507,10 +488,9 @@ def delete(settings: Settings, job_id: int) -> None:
             select(Job.id).where(Job.init_from_job == job_id, Job.status.in_(("queued", "running")))
         ).all()
     if job.status == "running":
-        raise HTTPException(409, f"job {job_id} is running: cancel it first, then delete it")
+        raise Conflict(f"job {job_id} is running: cancel it first, then delete it")
     if users:
-        raise HTTPException(
-            409,
+        raise Conflict(
             f"job {job_id}'s checkpoint is where job(s) {', '.join(map(str, users))} start from (init_from), and "
             "they have not started yet: delete it once they run, or cancel them first",
         )

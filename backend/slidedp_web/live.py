@@ -13,9 +13,9 @@ from typing import Any
 
 import redis
 import redis.asyncio as aioredis
-from fastapi import HTTPException
 
 from slidedp_web.core.config import Settings
+from slidedp_web.errors import Unavailable
 
 log = logging.getLogger(__name__)
 _clients: dict[str, redis.Redis] = {}
@@ -50,10 +50,9 @@ def reachable(settings: Settings) -> bool:
         return False
 
 
-def unavailable(settings: Settings, what: str) -> HTTPException:
-    return HTTPException(
-        status_code=503,
-        detail=f"Redis at {settings.redis_url} is not reachable, so {what} is unavailable right now. "
+def unavailable(settings: Settings, what: str) -> Unavailable:
+    return Unavailable(
+        f"Redis at {settings.redis_url} is not reachable, so {what} is unavailable right now. "
         "Jobs, metrics and logs can still be read. Start Redis (or point REDIS_URL at a running one) and retry; "
         "jobs already queued are sent to their workers again when Redis is back.",
     )

@@ -22,12 +22,12 @@ from slidedp.version import __version__ as slidedp_version
 from starlette.concurrency import run_in_threadpool
 
 import slidedp_web
-from slidedp_web import logs, watchdog
+from slidedp_web import errors, logs, watchdog
 from slidedp_web.api.main import api_router
+from slidedp_web.api.middleware import RequestSizeLimit
 from slidedp_web.api.routes import metrics, tickets
 from slidedp_web.core.config import Settings, get_settings
 from slidedp_web.core.db import upgrade
-from slidedp_web.guards import RequestSizeLimit
 from slidedp_web.job_schema import openapi_components
 
 log = logging.getLogger(__name__)
@@ -73,8 +73,20 @@ def create_app(settings: Optional[Settings] = None) -> FastAPI:
     app.include_router(metrics.router)  # /metrics, where Prometheus looks by default
     _install_openapi(app)
     _clear_body_errors(app)
+    _answer_refusals(app)
     _mount_frontend(app, settings.frontend_dir or default_frontend())
     return app
+
+
+def _answer_refusals(app: FastAPI) -> None:
+    """A service's refusal (slidedp_web.errors) answered with its status and {"detail": ...}, the body an
+    HTTPException or a request validation error gives, so that clients see one shape whichever layer refused."""
+    from fastapi.encoders import jsonable_encoder
+    from fastapi.responses import JSONResponse
+
+    @app.exception_handler(errors.Refused)
+    async def _refused(request: Any, exc: errors.Refused) -> Any:
+        return JSONResponse(status_code=exc.status, content={"detail": jsonable_encoder(exc.detail)})
 
 
 UNREADABLE_BODY = "There was an error parsing the body"  # FastAPI's words for a body it cannot decode

@@ -29,7 +29,10 @@ import re
 import shutil
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
+
+if TYPE_CHECKING:
+    from slidedp_web.models import CheckpointPublic
 
 MARKER = ".slidedp-job.json"
 # files a run writes in the folder: train()'s metrics, the job process's folder lock (slidedp_web/folder_lock.py) and
@@ -151,12 +154,12 @@ def conflict_message(folder: Path, owner: tuple[int, str]) -> str:
 
 def conflict(loc: str, msg: str, job_id: Optional[int] = None) -> Any:
     """The API's 409: {"detail": [{"loc": ["body", ...], "msg", "type": "conflict", "job_id"?}]}."""
-    from fastapi import HTTPException
+    from slidedp_web.errors import Conflict
 
     item: dict[str, Any] = {"loc": ["body", *loc.split(".")], "msg": msg, "type": "conflict"}
     if job_id is not None:
         item["job_id"] = job_id
-    return HTTPException(409, [item])
+    return Conflict([item])
 
 
 def lock_jobs(session: Any) -> None:
@@ -383,3 +386,21 @@ def export_listing(folder: Path, outputs: Optional[dict[str, Any]]) -> list[tupl
     if not files:
         raise FileNotFoundError(str(final))
     return files
+
+
+def list_checkpoints(output_dir: str) -> list[CheckpointPublic]:
+    """Complete checkpoints the runtime kept in output_dir/checkpoints, oldest first: step-N folders whose
+    meta.json, written last, exists (a checkpoint still being written is a hidden temporary folder)."""
+    root = Path(output_dir) / "checkpoints"
+    if not output_dir or not root.is_dir():
+        return []
+    from slidedp_web.models import CheckpointPublic
+
+    items = []
+    for entry in root.iterdir():
+        m = re.fullmatch(r"step-(\d+)", entry.name)
+        if m is None or entry.is_symlink() or not (entry / "meta.json").is_file():
+            continue
+        size = sum(p.stat().st_size for p in entry.iterdir() if p.is_file() and not p.is_symlink())
+        items.append(CheckpointPublic(name=entry.name, step=int(m.group(1)), bytes=size, path=str(entry)))
+    return sorted(items, key=lambda c: (c.step or 0, c.name))

@@ -19,8 +19,6 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from fastapi import HTTPException
-from fastapi.exceptions import RequestValidationError
 from slidedp.config import JobConfig
 from slidedp.planning import profiles
 from slidedp.planning.autopolicy import plan_job
@@ -29,6 +27,7 @@ from sqlmodel import Session, func, select
 
 from slidedp_web import hosts
 from slidedp_web.core.config import Settings
+from slidedp_web.errors import Unavailable, Unprocessable
 from slidedp_web.hosts import basic_topology, is_online, local_calibration
 from slidedp_web.journal import clean_json
 from slidedp_web.models import Host, Job
@@ -42,7 +41,7 @@ def choose_host(session: Session, settings: Settings, requested: Optional[str]) 
     else None: the job goes to this deployment's default queue and waits for its worker."""
     host, error = find_host(session, settings, requested)
     if error is not None:
-        raise RequestValidationError([{"loc": ["body", "host"], "type": "value_error", "msg": error["msg"]}])
+        raise Unprocessable([{"loc": ["body", "host"], "type": "value_error", "msg": error["msg"]}])
     return host
 
 
@@ -98,8 +97,8 @@ def declared_host(body: Any) -> Optional[DeclaredHost]:
     names = ", ".join(profiles.shipped())
     from slidedp_web.guards import shown  # quotes at most the first 80 characters of what was sent
 
-    def refuse(msg: str) -> RequestValidationError:
-        return RequestValidationError([{"loc": ["body", "profile"], "type": "value_error", "msg": msg}])
+    def refuse(msg: str) -> Unprocessable:
+        return Unprocessable([{"loc": ["body", "profile"], "type": "value_error", "msg": msg}])
 
     if not isinstance(name, str):
         raise refuse(f"must be a shipped profile's name (GET /api/profiles), got {shown(name)}; the shipped ones: {names}")
@@ -244,15 +243,15 @@ def _plan_in_child(conn: Any, cfg: JobConfig, topology: dict[str, Any], calibrat
         conn.close()
 
 
-def _stopping() -> HTTPException:
-    return HTTPException(503, "the server is stopping; the plan was not made: send the request again once it is up")
+def _stopping() -> Unavailable:
+    return Unavailable("the server is stopping; the plan was not made: send the request again once it is up")
 
 
 def bounded_plan(
     cfg: JobConfig, topology: dict[str, Any], calibration: Optional[dict[str, Any]], timeout_s: float
 ) -> dict[str, Any]:
     """plan_job(..., sweep=True) in a planning process, within timeout_s (waiting for a free slot included):
-    the plan JSON; HTTPException 503 when the deadline passes or the server stops first (the process is
+    the plan JSON; Unavailable (503) when the deadline passes or the server stops first (the process is
     killed); RuntimeError with the planner's own error when it raised."""
     deadline = time.monotonic() + timeout_s
     if not _slots.acquire(timeout=timeout_s):
@@ -294,10 +293,9 @@ def bounded_plan(
     return value
 
 
-def _too_long(cfg: JobConfig, timeout_s: float, busy: bool = False) -> HTTPException:
+def _too_long(cfg: JobConfig, timeout_s: float, busy: bool = False) -> Unavailable:
     what = "no planning slot came free" if busy else "planning this job did not finish"
-    return HTTPException(
-        503,
+    return Unavailable(
         f"{what} within SLIDEDP_PLAN_TIMEOUT_S = {timeout_s:g} s and it was stopped; nothing was created. "
         f"A plan's work grows with the model's layers ({cfg.model}) and the policy keys left on auto: fix some "
         "(policy.activations, policy.window, policy.delivery) or use a smaller model to plan faster, or ask the "

@@ -15,7 +15,6 @@ import threading
 import time
 from typing import Any, Optional
 
-import sqlalchemy as sa
 from celery import shared_task
 from celery.signals import worker_shutting_down
 
@@ -24,11 +23,11 @@ from slidedp_web.celery_app import GENERATE_TASK, TASK_NAME
 from slidedp_web.core.config import Settings, get_settings
 from slidedp_web.core.db import read_session, write_session
 from slidedp_web.hosts import report, set_current_job
-from slidedp_web.journal import clean_json, record_log, status_event
-from slidedp_web.models import Host, Job, utcnow
+from slidedp_web.journal import record_log, status_event
+from slidedp_web.models import Job, utcnow
+from slidedp_web.outcome import SAVE, STOP, finish, heartbeat
 
 log = logging.getLogger(__name__)
-STOP, SAVE = 1, 2
 
 
 # Set while this worker supervises a job: a shutdown waits for it (see worker.bound_shutdown).
@@ -112,7 +111,7 @@ def supervise(settings: Settings, job_id: int, attempt: int) -> str:
         now = time.monotonic()
         if now >= next_check:
             next_check = now + 1.0
-            request = _heartbeat(settings, job_id, attempt, write=now >= next_beat)
+            request = heartbeat(settings, job_id, attempt, write=now >= next_beat)
             if now >= next_beat:
                 next_beat = now + settings.heartbeat_s
             if reason is None and request:
@@ -150,19 +149,7 @@ def supervise(settings: Settings, job_id: int, attempt: int) -> str:
         report(settings)
     except Exception as exc:  # noqa: BLE001 - the periodic report carries it anyway
         log.warning("host report after job %s failed: %s", job_id, exc)
-    return _finish(settings, job_id, attempt, outcome, reason, killed, proc.exitcode)
-
-
-def _heartbeat(settings: Settings, job_id: int, attempt: int, write: bool) -> Optional[str]:
-    """Write the heartbeat (when due) and return the job's cancel request, if any."""
-    if write:
-        with write_session(settings) as session:
-            session.execute(
-                sa.update(Job).where(Job.id == job_id, Job.attempt == attempt).values(heartbeat_at=utcnow())
-            )
-    with read_session(settings) as session:
-        row = session.execute(sa.select(Job.cancel_request).where(Job.id == job_id)).first()
-    return row[0] if row else "stop"  # a deleted job stops
+    return finish(settings, job_id, attempt, outcome, reason, killed, proc.exitcode)
 
 
 _shutting_down = threading.Event()
@@ -191,78 +178,3 @@ def _kill_group(pgid: Optional[int]) -> None:
         except (ProcessLookupError, PermissionError):
             return
         time.sleep(0.5)
-
-
-def _finish(
-    settings: Settings,
-    job_id: int,
-    attempt: int,
-    outcome: Optional[dict],
-    reason: Optional[str],
-    killed: bool,
-    exitcode: Optional[int],
-) -> str:
-    policy = clean_json(outcome.get("policy")) if outcome else None
-    result = (outcome or {}).get("status")
-    error: Optional[dict] = None
-    if result == "completed":
-        status = "completed"
-    elif reason == "worker_gone":  # recorded by the job process itself (job_process._finish_orphaned)
-        status = "interrupted"
-        saved = (
-            " at a step boundary, with a checkpoint"
-            if result == "stopped" and (outcome or {}).get("steps_done")
-            else ""
-        )
-        error = {
-            "message": f"the worker on {settings.host_name} died during the job, which stopped on its own{saved}; "
-            "resume it to continue from its last checkpoint",
-            "errors": [],
-        }
-    elif reason == "shutdown":
-        status = "interrupted"
-        error = {
-            "message": f"the worker on {settings.host_name} shut down during the job; resume it to continue "
-            "from its last checkpoint",
-            "errors": [],
-        }
-    elif reason == "cancel" and (result == "stopped" or killed):
-        status = "cancelled"
-        if killed:
-            error = {
-                "message": f"killed after not stopping within {settings.cancel_grace_s:g} s of the cancel",
-                "errors": [],
-            }
-    elif result == "failed":
-        status, error = "failed", outcome.get("error") if outcome else None
-    elif result == "stopped":
-        status = "interrupted"
-        error = {"message": "the job stopped before its last step; resume it to continue", "errors": []}
-    else:
-        status = "failed"
-        how = f"signal {-exitcode}" if exitcode is not None and exitcode < 0 else f"exit code {exitcode}"
-        hint = " (out of memory?)" if exitcode == -signal.SIGKILL else ""
-        error = {
-            "message": f"the job's process died with {how}{hint} before reporting an outcome",
-            "errors": [],
-        }
-    with write_session(settings) as session:
-        job = session.get(Job, job_id, with_for_update=True)
-        if job is None or job.attempt != attempt or job.status not in ("running", "interrupted"):
-            return "superseded"
-        job.finished_at, job.heartbeat_at, job.cancel_request = utcnow(), None, None
-        if policy:
-            job.policy = {**(job.policy or {}), **policy} if isinstance(policy, dict) else job.policy
-        event = status_event(
-            session, job, status, error=error, message=f"attempt {attempt}: {result or 'no outcome'}"
-        )
-        # Only while it still names this job: a job process outliving its worker ends after the next worker
-        # may have started another job.
-        session.execute(
-            sa.update(Host)
-            .where(Host.name == settings.host_name, Host.current_job_id == job_id)
-            .values(current_job_id=None)
-        )
-    live.publish(settings, job_id, event)
-    log.info("job %s attempt %s: %s", job_id, attempt, status)
-    return status

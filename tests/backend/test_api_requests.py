@@ -292,7 +292,7 @@ RUNTIME_PLAN = {
 def test_a_job_policy_of_today_is_answered_as_plan_and_resolved_policy():
     from slidedp_web.planning import job_policy
 
-    # tasks._finish stores {**job.policy, **outcome["policy"]}, outcome["policy"] = {**resolved, "plan": plan}.
+    # outcome.finish stores {**job.policy, **outcome["policy"]}, outcome["policy"] = {**resolved, "plan": plan}.
     row = {**SUBMITTED, **RAN, "plan": RUNTIME_PLAN}
     answer = job_policy(row)
     assert answer["stage"] == "resolved"

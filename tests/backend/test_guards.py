@@ -191,7 +191,7 @@ def test_gpu_memory_is_checked_even_for_a_fully_explicit_policy():
     """The runtime plans only policies with something left to choose; the job process's guard prices every one
     with AutoPolicy's memory model, here on the nvidia-h200-x2 machine's reported topology."""
     from slidedp.config import JobConfig
-    from slidedp_web.guards import resource_errors
+    from slidedp_web.preflight import resource_errors
 
     fixture = Path(__file__).resolve().parents[1] / "runtime" / "fixtures" / "h200x2_topology.json"
     topology = json.loads(fixture.read_text())["nvlink"]
@@ -212,8 +212,8 @@ def test_gpu_memory_is_checked_even_for_a_fully_explicit_policy():
 
 def test_a_gpu_job_on_a_host_without_a_detector_report_is_left_to_the_runtime(settings, tmp_path):
     """The basic probe knows the host's RAM, not its GPUs: refusing for "0 GPUs" would be wrong there."""
-    from slidedp_web.guards import preflight
     from slidedp_web.hosts import basic_topology
+    from slidedp_web.preflight import preflight
 
     job = tiny_job("demo:demo_sft.jsonl", gpus=1)
     assert preflight(settings, job, basic_topology(settings)) == []

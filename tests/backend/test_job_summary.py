@@ -1,7 +1,7 @@
 """The jobs list's per-job summary (docs/interfaces.md §6, `summary`): final loss, final eval loss, median tokens/s
 without the warm-up step, and the time run over every attempt. The jobs are created through the API and driven the
 way the worker drives them: claimed (tasks.claim), their records stored by journal.record_metrics (what the job
-process's on_step calls), finished by the worker's own ending (tasks._finish), a failed one resumed through the API."""
+process's on_step calls), finished by the worker's own ending (outcome.finish), a failed one resumed through the API."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from datetime import datetime
 import pytest
 import sqlalchemy as sa
 from backend_support import tiny_job
-from slidedp_web import job_summary, tasks
+from slidedp_web import job_summary, outcome, tasks
 from slidedp_web.core.db import read_session
 from slidedp_web.journal import record_metrics
 from slidedp_web.models import Job
@@ -37,7 +37,7 @@ def _attempt(
         record_metrics(settings, job_id, record)
     time.sleep(pause)
     if outcome is not None:
-        tasks._finish(settings, job_id, attempt, outcome, None, False, 0)
+        outcome.finish(settings, job_id, attempt, outcome, None, False, 0)
 
 
 def _rec(step: int, loss: float, tokens_per_s: float, first: bool = False, **extra) -> dict:
@@ -157,7 +157,7 @@ def test_the_list_summarises_each_run_in_two_queries(client, settings, dataset):
 
     # However many jobs a page holds: one query for the stored steps and one for the status history; the steps
     # of a job that has not changed since (same last event) are not read again.
-    tasks._finish(
+    outcome.finish(
         settings,
         diverged,
         1,

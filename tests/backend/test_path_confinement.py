@@ -1,5 +1,5 @@
 """Every path a job names goes through one check (slidedp_web.guards.root_errors), at the API and again in the job
-process (guards.preflight): model, data.path, eval.path, output_dir and an init_from checkpoint path. Outside the
+process (preflight.preflight): model, data.path, eval.path, output_dir and an init_from checkpoint path. Outside the
 roots a path is refused before anything reads it, with the same answer whether it exists, is a folder or is
 missing; a path that cannot name a file (a name over 255 bytes, a loop of symlinks) is a 422 naming its key, never
 a 500; a folder that shares a root's name as a prefix is outside it; relative output folders stay out of the data
@@ -190,7 +190,7 @@ def test_a_loop_of_symlinks_is_refused_not_a_500(client, roots):
 
 def test_the_job_process_checks_every_path_again(settings, roots):
     """preflight: what the job process runs before it starts, with its own worker's settings."""
-    from slidedp_web.guards import preflight
+    from slidedp_web.preflight import preflight
 
     data = tokens_dataset(roots["datasets"] / "p.jsonl")
     leaked = secret(roots["outside"] / "pre.jsonl")

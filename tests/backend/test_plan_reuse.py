@@ -114,8 +114,8 @@ def test_preflight_answers_memory_with_the_stored_plan_made_on_the_reported_topo
     """The job process's memory check plans only when the stored plan was made on another report."""
     from slidedp.config import JobConfig
     from slidedp.planning import autopolicy
-    from slidedp_web.guards import preflight
     from slidedp_web.hosts import basic_topology
+    from slidedp_web.preflight import preflight
 
     settings = make_settings(tmp_path / "data", "redis://127.0.0.1:1/0")
     topology = {**basic_topology(settings), "source": "slidedp.planning.topology", "cpu": {"cores": 2}}
