@@ -12,10 +12,11 @@ from datetime import datetime
 import pytest
 import sqlalchemy as sa
 from backend_support import tiny_job
-from slidedp_web import job_summary, outcome, tasks
+from slidedp_web import job_summary, tasks
 from slidedp_web.core.db import read_session
 from slidedp_web.journal import record_metrics
 from slidedp_web.models import Job
+from slidedp_web.outcome import finish
 from sqlmodel import select
 
 
@@ -37,7 +38,7 @@ def _attempt(
         record_metrics(settings, job_id, record)
     time.sleep(pause)
     if outcome is not None:
-        outcome.finish(settings, job_id, attempt, outcome, None, False, 0)
+        finish(settings, job_id, attempt, outcome, None, False, 0)
 
 
 def _rec(step: int, loss: float, tokens_per_s: float, first: bool = False, **extra) -> dict:
@@ -157,7 +158,7 @@ def test_the_list_summarises_each_run_in_two_queries(client, settings, dataset):
 
     # However many jobs a page holds: one query for the stored steps and one for the status history; the steps
     # of a job that has not changed since (same last event) are not read again.
-    outcome.finish(
+    finish(
         settings,
         diverged,
         1,
