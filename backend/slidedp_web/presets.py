@@ -36,7 +36,8 @@ def _gpu_config(model: str, gpus: int, micro_batch: int) -> dict[str, Any]:
         "schedule": {"warmup_steps": 10, "decay": "cosine", "min_lr_ratio": 0.1},
         "gpus": gpus,
         "precision": "bf16",
-        "policy": {"delivery": "auto", "grad_reduce": "auto", "activations": "auto"},
+        "policy": {"delivery": "auto", "grad_reduce": "auto", "delivery_cast": "auto", "edge_update": "auto",
+                   "activations": "auto"},
         "checkpoint": {"interval": 50, "keep": 2},
     }
 

@@ -5,9 +5,10 @@
 
 Each policy is
 `delivery:grad_reduce[:activations[:clip[:resident[:cast[:edge_update[:device_layers[:staging_slots]]]]]]]`, the
-shorthand of slidedp.policy: parse_shorthand reads it into the job config's `policy` section (`auto` anywhere but
-the cast is AutoPolicy's choice; omitted fields keep every unit's update on the host, unlike a job config's auto
-defaults), and a form without `auto` is an ExecutionPolicy (ExecutionPolicy.from_shorthand, .shorthand()).
+shorthand of slidedp.policy: parse_shorthand reads it into the job config's `policy` section (`auto` in a field is
+AutoPolicy's choice, and so are the cast and staging slots a form with `auto` omits; other omitted fields keep every
+unit's update on the host, unlike a job config's auto defaults), and a form without `auto` is an ExecutionPolicy
+(ExecutionPolicy.from_shorthand, .shorthand()): its omitted cast is the host's.
 Each peer is `fsdp2[:keep[:clip]]` (FSDP2 GPU-resident, every decoder layer checkpointed but the first `keep`;
 `none`: no checkpointing) or `fsdp2-offload[:keep[:clip]]` (FSDP2 + CPUOffloadPolicy), see slidedp.peers.fsdp2;
 or `ds-zero2[:clip]` / `ds-zero3[:clip]` (DeepSpeed ZeRO-Offload: optimizer, or optimizer and parameters, on the

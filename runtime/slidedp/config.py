@@ -170,11 +170,12 @@ class PolicyConfig:
         "host: each rank returns the whole unit gradient and the host sums.",
     )
     delivery_cast: Literal["host", "gpu", "auto"] = _f(
-        "host",
+        "auto",
         doc="Where bf16 weights are made from the fp32 master (bf16 precision). host: the update writes a bf16 "
         "copy in host memory (2 B/param more host RAM, 6 B/param more host memory traffic per step) and 2 B/param "
-        "cross PCIe. gpu: the fp32 master itself crosses PCIe (4 B/param) and is cast on the GPU. auto: AutoPolicy "
-        "plans the job both ways and takes the faster that fits (the host when neither is timed, or on the CPU).",
+        "cross PCIe. gpu: the fp32 master itself crosses PCIe (4 B/param) and is cast on the GPU. auto (default): "
+        "AutoPolicy plans the job both ways and takes the faster that fits (the host when neither is timed, in "
+        "fp32 or on the CPU).",
     )
     edge_update: Literal["host", "gpu", "auto"] = _f(
         "auto",

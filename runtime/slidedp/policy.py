@@ -62,10 +62,10 @@ def parse_shorthand(text: str) -> tuple[dict[str, Any], float]:
     `auto` in any field leaves that choice to AutoPolicy. activations: keep, checkpoint, offload,
     auto, or keepN / offN (the first N layers keep / offload their activations, the rest are checkpointed). clip:
     max_grad_norm (0: none; an optimizer setting, not part of the policy). resident: leading layers whose weights
-    stay on the GPUs, a count or auto. staging_slots: gradient staging slots per rank, a count or auto (omitted:
-    AutoPolicy's choice in a form with `auto` elsewhere, else the default for the window). Unlike a job config,
-    whose defaults are auto and null, omitted fields are fixed: every layer checkpointed, nothing resident, the
-    cast on the host, every update on the host."""
+    stay on the GPUs, a count or auto. cast and staging_slots, omitted: AutoPolicy's choice in a form with `auto`
+    elsewhere (as in a job config), else the cast on the host and the default slots for the window. Unlike a job
+    config, whose defaults are auto and null, the other omitted fields are fixed: every layer checkpointed, nothing
+    resident, every update on the host."""
     parts = text.split(":")
     if not 2 <= len(parts) <= 9:
         raise PolicyError(f"policy {text!r}: expected {SHORTHAND}")
@@ -95,8 +95,11 @@ def parse_shorthand(text: str) -> tuple[dict[str, Any], float]:
         "device_layers": count("device_layers", device_layers, 0),
         "staging_slots": count("staging_slots", slots, staging_slots(WINDOW)),
     }
-    if slots == "" and "auto" in parts:  # a request for AutoPolicy: the count is its choice too, unless given
-        request["staging_slots"] = None
+    if "auto" in parts:  # a request for AutoPolicy: the cast and the slot count are its choice too, unless given
+        if slots == "":
+            request["staging_slots"] = None
+        if cast == "":
+            request["delivery_cast"] = "auto"
     acts = acts or "checkpoint"
     for prefix, key, other in (("keep", "keep_layers", "offload_layers"), ("off", "offload_layers", "keep_layers")):
         if acts.startswith(prefix) and acts[len(prefix):].isdigit():

@@ -32,8 +32,9 @@ def _cfg(**raw):
 
 @pytest.fixture(scope="module")
 def nvlink_bs8(x2):
+    """The bf16 copy made on the host, as in the runs the route comparisons below were measured with."""
     topo, cal = x2
-    return ap.plan_job(_cfg(), topo["nvlink"], cal["qwen3-8b_bs8_nvlink"])
+    return ap.plan_job(_cfg(policy={"delivery_cast": "host"}), topo["nvlink"], cal["qwen3-8b_bs8_nvlink"])
 
 
 def test_nvlink_pair_gets_gpu_reduction_and_host_reduction_ranks_last(nvlink_bs8):
@@ -367,11 +368,13 @@ def test_when_the_host_link_binds_the_routes_that_move_fewer_bytes_over_it_win(x
     delivery) where sharded copies each half once and all-gathers over NVLink (2 B/param in all); host reduction
     returns every GPU's whole gradient (2 x 4 B/param) where gpu reduction returns each GPU's reduced half
     (4 B/param). With the measured link the two deliveries are 1% apart; as the link slows, the delivery that
-    moves half the bytes pulls ahead by more and more, and gpu reduction stays ahead of host reduction."""
+    moves half the bytes pulls ahead by more and more, and gpu reduction stays ahead of host reduction. The cast is
+    on the host (2 B/param delivered), as in the measured runs."""
     topo, cal = x2
     gaps = []
     for factor in (1.0, 0.25, 0.125):
-        plan = ap.plan_job(_cfg(micro_batch_size=4), topo["nvlink"], _scaled_pcie(cal["qwen3-8b_bs4_nvlink"], factor))
+        plan = ap.plan_job(_cfg(micro_batch_size=4, policy={"delivery_cast": "host"}), topo["nvlink"],
+                           _scaled_pcie(cal["qwen3-8b_bs4_nvlink"], factor))
         best = _best_per_route(plan)
         gaps.append(best[("replicated", "gpu")] / best[("sharded", "gpu")])
         assert best[("sharded", "host")] > best[("sharded", "gpu")]
@@ -587,18 +590,21 @@ def test_autopolicy_is_predicted_no_slower_than_any_row_of_the_declared_grid(one
 def test_a_host_bound_plan_takes_more_staging_slots_only_where_they_pay_and_host_ram_allows(x2):
     """More gradient staging slots let the backward run ahead and the host update work through the next forward:
     AutoPolicy takes them when the model prices them at least 1% faster, within a quarter of the host RAM the
-    rest of the plan leaves free, and never where the job fixes the count."""
+    rest of the plan leaves free, and never where the job fixes the count. The cast is on the host, whose bf16
+    copy the update writes: there the host update binds (cast on the GPU, the compute does)."""
     topo, cal = x2
     rates = cal["qwen3-8b_bs8_nvlink"]
-    plan = ap.plan_job(_cfg(), topo["nvlink"], rates)
+    host = {"delivery_cast": "host"}
+    plan = ap.plan_job(_cfg(policy=host), topo["nvlink"], rates)
     assert plan["predicted"]["bound"]["binding"] == "cpu_update" and plan["policy"]["staging_slots"] > 8
-    fixed = ap.plan_job(_cfg(policy={"staging_slots": 8}), topo["nvlink"], rates)
+    fixed = ap.plan_job(_cfg(policy={**host, "staging_slots": 8}), topo["nvlink"], rates)
     assert fixed["policy"]["staging_slots"] == 8
     assert plan["predicted"]["step_time_s"] < 0.99 * fixed["predicted"]["step_time_s"]
     more = plan["predicted"]["host_ram_gib"] - fixed["predicted"]["host_ram_gib"]
     assert more > 0
     # host RAM that leaves less than four times the extra slots free beside the default: the default stays
-    tight = ap.plan_job(_cfg(host_ram_gib=fixed["predicted"]["host_ram_gib"] + 3.9 * more), topo["nvlink"], rates)
+    tight = ap.plan_job(_cfg(host_ram_gib=fixed["predicted"]["host_ram_gib"] + 3.9 * more, policy=host),
+                        topo["nvlink"], rates)
     assert tight["policy"]["staging_slots"] < plan["policy"]["staging_slots"]
 
 

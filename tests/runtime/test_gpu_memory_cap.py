@@ -126,13 +126,14 @@ def test_a_host_state_that_leaves_no_room_for_the_rank_processes_is_refused_nami
     assert topo["host_ram"]["limit_bytes"] == 128 * GIB
     base = {"model": "qwen3-8b", "data": {"path": "x.jsonl"}, "gpus": 1, "micro_batch_size": 1, "seq_len": 2048,
             "gpu_memory_gib": 24, "cpu_threads": 16}
-    plan = ap.plan_job(JobConfig.from_dict(base), topo, None)
+    plan = ap.plan_job(JobConfig.from_dict({**base, "policy": {"delivery_cast": "host"}}), topo, None)
     assert not plan["feasible"]
     err = plan["errors"][0]
     assert err["loc"] == "policy.delivery_cast" and "host RAM too small" in err["msg"], err
     assert "rank_processes" in err["msg"] and "set policy.delivery_cast to gpu" in err["msg"]
     cast_gpu = ap.plan_job(JobConfig.from_dict({**base, "policy": {"delivery_cast": "gpu"}}), topo, None)
     assert cast_gpu["feasible"], cast_gpu["errors"]
+    assert ap.plan_job(JobConfig.from_dict(base), topo, None)["policy"] == cast_gpu["policy"]  # the default: auto
     assert cast_gpu["predicted"]["host_parts_gib"]["rank_processes"] == pytest.approx(5.0)
 
 

@@ -186,6 +186,12 @@ def ways_out(cfg: Any, plan: dict[str, Any], gpus_on_host: int,
     ):
         return []
     out = []
+    if cfg.policy.delivery_cast == "host" and cfg.precision == "bf16" and cfg.gpus > 0:
+        # the cast on the GPUs keeps no bf16 copy in host RAM and changes nothing the job trains on: listed first
+        way = _try(check, cfg, {"policy": {"delivery_cast": "gpu"}},
+                   "policy.delivery_cast gpu (the GPUs make the bf16 weights from the fp32 master)")
+        if way:
+            out.append(way)
     mb, ga, seq = cfg.micro_batch_size, cfg.grad_accum, cfg.seq_len
     sequences = mb * ga * cfg.world_size
     smaller, m = [], mb
@@ -243,8 +249,9 @@ def ways_out(cfg: Any, plan: dict[str, Any], gpus_on_host: int,
 def _try(check: Callable[[Any], dict[str, Any]], cfg: Any, change: dict[str, Any], words: str,
          refused: dict[str, Any] | None = None) -> dict | None:
     """The way out `change` names, when the changed job fits; None when it does not (its refusal then in
-    `refused`)."""
-    plan = check(dataclasses.replace(cfg, **change))
+    `refused`). A section's keys are changed as a dict (`{"policy": {"delivery_cast": "gpu"}}`)."""
+    fields = {k: dataclasses.replace(getattr(cfg, k), **v) if isinstance(v, dict) else v for k, v in change.items()}
+    plan = check(dataclasses.replace(cfg, **fields))
     if not plan.get("feasible"):
         if refused is not None:
             refused.update(plan)
