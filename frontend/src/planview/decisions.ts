@@ -10,7 +10,7 @@ import type { PlanAnswer } from "../plan";
 /** A sentence as parts: plain text, or [shown words, glossary key] for a term with hover text. */
 export type Part = string | [string, string];
 export interface Decision {
-  topic: "route" | "activations" | "update" | "cast" | "staging" | "bound";
+  topic: "route" | "activations" | "update" | "cast" | "headroom" | "staging" | "bound";
   parts: Part[];
 }
 
@@ -105,6 +105,15 @@ export function decisions(plan: PlanAnswer): Decision[] {
   } else cast.push(": as the job's policy.delivery_cast sets it.");
   out.push({ topic: "cast", parts: cast });
 
+  // the safety margin of GPU memory (docs/planning.md "Headroom"): said only where the fastest plan lacks it
+  const room = (plan as { headroom?: HeadroomRow }).headroom;
+  if (room && room.fastest_free_fraction < room.margin_fraction) {
+    const pc = (x: number) => `${(100 * x).toFixed(1)}%`;
+    out.push({ topic: "headroom", parts: [room.outcome.startsWith("took")
+      ? `The fastest plan found left ${pc(room.fastest_free_fraction)} of the GPU memory budget free, under the ${pc(room.margin_fraction)} safety margin; this one is ${pc(Math.max(0, room.slower_by_fraction))} slower and leaves ${pc(room.chosen_free_fraction)} free.`
+      : `This plan leaves ${pc(room.chosen_free_fraction)} of the GPU memory budget free, under the ${pc(room.margin_fraction)} safety margin: no plan within ${pc(room.max_slower_fraction)} of its step time keeps the margin.`] });
+  }
+
   // gradient staging slots
   out.push({
     topic: "staging",
@@ -118,6 +127,15 @@ export function decisions(plan: PlanAnswer): Decision[] {
     out.push({ topic: "bound", parts: ["What limits the step most: ", [top[0].replace(/_/g, " "), "exposed"], ` (${s(top[1])} of the ${s(t)} step is waiting on it, beyond what overlap hides).`] });
   }
   return out;
+}
+
+interface HeadroomRow {
+  margin_fraction: number;
+  max_slower_fraction: number;
+  chosen_free_fraction: number;
+  fastest_free_fraction: number;
+  slower_by_fraction: number;
+  outcome: string;
 }
 
 interface CastRow {

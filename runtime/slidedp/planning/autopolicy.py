@@ -50,6 +50,15 @@ from slidedp.policy import ExecutionPolicy
 
 __all__ = ["basis_change", "format_plan", "metrics_prediction", "plan_basis", "plan_job"]
 
+# The preview warns when a plan leaves less than this share of its GPU memory budget free (LOW_HEADROOM in
+# frontend/src/planview/glance.ts): an error of that size in the memory prediction would run the job out of memory.
+HEADROOM_MARGIN = 0.05
+# A plan that keeps the margin is taken over a fastest that does not when it is at most this much slower.
+HEADROOM_SLOWER = 0.02
+HEADROOM_RULE = (f"a plan leaving under {HEADROOM_MARGIN:.0%} of the GPU memory budget free is not chosen when one "
+                 f"at most {HEADROOM_SLOWER:.0%} slower keeps that much free (fewer layers keeping activations, "
+                 "resident or updated on the GPUs); otherwise the fastest is kept")
+
 
 def plan_job(cfg: Any, topology: dict[str, Any], calibration: dict[str, Any] | None,
              sweep: bool = False) -> dict[str, Any]:
@@ -96,8 +105,9 @@ def _cast_choice(cfg: Any, topology: dict[str, Any], calibration: dict[str, Any]
         chosen = "gpu" if time(host) is not None and time(gpu) is not None and time(gpu) < time(host) else "host"
     elif gpu.get("feasible"):
         chosen = "gpu"
-    else:
-        chosen = "host"
+    else:  # neither fits: a refusal for host RAM is the GPU cast's, the leaner there (the host's would name the
+        # bf16 copy the GPU cast drops, and may advise that cast); any other is the host's
+        chosen = "gpu" if any("host RAM too small" in e["msg"] for e in host.get("errors") or []) else "host"
     plan = _plan(_with_cast(cfg, chosen), topology, calibration, sweep) if sweep else plans[chosen]
     plan["delivery_cast_choice"] = {
         "chosen": chosen,
@@ -161,6 +171,21 @@ def _plan(cfg: Any, topology: dict[str, Any], calibration: dict[str, Any] | None
     if sweep:
         plan["card_sweep"] = card_sweep(plan, job, planner.best_at)
     return plan
+
+
+def headroom_words(headroom: dict[str, Any]) -> str:
+    """The headroom decision in one sentence (the plan's why, `slidedp plan`)."""
+    margin, free = headroom["margin_fraction"], headroom["chosen_free_fraction"]
+    if headroom["outcome"].startswith("took"):
+        slower = headroom["slower_by_fraction"]
+        by = f"{slower:.1%} slower than" if slower > 0 else "no slower than"
+        return (f"Headroom: took a plan {by} the fastest found, leaving "
+                f"{free:.1%} of the GPU memory budget free (the fastest left {headroom['fastest_free_fraction']:.1%}, "
+                f"under the {margin:.0%} margin).")
+    if headroom["fastest_free_fraction"] < margin:
+        return (f"Headroom: the fastest plan leaves {free:.1%} of the GPU memory budget free, under the {margin:.0%} "
+                f"margin, and no plan within {headroom['max_slower_fraction']:.0%} of its step time keeps the margin.")
+    return ""
 
 
 def _kind(calibration: dict[str, Any]) -> str:
@@ -289,6 +314,12 @@ class _Planner(RouteSearch, KnobSearch, PlanJson, MixSearch, Refusals):
         if not self.rates:
             return self.memory_only(start.window, start.chunk_mb, start.loss_chunk_tokens)
         pol, marginal, candidates, untimed = self.choose(start)
+        headroom = None
+        if pol is not None:
+            fastest = pol
+            pol, headroom = self.keep_headroom(pol)
+            if pol != fastest:
+                candidates.append(self.candidate(pol))
         if pol is None:
             self.rates = None
             plan = self.memory_only(start.window, start.chunk_mb, start.loss_chunk_tokens)
@@ -299,6 +330,10 @@ class _Planner(RouteSearch, KnobSearch, PlanJson, MixSearch, Refusals):
             if self.fits(every) is not None:
                 candidates.append(self.candidate(every))  # shows why not every layer keeps its activations
         plan = self.result(pol, candidates, marginal)
+        if headroom is not None:
+            plan["headroom"] = headroom
+            if headroom_words(headroom):
+                plan["why"] += " " + headroom_words(headroom)
         if untimed:
             plan["why"] += " Routes left out: " + "; ".join(untimed) + "."
         return plan
@@ -318,6 +353,56 @@ class _Planner(RouteSearch, KnobSearch, PlanJson, MixSearch, Refusals):
             raise Infeasible([self.hbm_error(pol, self.mem(pol)) if "HBM" in short else {"loc": "model", "msg": short}])
         return pol, marginal, candidates, untimed
 
+    def keep_headroom(self, pol: ExecutionPolicy) -> tuple[ExecutionPolicy, dict[str, Any] | None]:
+        """HEADROOM_RULE applied to the search's fastest policy `pol`: where it leaves under HEADROOM_MARGIN of the
+        GPU memory budget free, layers are moved a few at a time, each time the move that costs the least step
+        time per byte it frees (the fewest kept layers checkpointed, resident layers streamed, or layers updated
+        on the host instead of the GPUs, that lower the peak; never a count the user fixed), until the margin holds or the step is HEADROOM_SLOWER slower. Returns the policy and the decision (the
+        plan's `headroom`); None for the decision without times or GPUs."""
+        j = self.job
+        if not (self.rates and j.on_gpu and j.hbm_budget):
+            return pol, None
+
+        def free(p: ExecutionPolicy) -> float:
+            return 1 - self.mem(p)["hbm_peak_bytes"] / j.hbm_budget
+
+        fastest_time, fastest_free, fixed = self.time(pol), free(pol), self.fixed_mix()
+        limit = fastest_time * (1 + HEADROOM_SLOWER)
+        here = pol
+        while free(here) < HEADROOM_MARGIN and self.time(here) <= limit:
+            n, peak, moves = self.counts(here), self.mem(here)["hbm_peak_bytes"], []
+            n["device"] = here.device_layers
+            for f in ("keep", "resident", "device"):
+                # the fewest layers that free memory: the first resident layer streamed brings the window's
+                # buffers back, so one alone can raise the peak
+                mine = f not in fixed and not (f == "device" and "device_layers" in self.user)
+                for fewer in range(1, n[f] + 1 if mine else 0):
+                    trial = (dataclasses.replace(here, device_layers=n[f] - fewer) if f == "device"
+                             else self.with_counts(here, {**n, f: n[f] - fewer}))
+                    freed = peak - self.mem(trial)["hbm_peak_bytes"]
+                    if freed > 0:
+                        moves.append((max(self.time(trial) - self.time(here), 0.0) / freed, -freed, trial))
+                        break
+            if not moves:
+                break
+            here = min(moves, key=lambda m: m[:2])[2]
+        if fastest_free >= HEADROOM_MARGIN:
+            outcome = "fastest keeps the margin"
+        elif free(here) >= HEADROOM_MARGIN and self.time(here) <= limit:
+            outcome, pol = "took a plan that keeps the margin", here
+        else:
+            outcome = "fastest kept: no plan within the slowdown keeps the margin"
+        return pol, {
+            "margin_fraction": HEADROOM_MARGIN,
+            "max_slower_fraction": HEADROOM_SLOWER,
+            "chosen_free_fraction": free(pol),
+            "fastest_free_fraction": fastest_free,
+            "fastest_step_time_s": fastest_time,
+            "slower_by_fraction": self.time(pol) / fastest_time - 1,
+            "outcome": outcome,
+            "rule": HEADROOM_RULE,
+        }
+
     def best_at(self, job: Job) -> tuple[dict[str, Any], dict[str, Any]]:
         """The policy the same search chooses for `job` (this job with another memory per GPU) and its
         prediction, without the plan's write-up; Infeasible when nothing fits. The predictions made so far are
@@ -326,6 +411,8 @@ class _Planner(RouteSearch, KnobSearch, PlanJson, MixSearch, Refusals):
         start = other.start_knobs()
         other.check_minimum(start.window, start.chunk_mb, start.loss_chunks)
         pol = other.choose(start)[0] if other.rates else None
+        if pol is not None:
+            pol = other.keep_headroom(pol)[0]
         if pol is None:
             other.rates = None
             plan = other.memory_only(start.window, start.chunk_mb, start.loss_chunk_tokens)

@@ -37,6 +37,17 @@ def format_plan(plan: dict[str, Any]) -> str:
     )
     mem = f"HBM peak {_gib(pred['hbm_peak_gib'])}/GPU, " if pred.get("hbm_peak_gib") is not None else ""
     lines.append(f"memory: {mem}host {_gib(pred['host_ram_gib'])}")
+    room = plan.get("headroom")
+    if room and room["fastest_free_fraction"] < room["margin_fraction"]:  # the rule decided (docs/planning.md)
+        free = f"{room['chosen_free_fraction']:.0%} free"
+        if room["outcome"].startswith("took"):
+            lines.append(f"headroom: took a plan {max(room['slower_by_fraction'], 0.0):.1%} slower, {free} "
+                         f"(the fastest left {room['fastest_free_fraction']:.1%}, under the "
+                         f"{room['margin_fraction']:.0%} margin)")
+        else:
+            lines.append(f"headroom: kept the fastest, {room['chosen_free_fraction']:.1%} free: no plan within "
+                         f"{room['max_slower_fraction']:.0%} of its step time keeps the {room['margin_fraction']:.0%} "
+                         "margin")
     if pred.get("step_time_s") is not None:
         lines.append(f"predicted: {pred['step_time_s']:.3f} s/step, {pred['tokens_per_s']:,.0f} tokens/s")
         lines.append("  phases: " + "  ".join(f"{k} {v:.3f}" for k, v in pred["phases"].items()))

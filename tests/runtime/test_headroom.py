@@ -1,0 +1,63 @@
+"""AutoPolicy keeps a safety margin of GPU memory: a plan leaving under 5% of the budget free (where the preview
+warns that an error in the memory prediction could run the job out of memory) is not chosen when one at most 2%
+slower keeps the margin; where none does, the fastest is kept and the plan says so. On the fixtures of two H200s
+(Qwen3-8B, micro-batch 8: the fastest leaves 1.0-1.5% free) and of one H200 (Qwen3-4B, micro-batch 4, 32 GiB cap:
+the fastest leaves 0.2%, and every plan that frees more is over 2% slower)."""
+
+import json
+import os
+
+import pytest
+from slidedp.config import JobConfig
+from slidedp.planning import autopolicy as ap
+from slidedp.planning.report import format_plan
+
+FIX = os.path.join(os.path.dirname(__file__), "fixtures")
+
+
+def _free(plan, pred):
+    return 1 - pred["hbm_peak_gib"] / plan["job"]["hbm_budget_gib"]
+
+
+def _fitting(plan):
+    return [c for c in plan["candidates"] if c["fits"] and c["predicted"]["step_time_s"] is not None]
+
+
+@pytest.mark.parametrize("link", ["nvlink", "pcie_host"])
+def test_qwen3_8b_on_two_h200s_keeps_the_margin_within_two_percent_of_the_fastest(x2, link):
+    topo, cal = x2
+    cfg = JobConfig.from_dict({"model": "qwen3-8b", "data": {"path": "x.jsonl"}, "gpus": 2, "micro_batch_size": 8,
+                               "seq_len": 2048})
+    plan = ap.plan_job(cfg, topo[link], cal[f"qwen3-8b_bs8_{link}"])
+    assert plan["feasible"], plan["errors"]
+    room = plan["headroom"]
+    assert _free(plan, plan["predicted"]) >= 0.05
+    assert room["chosen_free_fraction"] == pytest.approx(_free(plan, plan["predicted"]), abs=1e-6)
+    assert room["fastest_free_fraction"] < 0.02 and room["outcome"] == "took a plan that keeps the margin"
+    fastest = min(c["predicted"]["step_time_s"] for c in _fitting(plan))
+    assert fastest == pytest.approx(room["fastest_step_time_s"])
+    assert plan["predicted"]["step_time_s"] <= 1.02 * fastest
+    assert room["slower_by_fraction"] == pytest.approx(plan["predicted"]["step_time_s"] / fastest - 1)
+    text = format_plan(plan)
+    assert f"headroom: took a plan {room['slower_by_fraction']:.1%} slower, " in text
+    assert "Headroom: took a plan" in plan["why"]
+
+
+def test_where_no_plan_within_two_percent_keeps_the_margin_the_fastest_is_kept():
+    with open(os.path.join(FIX, "h200x1_measured_hbm.json")) as fh:
+        cal = json.load(fh)["calibration_qwen3-4b_bs4"]
+    with open(os.path.join(FIX, "h200x1_qwen3-1.7b.json")) as fh:
+        topo = json.load(fh)["topology"]
+    cfg = JobConfig.from_dict({"model": "qwen3-4b", "data": {"path": "x.jsonl"}, "gpus": 1, "micro_batch_size": 4,
+                               "seq_len": 2048, "gpu_memory_gib": 32, "policy": {"delivery_cast": "host"}})
+    plan = ap.plan_job(cfg, topo, cal)
+    assert plan["feasible"], plan["errors"]
+    room = plan["headroom"]
+    assert room["outcome"].startswith("fastest kept") and room["slower_by_fraction"] == 0.0
+    assert room["chosen_free_fraction"] == room["fastest_free_fraction"] < 0.05
+    t = plan["predicted"]["step_time_s"]
+    assert t == pytest.approx(min(c["predicted"]["step_time_s"] for c in _fitting(plan)))
+    near = [c for c in _fitting(plan) if c["predicted"]["step_time_s"] <= 1.02 * t]
+    assert near and all(_free(plan, c["predicted"]) < 0.05 for c in near)
+    assert any(_free(plan, c["predicted"]) >= 0.05 for c in _fitting(plan))  # a roomier plan exists, slower
+    assert "headroom: kept the fastest" in format_plan(plan)
