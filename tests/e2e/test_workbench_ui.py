@@ -69,9 +69,12 @@ def test_plan_preview_and_field_error_at_the_field(page, workbench):
     plan = page.locator("#plan-preview")
     plan.get_by_role("heading", name="Plan preview").wait_for()
     api_plan = _get_plan(workbench, page)
-    # What the API planned is what the panel shows: its why, the host, the memory figures.
+    # What the API planned is what the panel shows: a sentence per decision on top, and behind the details fold the
+    # planner's own notes (its why) and the memory figures.
+    assert "Replicated delivery" in plan.inner_text() and api_plan["why"] not in plan.inner_text()
+    plan.get_by_text("Details: the planner's notes").click()
+    plan.get_by_role("heading", name="Memory fit").first.wait_for()
     assert api_plan["why"] in plan.inner_text()
-    plan.get_by_role("heading", name="Memory fit").wait_for()
 
     # A negative learning rate: the API's 422 names optimizer.lr, and the error sits at that field.
     lr = page.get_by_label("Learning rate", exact=True)
