@@ -69,7 +69,9 @@ def test_every_way_out_listed_fits_when_planned(one_h200):
     assert _way(plan, "seq_len")["change"] == {"seq_len": 512}  # 1024 needs 23.7 GiB
     # the refusal names 29 GiB, priced on the leanest policy at 24; at 29 the planner's start knobs need 25.4 GiB,
     # which 29 does not hold: the way out is the cap that does
-    assert "smallest gpu_memory_gib that fits is 29 GiB" in plan["errors"][0]["msg"]
+    # the cap the refusal names is the one found to fit (29 GiB, priced on the refused cap's leanest plan, does not)
+    assert "smallest gpu_memory_gib that fits is 29.5 GiB" in plan["errors"][0]["msg"]
+    assert plan["smallest_gpu_memory_gib"] == 29.5
     assert _way(plan, "gpu_memory_gib")["change"] == {"gpu_memory_gib": 29.5}
     assert not ap.plan_job(_cfg(gpu_memory_gib=29), topo, cal)["feasible"]
     for w in ways:

@@ -72,9 +72,24 @@ def plan_job(cfg: Any, topology: dict[str, Any], calibration: dict[str, Any] | N
                         lambda changed: _planned(changed, topology, calibration, timed=False))
         if ways:
             plan["ways_out"] = ways
+            _name_the_cap_that_fits(plan, ways)
     plan = _declared(plan, topology)
     plan["basis"] = plan_basis(cfg, topology, calibration)
     return plan
+
+
+def _name_the_cap_that_fits(plan: dict[str, Any], ways: list[dict[str, Any]]) -> None:
+    """The refusal's smallest gpu_memory_gib is priced on the leanest policy at the refused cap, and a larger cap's
+    own start can take a little more: where the ways out found that the named cap itself refuses, the refusal
+    names the cap that was found to fit instead."""
+    named = plan.get("smallest_gpu_memory_gib")
+    fits = next((w["change"]["gpu_memory_gib"] for w in ways if "gpu_memory_gib" in w["change"]), None)
+    if named is None or fits is None or fits == named:
+        return
+    plan["smallest_gpu_memory_gib"] = fits
+    for err in plan.get("errors") or []:
+        if err.get("loc") == "gpu_memory_gib":
+            err["msg"] = err["msg"].replace(f"that fits is {named:g} GiB", f"that fits is {fits:g} GiB")
 
 
 def _planned(cfg: Any, topology: dict[str, Any], calibration: dict[str, Any] | None, sweep: bool = False,

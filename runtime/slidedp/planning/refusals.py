@@ -223,9 +223,10 @@ def ways_out(cfg: Any, plan: dict[str, Any], gpus_on_host: int,
             out.append(way)
             break
     # The refusal's smallest cap is priced on the leanest policy at the refused cap; at a larger cap the start
-    # knobs can take a little more, so the named cap may itself refuse, naming the next: followed up to 3 times.
+    # knobs can take a little more, so the named cap may itself refuse: the next half GiB up is tried (so the cap
+    # found is the smallest that fits on the 0.5 GiB grid caps are named on), then the cap that refusal names.
     cap = plan.get("smallest_gpu_memory_gib") if cfg.gpu_memory_gib is not None else None
-    for _ in range(3):
+    for attempt in range(6):
         if cap is None:
             break
         refused: dict[str, Any] = {}
@@ -234,7 +235,8 @@ def ways_out(cfg: Any, plan: dict[str, Any], gpus_on_host: int,
         if way:
             out.append(way)
             break
-        cap = refused.get("smallest_gpu_memory_gib")
+        named = refused.get("smallest_gpu_memory_gib")
+        cap = None if named is None else (cap + 0.5 if attempt < 4 else max(named, cap + 0.5))
     n = cfg.gpus
     while 0 < n < gpus_on_host:
         n = min(2 * n, gpus_on_host)
