@@ -101,7 +101,8 @@ def test_api_and_worker_log_json_records_with_the_job_id(api_process, json_worke
     assert not [line for line in plain if "celery" in line.lower() or "slidedp" in line.lower()], plain[:10]
     assert all({"ts", "level", "logger", "msg"} <= set(r) and TS.match(r["ts"]) for r in worker)
     mine = [r for r in worker if r.get("job_id") == job["id"]]
-    supervised = [r["msg"] for r in mine if r["logger"] == "slidedp_web.tasks"]
+    # the supervisor's records: the attempt's start (tasks) and its recorded outcome (outcome)
+    supervised = [r["msg"] for r in mine if r["logger"] in ("slidedp_web.tasks", "slidedp_web.outcome")]
     assert f"job {job['id']} attempt 1: running" in supervised
     assert f"job {job['id']} attempt 1: completed" in supervised
     own = [r["msg"] for r in mine if r["logger"] == "slidedp_web.job"]
