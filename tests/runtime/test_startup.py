@@ -220,9 +220,17 @@ def test_fresh_moments_are_paged_in_while_the_ranks_start_and_no_update_comes_be
 
     def held(self):
         _wait_quiet(_rank_children(), "the ranks did not wait for the moments")
+        board, publish = self.board, self.board.set
+
+        def set_seen(key, value):
+            # the board as it is the moment the paging says it is done, before that releases the updaters (read
+            # after run() returns, a released updater may already have taken its unit)
+            if key == board.MOMENTS_PAGING and value == 0:
+                updated_when_paged.extend(board.updated(u, r) for u in range(board.units) for r in range(board.world))
+            publish(key, value)
+
+        board.set = set_seen
         run(self)
-        board = self.board
-        updated_when_paged.extend(board.updated(u, r) for u in range(board.units) for r in range(board.world))
 
     monkeypatch.setattr(host_fill.MomentPager, "run", held)
     paged = train({**job, "output_dir": str(tmp_path / "paged")})
