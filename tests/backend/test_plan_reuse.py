@@ -51,7 +51,7 @@ def _calibrated(client, settings) -> dict:
                 return host["calibration"]
         return None
 
-    return wait_for(calibration, 60, "the worker to report the calibration its first job made")
+    return wait_for(calibration, 150, "the worker to report the calibration its first job made")
 
 
 def test_the_first_job_on_a_host_calibrates_it_and_is_planned_again_saying_why(client, worker, dataset, settings):
