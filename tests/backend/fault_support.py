@@ -122,6 +122,29 @@ def job_pid(worker: WorkerProcess, job_id: int, attempt: int = 1) -> int:
     return int(found.group(1))
 
 
+def group_members(pgid: int) -> dict[int, bytes]:
+    """The live processes of a process group and their command lines. A zombie is left out: it is dead
+    already, only not yet reaped by its new parent (init, once the job process that started it is gone)."""
+    members = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+            cmdline = (entry / "cmdline").read_bytes()
+        except OSError:
+            continue  # exited while the table was read
+        # the command name may hold spaces and parentheses: the fields after the last ')' are fixed
+        state, _ppid, pgrp = stat.rsplit(")", 1)[1].split()[:3]
+        if int(pgrp) == pgid and state != "Z":
+            members[int(entry.name)] = cmdline
+    return members
+
+
+def rank_pids(pgid: int) -> list[int]:
+    return [pid for pid, cmdline in group_members(pgid).items() if b"slidedp.step.rank" in cmdline]
+
+
 def group_alive(pgid: int) -> bool:
     try:
         os.killpg(pgid, 0)

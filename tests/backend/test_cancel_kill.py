@@ -6,38 +6,15 @@ import contextlib
 import os
 import re
 import signal
-from pathlib import Path
 
 import pytest
 from backend_support import make_settings, tiny_job, wait_for, wait_status
+from fault_support import group_members, rank_pids
 
 
 @pytest.fixture(scope="module")
 def settings(module_dir, redis_server):
     return make_settings(module_dir / "data", redis_server.url, cancel_grace_s=1.0)
-
-
-def _group_members(pgid: int) -> dict[int, bytes]:
-    """The live processes of a process group and their command lines. A zombie is left out: it is dead
-    already, only not yet reaped by its new parent (init, once the job process that started it is gone)."""
-    members = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-            cmdline = (entry / "cmdline").read_bytes()
-        except OSError:
-            continue  # exited while the table was read
-        # the command name may hold spaces and parentheses: the fields after the last ')' are fixed
-        state, _ppid, pgrp = stat.rsplit(")", 1)[1].split()[:3]
-        if int(pgrp) == pgid and state != "Z":
-            members[int(entry.name)] = cmdline
-    return members
-
-
-def _rank_pids(pgid: int) -> list[int]:
-    return [pid for pid, cmdline in _group_members(pgid).items() if b"slidedp.step.rank" in cmdline]
 
 
 @pytest.mark.slow  # make test-fast keeps its 10 minutes; make test runs it
@@ -55,7 +32,7 @@ def test_cancel_kills_a_job_that_does_not_stop_within_the_grace_period(client, w
             "the job's pid in the worker log",
         ).group(1)
     )
-    ranks = _rank_pids(pid)
+    ranks = rank_pids(pid)
     assert len(ranks) == 1, f"expected the job's one rank process in group {pid}, found {ranks}"
     try:
         # A frozen rank is a rank stuck inside a step (a hung collective, a stalled read): the job process
@@ -68,11 +45,11 @@ def test_cancel_kills_a_job_that_does_not_stop_within_the_grace_period(client, w
         assert done["error"]["message"] == "killed after not stopping within 1 s of the cancel"
         # Weaker for the rank than it looks: were only the job process killed, the kernel would still end the
         # stopped rank (SIGHUP to a process group orphaned with a stopped member).
-        left = _group_members(pid)
+        left = group_members(pid)
         assert not left, f"the job's process group (its rank processes) outlived the kill: {sorted(left)}"
         lines = [entry["line"] for entry in client.get(f"/api/jobs/{job['id']}/logs").json()["items"]]
         assert "the job did not stop within 1 s: killing it" in lines
     finally:
         with contextlib.suppress(ProcessLookupError):
-            if _group_members(pid):  # the kill failed: do not leave a stopped rank behind
+            if group_members(pid):  # the kill failed: do not leave a stopped rank behind
                 os.killpg(pid, signal.SIGKILL)

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 from backend_support import WorkerProcess, read_sse, tiny_job, wait_for, wait_status
-from fault_support import group_alive, job_pid, metric_steps, statuses
+from fault_support import group_alive, job_pid, metric_steps, rank_pids, statuses
 from slidedp_web import folder_lock
 
 HOLDER = """
@@ -128,22 +128,6 @@ STEPS = 60
 CHECKPOINT_LINE = re.compile(r"checkpoint (of step \d+ )?written to .*/checkpoints/step-\d+$")
 
 
-def _ranks(pgid: int) -> list[int]:
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-            cmdline = (entry / "cmdline").read_bytes()
-        except OSError:
-            continue
-        state, _ppid, pgrp = stat.rsplit(")", 1)[1].split()[:3]
-        if int(pgrp) == pgid and state != "Z" and b"slidedp.step.rank" in cmdline:
-            found.append(int(entry.name))
-    return found
-
-
 @pytest.mark.slow
 @pytest.mark.timeout(240)
 def test_a_killed_workers_job_is_not_run_twice(client, settings, module_dir, dataset):
@@ -157,7 +141,7 @@ def test_a_killed_workers_job_is_not_run_twice(client, settings, module_dir, dat
             client, f"/api/jobs/{job['id']}/events", stop=lambda ev: len(metric_steps(ev)) >= 3, timeout=150
         )
         pid = job_pid(worker, job["id"])
-        ranks = _ranks(pid)
+        ranks = rank_pids(pid)
         assert len(ranks) == 1, ranks
         os.killpg(worker.proc.pid, signal.SIGKILL)  # the worker only: the job leads a group of its own
         worker.proc.wait(10)
