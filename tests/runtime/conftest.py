@@ -1,5 +1,5 @@
 """Fixtures the planner tests share: the nvidia-h200-x2 machine's topology and calibration
-(tests/runtime/fixtures/h200x2_*.json)."""
+(tests/runtime/fixtures/h200x2_*.json), and the one-H200 machine's (h200x1_*.json)."""
 
 import json
 import os
@@ -17,3 +17,13 @@ def x2():
     with open(os.path.join(FIX, "h200x2_calibration.json")) as fh:
         cal = json.load(fh)
     return topo, cal
+
+
+@pytest.fixture(scope="module")
+def one_h200():
+    """(topology, calibrations by shape) of the one-H200 machine, from its measured runs; fresh per test module."""
+    with open(os.path.join(FIX, "h200x1_measured_hbm.json")) as fh:
+        cals = json.load(fh)
+    with open(os.path.join(FIX, "h200x1_qwen3-1.7b.json")) as fh:
+        topo = json.load(fh)["topology"]
+    return topo, cals

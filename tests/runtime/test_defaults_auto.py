@@ -5,7 +5,6 @@ host RAM with the bf16 copy on the host and fits without it; Qwen3-4B at micro-b
 predicted faster with the cast on the GPU."""
 
 import dataclasses
-import json
 import os
 
 import pytest
@@ -17,15 +16,6 @@ from slidedp.policy import parse_shorthand
 from slidedp.presets import model_config_dict
 
 FIX = os.path.join(os.path.dirname(__file__), "fixtures")
-
-
-@pytest.fixture(scope="module")
-def one_h200():
-    with open(os.path.join(FIX, "h200x1_measured_hbm.json")) as fh:
-        cals = json.load(fh)
-    with open(os.path.join(FIX, "h200x1_qwen3-1.7b.json")) as fh:
-        topo = json.load(fh)["topology"]
-    return topo, cals
 
 
 def _cfg(**raw):

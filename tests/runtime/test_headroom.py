@@ -4,7 +4,6 @@ slower keeps the margin; where none does, the fastest is kept and the plan says 
 (Qwen3-8B, micro-batch 8: the fastest leaves 1.0-1.5% free) and of one H200 (Qwen3-4B, micro-batch 4, 32 GiB cap:
 the fastest leaves 0.2%, and every plan that frees more is over 2% slower)."""
 
-import json
 import os
 
 import pytest
@@ -43,11 +42,9 @@ def test_qwen3_8b_on_two_h200s_keeps_the_margin_within_two_percent_of_the_fastes
     assert "Headroom: took a plan" in plan["why"]
 
 
-def test_where_no_plan_within_two_percent_keeps_the_margin_the_fastest_is_kept():
-    with open(os.path.join(FIX, "h200x1_measured_hbm.json")) as fh:
-        cal = json.load(fh)["calibration_qwen3-4b_bs4"]
-    with open(os.path.join(FIX, "h200x1_qwen3-1.7b.json")) as fh:
-        topo = json.load(fh)["topology"]
+def test_where_no_plan_within_two_percent_keeps_the_margin_the_fastest_is_kept(one_h200):
+    topo, cals = one_h200
+    cal = cals["calibration_qwen3-4b_bs4"]
     cfg = JobConfig.from_dict({"model": "qwen3-4b", "data": {"path": "x.jsonl"}, "gpus": 1, "micro_batch_size": 4,
                                "seq_len": 2048, "gpu_memory_gib": 32, "policy": {"delivery_cast": "host"}})
     plan = ap.plan_job(cfg, topo, cal)

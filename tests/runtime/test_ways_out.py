@@ -4,7 +4,6 @@ planning the changed job. On the one-H200 machine's figures (tests/runtime/fixtu
 seq 2048 and micro-batch 4 under a 24 GiB cap needs 25.0 GiB of HBM even fully checkpointed, while micro-batch 1
 fits (with grad_accum 4 it would not: the gradient accumulated across micro-batches takes 28.5 GiB more)."""
 
-import json
 import os
 
 import pytest
@@ -16,12 +15,10 @@ FIX = os.path.join(os.path.dirname(__file__), "fixtures")
 
 
 @pytest.fixture(scope="module")
-def one_h200():
-    with open(os.path.join(FIX, "h200x1_measured_hbm.json")) as fh:
-        cal = json.load(fh)["calibration_qwen3-8b_bs8"]
-    with open(os.path.join(FIX, "h200x1_qwen3-1.7b.json")) as fh:
-        topo = json.load(fh)["topology"]
-    return topo, cal
+def one_h200(one_h200):
+    """The one-H200 machine (conftest) with its Qwen3-8B micro-batch 8 calibration."""
+    topo, cals = one_h200
+    return topo, cals["calibration_qwen3-8b_bs8"]
 
 
 def _cfg(**raw):
