@@ -201,17 +201,6 @@ def root_errors(
     return errors
 
 
-def check_roots(settings: Any, body: Any) -> None:
-    """Raise the API's 422 when the request names a model or dataset outside the configured roots."""
-    errors = root_errors(
-        settings.model_roots, settings.data_roots, body, settings.output_roots, settings.data_dir
-    )
-    if errors:
-        from slidedp_web.job_schema import unprocessable
-
-        raise unprocessable(errors)
-
-
 # ------------------------------------------------------------------------------------------- host RAM
 def host_ram_error(cfg: Any, detected: Optional[int]) -> Optional[dict[str, str]]:
     """A job's host_ram_gib may lower the host's RAM limit (to leave room for other work), never raise it: the
