@@ -11,6 +11,7 @@ those in flight so that no request holds the shutdown.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import multiprocessing
 import os
@@ -19,10 +20,11 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from slidedp.config import JobConfig
+from slidedp.config import JobConfig, PolicyConfig
 from slidedp.planning import profiles
 from slidedp.planning.autopolicy import plan_job
 from slidedp.planning.shape import SCHEMA_VERSION, shape_differences
+from slidedp.policy import ExecutionPolicy
 from sqlmodel import Session, func, select
 
 from slidedp_web import hosts
@@ -36,19 +38,12 @@ log = logging.getLogger(__name__)
 GIB = 2**30
 
 
-def choose_host(session: Session, settings: Settings, requested: Optional[str]) -> Optional[Host]:
-    """The named host (422 if unknown), else the online host with the fewest queued and running jobs,
-    else None: the job goes to this deployment's default queue and waits for its worker."""
-    host, error = find_host(session, settings, requested)
-    if error is not None:
-        raise Unprocessable([{"loc": ["body", "host"], "type": "value_error", "msg": error["msg"]}])
-    return host
-
-
 def find_host(
     session: Session, settings: Settings, requested: Optional[str]
 ) -> tuple[Optional[Host], Optional[dict[str, str]]]:
-    """As choose_host, with an unknown host name answered as (None, {"loc": "host", "msg"}) instead of raised."""
+    """(the named host, None) or (None, {"loc": "host", "msg"}) when no host has that name; without a name, the online
+    host with the fewest queued and running jobs, else (None, None): the job goes to this deployment's default queue
+    and waits for its worker."""
     hosts = session.exec(select(Host).order_by(Host.name)).all()
     if requested:
         for host in hosts:
@@ -135,15 +130,6 @@ def calibration_entries(report: Optional[dict[str, Any]]) -> list[dict[str, Any]
         return []
     entries = report.get("entries") if "entries" in report else [report]
     return [upgrade_calibration(e) for e in entries or [] if isinstance(e, dict)]
-
-
-def pick_calibration(
-    cfg: JobConfig, report: Optional[dict[str, Any]], topology: Optional[dict[str, Any]] = None
-) -> Optional[dict[str, Any]]:
-    """The host's calibration measured at this job's shape, world size and device, with GPU peer-to-peer on or off
-    as the host's topology has it (full before quick, then the newest); None when the host has none, and the plan
-    is a memory fit only."""
-    return calibration_choice(cfg, report, topology)[0]
 
 
 def calibration_choice(
@@ -363,26 +349,17 @@ def unplanned(failure: Optional[str]) -> Optional[dict[str, Any]]:
 
 
 # ------------------------------------------------------------------------------------------- stored policy
-# The ExecutionPolicy JSON (slidedp.policy, docs/interfaces.md §5), key by key.
-POLICY_KEYS = (
-    "delivery",
-    "grad_reduce",
-    "delivery_cast",
-    "edge_update",
-    "device_layers",
-    "activations",
-    "resident",
-    "window",
-    "chunk_mb",
-    "loss_chunk_tokens",
-    "staging_slots",
+# Rows stored before a run's resolved policy had a shape of its own ("stage": "resolved" with "policy") hold the
+# run's policy at the top level of the plan. Their keys are the resolved policy's (ExecutionPolicy's fields), next
+# to echoes of the config's policy section (PolicyConfig's knobs, retired ones included) and the runtime's own plan
+# under "plan". Both lists come from the runtime, the one definition of a policy.
+RESOLVED_POLICY_KEYS = tuple(f.name for f in dataclasses.fields(ExecutionPolicy))
+RETIRED_POLICY_KEYS = tuple(PolicyConfig.RETIRED)
+LEGACY_RUN_KEYS = frozenset(
+    (*RESOLVED_POLICY_KEYS, *(f.name for f in dataclasses.fields(PolicyConfig)), *RETIRED_POLICY_KEYS, "plan")
 )
 # What a run that predates a knob ran with: the one behaviour there was before the knob existed.
 POLICY_BEFORE_KNOB = {"delivery_cast": "host", "edge_update": "host", "device_layers": 0}
-# Keys a finished run used to merge into the top level of the stored plan ({**plan, **resolved policy, "plan"}),
-# next to the policy's own: retired config echoes that the resolved policy no longer carries.
-LEGACY_RUN_KEYS = (*POLICY_KEYS, "reduce_dtype", "keep_layers", "offload_layers", "resident_units", "plan")
-RETIRED_POLICY_KEYS = ("reduce_dtype",)
 
 
 def _without_retired(policy: Any) -> Any:
@@ -398,19 +375,21 @@ def job_policy(stored: Optional[dict[str, Any]]) -> Optional[dict[str, Any]]:
     (`"stage": "planned"`), or after a run that plan with `"stage": "resolved"` and `policy` the ExecutionPolicy
     the engine ran.
 
-    Rows written before the resolved policy had a shape of its own hold the run's policy keys at the top level
-    of the plan (delivery, activations, ..., reduce_dtype, and the runtime's own plan under "plan"); they are
-    read into that shape. A run that predates a knob (delivery_cast, edge_update, device_layers) ran with the
-    behaviour that was the only one then. `reduce_dtype` is dropped everywhere: fp32 is the only reduction."""
+    The legacy reader: rows a finished run wrote before the resolved policy had a shape of its own (before
+    ExecutionPolicy, 2026-12-02) hold the run's policy keys at the top level of the plan (delivery, activations,
+    ..., reduce_dtype, echoes of the config's keep_layers / offload_layers / resident_units, and the runtime's own
+    plan under "plan"). No migration rewrote them and docs/interfaces.md §6 promises them in today's shape, so they
+    are read into it here, the resolved keys in the order the run wrote them. A run that predates a knob
+    (delivery_cast, edge_update, device_layers) ran with the behaviour that was the only one then; one that
+    predates staging_slots shows none. `reduce_dtype` is dropped everywhere: fp32 is the only reduction."""
     if not isinstance(stored, dict):
         return stored
     if "delivery" in stored or "activations" in stored:
         plan = {k: v for k, v in stored.items() if k not in LEGACY_RUN_KEYS}
         if not plan and isinstance(stored.get("plan"), dict):
             plan = dict(stored["plan"])  # no plan was kept at submit time: the one the run made
-        policy = {k: stored.get(k, POLICY_BEFORE_KNOB.get(k)) for k in POLICY_KEYS}
-        if "staging_slots" not in stored:
-            del policy["staging_slots"]
+        policy = {k: v for k, v in stored.items() if k in RESOLVED_POLICY_KEYS}  # in the order the run wrote them
+        policy.update({k: v for k, v in POLICY_BEFORE_KNOB.items() if k not in stored})
         out = {**plan, "stage": "resolved", "policy": policy}
     else:
         out = dict(stored)
