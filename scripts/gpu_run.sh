@@ -42,9 +42,8 @@
 #           choice on the third day), with the bf16 cast on the host and on the GPU: does the in-step host update
 #           slow down with the cast (phases.update_cast_busy) or with the unit size?
 #   gil17   the GIL and the host update: the contention probe (a thread running Python at two switch intervals), then
-#           Qwen3-1.7B at MBS (8) on one GPU, AutoPolicy's third-day choice and the host-update base row at the
-#           engine's switch interval and at CPython's 5 ms (SLIDEDP_GIL_SWITCH_S), then AutoPolicy and the grid's
-#           best row (everything on the GPU, every layer keeps)
+#           Qwen3-1.7B at MBS (8) on one GPU, AutoPolicy's third-day choice and the host-update base row, then AutoPolicy
+#           and the grid's best row (everything on the GPU, every layer keeps)
 #   ins17   CPU facts (lscpu); Qwen3-1.7B at MBS (8) on one GPU with a calibration of schema 5 (update_in_step):
 #           AutoPolicy, its third-day choice (embedding/head + 7 layers on the GPU), everything on the GPU, and the
 #           host-update base row; then the GPU calibration test
@@ -63,10 +62,9 @@
 #   cap8    Qwen3-8B on one GPU under --gpu-memory-gib GPU_GIB (24): AutoPolicy with the bf16 cast where CAST (gpu:
 #           the fp32 master delivered, no bf16 host copy, so the state fits the 125 GiB of the one-GPU kind), 20 steps
 #           on pattern data at micro-batch MBS (1); its first record holds the time to first step (CAP8_TAG: a suffix
-#           for the result file, to run it twice in one command, e.g. with SLIDEDP_PAGE_MOMENTS=0)
+#           for the result file, to run it twice in one command)
 #   trace4  Qwen3-4B at micro-batch 4 under GPU_GIB (24), no clipping, AutoPolicy (TRACE_POLICY), STEPS (10) steps with
-#           the step timeline (SLIDEDP_TRACE, slidedp/step/trace.py) into $OUT/trace4-ORDER/, the updater taking
-#           gradients during the backward in arrival order, then lowest landed first (SLIDEDP_UPDATE_ORDER)
+#           the step timeline (SLIDEDP_TRACE, slidedp/step/trace.py) into $OUT/trace4/
 #   floor   the floor of the post-norm update (scripts/probe_update_floor.py: DRAM ceiling, host update, PCIe, the update
 #           streamed through the GPU and split with the host), then Qwen3-4B at micro-batch 4 under GPU_GIB (24) with the
 #           step timeline, AutoPolicy, clipping at 1.0 and without, STEPS (10) steps, into $OUT/floor-clipC/
@@ -74,8 +72,6 @@
 #           under GPU_GIB (24), the cast where CAST (gpu), twice: the calibration measured in the first run if the cache
 #           lacks it, cached in the second; logs $OUT/first8-preset-1.log and -2.log (each ends with one JSON line
 #           holding startup_s, rank_startup_s and moments_paged_s)
-#   first8ab the same as first8, four runs: the first measures the calibration if the cache lacks it, then the rank's
-#           overlap of loading its model and data (SLIDEDP_RANK_OVERLAP) off, on, off; logs $OUT/first8-ab-N-overlapV.log
 #   exact1  the one-GPU exactness tests (every route of one rank, 20 bf16 steps against autocast, the cast on the GPU)
 #   pin     where a rank's start waits (scripts/probe_rank_start.py): a filled 32 GiB shared-memory state page-locked
 #           beside loading the model's config and adapter (the loading thread sampled), then alone, each in a fresh
@@ -149,11 +145,11 @@ print(f'with NCCL and one all-reduce: {(t - f1) / 2**30:.3f} GiB (allocator rese
             --gpu-memory-gib ${GPU_GIB:-24} --policies "${CAP_POLICIES-auto:auto:auto:0:auto:host:auto:auto,auto:auto:auto:1.0:auto:host:auto:auto}" \
             --peers "${CAP_PEERS-fsdp2-offload:0:0,fsdp2-offload:0:1.0,ds-zero2,ds-zero2:1.0}" \
             --out "$OUT/cap4-${GPU_GIB:-24}.jsonl" 2>&1 | quiet 30 ;;
-    trace4) for order in arrival lowest; do SLIDEDP_UPDATE_ORDER=$order SLIDEDP_TRACE="$OUT/trace4-$order" \
+    trace4) SLIDEDP_TRACE="$OUT/trace4" \
               timeout ${TRACE_S:-150} python3 -m slidedp.cli bench --model qwen3-4b --seq 2048 --gpus 1 --mbs 4 \
               --steps ${STEPS:-10} --threads 16 --data pattern --gpu-memory-gib ${GPU_GIB:-24} \
               --policies "${TRACE_POLICY:-auto:auto:auto:0:auto:auto:auto:auto:auto}" \
-              --out "$OUT/trace4-$order.jsonl" 2>&1 | quiet 4; done ;;
+              --out "$OUT/trace4.jsonl" 2>&1 | quiet 4 ;;
     floor) timeout ${FLOOR_S:-200} python3 scripts/probe_update_floor.py --threads 16 --numel $((1 << 29)) \
              --out "$OUT/update-floor.jsonl" 2>&1 | quiet 20
            for clip in 1.0 0; do SLIDEDP_TRACE="$OUT/floor-clip$clip" timeout ${TRACE_S:-170} python3 -m slidedp.cli bench \
@@ -166,10 +162,6 @@ print(f'with NCCL and one all-reduce: {(t - f1) / 2**30:.3f} GiB (allocator rese
     first8) for i in 1 2; do timeout ${FIRST_S:-150} python3 scripts/first_step.py --model qwen3-8b \
               --gpu-memory-gib ${GPU_GIB:-24} --delivery-cast ${CAST:-gpu} > "$OUT/first8-preset-$i.log" 2>&1
             grep -vE "Warning|warn" "$OUT/first8-preset-$i.log" | tail -9; done ;;
-    first8ab) i=0; for ov in 1 0 1 0; do i=$((i + 1)); log="$OUT/first8-ab-$i-overlap$ov.log"
-              SLIDEDP_RANK_OVERLAP=$ov timeout ${FIRST_S:-150} python3 scripts/first_step.py --model qwen3-8b \
-                --gpu-memory-gib ${GPU_GIB:-24} --delivery-cast ${CAST:-gpu} > "$log" 2>&1
-              tail -1 "$log" | cut -c1-900; done ;;
     exact1) timeout ${TESTS_S:-240} python3 -m pytest -v -rfE --tb=short -p no:cacheprovider -m gpu \
               tests/gpu/test_gpu_exactness.py tests/gpu/test_gpu_delivery_cast.py -k "1] or same_bits" > "$OUT/gpu-exact1.log" 2>&1
             grep -E "PASSED|FAILED|ERROR|passed|failed" "$OUT/gpu-exact1.log" | tail -12 ;;
@@ -209,9 +201,9 @@ print(f'with NCCL and one all-reduce: {(t - f1) / 2**30:.3f} GiB (allocator rese
     gil17) timeout 120 python3 scripts/probe_update_contention.py --threads 16 --out "$OUT/update_contention.jsonl" \
              2>&1 | quiet 14
            R=replicated:gpu:keep28:0:7:host:gpu:7,replicated:gpu:checkpoint:0:28
-           for sw in 0.0002 0.005; do SLIDEDP_GIL_SWITCH_S=$sw timeout ${GIL_S:-200} python3 -m slidedp.cli bench \
+           timeout ${GIL_S:-200} python3 -m slidedp.cli bench \
              --model qwen3-1.7b --seq 2048 --gpus 1 --mbs ${MBS:-8} --steps 8 --threads 16 --policies $R \
-             --out "$OUT/gil17-$sw.jsonl" 2>&1 | quiet 4; done
+             --out "$OUT/gil17.jsonl" 2>&1 | quiet 4
            timeout ${GIL_S:-200} python3 -m slidedp.cli bench --model qwen3-1.7b --seq 2048 --gpus 1 --mbs ${MBS:-8} \
              --steps 8 --threads 16 --policies auto:auto:auto:0:auto:host:auto:auto,replicated:gpu:keep28:0:auto:host:gpu:28 \
              --out "$OUT/gil17-auto.jsonl" 2>&1 | quiet 4 ;;

@@ -4,7 +4,7 @@
 
 For each file count, GIB of fresh files in /dev/shm (holes, as HostState maps fresh moments) are paged in on
 THREADS threads in 64 MB pieces, once by the kernel in bulk (madvise MADV_POPULATE_WRITE, the pager's default)
-and once by writing zeros (SLIDEDP_PAGE_MOMENTS=zero), each into new files. One JSON line per run: seconds and
+and once by writing zeros (the pager's `zero` mode), each into new files. One JSON line per run: seconds and
 GB/s. If the rate grows with the file count, one file's page cache is the bottleneck, not the memory."""
 
 from __future__ import annotations

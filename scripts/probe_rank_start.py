@@ -92,7 +92,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--mode", choices=("overlap", "serial", "other"), required=True)
     ap.add_argument("--gib", type=float, default=32)
-    ap.add_argument("--threads", type=int, default=8, help="page-lock threads, as SLIDEDP_PIN_THREADS")
+    ap.add_argument("--threads", type=int, default=8, help="page-lock threads, as a rank uses (slidedp.step.host_state.PIN_THREADS)")
     ap.add_argument("--model", default="qwen3-8b")
     ap.add_argument("--out")
     a = ap.parse_args()

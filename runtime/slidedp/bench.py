@@ -15,8 +15,8 @@ or `ds-zero2[:clip]` / `ds-zero3[:clip]` (DeepSpeed ZeRO-Offload: optimizer, or 
 CPU with DeepSpeedCPUAdam), see slidedp.peers.deepspeed_zero.
 Data are token ids written to a temporary jsonl: `random` ids, or `pattern` (each row repeats
 a short random motif over 1024 token ids, so a random-init model's loss visibly falls). All SlideDP policies of one command train on
-one host state (StateCache): weights are initialised once. The planner predicts each policy before it runs
-(SLIDEDP_PLAN_EXPLICIT), and the row carries the prediction beside the measurement. The first `--warmup` steps are
+one host state (StateCache): weights are initialised once. The planner predicts each policy before it runs (train's
+`predict_explicit`), and the row carries the prediction beside the measurement. The first `--warmup` steps are
 excluded; the median of the rest is reported with peak HBM, host RSS and per-rank bytes.
 """
 
@@ -92,7 +92,7 @@ def plan_one(cfg: dict) -> dict:
 
     job = JobConfig.from_dict(cfg)
     policy, plan = resolve_policy(job, ModelAdapter(load_hf_config(job.model)).num_layers,
-                                  on_log=lambda line: print("   ", line, flush=True))
+                                  on_log=lambda line: print("   ", line, flush=True), predict_explicit=True)
     pred = plan.get("predicted") or {}
     return {"chosen": _chosen(policy), "predicted_step_s": pred.get("step_time_s"),
             "predicted_phases": pred.get("phases"), "predicted_hbm_gib": pred.get("hbm_peak_gib"),
@@ -101,12 +101,14 @@ def plan_one(cfg: dict) -> dict:
 
 
 def run_one(model: str, gpus: int, mbs: int, seq: int, steps: int, policy: str, data: str, out_dir: str,
-            threads: int | None, lr: float = 1e-5, state_cache=None, gpu_memory_gib: float | None = None) -> dict:
+            threads: int | None, lr: float = 1e-5, state_cache=None, gpu_memory_gib: float | None = None,
+            predict: bool = True) -> dict:
     from slidedp.launch import train
 
     cfg = job_config(model, gpus, mbs, seq, steps, policy, data, out_dir, threads, lr, gpu_memory_gib)
     t0 = time.perf_counter()
-    result = train(cfg, on_log=lambda line: print("   ", line, flush=True), state_cache=state_cache)
+    result = train(cfg, on_log=lambda line: print("   ", line, flush=True), state_cache=state_cache,
+                   predict_explicit=predict)
     plan = result.plan or {}
     return {"policy": policy, "wall_s": time.perf_counter() - t0, "metrics": result.metrics,
             "chosen": _chosen(result.policy), "predicted_step_s": ((plan.get("predicted") or {}).get("step_time_s")),
@@ -222,8 +224,6 @@ def main(argv: list[str]) -> int:
     from slidedp.launch import StateCache
     from slidedp.presets import PRESETS
 
-    if not args.no_plan:
-        os.environ["SLIDEDP_PLAN_EXPLICIT"] = "1"
     policies = [x for x in args.policies.split(",") if x]
     peers = [x for x in args.peers.split(",") if x]
     for policy in policies:
@@ -264,7 +264,7 @@ def main(argv: list[str]) -> int:
             try:
                 row = summarise(run_one(args.model, args.gpus, args.mbs, args.seq, args.steps, policy, data,
                                         os.path.join(tmp, policy.replace(":", "-")), args.threads, args.lr,
-                                        cache, args.gpu_memory_gib), args.warmup)
+                                        cache, args.gpu_memory_gib, predict=not args.no_plan), args.warmup)
             except Exception as exc:  # one failing policy must not hide the others' results
                 row = {"policy": policy, "error": f"{type(exc).__name__}: {str(exc)[-2000:]}"}
             record(row)

@@ -233,7 +233,7 @@ def train(config: dict | JobConfig, on_step: Callable[[dict], None] | None = Non
           on_log: Callable[[str], None] | None = None,
           should_stop: Callable[[], Any] | None = None, state_cache: StateCache | None = None,
           plan: dict | None = None, on_stage: Callable[[dict], None] | None = None,
-          run_name: str | None = None) -> TrainResult:
+          run_name: str | None = None, predict_explicit: bool = False) -> TrainResult:
     """Train a job to the end (or until should_stop() is truthy); see docs/interfaces.md §2.
 
     run_name: what the experiment trackers (config report_to, slidedp.trackers) call the run; default: the name
@@ -244,7 +244,8 @@ def train(config: dict | JobConfig, on_step: Callable[[dict], None] | None = Non
 
     plan: a plan made for this job before (docs/interfaces.md §5), used when its basis is this run's
     (resolve_policy); TrainResult.plan is the plan the run used, with "replanned" saying why when it was made
-    again."""
+    again. predict_explicit: plan a config that fixes every choice too, for the prediction its records carry
+    (`slidedp bench`)."""
     called = time.perf_counter()  # the time to first step counts from the call, imports and validation included
     import torch
 
@@ -269,10 +270,11 @@ def train(config: dict | JobConfig, on_step: Callable[[dict], None] | None = Non
     os.makedirs(cfg.output_dir, exist_ok=True)
     startup = Startup(on_stage, on_log, t0=called)
     startup.enter("planning")
-    detected = detect_early(cfg)  # beside reading the model's config, which imports transformers
+    detected = detect_early(cfg, predict_explicit)  # beside reading the model's config, which imports transformers
     adapter = ModelAdapter(load_hf_config(cfg.model))
     startup.mark("model_config")
-    policy, plan = resolve_policy(cfg, adapter.num_layers, on_log, plan, startup=startup, detected=detected)
+    policy, plan = resolve_policy(cfg, adapter.num_layers, on_log, plan, startup=startup, detected=detected,
+                                  predict_explicit=predict_explicit)
     removed = cleanup_orphans()
     startup.mark("removing_orphans")
     if removed:
@@ -308,11 +310,6 @@ def train(config: dict | JobConfig, on_step: Callable[[dict], None] | None = Non
             layout = dataclasses.replace(layout, run=state_cache.layout.run)
         else:
             state_cache.close()  # free the old state before the new one is touched: both may not fit in RAM
-    from slidedp.step.host_fill import moment_paging
-    from slidedp.step.optimizer import update_order
-
-    update_order()  # SLIDEDP_UPDATE_ORDER refused here, before anything is allocated, not in every rank
-    paging = moment_paging()  # and SLIDEDP_PAGE_MOMENTS
     if should_stop is not None and should_stop():  # asked while starting: nothing is allocated yet
         _log(on_log, "stopped before the host state was allocated")
         return TrainResult("stopped", 0, [], cfg.output_dir, None, None, policy, plan)
@@ -391,10 +388,9 @@ def train(config: dict | JobConfig, on_step: Callable[[dict], None] | None = Non
             _log(on_log, f"step {start_step} of {cfg.steps} is the last: no step to run")
             last, last_data_state = start_step, data_state
         else:
-            if state.fresh and resume_from is None and paging is not None:
+            if state.fresh and resume_from is None:
                 # fresh moments are paged in while the ranks start, not by the first step's update
-                pager = MomentPager([state.exp_avg, state.exp_avg_sq], state.board, mode=paging,
-                                    stripe_bytes=layout.stripe_bytes)
+                pager = MomentPager([state.exp_avg, state.exp_avg_sq], state.board, stripe_bytes=layout.stripe_bytes)
             last, last_data_state = _run_ranks(cfg, state, layout, policy, plan, start_step, data_state, ckpt_root,
                                                metrics_path, records, on_record, on_log, should_stop, RankArgs,
                                                CKPT_DONE, monitor, startup, ranks, pager)

@@ -298,17 +298,6 @@ def test_a_failed_populate_is_the_pagers_error_and_the_boards(tmp_path, monkeypa
         unlink(layout)
 
 
-def test_the_paging_mode_comes_from_the_environment_and_an_unknown_one_is_refused(monkeypatch):
-    monkeypatch.delenv("SLIDEDP_PAGE_MOMENTS", raising=False)
-    assert host_fill.moment_paging() == "populate"
-    for value, mode in (("1", "populate"), ("populate", "populate"), ("zero", "zero"), ("0", None)):
-        monkeypatch.setenv("SLIDEDP_PAGE_MOMENTS", value)
-        assert host_fill.moment_paging() == mode
-    monkeypatch.setenv("SLIDEDP_PAGE_MOMENTS", "yes")
-    with pytest.raises(ValueError, match="SLIDEDP_PAGE_MOMENTS must be populate"):
-        host_fill.moment_paging()
-
-
 def test_populate_maps_pages_another_process_wrote_into_this_ones_page_tables(tmp_path):
     """Before page-locking, a rank maps the pages the launcher wrote in bulk (host_state.populate): after it they
     are resident in this process's mapping (statm), the bytes unchanged."""
@@ -341,8 +330,7 @@ def test_populate_maps_pages_another_process_wrote_into_this_ones_page_tables(tm
 def test_the_staging_is_registered_in_whole_slots_and_the_delivery_copy_in_whole_units(tmp_path, monkeypatch):
     """What a GPU rank page-locks (HostState.pin_staging, then pin), with cudaHostRegister recorded instead of
     made: the staging in ranges that start on slots, populated for writing; the delivery copy in ranges that start
-    on units, populated for reading, or whole with SLIDEDP_PIN_THREADS=1; each once; no populate with
-    SLIDEDP_PIN_POPULATE=0."""
+    on units, populated for reading, or whole on one thread; each once; no populate when asked for none."""
     from slidedp.step import host_state
 
     adapter = ModelAdapter(load_hf_config("tiny-qwen3"))
@@ -368,9 +356,7 @@ def test_the_staging_is_registered_in_whole_slots_and_the_delivery_copy_in_whole
         assert delivery == pin_ranges([o * 2 for o in layout.offsets], layout.total * 2, min_bytes=1)
         state._registered.clear()
         calls.clear()
-        monkeypatch.setenv("SLIDEDP_PIN_THREADS", "1")
-        monkeypatch.setenv("SLIDEDP_PIN_POPULATE", "0")
-        state.pin()
+        state.pin(threads=1, populate=False)
         (_, staging, _, advice), (_, delivery, _, advice_d) = calls
         assert delivery == [(0, layout.total * 2)] and len(staging) >= 1 and advice is None and advice_d is None
     finally:

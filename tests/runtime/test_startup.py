@@ -4,6 +4,7 @@ filled, and the durations in the first step's record, the log and the `training`
 from __future__ import annotations
 
 import contextlib
+import errno
 import threading
 import time
 
@@ -62,20 +63,6 @@ def test_train_reports_its_start_up_stages_in_order_with_their_durations(tmp_pat
     assert "startup_parts_s" not in result.metrics[1]
     # The host is detected once, on a thread of its own, while the model's config is read.
     assert len(detected_on) == 1 and detected_on[0].startswith("slidedp-detect"), detected_on
-
-
-def test_a_rank_that_loads_its_model_and_data_beside_its_start_trains_the_same_bits(tmp_path, monkeypatch):
-    """The rank loads the model's config, tokenizer and data on a thread of its own while it starts its device and
-    process group (SLIDEDP_RANK_OVERLAP, default on); the run is the same run as one that loads them after."""
-    data = make_pattern_data(str(tmp_path / "data.jsonl"), rows=16, seq_len=32)
-    runs = {}
-    for overlap in ("1", "0"):
-        monkeypatch.setenv("SLIDEDP_RANK_OVERLAP", overlap)
-        result = train(tiny_job(data, str(tmp_path / f"out-{overlap}"), steps=3, ranks=2))
-        runs[overlap] = result.metrics
-    for key in ("loss", "grad_norm"):
-        assert [r[key] for r in runs["1"]] == [r[key] for r in runs["0"]], key
-    assert list(runs["1"][0]["rank_startup_s"]) == list(runs["0"][0]["rank_startup_s"])
 
 
 def test_stages_are_named_and_progress_is_rate_limited():
@@ -201,21 +188,28 @@ def test_a_fill_that_fails_ends_the_ranks_started_before_it(tmp_path, monkeypatc
     assert _rank_children() == []
 
 
+def _pages_nothing(pager) -> None:
+    """MomentPager.run of a run whose fresh moments are left to the first update's page faults (the reference)."""
+    assert pager.mode == "populate"  # the updaters do not wait for it
+
+
 @pytest.mark.slow  # three 2-rank trainings; make test runs it
 def test_fresh_moments_are_paged_in_while_the_ranks_start_and_no_update_comes_before_zeros(tmp_path, monkeypatch):
     """A run from step 0 pages in its fresh AdamW moments once, in the launcher, while the ranks start, instead of
-    the first step's update faulting them in. Written as zeros (SLIDEDP_PAGE_MOMENTS=zero), paging held back until
-    the ranks have run step 1's backward and gone quiet: no unit is updated before it ends (an update racing its
-    zeros would lose that step's moments), and the losses and norms are those of a run that pages nothing. The
-    default, populated by the kernel, does not hold the updaters back: the test after this one."""
+    the first step's update faulting them in. Written as zeros (where the kernel lacks MADV_POPULATE_WRITE: its
+    refusal is made here), paging held back until the ranks have run step 1's backward and gone quiet: no unit is
+    updated before it ends (an update racing its zeros would lose that step's moments), and the losses and norms are
+    those of a run that pages nothing. The default, populated by the kernel, does not hold the updaters back: the
+    test after this one."""
     from slidedp.step import host_fill
 
-    monkeypatch.setenv("SLIDEDP_PAGE_MOMENTS", "0")
-    job = {**_job(tmp_path, "plain"), "steps": 3}
-    plain = train(job)
-    assert "moments_paged_s" not in plain.metrics[0]
-    monkeypatch.setenv("SLIDEDP_PAGE_MOMENTS", "zero")
     run = host_fill.MomentPager.run
+    with monkeypatch.context() as patched:
+        patched.setattr(host_fill.MomentPager, "run", _pages_nothing)
+        job = {**_job(tmp_path, "plain"), "steps": 3}
+        plain = train(job)
+    assert "moments_paged_s" not in plain.metrics[0]
+    monkeypatch.setattr(host_fill, "populate", lambda base, nbytes, advice: errno.EINVAL)
     updated_when_paged: list[int] = []
 
     def held(self):
@@ -247,11 +241,11 @@ def test_populated_moments_do_not_hold_back_the_first_update_and_lose_nothing_it
     and norms of a run that pages nothing (an update's moments are never overwritten)."""
     from slidedp.step import host_fill
 
-    monkeypatch.setenv("SLIDEDP_PAGE_MOMENTS", "0")
-    job = {**_job(tmp_path, "plain"), "steps": 6}  # steps left after the paging: one record says how long it took
-    plain = train(job)
-    monkeypatch.delenv("SLIDEDP_PAGE_MOMENTS")
     run = host_fill.MomentPager.run
+    with monkeypatch.context() as patched:
+        patched.setattr(host_fill.MomentPager, "run", _pages_nothing)
+        job = {**_job(tmp_path, "plain"), "steps": 6}  # steps left after the paging: one record says how long
+        plain = train(job)
     updated_before: list[int] = []
 
     def held(self):
@@ -274,17 +268,6 @@ def test_populated_moments_do_not_hold_back_the_first_update_and_lose_nothing_it
     assert len(reported) == 1 and reported[0] >= 0  # on the first record after the paging ended
     assert [r["loss"] for r in paged.metrics] == [r["loss"] for r in plain.metrics]
     assert [r["grad_norm"] for r in paged.metrics] == [r["grad_norm"] for r in plain.metrics]
-
-
-def test_a_run_with_an_unknown_paging_mode_fails_before_its_host_state_exists(tmp_path, monkeypatch):
-    from slidedp.step import host_state
-
-    monkeypatch.setenv("SLIDEDP_PAGE_MOMENTS", "always")
-    created = []
-    monkeypatch.setattr(host_state.HostState, "create", classmethod(lambda cls, *a, **k: created.append(1)))
-    with pytest.raises(ValueError, match="SLIDEDP_PAGE_MOMENTS must be populate"):
-        train(_job(tmp_path, "unknown"))
-    assert created == [] and _rank_children() == []
 
 
 def test_paging_in_the_moments_that_fails_fails_the_run_and_ends_its_ranks(tmp_path, monkeypatch):

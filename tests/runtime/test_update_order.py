@@ -16,11 +16,11 @@ class _Copy:
         return self.landed
 
 
-def _updater(items: list[GradItem], ended: set[int], order: str = "arrival", slots: int = 8) -> Updater:
+def _updater(items: list[GradItem], ended: set[int], slots: int = 8) -> Updater:
     up = object.__new__(Updater)  # only the queue: no host state, no thread
     up._cond, up._pending, up._backward_ended = threading.Condition(), deque(items), ended
     up._empty_steps, up._stopping = deque(), False
-    up.order, up.slots = order, slots
+    up.slots = slots
     return up
 
 
@@ -39,18 +39,16 @@ def test_after_the_backward_the_lowest_landed_gradient_comes_first_and_none_land
     assert up._next_item().unit == 30  # none landed: the first handed over, whose copy lands first
     items[2].published = True  # seen landed before (announced to the other ranks)
     assert up._next_item().unit == 10
-    during = _updater(items, ended=set(), order="arrival")  # during the backward: in the order handed over
-    assert during._next_item().unit == 30
 
 
 def test_the_lowest_order_takes_the_lowest_landed_gradient_during_the_backward_unless_a_slot_is_needed():
-    """The updater's order (SLIDEDP_UPDATE_ORDER lowest, the default): during the backward the updater takes the lowest unit whose copy has landed, so
+    """During the backward too the updater takes the lowest unit whose copy has landed, so
     that what is left when the backward ends is spread up to the top layers and the next forward does not run
     its upper layers after the updater has gone idle. When one of the backward's next two handoffs would wait for
     the oldest gradient's staging slot (slots are a ring), it takes the oldest instead."""
     items = [GradItem(seq, 1, unit, seq % 8, _Copy(landed)) for seq, (unit, landed) in
              enumerate([(30, True), (29, True), (28, True), (27, False)], start=1)]
-    up = _updater(items, ended=set(), order="lowest", slots=8)
+    up = _updater(items, ended=set(), slots=8)
     assert up._next_item().unit == 28  # 27's copy is still under way
     items[3].event.landed = True
     assert up._next_item().unit == 27
@@ -60,55 +58,8 @@ def test_the_lowest_order_takes_the_lowest_landed_gradient_during_the_backward_u
     # seq 1 (unit 30) is the oldest; with the newest at seq 7 the next handoff (8) still has a slot free,
     # but seq 9 would need seq 1's slot: the oldest goes first
     more = [GradItem(seq, 1, 30 - seq + 1, seq % 8, _Copy(True)) for seq in range(1, 8)]
-    assert _updater(more, ended=set(), order="lowest", slots=8)._next_item().unit == 30
-    assert _updater(more[:6], ended=set(), order="lowest", slots=8)._next_item().unit == 25
-    assert _updater(more, ended=set(), order="arrival", slots=8)._next_item().unit == 30
-    assert _updater(more[:6], ended=set(), order="arrival", slots=8)._next_item().unit == 30
-
-
-def test_an_unknown_update_order_is_refused_before_the_run(monkeypatch):
-    import pytest
-    from slidedp.step import optimizer
-
-    monkeypatch.delenv("SLIDEDP_UPDATE_ORDER", raising=False)
-    assert optimizer.update_order() == "lowest"  # the default
-
-    monkeypatch.setenv("SLIDEDP_UPDATE_ORDER", "newest")
-    with pytest.raises(ValueError, match="arrival or lowest"):
-        optimizer.update_order()
-
-
-def test_a_run_with_an_unknown_update_order_fails_before_its_host_state_exists(tmp_path, monkeypatch):
-    import pytest
-    from slidedp.launch import train
-    from slidedp.step import host_state
-
-    from tests.runtime.exactness import make_pattern_data, tiny_job
-
-    data = make_pattern_data(str(tmp_path / "data.jsonl"), rows=8, seq_len=32)
-    monkeypatch.setenv("SLIDEDP_UPDATE_ORDER", "newest")
-    monkeypatch.setenv("SLIDEDP_SHM_DIR", str(tmp_path / "shm"))
-    created = []
-    monkeypatch.setattr(host_state.HostState, "create", classmethod(lambda cls, *a, **k: created.append(1)))
-    with pytest.raises(ValueError, match="SLIDEDP_UPDATE_ORDER must be arrival or lowest"):
-        train(tiny_job(data, str(tmp_path / "out"), steps=1, ranks=1))
-    assert not created
-
-
-def test_both_update_orders_train_the_same_bits(tmp_path, monkeypatch):
-    """Each unit's update reads only its own gradient and state, and the norm sums in unit order: the order the
-    updater takes the units in changes no bit (2 gloo ranks, the host route, 4 staging slots)."""
-    from slidedp.launch import train
-
-    from tests.runtime.exactness import HOST_ROUTE_FEW_SLOTS, make_pattern_data, tiny_job
-
-    data = make_pattern_data(str(tmp_path / "data.jsonl"), rows=16, seq_len=32)
-    runs = {}
-    for order in ("arrival", "lowest"):
-        monkeypatch.setenv("SLIDEDP_UPDATE_ORDER", order)
-        result = train(tiny_job(data, str(tmp_path / order), steps=4, ranks=2, policy=HOST_ROUTE_FEW_SLOTS))
-        runs[order] = [(r["loss"], r["grad_norm"]) for r in result.metrics]
-    assert runs["arrival"] == runs["lowest"] and len(runs["lowest"]) == 4
+    assert _updater(more, ended=set(), slots=8)._next_item().unit == 30
+    assert _updater(more[:6], ended=set(), slots=8)._next_item().unit == 25
 
 
 def test_a_steps_update_busy_time_includes_its_last_unit_with_its_off_cpu_part():

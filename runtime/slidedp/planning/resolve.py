@@ -6,7 +6,6 @@ run sees. The host is detected on a thread of its own (detect_early) while the l
 from __future__ import annotations
 
 import logging
-import os
 import subprocess
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -29,21 +28,21 @@ def _say(on_log: Callable[[str], None] | None, line: str) -> None:
         on_log(line)
 
 
-def plans(cfg: JobConfig) -> bool:
-    """Whether resolve_policy asks the planner: some choice is `auto`, or SLIDEDP_PLAN_EXPLICIT=1 wants an explicit
-    policy predicted too."""
+def plans(cfg: JobConfig, predict_explicit: bool = False) -> bool:
+    """Whether resolve_policy asks the planner: some choice is `auto`, or predict_explicit wants an explicit policy
+    predicted too (`slidedp bench` puts the prediction beside each measured row)."""
     p = cfg.policy
     explicit = p.delivery != "auto" and p.grad_reduce != "auto" and p.activations != "auto" and p.edge_update != "auto" \
         and p.device_layers is not None \
         and p.resident_units is not None and p.delivery_cast != "auto"
-    return not explicit or bool(os.environ.get("SLIDEDP_PLAN_EXPLICIT"))
+    return not explicit or predict_explicit
 
 
-def detect_early(cfg: JobConfig) -> Future | None:
+def detect_early(cfg: JobConfig, predict_explicit: bool = False) -> Future | None:
     """This host's topology (slidedp.planning.topology.detect), detected on a thread of its own so that its
     nvidia-smi and /sys reads run while the caller reads the model's config (importing transformers); None when
     resolve_policy will not plan. An error comes out of the future's result()."""
-    if not plans(cfg):
+    if not plans(cfg, predict_explicit):
         return None
     from slidedp.planning import topology
 
@@ -55,7 +54,8 @@ def detect_early(cfg: JobConfig) -> Future | None:
 
 
 def resolve_policy(cfg: JobConfig, num_layers: int, on_log=None, plan: dict | None = None,
-                   startup: Startup | None = None, detected: Future | None = None) -> tuple[ExecutionPolicy, dict]:
+                   startup: Startup | None = None, detected: Future | None = None,
+                   predict_explicit: bool = False) -> tuple[ExecutionPolicy, dict]:
     """The execution policy, resolved once (slidedp.policy.resolve): AutoPolicy's plan where the config says
     `auto`, the config where it fixes a choice. Returns (policy, plan); plan is {} when nothing was planned, and
     {"fallback": {"reason", "policy"}} when the host could not be measured (MEASUREMENT_ERRORS: logged, and the
@@ -65,10 +65,11 @@ def resolve_policy(cfg: JobConfig, num_layers: int, on_log=None, plan: dict | No
     is when its basis (autopolicy.plan_basis) equals the basis of the topology and calibration this run sees;
     otherwise the job is planned again, one log line says why, and the new plan carries it under "replanned".
 
-    `detected`: the topology being detected already (detect_early), waited for here instead of detecting again."""
+    `detected`: the topology being detected already (detect_early), waited for here instead of detecting again.
+    predict_explicit: plan a config that leaves no choice `auto` too, for the prediction (plans)."""
     p = cfg.policy
     stored, plan = plan, {}
-    if plans(cfg):
+    if plans(cfg, predict_explicit):
         from slidedp.planning import autopolicy, topology
 
         try:

@@ -112,20 +112,6 @@ PAGE_CHUNK = 1 << 24  # elements per piece of paging in (64 MB of fp32)
 PAGING_MODES = ("populate", "zero")
 
 
-def moment_paging() -> str | None:
-    """How fresh AdamW moments are paged in (SLIDEDP_PAGE_MOMENTS): `populate` (the default; `1` says the same),
-    `zero` (for measurement: written as zeros, the updaters waiting for it) or None (`0`: left to the first
-    update's faults). Anything else is refused, by the launcher before the host state exists."""
-    value = os.environ.get("SLIDEDP_PAGE_MOMENTS", "populate")
-    if value == "1":
-        return "populate"
-    if value == "0":
-        return None
-    if value not in PAGING_MODES:
-        raise ValueError(f"SLIDEDP_PAGE_MOMENTS must be populate (or 1), zero or 0, got {value!r}")
-    return value
-
-
 class MomentPager(threading.Thread):
     """Page in fresh AdamW moments in the background while the ranks start.
 

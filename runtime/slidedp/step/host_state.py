@@ -121,16 +121,8 @@ def _register(base: int, ranges: list[tuple[int, int]], threads: int, populate_f
     return done
 
 
-def _pin_threads() -> int:
-    raw = os.environ.get("SLIDEDP_PIN_THREADS", "8")
-    if not raw.strip().isdigit():
-        raise ValueError(f"SLIDEDP_PIN_THREADS must be a whole number of threads (1: register the delivery copy "
-                         f"as one range), got {raw!r}")
-    return max(1, int(raw))
-
-
-def _pin_populate() -> bool:
-    return os.environ.get("SLIDEDP_PIN_POPULATE", "1") != "0"
+# Threads that page-lock a segment, each registering its own ranges with CUDA (HostState.pin).
+PIN_THREADS = 8
 
 
 def _map(layout: HostLayout, kind: str, numel: int, dtype: torch.dtype, create: bool) -> torch.Tensor:
@@ -359,7 +351,7 @@ class HostState:
     def attach(cls, layout: HostLayout) -> HostState:
         return cls(layout, create=False)
 
-    def pin_staging(self) -> None:
+    def pin_staging(self, threads: int = PIN_THREADS, populate: bool = True) -> None:
         """Page-lock the gradient staging (once per rank process). The launcher never writes it, so a rank does
         this before the state is filled. Fresh staging is a hole: registering it whole would allocate and zero
         its pages one by one on one thread (Qwen3-8B with the embedding and head updated on the host: 8 slots of
@@ -367,34 +359,36 @@ class HostState:
         slots, each first populated for writing (`populate`, MADV_POPULATE_WRITE), on the page-lock threads."""
         if torch.cuda.is_available():
             slots = self.layout.world * self.layout.staging_slots
-            self._lock(self.staging, [i * self.layout.slot_numel for i in range(slots)], MADV_POPULATE_WRITE)
+            self._lock(self.staging, [i * self.layout.slot_numel for i in range(slots)],
+                       MADV_POPULATE_WRITE if populate else None, threads)
 
-    def pin(self) -> None:
+    def pin(self, threads: int = PIN_THREADS, populate: bool = True) -> None:
         """Page-lock the delivery copy (and the staging, if `pin_staging` has not) for async DMA (once per rank
         process).
 
         The delivery copy is registered as several ranges at once, one thread each (pin_ranges: every range
-        whole units, so no copy of a unit spans two registrations); SLIDEDP_PIN_THREADS=1 registers it whole.
+        whole units, so no copy of a unit spans two registrations); with `threads` 1 it is registered whole.
         Each range's pages are first mapped in bulk (`populate`): the launcher wrote them, so this process has
         them in no page table yet, and registering would fault them in one by one while holding this process's
-        memory-map lock, which the rank's loading thread needs for its imports. SLIDEDP_PIN_POPULATE=0 leaves
-        that to the registering (for measurement)."""
+        memory-map lock, which the rank's loading thread needs for its imports. populate False leaves that to
+        the registering (scripts/probe_rank_start.py compares the two)."""
         if torch.cuda.is_available():
-            self.pin_staging()
-            self._lock(self.delivery, self.layout.offsets, MADV_POPULATE_READ, whole_on_one_thread=True)
+            self.pin_staging(threads, populate)
+            self._lock(self.delivery, self.layout.offsets, MADV_POPULATE_READ if populate else None, threads,
+                       whole_on_one_thread=True)
 
-    def _lock(self, t: torch.Tensor, starts: list[int], advice: int, whole_on_one_thread: bool = False) -> None:
-        """Register `t` once, in ranges starting at element offsets `starts` (pin_ranges), each populated first
-        with `advice` unless SLIDEDP_PIN_POPULATE=0; whole_on_one_thread: one range when SLIDEDP_PIN_THREADS=1."""
+    def _lock(self, t: torch.Tensor, starts: list[int], advice: int | None, threads: int,
+              whole_on_one_thread: bool = False) -> None:
+        """Register `t` once, on `threads` threads, in ranges starting at element offsets `starts` (pin_ranges),
+        each populated first with `advice` (None: not); whole_on_one_thread: one range when `threads` is 1."""
         if any(t is r for r, _ in self._registered):
             return
-        threads, size, nbytes = _pin_threads(), t.element_size(), t.numel() * t.element_size()
+        size, nbytes = t.element_size(), t.numel() * t.element_size()
         if whole_on_one_thread and threads == 1:
             ranges = [(0, nbytes)]
         else:
             ranges = pin_ranges([o * size for o in starts], nbytes)
-        advice_or_none = advice if _pin_populate() else None
-        self._registered.append((t, _register(t.data_ptr(), ranges, threads, advice_or_none)))
+        self._registered.append((t, _register(t.data_ptr(), ranges, max(1, threads), advice)))
 
     def unpin(self) -> None:
         """Unregister every range pin registered (nothing without CUDA)."""

@@ -18,7 +18,6 @@ not arithmetic), with the thread count set explicitly per rank.
 from __future__ import annotations
 
 import math
-import os
 import threading
 import time
 from collections import deque
@@ -96,16 +95,6 @@ def update_shard_(master: torch.Tensor, grad: torch.Tensor, exp_avg: torch.Tenso
     return time.perf_counter() - t0
 
 
-def update_order() -> str:
-    """The updater's order during the backward (SLIDEDP_UPDATE_ORDER): `lowest` (the default: the lowest unit whose
-    gradient has landed) or `arrival` (the order handed over; for measurement). Qwen3-4B at micro-batch 4 under
-    24 GiB on the one-GPU machine: 1.102 s a step against 1.206 s (docs/benchmarks.md)."""
-    order = os.environ.get("SLIDEDP_UPDATE_ORDER", "lowest")
-    if order not in ("arrival", "lowest"):
-        raise ValueError(f"SLIDEDP_UPDATE_ORDER must be arrival or lowest, got {order!r}")
-    return order
-
-
 @dataclass
 class GradItem:
     seq: int  # per-rank handoff number, identical on every rank for the same (step, unit)
@@ -167,7 +156,6 @@ class Updater(threading.Thread):
         self._waited = 0.0  # seconds this thread waited inside _process (running total)
         self.last_step = 0  # last step whose every unit is updated on this rank's shards
         self._landed = 0.0  # when the gradient being processed was in hand (for the trace)
-        self.order = update_order()  # during the backward: the lowest unit landed, or the order handed over
 
     # ------------------------------------------------------------------ main-thread side
     def submit(self, item: GradItem) -> None:
@@ -261,11 +249,12 @@ class Updater(threading.Thread):
             ended = item.step in self._backward_ended
             # The lowest unit among the gradients that have landed (waiting on a copy still under way would idle
             # this thread while others are ready); none landed: the first handed over, whose copy lands first.
-            # Once the backward is over, so that the next forward's first units are ready first. During it
-            # (order `lowest`), so that what is left when it ends is spread up to the top layers rather than the
-            # bottom ones and the next forward runs ahead with the updater; but not when one of the backward's
+            # Once the backward is over, so that the next forward's first units are ready first. During it, so that
+            # what is left when it ends is spread up to the top layers rather than the bottom ones and the next
+            # forward runs ahead with the updater (Qwen3-4B, micro-batch 4, 24 GiB, one GPU: 1.102 s a step
+            # against 1.206 s taking them as handed over, docs/benchmarks.md); but not when one of the backward's
             # next two handoffs would wait for the oldest one's staging slot (a ring): then the oldest.
-            if ended or (self.order == "lowest" and item.seq > self._pending[-1].seq + 2 - self.slots):
+            if ended or item.seq > self._pending[-1].seq + 2 - self.slots:
                 same = [it for it in self._pending if it.step == item.step]
                 landed = [it for it in same if it.published or it.event.query()]
                 if landed:

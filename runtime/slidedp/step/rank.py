@@ -36,7 +36,7 @@ PEAK_TFLOPS = {"H200": 989.4, "H100": 989.4, "A100": 312.0, "L40S": 362.0, "RTX 
 # return from a long call could cost the update up to 5 ms beside a thread that never releases the GIL (4x slower
 # in the contention probe). The engine's issuing thread releases it at every launch, and on the GPU machine 0.2
 # against 5 ms measured no difference (docs/notebook/perf-notes.md); the short interval bounds what a Python-heavy thread
-# (a data producer, say) can cost the update. SLIDEDP_GIL_SWITCH_S overrides (measurements).
+# (a data producer, say) can cost the update.
 GIL_SWITCH_S = 2e-4
 
 # Board decisions (slots above Board.FIXED are counters)
@@ -60,7 +60,7 @@ class RankArgs:
 
 def _setup(rank: int, world: int, args: RankArgs, cfg: JobConfig, marks: _Marks) -> torch.device:
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
-    sys.setswitchinterval(float(os.environ.get("SLIDEDP_GIL_SWITCH_S", GIL_SWITCH_S)))
+    sys.setswitchinterval(GIL_SWITCH_S)
     torch.set_num_threads(args.cpu_threads)
     if cfg.gpus > 0:
         device = torch.device("cuda", rank)
@@ -156,10 +156,8 @@ def rank_main(rank: int, world: int, args: RankArgs, queue) -> None:
         cfg = JobConfig.from_dict(args.config)
         # The model's config, the tokenizer and the data (importing transformers, reading and packing the rows)
         # need no device: they load on a thread of their own while this one starts CUDA and the process group,
-        # maps the host state, waits for it to be filled and page-locks it. SLIDEDP_RANK_OVERLAP=0 loads them
-        # after, on this thread.
-        overlap = os.environ.get("SLIDEDP_RANK_OVERLAP", "1") != "0"
-        loading = _Loading(cfg, args, rank, world) if overlap else None
+        # maps the host state, waits for it to be filled and page-locks it: it hides up to the shorter of the two.
+        loading = _Loading(cfg, args, rank, world)
         device = _setup(rank, world, args, cfg, marks)
         groups = (dist.new_group(list(range(world))), dist.new_group(list(range(world))))
         marks.done("process_group")
@@ -185,7 +183,7 @@ def rank_main(rank: int, world: int, args: RankArgs, queue) -> None:
         state.pin()
         board.set_pinned(rank)
         marks.done("page_lock")
-        adapter, pipeline = loading.result() if loading is not None else _load_model_and_data(cfg, args, rank, world)
+        adapter, pipeline = loading.result()
         marks.done("model_and_data")
 
         engine = RankEngine(cfg, adapter, state, args.policy, rank, world, device, groups, abort=abort)
