@@ -110,6 +110,20 @@ def test_the_allocator_limit_leaves_the_context_allowance_out_of_the_cap():
         allocator_fraction(CONTEXT_BYTES, card, CONTEXT_BYTES)
 
 
+def test_a_cap_that_holds_only_the_context_leaves_no_budget():
+    assert cap_budget(CONTEXT_BYTES) == 0
+    assert cap_budget(CONTEXT_BYTES - GIB) == 0  # never a negative budget
+    assert cap_budget(CONTEXT_BYTES + GIB) == int(GIB * 0.95)
+
+
+def test_a_cap_within_the_context_allowance_is_refused_naming_both_sizes():
+    """The allowance is 2.25 GiB: the refusal says so, as the config's refusal does, not a rounded 2.2."""
+    with pytest.raises(ValueError) as raised:
+        allocator_fraction(3 * GIB // 2, 140 * GIB, CONTEXT_BYTES)
+    assert str(raised.value) == (
+        "a GPU memory cap of 1.5 GiB leaves nothing once the CUDA context (2.25 GiB) is counted")
+
+
 def test_a_resume_may_change_the_cap():
     from slidedp.persist.checkpoint import changed_settings
 

@@ -74,7 +74,7 @@ def allocator_fraction(cap_bytes: int, card_bytes: int, context_bytes: int) -> f
     less what the CUDA context and NCCL take outside the allocator (context_bytes), never more than the card."""
     if cap_bytes <= context_bytes:
         raise ValueError(f"a GPU memory cap of {cap_bytes / 2**30:g} GiB leaves nothing once the CUDA context "
-                         f"({context_bytes / 2**30:.1f} GiB) is counted")
+                         f"({context_bytes / 2**30:g} GiB) is counted")
     return min(1.0, (cap_bytes - context_bytes) / card_bytes)
 
 
