@@ -85,7 +85,9 @@ def form_error(value: str) -> Optional[str]:
 def _escaping_link(directory: Path, roots: list[Path]) -> Optional[Path]:
     """A symlink below `directory` whose target lies outside the roots, else None."""
     seen = 0
-    for top, dirs, files in os.walk(directory, followlinks=False):  # unreadable folders are skipped
+    # Links to folders are entered: a folder inside the roots may itself hold a link out. A loop of links ends
+    # where the kernel stops resolving the path (ELOOP), and unreadable folders are skipped, as os.walk does.
+    for top, dirs, files in os.walk(directory, followlinks=True):
         for name in dirs + files:
             seen += 1
             entry = Path(top) / name
