@@ -22,7 +22,7 @@ log = logging.getLogger(__name__)
 
 def supervise(settings: Any, generation_id: int) -> str:
     from slidedp_web.core.db import write_session
-    from slidedp_web.models import Generation, Job, utcnow
+    from slidedp_web.models import Generation, JobRecord, utcnow
 
     with write_session(settings) as ws:
         gen = ws.get(Generation, generation_id, with_for_update=True)
@@ -30,7 +30,7 @@ def supervise(settings: Any, generation_id: int) -> str:
             return "ignored"  # dropped with its job, or a duplicate message
         # Locked as DELETE locks it (generations.refuse_delete_while_running): once this commits, the job's
         # files stay until the answer is recorded.
-        job = ws.get(Job, gen.job_id, with_for_update=True)
+        job = ws.get(JobRecord, gen.job_id, with_for_update=True)
         gen.started_at, gen.host = utcnow(), settings.host_name
         if job is None:
             gen.status, gen.finished_at, gen.error = "failed", utcnow(), f"job {gen.job_id} was deleted"
@@ -103,11 +103,11 @@ def run(env: dict[str, str], generation_id: int, conn: Any) -> None:
 def answer(settings: Any, generation_id: int) -> dict[str, Any]:
     from slidedp_web import generations
     from slidedp_web.core.db import read_session
-    from slidedp_web.models import Generation, Job
+    from slidedp_web.models import Generation, JobRecord
 
     with read_session(settings) as session:
         gen = session.get(Generation, generation_id)
-        job = session.get(Job, gen.job_id) if gen is not None else None
+        job = session.get(JobRecord, gen.job_id) if gen is not None else None
     if gen is None or job is None:
         return {"status": "failed", "error": "the generation or its job was deleted"}
     timings: dict[str, float] = {}

@@ -33,7 +33,16 @@ from slidedp_web.core.config import Settings
 from slidedp_web.core.db import write_session
 from slidedp_web.errors import Conflict, NotFound, TooMany, refused
 from slidedp_web.job_schema import text_errors, unprocessable
-from slidedp_web.models import Generation, GenerationPublic, Host, Job, StatusChange, as_utc, iso, utcnow
+from slidedp_web.models import (
+    Generation,
+    GenerationPublic,
+    Host,
+    JobRecord,
+    StatusChange,
+    as_utc,
+    iso,
+    utcnow,
+)
 
 CHECKPOINT_NAME = re.compile(r"step-\d{1,19}")  # slidedp.persist.checkpoint names them step-NNNNNNNN
 CONVERTED = "converted"  # <output_dir>/converted/step-N: a checkpoint as a Hugging Face directory
@@ -105,7 +114,7 @@ class Unusable(Exception):
         self.status, self.loc = status, loc
 
 
-def export_dir(job: Job) -> Path:
+def export_dir(job: JobRecord) -> Path:
     """The job's export (final/), when it holds every file the export listed, as it wrote them."""
     folder = Path(job.output_dir)
     try:
@@ -125,7 +134,7 @@ def export_dir(job: Job) -> Path:
     return folder / "final"
 
 
-def checkpoint_dir(job: Job, name: str) -> Path:
+def checkpoint_dir(job: JobRecord, name: str) -> Path:
     """The job's own checkpoint `name`: in its folder's checkpoints/ (neither of them a symlink, nothing leading
     elsewhere), complete (meta.json and master.f32 regular files). Raises Unusable (422 at `checkpoint`)."""
     from slidedp.data.tokenizer import tokenizer_source
@@ -163,7 +172,7 @@ def _regular(path: Path) -> bool:
         return False
 
 
-def check_source(job: Job, checkpoint: Optional[str]) -> Path:
+def check_source(job: JobRecord, checkpoint: Optional[str]) -> Path:
     return checkpoint_dir(job, checkpoint) if checkpoint else export_dir(job)
 
 
@@ -174,7 +183,7 @@ def check_source(job: Job, checkpoint: Optional[str]) -> Path:
 CONTEXT_MARGIN = 4
 
 
-def context_error(job: Job, source: Path, request: dict[str, Any]) -> Optional[str]:
+def context_error(job: JobRecord, source: Path, request: dict[str, Any]) -> Optional[str]:
     """Why the prompt and max_new_tokens do not fit the model's context (max_position_embeddings), as the worker
     would find it after waiting in the queue; None when they fit, or when this process cannot count the tokens
     (no tokenizer.json, no `tokenizers` package: the worker's own check then says it)."""
@@ -246,7 +255,7 @@ def _load_tokenizer(path: str, _mtime_ns: int, _size: int) -> Any:
 # ----------------------------------------------------------------------------------------------- create
 def create(settings: Settings, session: Session, job_id: int, body: Any) -> Generation:
     request = parse_request(body)  # a bad body is a 422 whether or not the job exists
-    job = session.get(Job, job_id)
+    job = session.get(JobRecord, job_id)
     if job is None:
         raise NotFound(f"job {job_id} does not exist")
     try:
@@ -267,7 +276,7 @@ def create(settings: Settings, session: Session, job_id: int, body: Any) -> Gene
                             f"(GET /api/jobs/{job_id}/generations/ID) and ask again once they are answered")
     with write_session(settings) as ws:
         # The job row is locked as DELETE locks it: a job deleted meanwhile is not given a new generation.
-        if ws.get(Job, job_id, with_for_update=True) is None:
+        if ws.get(JobRecord, job_id, with_for_update=True) is None:
             raise NotFound(f"job {job_id} does not exist")
         gen = Generation(job_id=job_id, status="queued", queue=job.queue, created_at=utcnow(), **request)
         ws.add(gen)
@@ -328,13 +337,13 @@ def waiting_for(session: Session, gen: Generation) -> tuple[str, Optional[int]]:
             )
         ).one()
         + session.exec(
-            select(func.count()).select_from(Job).join(queued_at, queued_at.c.job_id == Job.id).where(
-                Job.queue == gen.queue, Job.status == "queued", queued_at.c.ts < gen.created_at
+            select(func.count()).select_from(JobRecord).join(queued_at, queued_at.c.job_id == JobRecord.id).where(
+                JobRecord.queue == gen.queue, JobRecord.status == "queued", queued_at.c.ts < gen.created_at
             )
         ).one()
     )
     then = f", then {earlier} queued before it" if earlier else ""
-    running = session.exec(select(Job).where(Job.queue == gen.queue, Job.status == "running")).first()
+    running = session.exec(select(JobRecord).where(JobRecord.queue == gen.queue, JobRecord.status == "running")).first()
     if running is not None:
         return f"waiting for the running job {running.id} on host {running.host or where}{then}", running.id
     busy = session.exec(
@@ -351,7 +360,7 @@ def waiting_for(session: Session, gen: Generation) -> tuple[str, Optional[int]]:
 def refuse_delete_while_running(ws: Session, job_id: int) -> None:
     """In DELETE's write transaction (the job row locked, as a worker's claim locks it): a generation that is
     reading or converting the job's files holds the deletion off; queued ones are dropped with the job's rows."""
-    ws.get(Job, job_id, with_for_update=True)
+    ws.get(JobRecord, job_id, with_for_update=True)
     busy = ws.exec(
         select(Generation.id).where(Generation.job_id == job_id, Generation.status == "running")
     ).first()

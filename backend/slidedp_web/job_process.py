@@ -13,6 +13,7 @@ import signal
 import threading
 import time
 import traceback
+from dataclasses import dataclass
 from typing import Any
 
 
@@ -72,40 +73,81 @@ def has_checkpoint(output_dir: str) -> bool:
     return os.path.isdir(path) and any(not name.startswith(".") for name in os.listdir(path))
 
 
+@dataclass
+class _StoredJob:
+    """What the job process reads of its job's record before it starts: the config with its output folder, what
+    the attempt is for, the stored plan, and the name trackers give the run."""
+
+    config: dict[str, Any]
+    output_dir: str
+    action: str  # "train" (train, or resume from the newest checkpoint) or "export"
+    stored: Any  # the job's plan as stored (JobRecord.plan)
+    run_name: str  # what W&B and MLflow call the run (config report_to)
+
+
 def _train(settings: Any, job_id: int, attempt: int, stop: Any) -> dict[str, Any]:
+    """One attempt, in the stages the job's log shows: read the job, its guards and folder claim, resume or start,
+    slidedp.train (whose start-up stages follow "preparing"), and the outcome the worker records."""
+    job = _read_job(settings, job_id)
+    plan = stored_plan(job.stored)
+    cfg, refused = _guards_and_folder_claim(settings, job_id, job, plan)
+    if refused is not None:
+        _log(settings, job_id, refused["message"])
+        return {"status": "failed", "error": refused}
+    if job.action == "export":
+        return _export(settings, job_id, job.output_dir)
+    cfg.resume = _resume_or_start(settings, job_id, attempt, cfg, job.output_dir)
+    _watch_parent(settings, job_id, attempt, stop)
+    if stop.value:  # cancelled while this process started: skip importing torch (seconds on a busy host)
+        _log(settings, job_id, "stopped before the first step of this attempt")
+        return {"status": "stopped", "steps_done": None}
+    return _run_training(settings, job_id, cfg, plan, job, stop)
+
+
+def _read_job(settings: Any, job_id: int) -> _StoredJob:
     from slidedp_web.core.db import read_session
-    from slidedp_web.journal import record_metrics
-    from slidedp_web.models import Job
+    from slidedp_web.models import JobRecord
 
     with read_session(settings) as session:
-        job = session.get(Job, job_id)
+        job = session.get(JobRecord, job_id)
         config = dict(job.config)
-        output_dir, action = job.output_dir, job.action or "train"
-        stored = job.policy
-        run_name = job.name or f"job-{job_id}"  # what W&B and MLflow call the run (config report_to)
-    config["output_dir"] = output_dir
-    plan = stored_plan(stored)
+        config["output_dir"] = job.output_dir
+        return _StoredJob(
+            config=config,
+            output_dir=job.output_dir,
+            action=job.action or "train",
+            stored=job.plan,
+            run_name=job.name or f"job-{job_id}",
+        )
+
+
+def _guards_and_folder_claim(
+    settings: Any, job_id: int, job: _StoredJob, plan: dict[str, Any] | None
+) -> tuple[Any, dict[str, Any] | None]:
+    """(the parsed config, None), or (…, the refusal that fails the job): the config parses, the job fits its host
+    (preflight), the output folder is claimed and held, and an init_from checkpoint resolves; each check runs only
+    when the one before passed, and all of them before anything is allocated or written."""
     from slidedp.config import ConfigError, JobConfig
 
     from slidedp_web.preflight import job_refusal, refusal
 
     try:
-        cfg = JobConfig.from_dict(config)  # parsed once: the guards and slidedp.train take this object
+        cfg = JobConfig.from_dict(job.config)  # parsed once: the guards and slidedp.train take this object
     except ConfigError as exc:
-        refused = refusal(settings, list(exc.errors))
-    else:  # before anything is allocated: a clear error, not an OOM kill
-        refused = job_refusal(settings, cfg, job_id, plan)
+        return None, refusal(settings, list(exc.errors))
+    refused = job_refusal(settings, cfg, job_id, plan)  # before anything is allocated: a clear error, not an OOM kill
     if refused is None:
         refused = _claim_folder(settings, job_id)  # before anything is written
     if refused is None:
-        refused = _hold_folder(settings, job_id, output_dir)  # one live process per folder, until this one ends
+        refused = _hold_folder(settings, job_id, job.output_dir)  # one live process per folder, until this one ends
     if refused is None and cfg.init_from is not None:
         refused = _resolve_init_from(settings, cfg)
-    if refused is not None:
-        _log(settings, job_id, refused["message"])
-        return {"status": "failed", "error": refused}
-    if action == "export":
-        return _export(settings, job_id, output_dir)
+    return cfg, refused
+
+
+def _resume_or_start(settings: Any, job_id: int, attempt: int, cfg: Any, output_dir: str) -> bool:
+    """Whether this attempt resumes from the newest checkpoint (asked for, or a later attempt, and there is one),
+    said in the job's log with where its output goes."""
     resume = cfg.resume or attempt > 1
     if resume and not has_checkpoint(output_dir):
         if attempt > 1:
@@ -115,7 +157,6 @@ def _train(settings: Any, job_id: int, attempt: int, stop: Any) -> dict[str, Any
                 f"no checkpoint in {output_dir}/checkpoints yet: attempt {attempt} starts at step 0",
             )
         resume = False
-    cfg.resume = resume
     _log(
         settings,
         job_id,
@@ -123,7 +164,17 @@ def _train(settings: Any, job_id: int, attempt: int, stop: Any) -> dict[str, Any
         + ("resuming from the newest checkpoint" if resume else "starting")
         + f"; output in {output_dir}",
     )
-    _watch_parent(settings, job_id, attempt, stop)
+    return resume
+
+
+def _run_training(
+    settings: Any, job_id: int, cfg: Any, plan: dict[str, Any] | None, job: _StoredJob, stop: Any
+) -> dict[str, Any]:
+    """slidedp.train with the job's callbacks (metrics and log lines into the record, start-up stages, the stop
+    flag), its outcome for the worker whether it trained, stopped or failed."""
+    from slidedp.config import ConfigError
+
+    from slidedp_web.journal import record_metrics, record_stage
 
     steps = [0]  # steps this attempt has finished
 
@@ -139,11 +190,6 @@ def _train(settings: Any, job_id: int, attempt: int, stop: Any) -> dict[str, Any
             raise _StoppedBeforeFirstStep
         return "save" if stop.value == 2 else bool(stop.value)
 
-    if stop.value:  # cancelled while this process started: skip importing torch (seconds on a busy host)
-        _log(settings, job_id, "stopped before the first step of this attempt")
-        return {"status": "stopped", "steps_done": None}
-    from slidedp_web.journal import record_stage
-
     record_stage(settings, job_id, {"stage": "preparing", "elapsed_s": 0.0})  # importing torch: seconds
     import slidedp
     from slidedp.launch import ExportFailed, UnhealthyRun
@@ -156,7 +202,7 @@ def _train(settings: Any, job_id: int, attempt: int, stop: Any) -> dict[str, Any
             should_stop=should_stop,
             plan=plan,
             on_stage=lambda stage: record_stage(settings, job_id, stage),
-            run_name=run_name,
+            run_name=job.run_name,
         )
     except _StoppedBeforeFirstStep:
         _log(settings, job_id, "stopped before the first step of this attempt")
@@ -197,11 +243,17 @@ def _train(settings: Any, job_id: int, attempt: int, stop: Any) -> dict[str, Any
         _log(settings, job_id, f"{type(exc).__name__}: {text}")
         first = text.strip().splitlines()[-1] if text.strip() else type(exc).__name__
         return {"status": "failed", "error": {"message": f"{type(exc).__name__}: {first}", "errors": []}}
+    return _trained_outcome(settings, job_id, result, job.stored)
+
+
+def _trained_outcome(settings: Any, job_id: int, result: Any, stored: Any) -> dict[str, Any]:
+    """The outcome of a run that returned: its status, steps, the files its export wrote (recorded as the job's),
+    and the job's plan after it (under "policy", the key the worker's outcome.finish reads)."""
     if result.final_dir:
         _record_outputs(settings, job_id, export=list(getattr(result, "exported_files", None) or []))
     resolved = None
     if result.policy:
-        # the job's policy column after a run: the plan it was resolved from (the stored one, or the one made
+        # the job's plan after a run: the plan it was resolved from (the stored one, or the one made
         # again with "replanned" saying why), with the policy the ranks ran
         resolved = {**result.plan, "stage": "resolved", "policy": result.policy.to_dict()}
         if isinstance(stored, dict) and "replanned" in stored and "replanned" not in resolved:
@@ -229,11 +281,11 @@ def _claim_folder(settings: Any, job_id: int) -> dict[str, Any] | None:
 
     from slidedp_web import outputs
     from slidedp_web.core.db import write_session
-    from slidedp_web.models import Job
+    from slidedp_web.models import JobRecord
 
     with write_session(settings) as session:
         outputs.lock_jobs(session)
-        job = session.get(Job, job_id)
+        job = session.get(JobRecord, job_id)
         folder = Path(job.output_dir)
         # Rows that overlap (written by an older workbench, or behind the API's back): the job recorded first
         # owns the folder; of jobs recorded later, the marker lets in only the first to claim it.
@@ -301,21 +353,21 @@ def _resolve_init_from(settings: Any, cfg: Any) -> dict[str, Any] | None:
     return None
 
 
-def stored_plan(policy: Any) -> dict[str, Any] | None:
-    """The plan a job's policy column holds from its submission ("stage": "planned"), for the run to use when it
+def stored_plan(stored: Any) -> dict[str, Any] | None:
+    """The plan a job's record holds from its submission ("stage": "planned"), for the run to use when it
     was made on the host and calibration the run sees (slidedp.train's `plan`); None after a run has resolved it,
     or when no plan was kept."""
-    if isinstance(policy, dict) and policy.get("stage") == "planned":
-        return policy
+    if isinstance(stored, dict) and stored.get("stage") == "planned":
+        return stored
     return None
 
 
 def _record_outputs(settings: Any, job_id: int, **values: Any) -> None:
     from slidedp_web.core.db import write_session
-    from slidedp_web.models import Job
+    from slidedp_web.models import JobRecord
 
     with write_session(settings) as session:
-        job = session.get(Job, job_id)
+        job = session.get(JobRecord, job_id)
         if job is not None:
             if "export" in values:  # each file's identity as written, which the download compares
                 from pathlib import Path

@@ -21,7 +21,7 @@ from typing import Optional
 
 from sqlmodel import Session, select
 
-from slidedp_web.models import Job, JobSummary, Metric, StatusChange, as_utc, utcnow
+from slidedp_web.models import JobRecord, JobSummary, Metric, StatusChange, as_utc, utcnow
 
 CACHE_MAX = 4096
 
@@ -38,7 +38,7 @@ _cache: OrderedDict[tuple, _MetricFigures] = OrderedDict()
 _cache_lock = threading.Lock()
 
 
-def summaries(session: Session, jobs: Sequence[Job], now: Optional[datetime] = None) -> dict[int, JobSummary]:
+def summaries(session: Session, jobs: Sequence[JobRecord], now: Optional[datetime] = None) -> dict[int, JobSummary]:
     """The summary of each job, by id."""
     if not jobs:
         return {}
@@ -102,7 +102,7 @@ def _figures(rows: Sequence[tuple]) -> _MetricFigures:
     )
 
 
-def _run_seconds(session: Session, jobs: Sequence[Job], now: datetime) -> dict[int, float]:
+def _run_seconds(session: Session, jobs: Sequence[JobRecord], now: datetime) -> dict[int, float]:
     """Seconds each job spent running, summed over its attempts: each `running` status change to the change that
     followed it, and to now for the attempt still running. For a job that ran once: started_at → finished_at."""
     rows = session.exec(

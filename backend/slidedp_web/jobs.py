@@ -31,8 +31,8 @@ from slidedp_web.models import (
     Event,
     Generation,
     Host,
-    Job,
     JobPublic,
+    JobRecord,
     LogLine,
     Metric,
     StatusChange,
@@ -46,7 +46,7 @@ log = logging.getLogger(__name__)
 
 
 # ------------------------------------------------------------------------------------------- public view
-def public(job: Job) -> JobPublic:
+def public(job: JobRecord) -> JobPublic:
     metrics = job.last_metrics or None
     tokens_per_s = metrics.get("tokens_per_s") if metrics else None
     eta = None
@@ -58,7 +58,7 @@ def public(job: Job) -> JobPublic:
         status=job.status,
         config=job.config,
         host=job.host,
-        policy=planning.job_policy(job.policy),
+        policy=planning.job_policy(job.plan),
         created_at=iso(job.created_at),
         started_at=iso(job.started_at),
         finished_at=iso(job.finished_at),
@@ -80,8 +80,8 @@ def public(job: Job) -> JobPublic:
     )
 
 
-def get_or_404(session: Session, job_id: int) -> Job:
-    job = session.get(Job, job_id)
+def get_or_404(session: Session, job_id: int) -> JobRecord:
+    job = session.get(JobRecord, job_id)
     if job is None:
         raise NotFound(f"job {job_id} does not exist")
     return job
@@ -193,7 +193,7 @@ def _once(errors: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
-def create(settings: Settings, session: Session, body: Any) -> Job:
+def create(settings: Settings, session: Session, body: Any) -> JobRecord:
     checked = check_request(settings, session, body)
     imported = hosts.imported_host_error(checked.host)  # planned for, but no worker there runs a job
     if checked.errors or imported:
@@ -212,7 +212,7 @@ def create(settings: Settings, session: Session, body: Any) -> Job:
                 "(resume continues a job in its own folder; init_from starts from another job's checkpoint)",
             )
     live.require(settings, "job creation")
-    queued = session.exec(select(func.count()).select_from(Job).where(Job.status == "queued")).one()
+    queued = session.exec(select(func.count()).select_from(JobRecord).where(JobRecord.status == "queued")).one()
     if queued >= settings.max_queued_jobs:
         raise TooMany(
             f"{queued} jobs are already queued (SLIDEDP_MAX_QUEUED_JOBS = "
@@ -229,12 +229,12 @@ def create(settings: Settings, session: Session, body: Any) -> Job:
         # The folder check and the insert are one transaction under the write lock: of two requests naming one
         # folder, the second sees the first's row.
         outputs.lock_jobs(ws)
-        job = Job(
+        job = JobRecord(
             name=extra.get("name"),
             status="queued",
             config=config,
             queue=queue,
-            policy=plan,
+            plan=plan,
             created_at=utcnow(),
             steps=cfg.steps,
             output_dir="",
@@ -362,7 +362,7 @@ def init_from_errors(
                 "checkpoint: NAME or latest}; the API does not take checkpoint paths",
             }
         ]
-    other = session.get(Job, source.job)
+    other = session.get(JobRecord, source.job)
     if other is None:
         return None, [{"loc": "init_from.job", "msg": f"job {source.job} does not exist"}]
     names = [c.name for c in list_checkpoints(other.output_dir) if c.step is not None]
@@ -390,7 +390,7 @@ def init_from_errors(
 
 def checkpoint_path(session: Session, job_id: int, name: str) -> str:
     """The directory of a job's checkpoint by name ('latest': its newest complete one)."""
-    other = session.get(Job, job_id)
+    other = session.get(JobRecord, job_id)
     if other is None:
         raise FileNotFoundError(f"job {job_id}, whose checkpoint this job starts from, was deleted")
     found = [c for c in list_checkpoints(other.output_dir) if c.step is not None]
@@ -403,10 +403,10 @@ def checkpoint_path(session: Session, job_id: int, name: str) -> str:
 
 
 # ------------------------------------------------------------------------------------- cancel / resume
-def cancel(settings: Settings, job_id: int, save: bool) -> Job:
+def cancel(settings: Settings, job_id: int, save: bool) -> JobRecord:
     live.require(settings, "cancel")
     with write_session(settings) as ws:
-        job = ws.get(Job, job_id, with_for_update=True)
+        job = ws.get(JobRecord, job_id, with_for_update=True)
         if job is None:
             raise NotFound(f"job {job_id} does not exist")
         event = None
@@ -426,10 +426,10 @@ def cancel(settings: Settings, job_id: int, save: bool) -> Job:
     return job
 
 
-def resume(settings: Settings, job_id: int) -> Job:
+def resume(settings: Settings, job_id: int) -> JobRecord:
     live.require(settings, "resume")
     with write_session(settings) as ws:
-        job = ws.get(Job, job_id, with_for_update=True)
+        job = ws.get(JobRecord, job_id, with_for_update=True)
         if job is None:
             raise NotFound(f"job {job_id} does not exist")
         if job.status not in RESUMABLE_STATUSES:
@@ -441,7 +441,7 @@ def resume(settings: Settings, job_id: int) -> Job:
     return job
 
 
-def _new_attempt(ws: Session, job: Job, action: str, what: str) -> dict[str, Any]:
+def _new_attempt(ws: Session, job: JobRecord, action: str, what: str) -> dict[str, Any]:
     """Queue the job again as a new attempt whose action is `action`; the status event it records."""
     job.attempt += 1
     job.action = action
@@ -450,7 +450,7 @@ def _new_attempt(ws: Session, job: Job, action: str, what: str) -> dict[str, Any
     return status_event(ws, job, "queued", message=f"{what} (attempt {job.attempt})")
 
 
-def _send(settings: Settings, job: Job, event: dict[str, Any]) -> None:
+def _send(settings: Settings, job: JobRecord, event: dict[str, Any]) -> None:
     try:
         celery_app.enqueue(settings, job.id, job.attempt, job.queue)
     except Exception as exc:  # noqa: BLE001 - left queued: the watchdog sends it again when Redis is back
@@ -458,12 +458,12 @@ def _send(settings: Settings, job: Job, event: dict[str, Any]) -> None:
     live.publish(settings, job.id, event)
 
 
-def request_export(settings: Settings, job_id: int) -> Job:
+def request_export(settings: Settings, job_id: int) -> JobRecord:
     """Queue an export of the job's last step from its newest checkpoint: a retry after an export failed (a full
     disk), or a new final/ after the old one was removed. It runs on the job's host, behind a running job."""
     live.require(settings, "export")
     with write_session(settings) as ws:
-        job = ws.get(Job, job_id, with_for_update=True)
+        job = ws.get(JobRecord, job_id, with_for_update=True)
         if job is None:
             raise NotFound(f"job {job_id} does not exist")
         if job.status in ("queued", "running"):
@@ -485,7 +485,7 @@ def delete(settings: Settings, job_id: int) -> None:
     with read_session(settings) as session:
         job = get_or_404(session, job_id)
         users = session.exec(
-            select(Job.id).where(Job.init_from_job == job_id, Job.status.in_(("queued", "running")))
+            select(JobRecord.id).where(JobRecord.init_from_job == job_id, JobRecord.status.in_(("queued", "running")))
         ).all()
     if job.status == "running":
         raise Conflict(f"job {job_id} is running: cancel it first, then delete it")
@@ -503,10 +503,10 @@ def _delete_rows(settings: Settings, job_id: int) -> None:
         generations.refuse_delete_while_running(ws, job_id)
         for table in (Event, Metric, LogLine, StatusChange, Generation):
             ws.execute(sa.delete(table).where(table.job_id == job_id))
-        ws.execute(sa.delete(Job).where(Job.id == job_id))
+        ws.execute(sa.delete(JobRecord).where(JobRecord.id == job_id))
 
 
-def _delete_outputs(settings: Settings, job: Job) -> list[str]:
+def _delete_outputs(settings: Settings, job: JobRecord) -> list[str]:
     """What the job wrote in its folder, nothing else (slidedp_web/outputs.py); its rows are gone already, so
     every folder still recorded belongs to another job and is left alone."""
     if not job.output_dir:
@@ -532,7 +532,7 @@ def interrupt_stale(settings: Settings, host_name: Optional[str] = None) -> list
     host: its worker just started, so none of them is alive)."""
     cutoff = utcnow() - timedelta(seconds=settings.heartbeat_timeout_s)
 
-    def stale(job: Job) -> bool:
+    def stale(job: JobRecord) -> bool:
         beat = as_utc(job.heartbeat_at)
         if not (host_name is not None or beat is None or beat < cutoff):
             return False
@@ -541,9 +541,9 @@ def interrupt_stale(settings: Settings, host_name: Optional[str] = None) -> list
         return not folder_lock.held(job.output_dir)
 
     with read_session(settings) as session:
-        query = select(Job).where(Job.status == "running")
+        query = select(JobRecord).where(JobRecord.status == "running")
         if host_name is not None:
-            query = query.where(Job.host == host_name)
+            query = query.where(JobRecord.host == host_name)
         running = [job for job in session.exec(query).all() if stale(job)]
     done = []
     for job in running:

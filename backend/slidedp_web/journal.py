@@ -19,7 +19,7 @@ from sqlmodel import Session
 from slidedp_web import live
 from slidedp_web.core.config import Settings
 from slidedp_web.core.db import write_session
-from slidedp_web.models import Event, Job, LogLine, Metric, StatusChange, iso, utcnow
+from slidedp_web.models import Event, JobRecord, LogLine, Metric, StatusChange, iso, utcnow
 
 
 def clean_json(value: Any) -> Any:
@@ -38,9 +38,9 @@ def clean_json(value: Any) -> Any:
 
 
 def next_seq(session: Session, job_id: int, column: str = "event_seq") -> Optional[int]:
-    col = getattr(Job, column)
+    col = getattr(JobRecord, column)
     row = session.execute(
-        sa.update(Job).where(Job.id == job_id).values({column: col + 1}).returning(col)
+        sa.update(JobRecord).where(JobRecord.id == job_id).values({column: col + 1}).returning(col)
     ).first()
     return row[0] if row else None
 
@@ -54,7 +54,7 @@ def add_event(session: Session, job_id: int, kind: str, data: dict[str, Any], ts
 
 
 def status_event(
-    session: Session, job: Job, status: str, *, error: Optional[dict] = None, message: Optional[str] = None
+    session: Session, job: JobRecord, status: str, *, error: Optional[dict] = None, message: Optional[str] = None
 ) -> Optional[dict]:
     """Record job.status = status (the caller has set the job's other fields) with its history row and event."""
     ts = utcnow()
@@ -78,13 +78,13 @@ def set_status(
     attempt: Optional[int] = None,
     error: Optional[dict] = None,
     message: Optional[str] = None,
-    check: Optional[Callable[[Job], bool]] = None,
+    check: Optional[Callable[[JobRecord], bool]] = None,
     **fields: Any,
-) -> Optional[Job]:
+) -> Optional[JobRecord]:
     """Move a job to `status` (only from the listed statuses, for that attempt, and when `check(job)` holds, each
     when given, judged under the write lock); None if it did not."""
     with write_session(settings) as session:
-        job = session.get(Job, job_id, with_for_update=True)
+        job = session.get(JobRecord, job_id, with_for_update=True)
         if job is None or (only_from and job.status not in only_from):
             return None
         if (attempt is not None and job.attempt != attempt) or (check is not None and not check(job)):
@@ -112,7 +112,7 @@ def record_metrics(settings: Settings, job_id: int, record: dict[str, Any]) -> N
         session.add(Metric(job_id=job_id, step=step, ts=ts, data=record))
         values: dict[str, Any] = {"step": step, "last_metrics": record}
         if raised:  # kept with the job (a repeated step's warning once) and sent as their own events
-            job = session.get(Job, job_id)
+            job = session.get(JobRecord, job_id)
             kept = list((job.warnings if job is not None else None) or [])
             seen = {(w.get("step"), w.get("kind")) for w in kept}
             for w in raised:
@@ -123,7 +123,7 @@ def record_metrics(settings: Settings, job_id: int, record: dict[str, Any]) -> N
                     if warning is not None:
                         events.append(warning)
             values["warnings"] = kept
-        session.execute(sa.update(Job).where(Job.id == job_id).values(**values))
+        session.execute(sa.update(JobRecord).where(JobRecord.id == job_id).values(**values))
     for e in events:
         live.publish(settings, job_id, e)
 
@@ -136,7 +136,7 @@ def record_stage(settings: Settings, job_id: int, stage: dict[str, Any]) -> None
         event = add_event(session, job_id, "stage", stage, utcnow())
         if event is None:
             return
-        session.execute(sa.update(Job).where(Job.id == job_id).values(stage=stage))
+        session.execute(sa.update(JobRecord).where(JobRecord.id == job_id).values(stage=stage))
     live.publish(settings, job_id, event)
 
 

@@ -45,7 +45,11 @@ def _json(nullable: bool = True) -> Any:
     return Field(default=None, sa_column=sa.Column(sa.JSON, nullable=nullable))
 
 
-class Job(SQLModel, table=True):
+class JobRecord(SQLModel, table=True):
+    """A submitted job as the workbench stores it: its config, where and how far it runs, what it planned and what
+    became of it (the row of `jobs`; JobPublic is what the API answers of it). Not the runtime's description of a
+    workload to plan (slidedp.planning's Job)."""
+
     __tablename__ = "jobs"
     # An id is never handed out twice (a deleted job's URLs, tickets and event cursors must not reach a new job):
     # SQLite's AUTOINCREMENT (migration 0005); Postgres's sequence never goes back.
@@ -57,7 +61,10 @@ class Job(SQLModel, table=True):
     config: dict = Field(sa_column=sa.Column(sa.JSON, nullable=False))
     queue: str = Field(max_length=200)
     host: Optional[str] = Field(default=None, max_length=200)
-    policy: Optional[dict] = _json()
+    # The plan made at submit time ("stage": "planned" or "unplanned"), after a run the plan it ran with its resolved
+    # policy ("stage": "resolved"); planning.job_policy reads it as the API answers it (JobPublic.policy). Its column
+    # keeps the name the schema has always given it.
+    plan: Optional[dict] = Field(default=None, sa_column=sa.Column("policy", sa.JSON, nullable=True))
     created_at: Optional[datetime] = _ts(nullable=False)
     started_at: Optional[datetime] = _ts()
     finished_at: Optional[datetime] = _ts()

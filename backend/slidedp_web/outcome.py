@@ -17,7 +17,7 @@ from slidedp_web import live
 from slidedp_web.core.config import Settings
 from slidedp_web.core.db import read_session, write_session
 from slidedp_web.journal import clean_json, status_event
-from slidedp_web.models import Host, Job, utcnow
+from slidedp_web.models import Host, JobRecord, utcnow
 
 log = logging.getLogger(__name__)
 STOP, SAVE = 1, 2  # the job process's stop flag: stop at the next step boundary, or save a checkpoint first
@@ -34,7 +34,7 @@ def finish(
 ) -> str:
     """Record how the attempt ended (the job process's outcome, or why it has none: the worker's reason, a kill,
     its exit code) and publish the status event; "superseded" when a newer attempt or a cancel owns the job."""
-    policy = clean_json(outcome.get("policy")) if outcome else None
+    plan = clean_json(outcome.get("policy")) if outcome else None  # the plan run, with its resolved policy
     result = (outcome or {}).get("status")
     error: Optional[dict] = None
     if result == "completed":
@@ -79,12 +79,12 @@ def finish(
             "errors": [],
         }
     with write_session(settings) as session:
-        job = session.get(Job, job_id, with_for_update=True)
+        job = session.get(JobRecord, job_id, with_for_update=True)
         if job is None or job.attempt != attempt or job.status not in ("running", "interrupted"):
             return "superseded"
         job.finished_at, job.heartbeat_at, job.cancel_request = utcnow(), None, None
-        if policy:
-            job.policy = {**(job.policy or {}), **policy} if isinstance(policy, dict) else job.policy
+        if plan:
+            job.plan = {**(job.plan or {}), **plan} if isinstance(plan, dict) else job.plan
         event = status_event(
             session, job, status, error=error, message=f"attempt {attempt}: {result or 'no outcome'}"
         )
@@ -105,8 +105,8 @@ def heartbeat(settings: Settings, job_id: int, attempt: int, write: bool) -> Opt
     if write:
         with write_session(settings) as session:
             session.execute(
-                sa.update(Job).where(Job.id == job_id, Job.attempt == attempt).values(heartbeat_at=utcnow())
+                sa.update(JobRecord).where(JobRecord.id == job_id, JobRecord.attempt == attempt).values(heartbeat_at=utcnow())
             )
     with read_session(settings) as session:
-        row = session.execute(sa.select(Job.cancel_request).where(Job.id == job_id)).first()
+        row = session.execute(sa.select(JobRecord.cancel_request).where(JobRecord.id == job_id)).first()
     return row[0] if row else "stop"  # a deleted job stops

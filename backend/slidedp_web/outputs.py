@@ -174,9 +174,9 @@ def lock_jobs(session: Any) -> None:
 def recorded_folders(session: Any) -> list[tuple[int, str]]:
     import sqlalchemy as sa
 
-    from slidedp_web.models import Job
+    from slidedp_web.models import JobRecord
 
-    return [(int(i), str(d)) for i, d in session.execute(sa.select(Job.id, Job.output_dir)).all()]
+    return [(int(i), str(d)) for i, d in session.execute(sa.select(JobRecord.id, JobRecord.output_dir)).all()]
 
 
 # ------------------------------------------------------------------------------------------ room to write

@@ -1,7 +1,7 @@
 """Plan preview in the API: the AutoPolicy dry run for a job on a given host, from that host's report.
 
 No training and no torch: slidedp.planning.autopolicy.plan_job is fed the topology and calibration the
-host's worker reported. A job keeps that plan (`summary`); `job_policy` reads a job's stored policy column in
+host's worker reported. A job keeps that plan (`summary`); `job_policy` reads a job's stored plan (JobRecord.plan) in
 the one shape the API answers (docs/interfaces.md §5 and §6, JobPublic.policy).
 
 The planner runs in a process of its own (`bounded_plan`), never on the API's threads: one that takes longer than
@@ -32,7 +32,7 @@ from slidedp_web.core.config import Settings
 from slidedp_web.errors import Unavailable, Unprocessable
 from slidedp_web.hosts import basic_topology, is_online, local_calibration
 from slidedp_web.journal import clean_json
-from slidedp_web.models import Host, Job
+from slidedp_web.models import Host, JobRecord
 
 log = logging.getLogger(__name__)
 GIB = 2**30
@@ -58,8 +58,8 @@ def find_host(
     def load(host: Host) -> int:
         return session.exec(
             select(func.count())
-            .select_from(Job)
-            .where(Job.queue == host.queue, Job.status.in_(("queued", "running")))
+            .select_from(JobRecord)
+            .where(JobRecord.queue == host.queue, JobRecord.status.in_(("queued", "running")))
         ).one()
 
     return min(online, key=load), None
@@ -371,7 +371,7 @@ def _without_retired(policy: Any) -> Any:
 
 
 def job_policy(stored: Optional[dict[str, Any]]) -> Optional[dict[str, Any]]:
-    """A job's policy column as the API answers it (JobPublic.policy): the plan made at submit time
+    """A job's stored plan (JobRecord.plan, the jobs table's `policy` column) as the API answers it (JobPublic.policy): the plan made at submit time
     (`"stage": "planned"`), or after a run that plan with `"stage": "resolved"` and `policy` the ExecutionPolicy
     the engine ran.
 

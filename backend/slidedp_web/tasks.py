@@ -24,7 +24,7 @@ from slidedp_web.core.config import Settings, get_settings
 from slidedp_web.core.db import read_session, write_session
 from slidedp_web.hosts import report, set_current_job
 from slidedp_web.journal import record_log, status_event
-from slidedp_web.models import Job, utcnow
+from slidedp_web.models import JobRecord, utcnow
 from slidedp_web.outcome import SAVE, STOP, finish, heartbeat
 
 log = logging.getLogger(__name__)
@@ -56,10 +56,10 @@ def run_generation(generation_id: int) -> Optional[str]:
         supervising.clear()
 
 
-def claim(settings: Settings, job_id: int, attempt: int) -> Optional[Job]:
+def claim(settings: Settings, job_id: int, attempt: int) -> Optional[JobRecord]:
     """queued -> running for exactly this attempt, atomically; None for a duplicate or stale message."""
     with write_session(settings) as session:
-        job = session.get(Job, job_id, with_for_update=True)
+        job = session.get(JobRecord, job_id, with_for_update=True)
         if job is None or job.status != "queued" or job.attempt != attempt:
             return None
         now = utcnow()
@@ -75,7 +75,7 @@ def supervise(settings: Settings, job_id: int, attempt: int) -> str:
     job = claim(settings, job_id, attempt)
     if job is None:
         with read_session(settings) as session:
-            current = session.get(Job, job_id)
+            current = session.get(JobRecord, job_id)
         found = "deleted" if current is None else f"{current.status}, attempt {current.attempt}"
         log.warning(
             "job %s attempt %s not claimed (%s): duplicate or stale delivery ignored", job_id, attempt, found

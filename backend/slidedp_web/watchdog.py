@@ -23,7 +23,7 @@ import sqlalchemy as sa
 from slidedp_web import celery_app, jobs, live
 from slidedp_web.core.config import Settings
 from slidedp_web.core.db import read_session
-from slidedp_web.models import Job, StatusChange, as_utc, utcnow
+from slidedp_web.models import JobRecord, StatusChange, as_utc, utcnow
 
 log = logging.getLogger(__name__)
 REQUEUE_AFTER_S = 10.0  # a message is claimed within milliseconds of delivery; older queued jobs are checked
@@ -51,10 +51,10 @@ def waiting_jobs(settings: Settings) -> list[tuple[int, int, str]]:
     cutoff = utcnow() - timedelta(seconds=REQUEUE_AFTER_S)
     with read_session(settings) as session:
         rows = session.execute(
-            sa.select(Job.id, Job.attempt, Job.queue, sa.func.max(StatusChange.ts))
-            .join(StatusChange, StatusChange.job_id == Job.id)
-            .where(Job.status == "queued", StatusChange.status == "queued")
-            .group_by(Job.id, Job.attempt, Job.queue)
+            sa.select(JobRecord.id, JobRecord.attempt, JobRecord.queue, sa.func.max(StatusChange.ts))
+            .join(StatusChange, StatusChange.job_id == JobRecord.id)
+            .where(JobRecord.status == "queued", StatusChange.status == "queued")
+            .group_by(JobRecord.id, JobRecord.attempt, JobRecord.queue)
         ).all()
     return [(i, a, q) for i, a, q, ts in rows if ts is None or as_utc(ts) < cutoff]
 

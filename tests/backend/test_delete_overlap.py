@@ -174,10 +174,10 @@ def test_a_row_from_before_markers_removes_its_outputs_by_name_only(tmp_path):
 def insert_legacy_job(settings, output_dir: str) -> int:
     """A row as the workbench wrote it before folders were owned (no owner token, nothing recorded)."""
     from slidedp_web.core.db import write_session
-    from slidedp_web.models import Job, utcnow
+    from slidedp_web.models import JobRecord, utcnow
 
     with write_session(settings) as ws:
-        job = Job(status="completed", config={"model": "tiny-qwen3", "output_dir": output_dir},
+        job = JobRecord(status="completed", config={"model": "tiny-qwen3", "output_dir": output_dir},
                   queue=settings.queue, created_at=utcnow(), steps=4, output_dir=output_dir)
         ws.add(job)
         ws.flush()

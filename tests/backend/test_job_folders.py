@@ -30,10 +30,10 @@ def conflict(resp) -> dict:
 def insert_legacy_job(settings, output_dir: str, status: str = "completed") -> int:
     """A row as the workbench wrote it before folders were owned (no owner token, nothing recorded)."""
     from slidedp_web.core.db import write_session
-    from slidedp_web.models import Job, utcnow
+    from slidedp_web.models import JobRecord, utcnow
 
     with write_session(settings) as ws:
-        job = Job(
+        job = JobRecord(
             status=status,
             config={"model": "tiny-qwen3", "output_dir": output_dir},
             queue=settings.queue,
@@ -121,13 +121,13 @@ def test_jobs_queued_on_one_folder_before_either_exists_run_one_and_refuse_the_o
     """Rows that share a folder (written by an older workbench, or by a second API on the same database that
     does not lock): the worker checks the rows again and claims the folder with a marker before writing."""
     from slidedp_web.core.db import write_session
-    from slidedp_web.models import Job
+    from slidedp_web.models import JobRecord
 
     folder = tmp_path / "shared-late"
     a = client.post("/api/jobs", json={**tiny_job(dataset), "output_dir": str(folder / "a")}).json()
     b = client.post("/api/jobs", json={**tiny_job(dataset), "output_dir": str(folder / "b")}).json()
     with write_session(settings) as ws:  # b's row is made to name a's folder behind the API's back
-        row = ws.get(Job, b["id"])
+        row = ws.get(JobRecord, b["id"])
         row.output_dir = str(folder / "a")
         row.config = {**row.config, "output_dir": str(folder / "a")}
         ws.add(row)
@@ -276,7 +276,7 @@ def test_a_database_from_before_owned_folders_upgrades_and_its_jobs_load(tmp_pat
     from backend_support import make_settings
     from slidedp_web.core.db import MIGRATIONS_DIR, get_engine, read_session, upgrade
     from slidedp_web.jobs import delete
-    from slidedp_web.models import Job
+    from slidedp_web.models import JobRecord
 
     settings = make_settings(tmp_path / "old", redis_server.url)
     settings.data_dir.mkdir(parents=True)
@@ -298,7 +298,7 @@ def test_a_database_from_before_owned_folders_upgrades_and_its_jobs_load(tmp_pat
         )
     upgrade(settings)
     with read_session(settings) as session:
-        job = session.get(Job, 1)
+        job = session.get(JobRecord, 1)
     assert (job.action, job.owner_token, job.outputs, job.init_from_job) == ("train", None, None, None)
     delete(settings, 1)
     assert os.listdir(folder) == ["mine.txt"]  # the outputs and the emptied checkpoints/ go; the folder stays

@@ -15,7 +15,7 @@ from backend_support import tiny_job
 from slidedp_web import job_summary, tasks
 from slidedp_web.core.db import read_session
 from slidedp_web.journal import record_metrics
-from slidedp_web.models import Job
+from slidedp_web.models import JobRecord
 from slidedp_web.outcome import finish
 from sqlmodel import select
 
@@ -169,7 +169,7 @@ def test_the_list_summarises_each_run_in_two_queries(client, settings, dataset):
     )
     job_summary._cache.clear()
     with read_session(settings) as session:
-        jobs = session.exec(select(Job).where(Job.id.in_(ids))).all()
+        jobs = session.exec(select(JobRecord).where(JobRecord.id.in_(ids))).all()
         statements: list[str] = []
         conn = session.connection()
         sa.event.listen(conn, "before_cursor_execute", lambda *a: statements.append(a[2]))

@@ -28,7 +28,7 @@ from slidedp_web.api.deps import DB_INT_MAX, JobId, SessionDep, SettingsDep
 from slidedp_web.core.config import Settings
 from slidedp_web.core.db import read_session
 from slidedp_web.jobs import get_or_404, is_terminal
-from slidedp_web.models import Event, Job
+from slidedp_web.models import Event, JobRecord
 
 router = APIRouter(prefix="/jobs", tags=["events"])
 log = logging.getLogger(__name__)
@@ -36,9 +36,9 @@ BATCH = 500
 POLL_S = 3.0  # re-read the database this often even without a wake-up
 
 
-def _fetch(settings: Settings, job_id: int, after: int) -> tuple[list[Event], Optional[Job]]:
+def _fetch(settings: Settings, job_id: int, after: int) -> tuple[list[Event], Optional[JobRecord]]:
     with read_session(settings) as session:
-        job = session.get(Job, job_id)
+        job = session.get(JobRecord, job_id)
         rows = session.exec(
             select(Event).where(Event.job_id == job_id, Event.seq > after).order_by(Event.seq).limit(BATCH)
         ).all()

@@ -15,10 +15,10 @@ from slidedp_web.job_schema import request_body_openapi
 from slidedp_web.models import (
     CancelRequest,
     CheckpointList,
-    Job,
     JobList,
     JobListItem,
     JobPublic,
+    JobRecord,
     JobStatus,
     LogItem,
     LogLine,
@@ -43,10 +43,10 @@ def list_jobs(
     """Jobs, newest first, optionally with one status; each with the summary that tells runs apart (final loss,
     final eval loss, median tokens/s, time run)."""
     limit = min(limit, settings.max_page_size)
-    query, count = select(Job), select(func.count()).select_from(Job)
+    query, count = select(JobRecord), select(func.count()).select_from(JobRecord)
     if status:
-        query, count = query.where(Job.status == status), count.where(Job.status == status)
-    rows = session.exec(query.order_by(Job.id.desc()).offset(offset).limit(limit)).all()
+        query, count = query.where(JobRecord.status == status), count.where(JobRecord.status == status)
+    rows = session.exec(query.order_by(JobRecord.id.desc()).offset(offset).limit(limit)).all()
     figures = job_summary.summaries(session, rows)
     items = [JobListItem(**jobs.public(j).model_dump(), summary=figures[j.id]) for j in rows]
     return JobList(items=items, total=session.exec(count).one())

@@ -32,7 +32,7 @@ from slidedp_web.api.deps import SettingsDep, require_token
 from slidedp_web.core.config import Settings
 from slidedp_web.core.db import read_session
 from slidedp_web.hosts import online_hosts
-from slidedp_web.models import Host, Job, JobStatus
+from slidedp_web.models import Host, JobRecord, JobStatus
 
 router = APIRouter(tags=["metrics"], dependencies=[Depends(require_token)])
 log = logging.getLogger(__name__)
@@ -68,11 +68,11 @@ class WorkbenchCollector:
 
     def _from_database(self) -> Iterator[Metric]:
         with read_session(self.settings) as session:
-            counts = dict(session.exec(select(Job.status, func.count()).group_by(Job.status)).all())
-            running = session.exec(select(Job).where(Job.status == "running").order_by(Job.id)).all()
+            counts = dict(session.exec(select(JobRecord.status, func.count()).group_by(JobRecord.status)).all())
+            running = session.exec(select(JobRecord).where(JobRecord.status == "running").order_by(JobRecord.id)).all()
             workers = len(online_hosts(session, self.settings))
             self.queues.update(session.exec(select(Host.queue)).all())
-            self.queues.update(session.exec(select(Job.queue).where(Job.status == "queued").distinct()).all())
+            self.queues.update(session.exec(select(JobRecord.queue).where(JobRecord.status == "queued").distinct()).all())
         jobs = GaugeMetricFamily("slidedp_jobs", "Jobs in the database by status", labels=["status"])
         for status in STATUSES:
             jobs.add_metric([status], counts.get(status, 0))
