@@ -180,7 +180,7 @@ def test_missing_collectives_are_reported_not_invented(x2):
 def test_planning_modules_import_no_torch():
     code = (
         "import sys; import slidedp.planning.autopolicy, slidedp.planning.cost_model, "
-        "slidedp.planning.overlap, slidedp.planning.topology, slidedp.planning.marginal, "
+        "slidedp.planning.overlap, slidedp.planning.long_step, slidedp.planning.topology, slidedp.planning.marginal, "
         "slidedp.planning.report; print('torch' in sys.modules)"
     )
     env = dict(os.environ, PYTHONPATH="runtime")

@@ -1,5 +1,5 @@
 """Planning's work does not grow with grad_accum: a step of many micro-batches is replayed at two short lengths
-and extended along their difference (planning/overlap.py, steady_samples), and the window's deliveries in the
+and extended along their difference (planning/long_step.py, steady_samples), and the window's deliveries in the
 bound are counted the same way. The work is counted (replayed tasks, schedule items the window walks), not
 timed; the predictions equal what the full replay gives."""
 
@@ -12,7 +12,7 @@ from slidedp.config import JobConfig
 from slidedp.planning import autopolicy as ap
 from slidedp.planning import bound as bound_module
 from slidedp.planning import cost_model as cm
-from slidedp.planning import overlap
+from slidedp.planning import long_step, overlap
 from slidedp.policy import ExecutionPolicy
 
 FIX = os.path.join(os.path.dirname(__file__), "fixtures")
@@ -101,7 +101,7 @@ def gpu_policies(pcie_host):
 
 
 def _full(job, pol, rates, m: int) -> overlap.Outcome:
-    return overlap._simulate(cm.durations(dataclasses.replace(job, grad_accum=m), pol, rates), 3)
+    return overlap.replay(cm.durations(dataclasses.replace(job, grad_accum=m), pol, rates), 3)
 
 
 def test_a_long_steps_prediction_is_the_linear_extension_of_full_replays(cpu_demo, gpu_policies):
@@ -129,7 +129,7 @@ def test_past_the_exact_range_the_plan_matches_the_full_replay(monkeypatch, cpu_
     micro-batch: the CPU demo's whole plan (same policy, step time, phases, spans), and on the GPUs the
     prediction with every exposure and the bound, to rounding."""
     raw, topo, cal = cpu_demo
-    m = overlap.EXACT_MICRO_BATCHES + 1
+    m = long_step.EXACT_MICRO_BATCHES + 1
     cfg = JobConfig.from_dict({**raw, "grad_accum": m})
     gpu = [(dataclasses.replace(job, grad_accum=m), pol, rates) for job, pol, rates in gpu_policies]
 
@@ -140,10 +140,10 @@ def test_past_the_exact_range_the_plan_matches_the_full_replay(monkeypatch, cpu_
             out.append({**cm.predict(job, pol, rates, exposure=True), "bound": bound_module.bound(job, pol, rates)})
         return out
 
-    assert overlap.steady_samples(m) is not None
+    assert long_step.steady_samples(m) is not None
     extended = predictions()
-    monkeypatch.setattr(overlap, "EXACT_MICRO_BATCHES", 10**9)
-    assert overlap.steady_samples(m) is None
+    monkeypatch.setattr(long_step, "EXACT_MICRO_BATCHES", 10**9)
+    assert long_step.steady_samples(m) is None
     full = predictions()
     assert extended[0]["policy"] == full[0]["policy"]
     for a, b in zip(extended, full):

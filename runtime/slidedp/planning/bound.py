@@ -13,7 +13,8 @@ from typing import Any
 
 from slidedp.planning.cost_model import Rates, durations
 from slidedp.planning.job import Job
-from slidedp.planning.overlap import steady_samples
+from slidedp.planning.long_step import steady_samples
+from slidedp.planning.overlap import Durations
 from slidedp.policy import ExecutionPolicy
 from slidedp.schedule import step_schedule, window_plan
 
@@ -25,14 +26,16 @@ def bound(job: Job, pol: ExecutionPolicy, rates: Rates) -> dict[str, Any]:
     unit's gradient, update and delivery beyond the GPU work below it; the host update idles from a step's last
     update until the next step's first gradient (the top host unit's forward, the loss head, its backward and
     copy out). With exact clipping the updates wait for the whole backward: bwd + max(fwd, update) takes the
-    place of the compute term. What the overlap model predicts on top of this is the pipeline's own exposure."""
+    place of the compute term, and the forward from the first host-updated unit on waits for its update. What the
+    overlap model predicts on top of this is the pipeline's own exposure."""
     d = durations(job, pol, rates)
     L, M = job.layers, job.grad_accum
     head = L + 1
     fwd = M * (d.embed_fwd + sum(d.layer_fwd[a] for a in d.activations))
-    bwd = M * (d.head + d.embed_bwd + sum(d.layer_bwd[a] for a in d.activations)) + sum(d.device_update)
+    device = sum(d.device_update)  # after the backward, on the compute stream
+    bwd = M * (d.head + d.embed_bwd + sum(d.layer_bwd[a] for a in d.activations)) + device
     update = sum(d.update)  # with clipping, what runs after the norm is known
-    hold = sum(d.hold) if job.clip else 0.0  # with clipping, the norm and the copy as gradients arrive
+    hold = sum(d.hold) if job.clip else 0.0  # with clipping, the copy (host route: and the sum) as gradients land
     # the deliveries the window makes in a step (a kept edge unit's bytes and time are zero)
     dedicated = {0, head} | {i + 1 for i, r in enumerate(pol.resident) if r}
     delivered = _deliveries(L, M, dedicated, pol.window)
@@ -44,8 +47,9 @@ def bound(job: Job, pol: ExecutionPolicy, rates: Rates) -> dict[str, Any]:
     dram_bytes = sum(d.update_bytes) + (sum(d.hold_bytes) if job.clip else 0.0) + dma_bytes
     dram_cap, _ = rates.pools()
     terms = {
-        # with exact clipping the updates run after the backward, under the next forward only
-        "compute": bwd + max(fwd, update) if job.clip else fwd + bwd,
+        # with exact clipping the host updates run after the backward (beside the device updates that follow it),
+        # under the next forward only
+        "compute": bwd - device + max(device + fwd, update) if job.clip else fwd + bwd,
         "cpu_update": update + hold,
         "h2d": h2d,
         "d2h": d2h,
@@ -60,8 +64,15 @@ def bound(job: Job, pol: ExecutionPolicy, rates: Rates) -> dict[str, Any]:
         f = host[0]
         below = sum(d.layer_fwd[d.activations[u - 1]] + d.layer_bwd[d.activations[u - 1]] for u in range(1, f))
         below = M * (below + (d.embed_fwd + d.embed_bwd if f > 0 else 0.0))
-        if job.clip:  # the updates start once the norm is known and the forward follows them
-            exposed["compute"] = max(0.0, d.update[f] + d.deliver[f] + fwd - max(fwd, update))
+        if job.clip:
+            # the updates start once the norm is known, one after another in forward order. The first
+            # micro-batch's forward of the units below the first host-updated one runs meanwhile (they need no
+            # update); from that unit on it waits for its update and delivery; from the last host-updated unit on,
+            # for every update of the step
+            t = host[-1]
+            after_first = d.update[f] + d.deliver[f] + fwd - _forward_below(d, f)
+            after_last = update + d.deliver[t] + fwd - _forward_below(d, t)
+            exposed["compute"] = max(0.0, max(after_first, after_last) - max(device + fwd, update))
         else:
             exposed["compute"] = max(0.0, d.grad_d2h[f] + d.update[f] + d.deliver[f] - below)
         # the host update: between a step's last update and the next step's first gradient the updater has
@@ -89,10 +100,19 @@ def bound(job: Job, pol: ExecutionPolicy, rates: Rates) -> dict[str, Any]:
     }
 
 
+def _forward_below(d: Durations, unit: int) -> float:
+    """One micro-batch's forward of the units below `unit` (the embedding, then layers 1..unit-1; the loss head is
+    the backward's, as the engine measures it)."""
+    if unit <= 0:
+        return 0.0
+    layers = min(unit - 1, len(d.activations))
+    return d.embed_fwd + sum(d.layer_fwd[d.activations[u]] for u in range(layers))
+
+
 def _deliveries(layers: int, micro_batches: int, dedicated: set[int], window: int) -> list[tuple[int, int]]:
     """(unit, deliveries) pairs that sum to what the window delivers in a step: (unit, 1) per delivery in
     schedule order, or for a step too long to walk each unit's count extended from two shorter steps, as the
-    overlap model extends its replay (overlap.steady_samples): past the first micro-batch the window repeats
+    overlap model extends its replay (long_step.steady_samples): past the first micro-batch the window repeats
     its deliveries every two micro-batches at most."""
     def walk(m: int) -> list[tuple[int, int]]:
         schedule = step_schedule(layers, m)

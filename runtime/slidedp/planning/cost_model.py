@@ -7,8 +7,9 @@ Imports no torch: the web API prices jobs with a worker's reported topology and 
     pred = predict(job, pol, Rates(calibration, job))                 # step time, phases, exposure
 
 and planning/memory_model.py what they hold (peak HBM, host RAM) under that policy; both read the job as
-planning/job.py defines it. Time comes from the overlap model (planning/overlap.py) fed with
-microbenchmarks of this host (planning/calibration.py); nothing here is fitted to training runs.
+planning/job.py defines it. Time comes from the overlap model (planning/overlap.py; a long step extended by
+planning/long_step.py) fed with microbenchmarks of this host (planning/calibration.py); nothing here is fitted to
+training runs.
 docs/planning.md explains the model.
 """
 
@@ -17,7 +18,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from slidedp.planning import overlap
+from slidedp.planning import long_step, overlap
 from slidedp.planning.job import GIB as GIB
 from slidedp.planning.job import UPDATE_DRAM_BYTES as UPDATE_DRAM_BYTES
 from slidedp.planning.job import Job
@@ -188,14 +189,18 @@ def durations(job: Job, pol: ExecutionPolicy, rates: Rates, zero: frozenset = fr
         gather = rates.collective_s("all_gather", coll_bytes[u]) if N > 1 else 0.0
         device_update[u] = rates.device_update_s(job.units[u]) + gather
         deliver_bytes[u] = grad_bytes[u] = update[u] = upd_bytes[u] = 0.0
-    if pol.grad_reduce == "host" and N > 1:
-        # the host sums N copies of each shard before updating it (one copy and N-1 adds of fp32), then reads
-        # the sum once more for the gradient norm
-        sum_traffic = [job.units[u] * 4.0 * 3 * N for u in range(n_units)]
-        update = [t + rates.copy_s(b) for t, b in zip(update, sum_traffic)]
-        upd_bytes = [a + b for a, b in zip(upd_bytes, sum_traffic)]
-    hold_traffic = [0.0 if u in on_device else job.units[u] * 12.0 for u in range(n_units)]  # clip: norm, copy
+    # the host route sums N copies of each shard as it lands (one copy and N-1 adds of fp32), then reads the sum
+    # once more for the gradient norm; on the gpu route and with one rank the norm is reduced on the GPUs
+    host_sum = pol.grad_reduce == "host" and N > 1
+    sum_traffic = [0.0 if u in on_device or not host_sum else job.units[u] * 4.0 * 3 * N for u in range(n_units)]
+    # exact clipping (slidedp.step.optimizer): as each gradient lands the updater sums it (host route) and copies
+    # it into the held gradient (4 B read, 4 B written per parameter); the update runs after the norm is known.
+    # Without clipping the summation precedes the update in the same handoff.
+    hold_traffic = [0.0 if u in on_device else job.units[u] * 8.0 + sum_traffic[u] for u in range(n_units)]
     hold = [rates.copy_s(b) for b in hold_traffic]
+    if not job.clip:
+        update = [t + (rates.copy_s(b) if b else 0.0) for t, b in zip(update, sum_traffic)]
+        upd_bytes = [a + b for a, b in zip(upd_bytes, sum_traffic)]
     if job.clip:  # the clip factor scales the held gradient before the update
         update = [t + (0.0 if u in on_device else rates.copy_s(job.units[u] * 8.0)) for u, t in enumerate(update)]
         upd_bytes = [b + (0.0 if u in on_device else job.units[u] * 8.0) for u, b in enumerate(upd_bytes)]
@@ -249,7 +254,7 @@ def durations(job: Job, pol: ExecutionPolicy, rates: Rates, zero: frozenset = fr
 def predict(job: Job, pol: ExecutionPolicy, rates: Rates, exposure: bool = False) -> dict[str, Any]:
     """Step time, phases and (with exposure=True) the exposed seconds of each resource: how much shorter the
     step would be if that resource's work took no time, everything else unchanged."""
-    base = overlap.simulate(durations(job, pol, rates))
+    base = long_step.simulate(durations(job, pol, rates))
     out: dict[str, Any] = {
         "step_time_s": base.step_time_s,
         "phases": base.phases,
@@ -260,12 +265,12 @@ def predict(job: Job, pol: ExecutionPolicy, rates: Rates, exposure: bool = False
     if exposure:
         exposed = {}
         for name, kinds in overlap.EXPOSURE_KINDS.items():
-            exposed[name] = base.step_time_s - overlap.simulate(durations(job, pol, rates, kinds)).step_time_s
+            exposed[name] = base.step_time_s - long_step.simulate(durations(job, pol, rates, kinds)).step_time_s
         if "checkpoint" in pol.activations:
-            free = overlap.simulate(durations(job, pol, rates, frozenset({"recompute"})))
+            free = long_step.simulate(durations(job, pol, rates, frozenset({"recompute"})))
             exposed["recompute"] = base.step_time_s - free.step_time_s
         if job.on_gpu:
-            free = overlap.simulate(durations(job, pol, rates, frozenset({"host_dram"})))
+            free = long_step.simulate(durations(job, pol, rates, frozenset({"host_dram"})))
             exposed["host_dram"] = base.step_time_s - free.step_time_s
         out["exposed"] = {k: max(0.0, v) for k, v in exposed.items()}
     return out

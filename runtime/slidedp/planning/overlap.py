@@ -29,20 +29,13 @@ stream: busy forward / backward (the loss head counts as backward, as the engine
 traced back along what the compute stream waited for: a host update -> `update_tail`, a transfer ->
 `delivery_wait`.
 
-A long step is not replayed micro-batch by micro-batch: between its first micro-batch (which waits for the
-previous step's updates) and its last (which hands the gradients over) every micro-batch runs the same program
-on the same resources, so past a short transient each adds the same time to every measure of the step. The
-pattern repeats every two micro-batches at most (a layer's backward alternates between two gradient buffers, so
-with an odd number of layers consecutive micro-batches use opposite buffers). A step of more than
-EXACT_MICRO_BATCHES is therefore replayed at two lengths of its parity, SAMPLE_MICRO_BATCHES apart by two, and
-extended along their difference (`steady_samples`): the replay's work no longer grows with grad_accum, and the
-prediction equals the full replay's to rounding (tests/runtime/test_plan_work.py).
+A step of many micro-batches is extended from two short replays by planning/long_step.py.
 """
 
 from __future__ import annotations
 
 import bisect
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 from slidedp.schedule import step_schedule, window_plan
@@ -56,10 +49,6 @@ EXPOSURE_KINDS = {
     "collective": frozenset({"all_gather", "reduce_scatter"}),
     "cpu_update": UPDATE_KINDS,
 }
-EXACT_MICRO_BATCHES = 32  # a step of up to this many micro-batches is replayed in full
-# A longer one is replayed at 8 or 9 micro-batches and two more: the extension is exact to rounding from 4 on
-# the two-H200 fixtures and the CPU demo; 8 leaves room for a longer transient.
-SAMPLE_MICRO_BATCHES = 8
 
 
 class _Task:
@@ -397,8 +386,11 @@ class _Replay:
                 self._compute("backward", sum(d.device_update[u] for u in self.on_device), deps, 0, s, state)
             self.final[s] = []
             if d.clip:
+                # the norm is known once the whole backward is over (the GPUs reduce it after the last layer's
+                # backward, device-updated layers included): no update before, even with every held gradient in
+                norm = [self.backward_last[s]]
                 for u in (u for u in range(len(d.units)) if u not in self.on_device):
-                    f = _Task("final", "cpu", 0.0 if "final" in d.zero else d.update[u], [], unit=u, step=s)
+                    f = _Task("final", "cpu", 0.0 if "final" in d.zero else d.update[u], norm, unit=u, step=s)
                     f.base = f.dur
                     f.loads = {"dram": d.update_bytes[u], **({"cores": f.dur} if d.cpu_mode else {})}
                     f.order = len(self.tasks)
@@ -492,12 +484,8 @@ class _Replay:
         return True
 
 
-def _blocked(t: _Task) -> bool:
-    return any(x.end is None for x in t.deps)
-
-
-def _place(t: _Task, prev: _Task | None, deps: list[_Task], floor: float = 0.0) -> None:
-    start, binding = floor, None
+def _place(t: _Task, prev: _Task | None, deps: list[_Task]) -> None:
+    start, binding = 0.0, None
     if prev is not None and prev.end > start:
         start, binding = prev.end, prev
     for x in deps:
@@ -548,42 +536,9 @@ def _cumulative(times: list[float], cum: list[float], x: float) -> float:
 
 
 # ---------------------------------------------------------------------------- the replay's outcome
-def steady_samples(micro_batches: int) -> tuple[int, int, int] | None:
-    """For a step too long to replay in full: (a, a + 2, n), the two step lengths replayed and how many times
-    their difference is added to the shorter's; a has the step's parity. None: replay the step as it is."""
-    if micro_batches <= EXACT_MICRO_BATCHES:
-        return None
-    a = SAMPLE_MICRO_BATCHES + (micro_batches - SAMPLE_MICRO_BATCHES) % 2
-    return a, a + 2, (micro_batches - a) // 2
-
-
-def simulate(d: Durations, iterations: int = 3) -> Outcome:
-    """The second of two replayed steps; a long step extended from two shorter ones (steady_samples)."""
-    samples = steady_samples(d.micro_batches)
-    if samples is None:
-        return _simulate(d, iterations)
-    a, b, n = samples
-    short = _simulate(replace(d, micro_batches=a), iterations)
-    longer = _simulate(replace(d, micro_batches=b), iterations)
-
-    def extend(x: float, y: float) -> float:
-        return x + n * (y - x)
-
-    def extend_all(x: dict[str, float], y: dict[str, float]) -> dict[str, float]:
-        return {k: extend(x.get(k, 0.0), y.get(k, 0.0)) for k in {**x, **y}}
-
-    return Outcome(
-        step_time_s=extend(short.step_time_s, longer.step_time_s),
-        phases=extend_all(short.phases, longer.phases),
-        busy=extend_all(short.busy, longer.busy),
-        tasks=short.tasks + n * (longer.tasks - short.tasks),
-        spans=extend_all(short.spans, longer.spans),
-        replayed=short.replayed + longer.replayed,
-    )
-
-
-def _simulate(d: Durations, iterations: int) -> Outcome:
-    """Replay two steps, slowing shared-bandwidth work until the schedule settles; measure the second."""
+def replay(d: Durations, iterations: int = 3) -> Outcome:
+    """Replay two steps, slowing shared-bandwidth work until the schedule settles; measure the second (every
+    micro-batch of it: planning/long_step.py extends a long step from two short replays instead)."""
     rep = _Replay(d)
     capacity = {k: v for k, v in (("dram", d.dram_capacity), ("pcie", d.pcie_capacity)) if v}
     if "host_dram" in d.zero:
