@@ -1,0 +1,223 @@
+"""Re-predict the measured benchmark rows of the one-H200 machine with today's planner, row by row and phase by phase.
+
+    .venv/bin/python scripts/prediction_check.py                 # the rows used to study the model (development)
+    .venv/bin/python scripts/prediction_check.py --set heldout   # the held-out rows (tests/runtime/test_prediction_heldout.py)
+    .venv/bin/python scripts/prediction_check.py --set all --json out.json
+    .venv/bin/python scripts/prediction_check.py --write-fixture tests/runtime/fixtures/h200x1_heldout_steps.json
+
+Every `slidedp bench` row under docs/results/ that ran SlideDP on the one-GPU machine (nvidia-h200: 1 x H200, 16
+cores, 128 GiB) and recorded its planner's prediction is planned again: the job as the row ran it (model, micro-batch,
+sequence, clipping, GPU memory cap), the policy the run resolved to (its `chosen`: route, window, cast, edge and
+device updates, kept / offloaded / resident layer counts, the staging slots its policy string fixed), the machine's
+topology (tests/runtime/fixtures/h200x1_qwen3-1.7b.json) and the calibration measured in that session (the row's
+folder's `calibration/` of the row's shape). Sessions that kept no calibration of their shape (s11, s13-s16: the
+Qwen3-4B micro-batch-4 rows) are planned with the last earlier calibration of that shape (s10), and say so.
+
+The split, fixed before the model was changed: the held-out rows are those of sessions s7, s9 and s12 (each with its
+own calibration: Qwen3-1.7B at micro-batch 4 and 8, Qwen3-4B at 8, Qwen3-8B at 1 under 24 GiB with the cast on the
+GPU); every other row is for development. The held-out rows are not read while the model is changed.
+
+Per row: measured and predicted step, the error, and the step cut as the engine measures it (forward: step start to
+the end of the first micro-batch's forward; backward: the rest) with the host updater's busy time, measured against
+predicted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import os
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+RESULTS = os.path.join(ROOT, "docs", "results")
+TOPOLOGY = os.path.join(ROOT, "tests", "runtime", "fixtures", "h200x1_qwen3-1.7b.json")
+HELD_OUT_SESSIONS = ("s7", "s9", "s12")
+ONE_GPU_SESSIONS = ("s4", "s5", "s6", "s7", "s8", "s9", "s10", "s11", "s12", "s13", "s14", "s15", "s16")
+STAND_IN = "s10"  # the last calibration of Qwen3-4B at micro-batch 4 kept on the one-GPU machine
+
+sys.path.insert(0, os.path.join(ROOT, "runtime"))
+
+
+def session_of(path: str) -> str:
+    return os.path.relpath(path, RESULTS).split(os.sep)[0]
+
+
+def calibrations_of(folder: str) -> list[tuple[str, dict]]:
+    out = []
+    for f in sorted(glob.glob(os.path.join(folder, "calibration", "*.json"))):
+        with open(f) as fh:
+            out.append((os.path.relpath(f, RESULTS), json.load(fh)))
+    return out
+
+
+def calibration_for(row: dict, path: str) -> tuple[str, dict, bool] | None:
+    """(where from, calibration, stand-in?) of the row's shape: its session's nearest to the row, else the stand-in
+    session's."""
+    want = (row["mbs"], row["seq"], _hidden(row["model"]))
+    own = [os.path.dirname(path)]  # the row's folder, then the folders above it up to its session's
+    while os.path.relpath(own[-1], RESULTS) != session_of(path):
+        own.append(os.path.dirname(own[-1]))
+    places = [(f, False) for f in own] + [(os.path.join(RESULTS, STAND_IN), True)]
+    for where, stand_in in places:
+        for name, cal in calibrations_of(where):
+            s = cal.get("shape") or {}
+            if (s.get("micro_batch"), s.get("seq"), s.get("hidden")) == want and cal.get("world") == 1:
+                return name, cal, stand_in
+    return None
+
+
+def _hidden(model: str) -> int | None:
+    return {"qwen3-1.7b": 2048, "qwen3-4b": 2560, "qwen3-8b": 4096}.get(model)
+
+
+def measured_rows(which: str) -> list[dict]:
+    rows = []
+    for path in sorted(glob.glob(os.path.join(RESULTS, "**", "*.jsonl"), recursive=True)):
+        session = session_of(path)
+        if session not in ONE_GPU_SESSIONS:
+            continue
+        held = session in HELD_OUT_SESSIONS
+        if (which == "dev" and held) or (which == "heldout" and not held):
+            continue
+        with open(path) as fh:
+            for i, line in enumerate(fh):
+                try:
+                    r = json.loads(line)
+                except ValueError:
+                    continue
+                if r.get("peer") or not r.get("step_s") or not r.get("predicted_step_s") or not r.get("chosen"):
+                    continue
+                if r.get("gpus") != 1 or _hidden(r.get("model", "")) is None:
+                    continue
+                rows.append({"source": f"{os.path.relpath(path, RESULTS)}:{i}", "path": path, **r})
+    return rows
+
+
+def job_config(row: dict) -> dict:
+    """The job the row ran, its policy pinned to what the run resolved (the loss chunk and, unless the policy string
+    fixed them, the staging slots left to the planner, as they were)."""
+    from slidedp.policy import parse_shorthand
+
+    request, clip = parse_shorthand(row["policy"])
+    ch = row["chosen"]
+    policy = {
+        "delivery": ch["delivery"], "grad_reduce": ch["grad_reduce"], "window": ch["window"],
+        "delivery_cast": ch.get("delivery_cast", "host"), "edge_update": ch.get("edge_update", "host"),
+        "device_layers": ch.get("device_layers", 0), "activations": "auto", "keep_layers": ch["keep_layers"],
+        "offload_layers": ch["offload_layers"], "resident_units": ch["resident_layers"],
+        "staging_slots": request.get("staging_slots"),
+    }
+    cfg = {"model": row["model"], "data": {"path": "x.jsonl"}, "gpus": 1, "micro_batch_size": row["mbs"],
+           "seq_len": row["seq"], "cpu_threads": 16, "precision": "bf16",
+           "optimizer": {"max_grad_norm": clip}, "policy": policy}
+    if row.get("gpu_memory_gib"):
+        cfg["gpu_memory_gib"] = row["gpu_memory_gib"]
+    return cfg
+
+
+def repredict(row: dict, topology: dict) -> dict:
+    from slidedp.config import JobConfig
+    from slidedp.planning import autopolicy as ap
+
+    found = calibration_for(row, row["path"])
+    if found is None:
+        return {"source": row["source"], "skipped": "no calibration of its shape"}
+    cal_name, cal, stand_in = found
+    plan = ap.plan_job(JobConfig.from_dict(job_config(row)), topology, cal)
+    pred = plan.get("predicted") or {}
+    if not plan.get("feasible") or not pred.get("step_time_s"):
+        return {"source": row["source"], "skipped": f"planned infeasible: {plan.get('errors')}"}
+    ph = row.get("phases") or {}
+    spans = pred.get("spans") or {}
+    busy = pred.get("busy") or {}
+    return {
+        "source": row["source"], "model": row["model"], "mbs": row["mbs"], "cap": row.get("gpu_memory_gib"),
+        "clip": bool(row.get("clipped")), "policy": row["policy"], "calibration": cal_name, "stand_in": stand_in,
+        "measured_s": row["step_s"], "recorded_prediction_s": row["predicted_step_s"],
+        "predicted_s": pred["step_time_s"], "error": pred["step_time_s"] / row["step_s"] - 1,
+        "bound_s": (pred.get("bound") or {}).get("step_time_s"),
+        "phases": {
+            "forward": (ph.get("forward"), spans.get("forward")),
+            "backward": (ph.get("backward"), spans.get("backward")),
+            "update_busy": (ph.get("update_busy"), busy.get("cpu")),
+            "update_tail": (ph.get("update_tail"), (pred.get("phases") or {}).get("update_tail")),
+        },
+        "plan_policy": plan.get("policy"),
+    }
+
+
+def _f(x: float | None, fmt: str = "{:.3f}") -> str:
+    return fmt.format(x) if isinstance(x, (int, float)) else "-"
+
+
+def table(results: list[dict]) -> str:
+    head = (f"{'row':34s} {'model':10s} {'mbs':>3s} {'cap':>4s} {'clip':>4s} {'meas':>6s} {'pred':>6s} {'err':>7s} "
+            f"{'bound':>6s} | fwd m/p        bwd m/p        upd-busy m/p   tail m/p")
+    lines = [head, "-" * len(head)]
+    for r in results:
+        if "skipped" in r:
+            lines.append(f"{r['source']:34s} skipped: {r['skipped']}")
+            continue
+        ph = " ".join(f"{_f(m)}/{_f(p)}  " for m, p in r["phases"].values())
+        mark = "*" if r["stand_in"] else " "
+        lines.append(
+            f"{r['source']:34s} {r['model']:10s} {r['mbs']:3d} {_f(r['cap'], '{:.0f}'):>4s} "
+            f"{'y' if r['clip'] else '-':>4s} {r['measured_s']:6.3f} {r['predicted_s']:6.3f} "
+            f"{r['error'] * 100:+6.1f}%{mark} {_f(r['bound_s']):>6s} | {ph}")
+    ok = [r for r in results if "error" in r]
+    if ok:
+        errs = [abs(r["error"]) for r in ok]
+        within = sum(e <= 0.10 for e in errs)
+        lines.append(f"\n{len(ok)} rows: mean |error| {100 * sum(errs) / len(errs):.1f}%, "
+                     f"max {100 * max(errs):.1f}%, within ±10%: {within}, within ±5%: {sum(e <= 0.05 for e in errs)}"
+                     "   (* planned with the stand-in calibration)")
+    return "\n".join(lines)
+
+
+def write_fixture(path: str) -> None:
+    """The held-out rows as the test reads them (tests/runtime/test_prediction_heldout.py): for each row its source,
+    the job config it is planned with (job_config), the measured step and the calibration it ran with, and each
+    calibration once, under its path in docs/results."""
+    rows, cals = [], {}
+    for row in measured_rows("heldout"):
+        found = calibration_for(row, row["path"])
+        if found is None or found[2]:
+            continue
+        name, cal, _ = found
+        cals[name] = cal
+        rows.append({"source": f"docs/results/{row['source']}", "policy": row["policy"], "chosen": row["chosen"],
+                     "config": job_config(row), "calibration": name, "measured_step_s": row["step_s"],
+                     "recorded_prediction_s": row["predicted_step_s"]})
+    about = ("Measured steps of the one-GPU machine (nvidia-h200: 1 x H200, 16 cores, 128 GiB) held out from the "
+             "work on the step-time model: every SlideDP row of docs/results sessions " + ", ".join(HELD_OUT_SESSIONS)
+             + " (`slidedp bench`, median step after warm-up), with the job config it is planned with (the policy "
+             "the run resolved to, from the row's `chosen`), its measured step and the calibration measured in that "
+             "session (docs/results/<session>/.../calibration). Written by scripts/prediction_check.py "
+             "--write-fixture; the topology is h200x1_qwen3-1.7b.json's.")
+    with open(path, "w") as fh:
+        json.dump({"about": about, "rows": rows, "calibrations": cals}, fh, indent=1)
+        fh.write("\n")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--set", choices=("dev", "heldout", "all"), default="dev")
+    ap.add_argument("--json", help="write the per-row results here")
+    ap.add_argument("--write-fixture", metavar="PATH", help="write the held-out rows as the test reads them, and stop")
+    args = ap.parse_args()
+    if args.write_fixture:
+        write_fixture(args.write_fixture)
+        return
+    with open(TOPOLOGY) as fh:
+        topology = json.load(fh)["topology"]
+    results = [repredict(r, topology) for r in measured_rows(args.set)]
+    print(table(results))
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump(results, fh, indent=1)
+
+
+if __name__ == "__main__":
+    main()
