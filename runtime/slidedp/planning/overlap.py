@@ -407,7 +407,7 @@ class _Replay:
         self._heads = {r: 0 for r in IN_ORDER}
         self._last: dict[str, _Task | None] = {r: None for r in IN_ORDER}
         self._cpu_last: _Task | None = None
-        self._committed: tuple[_Task, float] | None = None
+        self._committed: tuple[_Task, _Task | None] | None = None  # the updater's next task, what it waits after
         self._forced: list[_Task] = []
         self._holds_done: dict[int, int] = {}
         self._unstarted = list(self.cpu_tasks)  # in hand-over order
@@ -440,7 +440,7 @@ class _Replay:
         cpu_free = self._cpu_last.end if self._cpu_last is not None else 0.0
         if self._committed is None:
             if self._forced:
-                self._committed = (self._forced.pop(0), cpu_free, self._cpu_last)
+                self._committed = (self._forced.pop(0), self._cpu_last)
             else:
                 known = [t for t in self._unstarted if self.submit[t.order].end is not None]
                 if not known:
@@ -469,8 +469,8 @@ class _Replay:
                     landed = [t for t in same if all(x.end is not None and x.end <= t0 for x in t.deps)]
                     pick = min(landed, key=lambda t: t.unit) if landed else min(same, key=lambda t: t.order)
                 self._unstarted.remove(pick)
-                self._committed = (pick, t0, why)
-        t, t0, why = self._committed
+                self._committed = (pick, why)
+        t, why = self._committed
         if any(x.end is None for x in t.deps):
             return False
         _place(t, why, t.deps)
