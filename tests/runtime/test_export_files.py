@@ -11,6 +11,7 @@ import shutil
 
 import pytest
 import torch
+from safetensors import safe_open
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -19,10 +20,15 @@ from slidedp.data.tokenizer import TINY_TOKENIZER_DIR  # noqa: E402
 from slidedp.persist import checkpoint as ckpt  # noqa: E402
 from slidedp.persist import export  # noqa: E402
 from slidedp.persist.export import ExportError, export_checkpoint, format_bytes  # noqa: E402
+from slidedp.step.model_adapter import ModelAdapter, load_hf_config  # noqa: E402
 
 from tests.runtime.exactness import export_tensors  # noqa: E402
 
 MIB = 2**20
+# Every test here exports tiny-qwen3. Its adapter is built once, when the module is imported: that also imports
+# transformers' model classes (2 s), once for the module, and once for all the workers of a mutation run, which are
+# forked from the process that collected the tests (scripts/mutate.py).
+ADAPTER = ModelAdapter(load_hf_config("tiny-qwen3"))
 TOKENIZER_BYTES = sum(os.path.getsize(os.path.join(TINY_TOKENIZER_DIR, n)) for n in os.listdir(TINY_TOKENIZER_DIR))
 
 
@@ -30,10 +36,9 @@ TOKENIZER_BYTES = sum(os.path.getsize(os.path.join(TINY_TOKENIZER_DIR, n)) for n
 def host_state(tmp_path, monkeypatch):
     """tiny-qwen3's adapter and a host state holding its initial weights (seed 3)."""
     from slidedp.step.host_state import HostLayout, HostState, unlink
-    from slidedp.step.model_adapter import ModelAdapter, load_hf_config
 
     monkeypatch.setenv("SLIDEDP_SHM_DIR", str(tmp_path / "shm"))
-    adapter = ModelAdapter(load_hf_config("tiny-qwen3"))
+    adapter = ADAPTER
     layout = HostLayout(run=f"slidedp-export-files-{os.getpid()}", directory=str(tmp_path / "shm"),
                         unit_numels=[u.numel for u in adapter.units], world=1, delivery_dtype="float32",
                         staging_slots=2, hold_gradient=False)
@@ -140,10 +145,11 @@ def _shard_layout(adapter, out: str, element_size: int) -> list[list[tuple[str, 
              if weight_map[p.hf_name] == name] for name in files]
 
 
-@pytest.mark.parametrize("limit", [131072 + 16384, 131072 + 16384 - 1, 40_000, 10**9])
+@pytest.mark.parametrize("limit", [131072 + 16384, 131072 + 16384 - 1, 16384 + 8192, 40_000, 10**9])
 def test_shards_are_filled_in_unit_order_up_to_the_limit_and_no_further(host_state, tmp_path, limit):
     """Each shard holds the next tensors while they fit; a tensor larger than the limit has a shard of its own.
-    131072 + 16384 is the embedding and the first q_proj in fp32: exactly one shard's worth."""
+    In fp32, 131072 + 16384 is the embedding and the first q_proj: exactly the first shard's worth; 16384 + 8192
+    is that q_proj and its k_proj: exactly the second shard's, after the embedding's own."""
     adapter, state = host_state
     units = (state.master_unit(s.index) for s in adapter.units)
     out = export.write_hf(str(tmp_path / "final"), "tiny-qwen3", "fp32", adapter, units, shard_bytes=limit)["final_dir"]
@@ -156,6 +162,9 @@ def test_shards_are_filled_in_unit_order_up_to_the_limit_and_no_further(host_sta
             assert size + following[0][1] > limit, (limit, shard, following[0])
     if limit == 131072 + 16384:
         assert [n for n, _ in shards[0]] == ["model.embed_tokens.weight", "model.layers.0.self_attn.q_proj.weight"]
+    if limit == 16384 + 8192:
+        assert [n for n, _ in shards[1]] == ["model.layers.0.self_attn.q_proj.weight",
+                                             "model.layers.0.self_attn.k_proj.weight"]
     names = sorted(n for n in os.listdir(out) if n.endswith(".safetensors"))
     if len(shards) == 1:
         assert names == ["model.safetensors"]
@@ -163,6 +172,9 @@ def test_shards_are_filled_in_unit_order_up_to_the_limit_and_no_further(host_sta
         assert names == [f"model-{i:05d}-of-{len(shards):05d}.safetensors" for i in range(1, len(shards) + 1)]
     index = _index(out)
     assert index["metadata"]["total_size"] == _params(adapter) * 4
+    for name in names:  # transformers 4.x loads a safetensors file only when its metadata says "pt"
+        with safe_open(os.path.join(out, name), framework="pt") as fh:
+            assert fh.metadata() == {"format": "pt"}, name
     tensors = export_tensors(out)
     for spec in adapter.units:
         flat = state.master_unit(spec.index)
@@ -257,8 +269,13 @@ def test_a_new_export_replaces_the_previous_one_and_leaves_no_temporaries(host_s
     (tmp_path / "run" / "final.old" / "stale").write_text("x")
     first = export.export_hf("run/final", _cfg(tmp_path, "bf16"), adapter, state)
     assert first["final_dir"] == str(tmp_path / "run" / "final")  # absolute, whatever the working folder
+    assert sorted(os.listdir(tmp_path / "run")) == ["final"]
+    for stale in ("run/final.old", "run/final.tmp"):  # both left by an export that died, beside a final/
+        os.makedirs(stale)
+        (tmp_path / stale / "stale").write_text("x")
     second = export.export_hf("run/final", _cfg(tmp_path, "fp32"), adapter, state)
     assert sorted(os.listdir(tmp_path / "run")) == ["final"]
+    assert "stale" not in os.listdir(second["final_dir"])
     assert second["files"] == _listing(second["final_dir"])
     assert {t.dtype for t in export_tensors(second["final_dir"]).values()} == {torch.float32}
 
@@ -282,6 +299,7 @@ def test_a_failed_swap_puts_the_previous_export_back(host_state, tmp_path, monke
     needed = _params(adapter) * 4 + TOKENIZER_BYTES + MIB
     assert str(err.value) == (f"the export to {final} failed (OSError: [Errno 5] Input/output error); it needs "
                               f"{format_bytes(needed)} in {tmp_path / 'run'}, 1.00 GiB is free there")
+    assert (err.value.needed_bytes, err.value.free_bytes, err.value.directory) == (needed, 2**30, str(tmp_path / "run"))
     assert sorted(os.listdir(tmp_path / "run")) == ["final"]
     after = export_tensors(final)
     assert set(after) == set(before) and all(torch.equal(after[k], before[k]) for k in before)
@@ -302,6 +320,17 @@ def test_a_failure_reports_the_free_space_read_before_when_it_cannot_be_read_aga
     with pytest.raises(ExportError) as err:
         export.write_hf(str(tmp_path / "final"), "tiny-qwen3", "fp32", adapter, iter([]))
     assert str(err.value).endswith(", 1.00 GiB is free there") and err.value.free_bytes == 2**30
+
+
+def test_a_failure_before_the_sizes_are_known_says_they_are_unknown(host_state, tmp_path):
+    adapter, state = host_state
+    (tmp_path / "file").write_text("not a folder")
+    parent = str(tmp_path / "file" / "run")
+    with pytest.raises(ExportError) as err:
+        export.export_hf(os.path.join(parent, "final"), _cfg(tmp_path), adapter, state)
+    assert str(err.value).startswith(f"the export to {parent}/final failed (NotADirectoryError: ")
+    assert str(err.value).endswith(f"it needs an unknown amount in {parent}, an unknown amount is free there")
+    assert (err.value.needed_bytes, err.value.free_bytes, err.value.directory) == (None, None, parent)
 
 
 def test_an_interrupt_is_not_turned_into_an_export_error_and_leaves_no_temporary(host_state, tmp_path, monkeypatch):
