@@ -431,7 +431,7 @@ def train(config: dict | JobConfig, on_step: Callable[[dict], None] | None = Non
 def _rank_args(cfg: JobConfig, layout: HostLayout, policy: ExecutionPolicy, plan: dict, ranks: Launch,
                start_step: int, data_state: dict | None, rank_args):
     return rank_args(config=cfg.to_dict(), layout=layout, policy=policy, predicted=_metrics_prediction(plan),
-                     init_file=ranks.init_file, start_step=start_step, data_state=data_state,
+                     start_step=start_step, data_state=data_state,
                      checkpoint_steps=CheckpointSteps(start_step, cfg.steps, cfg.checkpoint.interval),
                      cpu_threads=_cpu_threads(cfg))
 

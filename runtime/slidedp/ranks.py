@@ -27,6 +27,7 @@ import tempfile
 import threading
 import time
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -236,6 +237,43 @@ class RankLink:
 
     def send(self, kind: str, payload: Any = None) -> None:
         self.conn.send((kind, self.rank, payload))
+
+    def join(self, cuda: bool, gpu_memory_gib: float | None = None,
+             on_device: Callable[[], None] | None = None) -> Joined:
+        """The one way a rank starts: its device (CUDA device `rank`, made current, its allocator capped at
+        gpu_memory_gib with slidedp.step.devices.apply_memory_cap; or the CPU), then the process group joined
+        through this launch's file:// rendezvous (NCCL bound to the device, or gloo). on_device is called between
+        the two (the training rank times them apart)."""
+        import torch
+        import torch.distributed as dist
+
+        memory_cap = None
+        if cuda:
+            from slidedp.step.devices import apply_memory_cap
+
+            device = torch.device("cuda", self.rank)
+            torch.cuda.set_device(device)
+            memory_cap = apply_memory_cap(device, cap_bytes(gpu_memory_gib))
+        else:
+            device = torch.device("cpu")
+        if on_device is not None:
+            on_device()
+        dist.init_process_group("nccl" if cuda else "gloo", init_method=f"file://{self.init_file}", rank=self.rank,
+                                world_size=self.world, **({"device_id": device} if cuda else {}))
+        return Joined(device, memory_cap)
+
+
+@dataclass
+class Joined:
+    """A rank that has joined its group: its device, and what the memory cap set (None: no cap)."""
+
+    device: Any  # torch.device
+    memory_cap: dict | None
+
+
+def cap_bytes(gpu_memory_gib: float | None) -> int | None:
+    """A job's gpu_memory_gib in bytes (None, or 0: no cap)."""
+    return int(gpu_memory_gib * 2**30) if gpu_memory_gib else None
 
 
 def is_oom(exc: BaseException) -> bool:

@@ -61,7 +61,6 @@ from slidedp.peers.launch import (
     check_shape,
     cores,
     init_weights,
-    join_group,
     run_ranks,
     timed_steps,
 )
@@ -149,7 +148,8 @@ def deepspeed_site() -> str | None:
 
 
 # ---------------------------------------------------------------------------------------------- rank side
-def _train(a: dict, rank: int, world: int) -> dict:
+def _train(a: dict, link) -> dict:
+    rank, world = link.rank, link.world
     check_model(a["model"])
     import torch
     from transformers import AutoModelForCausalLM
@@ -159,7 +159,7 @@ def _train(a: dict, rank: int, world: int) -> dict:
 
     cuda = a["gpus"] > 0
     torch.set_num_threads(a["threads"])
-    device = join_group(a, rank, world)
+    device = link.join(cuda, a.get("gpu_memory_gib")).device  # the same cap as SlideDP's ranks get
     # imported once the group exists: deepspeed.initialize then wraps it instead of starting its own rendezvous
     import deepspeed
 
@@ -209,7 +209,7 @@ def _train(a: dict, rank: int, world: int) -> dict:
 
 def rank(a: dict, link) -> dict:
     """One rank of the run (started by run_ranks through slidedp.ranks): its measurements."""
-    return _train(a, link.rank, link.world)
+    return _train(a, link)
 
 
 # ---------------------------------------------------------------------------------------------- command line

@@ -43,7 +43,6 @@ from slidedp.peers.launch import (
     cores,
     global_rows,
     init_weights,
-    join_group,
     random_rows,
     run_ranks,
     timed_steps,
@@ -100,7 +99,8 @@ def apply_checkpointing(layers, keep_layers: int | None) -> None:
         layer.forward = checkpointed(layer.forward)
 
 
-def _train(a: dict, rank: int, world: int) -> dict:
+def _train(a: dict, link) -> dict:
+    rank, world = link.rank, link.world
     check_model(a["model"])
     import torch
     from torch.distributed.device_mesh import init_device_mesh
@@ -111,7 +111,7 @@ def _train(a: dict, rank: int, world: int) -> dict:
 
     cuda = a["gpus"] > 0
     torch.set_num_threads(a["threads"] or max(1, cores() // world))
-    device = join_group(a, rank, world)
+    device = link.join(cuda, a.get("gpu_memory_gib")).device  # the same cap as SlideDP's ranks get
     mesh = init_device_mesh(device.type, (world,))
 
     cfg = load_hf_config(a["model"])  # sdpa attention, no KV cache
@@ -157,7 +157,7 @@ def _train(a: dict, rank: int, world: int) -> dict:
 
 def rank(a: dict, link) -> dict:
     """One rank of the run (started by run_ranks through slidedp.ranks): its measurements."""
-    return _train(a, link.rank, link.world)
+    return _train(a, link)
 
 
 # ---------------------------------------------------------------------------------------------- command line

@@ -49,12 +49,12 @@ def run_ranks(module: str, row: dict, world: int, timeout_s: float, *, data_rows
     """Run `world` ranks of `module`'s `rank` function on the run described by `row`; return the finished row.
 
     `row` holds the run's settings (model, gpus, mbs, seq, steps, warmup, ...); every rank gets them, plus
-    init_file and data_rows. `env` is added to every rank's environment.
+    data_rows. `env` is added to every rank's environment.
     """
     name = module.rsplit(".", 1)[-1]
     with Launch(f"{module}:rank", world, prefix=f"slidedp-{name}-", env=env, log=True) as ranks:
         t0 = time.perf_counter()
-        ranks.start(dict(row, init_file=ranks.init_file, data_rows=data_rows))
+        ranks.start(dict(row, data_rows=data_rows))
         reports, timed_out = _collect(ranks, timeout_s)
         row["wall_s"] = time.perf_counter() - t0
         logs = [ranks.log_tail(r) for r in range(world)]
@@ -250,22 +250,3 @@ def check_model(model: str) -> None:
         raise KeyError(f"unknown model preset {model!r}; presets: {', '.join(PRESETS)}")
 
 
-def join_group(a: dict, rank: int, world: int):
-    """This rank's device, with the process group joined through the run's file:// rendezvous (NCCL on GPUs,
-    gloo on the CPU)."""
-    import torch
-    import torch.distributed as dist
-
-    init = f"file://{a['init_file']}"
-    if a["gpus"] > 0:
-        device = torch.device("cuda", rank)
-        torch.cuda.set_device(device)
-        if a.get("gpu_memory_gib"):  # the same cap as SlideDP's ranks get (slidedp bench --gpu-memory-gib)
-            from slidedp.step.devices import apply_memory_cap
-
-            apply_memory_cap(device, int(a["gpu_memory_gib"] * 2**30))
-        dist.init_process_group("nccl", init_method=init, rank=rank, world_size=world, device_id=device)
-    else:
-        device = torch.device("cpu")
-        dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
-    return device

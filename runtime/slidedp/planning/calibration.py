@@ -317,13 +317,8 @@ def measure_collectives(world: int, backend: str, sizes: list[int]) -> dict[str,
 def collective_rank(args: dict, link: Any) -> dict:
     import torch.distributed as dist
 
-    backend = args["backend"]
     torch.set_num_threads(1)
-    device = torch.device("cuda", link.rank) if backend == "nccl" else torch.device("cpu")
-    if backend == "nccl":
-        torch.cuda.set_device(device)
-    dist.init_process_group(backend, init_method="file://" + link.init_file, rank=link.rank, world_size=link.world,
-                            **({"device_id": device} if backend == "nccl" else {}))
+    device = link.join(args["backend"] == "nccl").device
     try:
         res = calibrate_collectives(dist.group.WORLD, device, args["sizes"])
     finally:

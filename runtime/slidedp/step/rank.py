@@ -22,7 +22,6 @@ from slidedp.config import JobConfig
 from slidedp.policy import ExecutionPolicy
 from slidedp.presets import flops_per_token
 from slidedp.step import trace
-from slidedp.step.devices import apply_memory_cap
 from slidedp.step.host_state import Board, HostLayout, HostState, wait_until
 from slidedp.step.model_adapter import ModelAdapter, load_hf_config
 from slidedp.step.optimizer import lr_at
@@ -50,7 +49,6 @@ class RankArgs:
     layout: HostLayout
     policy: ExecutionPolicy
     predicted: dict
-    init_file: str
     start_step: int
     data_state: dict | None
     checkpoint_steps: list[int]
@@ -58,30 +56,19 @@ class RankArgs:
     memory_cap: dict | None = None  # set in the rank: what apply_memory_cap set (gpu_memory_gib)
 
 
-def _setup(rank: int, world: int, args: RankArgs, cfg: JobConfig, marks: _Marks) -> torch.device:
-    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+def _setup(link, args: RankArgs, cfg: JobConfig, marks: _Marks) -> torch.device:
+    """The rank's threads and numerics, then its device and process group (slidedp.ranks.RankLink.join)."""
     sys.setswitchinterval(GIL_SWITCH_S)
     torch.set_num_threads(args.cpu_threads)
-    if cfg.gpus > 0:
-        device = torch.device("cuda", rank)
-        torch.cuda.set_device(device)
-        args.memory_cap = apply_memory_cap(device, int(cfg.gpu_memory_gib * 2**30) if cfg.gpu_memory_gib else None)
-        backend = "nccl"
-    else:
-        device = torch.device("cpu")
-        backend = "gloo"
     if cfg.deterministic:
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
         torch.use_deterministic_algorithms(True, warn_only=True)
-    if device.type == "cuda":
+    if cfg.gpus > 0:
         torch.backends.cuda.matmul.allow_tf32 = False
         torch.backends.cudnn.allow_tf32 = False
-    kwargs: dict[str, Any] = {}
-    if device.type == "cuda":
-        kwargs["device_id"] = device
-    marks.done("device")
-    dist.init_process_group(backend, init_method=f"file://{args.init_file}", rank=rank, world_size=world, **kwargs)
-    return device
+    joined = link.join(cfg.gpus > 0, cfg.gpu_memory_gib, on_device=lambda: marks.done("device"))
+    args.memory_cap = joined.memory_cap
+    return joined.device
 
 
 def _peak_tflops(device: torch.device) -> float | None:
@@ -147,9 +134,10 @@ class _Marks:
         self._t = now
 
 
-def rank_main(rank: int, world: int, args: RankArgs, queue) -> None:
+def rank_main(link, args: RankArgs, queue) -> None:
     from slidedp.step.engine import RankEngine
 
+    rank, world = link.rank, link.world
     marks = _Marks()
     state = None
     try:
@@ -158,7 +146,7 @@ def rank_main(rank: int, world: int, args: RankArgs, queue) -> None:
         # need no device: they load on a thread of their own while this one starts CUDA and the process group,
         # maps the host state, waits for it to be filled and page-locks it: it hides up to the shorter of the two.
         loading = _Loading(cfg, args, rank, world)
-        device = _setup(rank, world, args, cfg, marks)
+        device = _setup(link, args, cfg, marks)
         groups = (dist.new_group(list(range(world))), dist.new_group(list(range(world))))
         marks.done("process_group")
         state = HostState.attach(args.layout)
@@ -416,4 +404,4 @@ class _Sender:
 def run(args: RankArgs, link) -> None:
     """The rank's entry point (started by slidedp.launch through slidedp.ranks.Launch): a failure raises and
     reaches the launcher as an "error" message."""
-    rank_main(link.rank, link.world, args, _Sender(link))
+    rank_main(link, args, _Sender(link))
