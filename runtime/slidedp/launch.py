@@ -21,6 +21,7 @@ from slidedp.health import HealthMonitor, finite_json
 from slidedp.planning.resolve import detect_early, resolve_policy
 from slidedp.policy import ExecutionPolicy
 from slidedp.ranks import Launch
+from slidedp.run_spec import RunSpec
 from slidedp.startup import Startup
 from slidedp.step.layout import HostLayout, plan_layout
 from slidedp.trackers import Trackers, requested
@@ -73,21 +74,6 @@ class TrainResult:
     plan: dict = field(default_factory=dict)  # AutoPolicy's plan it was resolved from ({}: nothing was planned)
     exported_files: list[dict] = field(default_factory=list)  # [{"name", "bytes"}] written into final_dir
     warnings: list[dict] = field(default_factory=list)  # health warnings raised: [{"step", "kind", "message"}]
-
-
-@dataclass(frozen=True)
-class CheckpointSteps:
-    """The steps after which the ranks write a checkpoint: every `interval`-th step after `start`, and the last
-    (none when interval is 0). Answers `in` without listing them (a 10**9-step run's list would not fit)."""
-
-    start: int
-    steps: int
-    interval: int
-
-    def __contains__(self, step: object) -> bool:
-        if not self.interval or not isinstance(step, int) or not self.start < step <= self.steps:
-            return False
-        return step % self.interval == 0 or step == self.steps
 
 
 def _log(on_log: Callable[[str], None] | None, line: str) -> None:
@@ -331,6 +317,8 @@ def train(config: dict | JobConfig, on_step: Callable[[dict], None] | None = Non
     startup.mark("allocating_host_state")
     if state_cache is not None:
         state_cache.layout = layout
+    # the run as every rank receives it, typed (slidedp.run_spec): no rank parses the config again
+    spec = RunSpec(cfg, policy, layout, _metrics_prediction(plan), _cpu_threads(cfg))
     trackers: Trackers | None = None
     ranks: Launch | None = None
     pager: MomentPager | None = None
@@ -348,7 +336,7 @@ def train(config: dict | JobConfig, on_step: Callable[[dict], None] | None = Non
             # A run from step 0 starts its ranks now: their imports, CUDA and process group, attaching and
             # page-locking the host state overlap its filling, and each waits for Board.HOST_READY before it reads
             # the state. A resumed run learns its step and data position from the checkpoint first.
-            ranks.start(_rank_args(cfg, layout, policy, plan, ranks, 0, None, RankArgs))
+            ranks.start(RankArgs(spec, 0, None))
             startup.mark("spawning_ranks")
             if init_source is not None:  # that run's weights; moments zero, step 0, the data from the start
                 startup.enter("loading_checkpoint")
@@ -391,9 +379,9 @@ def train(config: dict | JobConfig, on_step: Callable[[dict], None] | None = Non
             if state.fresh and resume_from is None:
                 # fresh moments are paged in while the ranks start, not by the first step's update
                 pager = MomentPager([state.exp_avg, state.exp_avg_sq], state.board, stripe_bytes=layout.stripe_bytes)
-            last, last_data_state = _run_ranks(cfg, state, layout, policy, plan, start_step, data_state, ckpt_root,
-                                               metrics_path, records, on_record, on_log, should_stop, RankArgs,
-                                               CKPT_DONE, monitor, startup, ranks, pager)
+            last, last_data_state = _run_ranks(spec, state, start_step, data_state, ckpt_root, metrics_path,
+                                               records, on_record, on_log, should_stop, RankArgs, CKPT_DONE, monitor,
+                                               startup, ranks, pager)
             if monitor.stop_reason is not None:  # nothing is saved or exported from the state after it
                 raise UnhealthyRun(monitor.stop_reason, monitor.diverged_step)
             if last is None:  # stopped before any rank read the host state
@@ -428,17 +416,8 @@ def train(config: dict | JobConfig, on_step: Callable[[dict], None] | None = Non
             trackers.close(ended)
 
 
-def _rank_args(cfg: JobConfig, layout: HostLayout, policy: ExecutionPolicy, plan: dict, ranks: Launch,
-               start_step: int, data_state: dict | None, rank_args):
-    return rank_args(config=cfg.to_dict(), layout=layout, policy=policy, predicted=_metrics_prediction(plan),
-                     start_step=start_step, data_state=data_state,
-                     checkpoint_steps=CheckpointSteps(start_step, cfg.steps, cfg.checkpoint.interval),
-                     cpu_threads=_cpu_threads(cfg))
-
-
-def _run_ranks(cfg: JobConfig, state, layout: HostLayout, policy: ExecutionPolicy, plan: dict, start_step: int,
-               data_state: dict | None, ckpt_root: str, metrics_path: str, records: list[dict],
-               on_step, on_log, should_stop, rank_args, ckpt_done: int,
+def _run_ranks(spec: RunSpec, state, start_step: int, data_state: dict | None, ckpt_root: str, metrics_path: str,
+               records: list[dict], on_step, on_log, should_stop, rank_args, ckpt_done: int,
                monitor: HealthMonitor, startup: Startup, ranks: Launch,
                pager: MomentPager | None = None) -> tuple[int | None, dict | None]:
     """Let the rank processes train (started already while the host state was filled, or started here; the caller
@@ -448,6 +427,7 @@ def _run_ranks(cfg: JobConfig, state, layout: HostLayout, policy: ExecutionPolic
     asks the ranks to stop at their next boundary, and no checkpoint is written after it."""
     from slidedp.persist import checkpoint as ckpt
 
+    cfg = spec.config
     world = cfg.world_size
     best = ckpt.BestKeeper(ckpt_root, cfg.eval.keep_best)
     if should_stop is not None and should_stop():  # asked while the host state was filled: nothing trained
@@ -455,7 +435,7 @@ def _run_ranks(cfg: JobConfig, state, layout: HostLayout, policy: ExecutionPolic
         return None, None
     startup.enter("starting_ranks")
     if not ranks.procs:
-        ranks.start(_rank_args(cfg, layout, policy, plan, ranks, start_step, data_state, rank_args))
+        ranks.start(rank_args(spec, start_step, data_state))
     state.board.set(state.board.HOST_READY, 1)
     if pager is not None:
         pager.start()

@@ -25,10 +25,11 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import slidedp  # noqa: E402
 from slidedp import cli  # noqa: E402
 from slidedp.config import JobConfig  # noqa: E402
-from slidedp.launch import CheckpointSteps, ExportFailed  # noqa: E402
+from slidedp.launch import ExportFailed  # noqa: E402
 from slidedp.persist import checkpoint as ckpt  # noqa: E402
 from slidedp.persist import export  # noqa: E402
 from slidedp.persist.export import ExportError, export_checkpoint  # noqa: E402
+from slidedp.run_spec import CheckpointSteps  # noqa: E402
 
 from tests.runtime.exactness import export_tensors, make_token_data, slidedp_tensors  # noqa: E402
 

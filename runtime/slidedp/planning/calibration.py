@@ -160,7 +160,7 @@ def load_or_calibrate(
 def calibrate_isolated(cfg: JobConfig, topology: dict[str, Any], quick: bool = False) -> dict:
     """calibrate() in a rank process of its own (slidedp.ranks), so this process never creates a CUDA context."""
     with Launch("slidedp.planning.calibration:calibrate_rank", 1, prefix="slidedp-calib-") as ranks:
-        ranks.start({"config": cfg.to_dict(), "topology": topology, "quick": quick})
+        ranks.start({"config": cfg, "topology": topology, "quick": quick})
         try:
             return ranks.results(timeout_s=1800)[0]
         except RankFailed as exc:
@@ -168,7 +168,7 @@ def calibrate_isolated(cfg: JobConfig, topology: dict[str, Any], quick: bool = F
 
 
 def calibrate_rank(args: dict, link: Any) -> dict:
-    return calibrate(JobConfig.from_dict(args["config"]), args["topology"], args["quick"])
+    return calibrate(args["config"], args["topology"], args["quick"])
 
 
 def merge_collectives(calibration: dict, collectives: dict) -> dict:

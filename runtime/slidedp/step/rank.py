@@ -19,10 +19,10 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from slidedp.config import JobConfig
-from slidedp.policy import ExecutionPolicy
 from slidedp.presets import flops_per_token
+from slidedp.run_spec import RunSpec
 from slidedp.step import trace
-from slidedp.step.host_state import Board, HostLayout, HostState, wait_until
+from slidedp.step.host_state import Board, HostState, wait_until
 from slidedp.step.model_adapter import ModelAdapter, load_hf_config
 from slidedp.step.optimizer import lr_at
 
@@ -45,21 +45,16 @@ CKPT_STEP, CKPT_DONE = 4, 5
 
 @dataclass
 class RankArgs:
-    config: dict
-    layout: HostLayout
-    policy: ExecutionPolicy
-    predicted: dict
-    start_step: int
-    data_state: dict | None
-    checkpoint_steps: list[int]
-    cpu_threads: int
-    memory_cap: dict | None = None  # set in the rank: what apply_memory_cap set (gpu_memory_gib)
+    spec: RunSpec  # the run, as the launcher resolved it
+    start_step: int  # the step the run resumes after (0: a fresh run)
+    data_state: dict | None  # the data pipeline's position after start_step (None: the start)
+    memory_cap: dict | None = None  # set in the rank: what the gpu_memory_gib cap set (RankLink.join)
 
 
 def _setup(link, args: RankArgs, cfg: JobConfig, marks: _Marks) -> torch.device:
     """The rank's threads and numerics, then its device and process group (slidedp.ranks.RankLink.join)."""
     sys.setswitchinterval(GIL_SWITCH_S)
-    torch.set_num_threads(args.cpu_threads)
+    torch.set_num_threads(args.spec.cpu_threads)
     if cfg.deterministic:
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
         torch.use_deterministic_algorithms(True, warn_only=True)
@@ -141,7 +136,7 @@ def rank_main(link, args: RankArgs, queue) -> None:
     marks = _Marks()
     state = None
     try:
-        cfg = JobConfig.from_dict(args.config)
+        cfg = args.spec.config
         # The model's config, the tokenizer and the data (importing transformers, reading and packing the rows)
         # need no device: they load on a thread of their own while this one starts CUDA and the process group,
         # maps the host state, waits for it to be filled and page-locks it: it hides up to the shorter of the two.
@@ -149,7 +144,7 @@ def rank_main(link, args: RankArgs, queue) -> None:
         device = _setup(link, args, cfg, marks)
         groups = (dist.new_group(list(range(world))), dist.new_group(list(range(world))))
         marks.done("process_group")
-        state = HostState.attach(args.layout)
+        state = HostState.attach(args.spec.layout)
         marks.done("attach")
         board = state.board
 
@@ -174,7 +169,7 @@ def rank_main(link, args: RankArgs, queue) -> None:
         adapter, pipeline = loading.result()
         marks.done("model_and_data")
 
-        engine = RankEngine(cfg, adapter, state, args.policy, rank, world, device, groups, abort=abort)
+        engine = RankEngine(cfg, adapter, state, args.spec.policy, rank, world, device, groups, abort=abort)
         engine.updater.last_step = args.start_step
         tr = trace.start(rank)  # SLIDEDP_TRACE: a timeline of the steps (slidedp.step.trace)
         if tr is not None:
@@ -185,7 +180,7 @@ def rank_main(link, args: RankArgs, queue) -> None:
         flops_tok = flops_per_token({**model_cfg, "model_type": adapter.config.model_type}, cfg.seq_len)
         peak = _peak_tflops(device)
         pending: deque = deque()
-        reporter = _Reporter(cfg, engine, queue, rank, world, flops_tok, peak, args.predicted)
+        reporter = _Reporter(cfg, engine, queue, rank, world, flops_tok, peak, args.spec.predicted)
         reporter.memory_cap = args.memory_cap
         last_done = args.start_step
         if cfg.eval.enabled:  # the model the run starts from, reported with the run's first step
@@ -194,6 +189,7 @@ def rank_main(link, args: RankArgs, queue) -> None:
         if rank == 0:
             queue.put(("stage", 0, {"stage": "first_step", "rank_startup_s": marks.seconds}))  # the launcher's stages
         latest = None  # the last step run (emitting its record may have taken it out of `pending`)
+        checkpoint_steps = args.spec.checkpoint_steps(args.start_step)
         for step in range(args.start_step + 1, cfg.steps + 1):
             if rank == 0 and latest is not None and not _step_finite(latest):
                 board.set(Board.STOP_REQUEST, 1)  # diverged: no step after it; the launcher names the reason
@@ -213,7 +209,7 @@ def rank_main(link, args: RankArgs, queue) -> None:
             # A stop-and-save is written by the launcher after every rank has stopped: a save request read here
             # would be seen by some ranks after step t and by others only after t+1, and the ranks would then
             # meet in different barriers.
-            if step in args.checkpoint_steps:
+            if step in checkpoint_steps:
                 _wait_step_updated(engine, step)
                 if engine.device_update is not None:
                     engine.device_update.write_back()
