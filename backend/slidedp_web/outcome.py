@@ -18,6 +18,7 @@ from slidedp_web.core.config import Settings
 from slidedp_web.core.db import read_session, write_session
 from slidedp_web.journal import clean_json, status_event
 from slidedp_web.models import Host, JobRecord, utcnow
+from slidedp_web.planning import in_todays_shape
 
 log = logging.getLogger(__name__)
 STOP, SAVE = 1, 2  # the job process's stop flag: stop at the next step boundary, or save a checkpoint first
@@ -84,7 +85,9 @@ def finish(
             return "superseded"
         job.finished_at, job.heartbeat_at, job.cancel_request = utcnow(), None, None
         if plan:
-            job.plan = {**(job.plan or {}), **plan} if isinstance(plan, dict) else job.plan
+            # Merged, so the submit-time plan's keys the run does not restate are kept; a legacy row is read into
+            # today's shape first, or its old run's top-level keys would outlive this run (planning.job_policy).
+            job.plan = {**(in_todays_shape(job.plan) or {}), **plan} if isinstance(plan, dict) else job.plan
         event = status_event(
             session, job, status, error=error, message=f"attempt {attempt}: {result or 'no outcome'}"
         )

@@ -370,6 +370,27 @@ def _without_retired(policy: Any) -> Any:
     )
 
 
+def _holds_legacy_run(stored: dict[str, Any]) -> bool:
+    """Whether a stored plan carries a legacy run's policy keys at its top level (see job_policy)."""
+    return "delivery" in stored or "activations" in stored
+
+
+def _resolved_today(stored: dict[str, Any]) -> bool:
+    """Whether today's finish wrote the row's last run: `"stage": "resolved"` with the ExecutionPolicy under
+    "policy". No legacy run wrote that stage (it wrote its policy keys and "plan"; its "stage" and "policy" are the
+    submit-time preview's), so a row holding both shapes was resumed since, and this marks the newest run."""
+    return stored.get("stage") == "resolved" and isinstance(stored.get("policy"), dict)
+
+
+def in_todays_shape(stored: Any) -> Any:
+    """The stored plan a new run's resolved plan is merged into (outcome.finish): a legacy row read into today's
+    shape first, so that the old run's top-level keys do not outlive the run that replaces them; any other row as
+    it is."""
+    if isinstance(stored, dict) and _holds_legacy_run(stored):
+        return job_policy(stored)
+    return stored
+
+
 def job_policy(stored: Optional[dict[str, Any]]) -> Optional[dict[str, Any]]:
     """A job's stored plan (JobRecord.plan, the jobs table's `policy` column) as the API answers it (JobPublic.policy): the plan made at submit time
     (`"stage": "planned"`), or after a run that plan with `"stage": "resolved"` and `policy` the ExecutionPolicy
@@ -381,10 +402,15 @@ def job_policy(stored: Optional[dict[str, Any]]) -> Optional[dict[str, Any]]:
     plan under "plan"). No migration rewrote them and docs/interfaces.md §6 promises them in today's shape, so they
     are read into it here, the resolved keys in the order the run wrote them. A run that predates a knob
     (delivery_cast, edge_update, device_layers) ran with the behaviour that was the only one then; one that
-    predates staging_slots shows none. `reduce_dtype` is dropped everywhere: fp32 is the only reduction."""
+    predates staging_slots shows none. `reduce_dtype` is dropped everywhere: fp32 is the only reduction.
+
+    A legacy row resumed by a finish that merged today's resolved plan into it (before outcome.finish read the row
+    into today's shape first) holds both shapes: the newest run's resolved policy is answered, and the old run's
+    keys at the top level are dropped. Preferring the new shape in the reader, rather than only fixing the writer,
+    keeps those rows answering the policy their last run ran with; no migration is needed."""
     if not isinstance(stored, dict):
         return stored
-    if "delivery" in stored or "activations" in stored:
+    if _holds_legacy_run(stored) and not _resolved_today(stored):
         plan = {k: v for k, v in stored.items() if k not in LEGACY_RUN_KEYS}
         if not plan and isinstance(stored.get("plan"), dict):
             plan = dict(stored["plan"])  # no plan was kept at submit time: the one the run made
@@ -392,7 +418,8 @@ def job_policy(stored: Optional[dict[str, Any]]) -> Optional[dict[str, Any]]:
         policy.update({k: v for k, v in POLICY_BEFORE_KNOB.items() if k not in stored})
         out = {**plan, "stage": "resolved", "policy": policy}
     else:
-        out = dict(stored)
+        # today's shape; a row holding both shapes loses the old run's keys
+        out = {k: v for k, v in stored.items() if k not in LEGACY_RUN_KEYS} if _holds_legacy_run(stored) else dict(stored)
         if "policy" in out:
             out["policy"] = _without_retired(out["policy"])
     if isinstance(out.get("candidates"), list):
