@@ -231,30 +231,124 @@ def train(config: dict | JobConfig, on_step: Callable[[dict], None] | None = Non
     plan: a plan made for this job before (docs/interfaces.md §5), used when its basis is this run's
     (resolve_policy); TrainResult.plan is the plan the run used, with "replanned" saying why when it was made
     again. predict_explicit: plan a config that fixes every choice too, for the prediction its records carry
-    (`slidedp bench`)."""
-    called = time.perf_counter()  # the time to first step counts from the call, imports and validation included
-    import torch
+    (`slidedp bench`).
 
-    from slidedp.persist import checkpoint as ckpt
-    from slidedp.step import host_state
-    from slidedp.step.host_fill import MomentPager
-    from slidedp.step.host_state import HostState, cleanup_orphans, unlink
-    from slidedp.step.model_adapter import ModelAdapter, load_hf_config
-    from slidedp.step.rank import CKPT_DONE, RankArgs
-    from slidedp.validation import check_job
+    The stages, as the start-up log names them: planning (_plan), checks (_start_point), allocating the host
+    state (_allocate), spawning the ranks and filling or loading the state (_fill_or_load), starting the ranks and
+    training (_run_ranks), then a stop's checkpoint and the export (_save_and_export)."""
+    called = time.perf_counter()  # the time to first step counts from the call, imports and validation included
+    from slidedp.step.host_state import unlink
 
     cfg = config if isinstance(config, JobConfig) else JobConfig.from_dict(config)
+    _check_request(cfg)
+    startup = Startup(on_stage, on_log, t0=called)
+    adapter, policy, plan, layout = _plan(cfg, startup, on_log, plan, predict_explicit)
+    ckpt_root = os.path.join(cfg.output_dir, "checkpoints")
+    resume_from, init_source = _start_point(cfg, layout, ckpt_root, on_log)
+    reuse = (state_cache is not None and resume_from is None and init_source is None
+             and state_cache.fits(layout))
+    if state_cache is not None:
+        if reuse:
+            layout = dataclasses.replace(layout, run=state_cache.layout.run)
+        else:
+            state_cache.close()  # free the old state before the new one is touched: both may not fit in RAM
+    if should_stop is not None and should_stop():  # asked while starting: nothing is allocated yet
+        _log(on_log, "stopped before the host state was allocated")
+        return TrainResult("stopped", 0, [], cfg.output_dir, None, None, policy, plan)
+    startup.mark("checks")
+    state, room = _allocate(cfg, layout, reuse)
+    startup.mark("allocating_host_state")
+    if state_cache is not None:
+        state_cache.layout = layout
+    # the run as every rank receives it, typed (slidedp.run_spec): no rank parses the config again
+    spec = RunSpec(cfg, policy, layout, _metrics_prediction(plan), _cpu_threads(cfg))
+    run = _Run(spec, state, ckpt_root, os.path.join(cfg.output_dir, "metrics.jsonl"), startup, on_log)
+    trackers: Trackers | None = None
+    ended = "failed"  # how the trackers' run ends, unless a return below says otherwise
+    try:
+        start_step, data_state = _fill_or_load(run, adapter, resume_from, init_source, reuse)
+        monitor = HealthMonitor(cfg)
+        if set(requested(cfg.report_to)) - {"tensorboard"}:  # W&B and MLflow take seconds (a login, a store)
+            startup.enter("opening_trackers")
+        trackers = Trackers(cfg, start_step, run_name, on_log)
+
+        def on_record(record: dict) -> None:  # each metrics record, as metrics.jsonl has it, to both
+            trackers.log(record)
+            if on_step is not None:
+                on_step(record)
+
+        records: list[dict] = []
+        if start_step >= cfg.steps:  # the checkpoint is of the last step: nothing to train, no rank to start
+            _log(on_log, f"step {start_step} of {cfg.steps} is the last: no step to run")
+            last, last_data_state = start_step, data_state
+        else:
+            if state.fresh and resume_from is None:
+                from slidedp.step.host_fill import MomentPager
+
+                # fresh moments are paged in while the ranks start, not by the first step's update
+                run.pager = MomentPager([state.exp_avg, state.exp_avg_sq], state.board,
+                                        stripe_bytes=layout.stripe_bytes)
+            last, last_data_state = _run_ranks(run, start_step, data_state, records, on_record, should_stop, monitor)
+            if monitor.stop_reason is not None:  # nothing is saved or exported from the state after it
+                raise UnhealthyRun(monitor.stop_reason, monitor.diverged_step)
+            if last is None:  # stopped before any rank read the host state
+                ended = "stopped"
+                return TrainResult("stopped", start_step, [], cfg.output_dir, None,
+                                   ckpt_root if os.path.isdir(ckpt_root) else None, policy, plan)
+        status, final_dir, files = _save_and_export(run, adapter, start_step, last, last_data_state, room)
+        ended = status
+        return TrainResult(status, last, records, cfg.output_dir, final_dir,
+                           ckpt_root if os.path.isdir(ckpt_root) else None, policy, plan,
+                           exported_files=files, warnings=monitor.warnings)
+    finally:
+        if run.pager is not None:  # before the state is unmapped
+            run.pager.close()
+        if run.ranks is not None:  # ends the ranks still running (killed after 10 s)
+            run.ranks.close()
+        unlink(layout, keep_state=state_cache is not None)
+        if room is not None:
+            room.release()
+        if trackers is not None:
+            trackers.close(ended)
+
+
+@dataclass
+class _Run:
+    """A run once its host state exists: what its later stages share (the launcher's side)."""
+
+    spec: RunSpec
+    state: Any  # slidedp.step.host_state.HostState
+    ckpt_root: str
+    metrics_path: str
+    startup: Startup
+    on_log: Callable[[str], None] | None
+    ranks: Launch | None = None
+    pager: MomentPager | None = None
+
+
+def _check_request(cfg: JobConfig) -> None:
+    """What no planning can change: a web-only key, the job's own checks (slidedp.validation), the GPU count."""
+    import torch
+
+    from slidedp.validation import check_job
+
     if cfg.init_from is not None and cfg.init_from.job is not None:
         raise ConfigError([{"loc": "init_from.job", "msg": f"names workbench job {cfg.init_from.job}, which only the "
                             "web service resolves: the runtime needs the checkpoint's path in init_from.checkpoint "
                             "(and job null)"}])
     check_job(cfg)
-    world = cfg.world_size
     if cfg.gpus > 0 and torch.cuda.device_count() < cfg.gpus:
         raise ConfigError([{"loc": "gpus", "msg": f"asks for {cfg.gpus} GPUs, this host has "
                                                   f"{torch.cuda.device_count()}; lower gpus or use 0 for CPU"}])
     os.makedirs(cfg.output_dir, exist_ok=True)
-    startup = Startup(on_stage, on_log, t0=called)
+
+
+def _plan(cfg: JobConfig, startup: Startup, on_log, plan: dict | None, predict_explicit: bool):
+    """The planning stage: the model's config read while the host is detected, the policy resolved, segments of
+    killed runs removed, the host state laid out. (adapter, policy, plan, layout)."""
+    from slidedp.step.host_state import cleanup_orphans
+    from slidedp.step.model_adapter import ModelAdapter, load_hf_config
+
     startup.enter("planning")
     detected = detect_early(cfg, predict_explicit)  # beside reading the model's config, which imports transformers
     adapter = ModelAdapter(load_hf_config(cfg.model))
@@ -265,9 +359,15 @@ def train(config: dict | JobConfig, on_step: Callable[[dict], None] | None = Non
     startup.mark("removing_orphans")
     if removed:
         _log(on_log, f"removed {len(removed)} shared-memory segments left by a killed run")
-    layout = host_layout(cfg, [u.numel for u in adapter.units], policy)
-    ckpt_root = os.path.join(cfg.output_dir, "checkpoints")
-    metrics_path = os.path.join(cfg.output_dir, "metrics.jsonl")
+    return adapter, policy, plan, host_layout(cfg, [u.numel for u in adapter.units], policy)
+
+
+def _start_point(cfg: JobConfig, layout: HostLayout, ckpt_root: str, on_log) -> tuple[str | None, str | None]:
+    """Where the run starts, checked before anything is allocated: (the checkpoint it resumes, or None; the
+    checkpoint whose weights it starts from, or None). Refuses a disk without room for its checkpoints and a
+    checkpoint of another model."""
+    from slidedp.persist import checkpoint as ckpt
+
     if cfg.checkpoint.interval:  # refuse now rather than after hours of training, at the first checkpoint
         try:
             ckpt.check_free_disk(cfg.output_dir, layout.total)
@@ -289,17 +389,15 @@ def train(config: dict | JobConfig, on_step: Callable[[dict], None] | None = Non
         else:
             init_source = cfg.init_from.checkpoint
             ckpt.check_init_from(init_source, cfg.output_dir, layout.unit_numels)
-    reuse = (state_cache is not None and resume_from is None and init_source is None
-             and state_cache.fits(layout))
-    if state_cache is not None:
-        if reuse:
-            layout = dataclasses.replace(layout, run=state_cache.layout.run)
-        else:
-            state_cache.close()  # free the old state before the new one is touched: both may not fit in RAM
-    if should_stop is not None and should_stop():  # asked while starting: nothing is allocated yet
-        _log(on_log, "stopped before the host state was allocated")
-        return TrainResult("stopped", 0, [], cfg.output_dir, None, None, policy, plan)
-    startup.mark("checks")
+    return resume_from, init_source
+
+
+def _allocate(cfg: JobConfig, layout: HostLayout, reuse: bool):
+    """The host state, created (or the kept one mapped, `reuse`), and the disk room held for the last checkpoint
+    when the run writes no other (None otherwise): (state, room). Refuses a shared-memory folder too small."""
+    from slidedp.persist import checkpoint as ckpt
+    from slidedp.step import host_state
+
     short = host_state.space_error(layout, keep_state=reuse)
     if short is not None:
         raise ConfigError([short])
@@ -309,124 +407,95 @@ def train(config: dict | JobConfig, on_step: Callable[[dict], None] | None = Non
     if room is not None:
         room.hold()
     try:
-        state = HostState.create(layout, keep_state=reuse)
+        return host_state.HostState.create(layout, keep_state=reuse), room
     except BaseException:
         if room is not None:
             room.release()
         raise
-    startup.mark("allocating_host_state")
-    if state_cache is not None:
-        state_cache.layout = layout
-    # the run as every rank receives it, typed (slidedp.run_spec): no rank parses the config again
-    spec = RunSpec(cfg, policy, layout, _metrics_prediction(plan), _cpu_threads(cfg))
-    trackers: Trackers | None = None
-    ranks: Launch | None = None
-    pager: MomentPager | None = None
-    ended = "failed"  # how the trackers' run ends, unless a return below says otherwise
-    try:
-        start_step, data_state = 0, None
-        t0 = time.perf_counter()
-        ranks = Launch("slidedp.step.rank:run", world, prefix="slidedp-pg-")
-        if resume_from is not None:
-            startup.enter("loading_checkpoint")
-            start_step, data_state = ckpt.load(resume_from, cfg, state)
-            _rewind_metrics(metrics_path, start_step)
-            _log(on_log, f"resumed from step {start_step} ({resume_from})")
+
+
+def _fill_or_load(run: _Run, adapter, resume_from: str | None, init_source: str | None,
+                  reuse: bool) -> tuple[int, dict | None]:
+    """The host state made whole: a resumed checkpoint loaded, or (a run from step 0) the ranks spawned first and
+    the state filled beside their start, from init_from's weights, a kept state or the model. (start step, data
+    position)."""
+    from slidedp.persist import checkpoint as ckpt
+    from slidedp.step.rank import RankArgs
+
+    cfg, state, policy, on_log = run.spec.config, run.state, run.spec.policy, run.on_log
+    start_step, data_state = 0, None
+    t0 = time.perf_counter()
+    run.ranks = Launch("slidedp.step.rank:run", cfg.world_size, prefix="slidedp-pg-")
+    if resume_from is not None:
+        run.startup.enter("loading_checkpoint")
+        start_step, data_state = ckpt.load(resume_from, cfg, state)
+        _rewind_metrics(run.metrics_path, start_step)
+        _log(on_log, f"resumed from step {start_step} ({resume_from})")
+    else:
+        # A run from step 0 starts its ranks now: their imports, CUDA and process group, attaching and page-locking
+        # the host state overlap its filling, and each waits for Board.HOST_READY before it reads the state. A
+        # resumed run learns its step and data position from the checkpoint first.
+        run.ranks.start(RankArgs(run.spec, 0, None))
+        run.startup.mark("spawning_ranks")
+        if init_source is not None:  # that run's weights; moments zero, step 0, the data from the start
+            run.startup.enter("loading_checkpoint")
+            source_step = ckpt.load_weights(init_source, state, zero_moments=not state.fresh)
+            _log(on_log, f"initial weights from step {source_step} of {init_source} (AdamW moments zero)")
+        elif reuse:
+            _log(on_log, "host state kept from the previous run (benchmark): weights and moments as it left them")
         else:
-            # A run from step 0 starts its ranks now: their imports, CUDA and process group, attaching and
-            # page-locking the host state overlap its filling, and each waits for Board.HOST_READY before it reads
-            # the state. A resumed run learns its step and data position from the checkpoint first.
-            ranks.start(RankArgs(spec, 0, None))
-            startup.mark("spawning_ranks")
-            if init_source is not None:  # that run's weights; moments zero, step 0, the data from the start
-                startup.enter("loading_checkpoint")
-                source_step = ckpt.load_weights(init_source, state, zero_moments=not state.fresh)
-                _log(on_log, f"initial weights from step {source_step} of {init_source} (AdamW moments zero)")
-            elif reuse:
-                _log(on_log, "host state kept from the previous run (benchmark): weights and moments as it left them")
-            else:
-                startup.enter("loading_weights" if is_model_path(cfg.model) else "building_host_state")
-                _init_host_state(cfg, adapter, state, startup.progress)
-            if os.path.exists(metrics_path):
-                os.unlink(metrics_path)
-            stale = ckpt.clear(ckpt_root)  # a fresh run must never be resumed from an earlier run's state
-            if stale:
-                _log(on_log, f"removed {len(stale)} checkpoints of an earlier run in {ckpt_root} (resume is false)")
-        for u in range(len(adapter.units)):
-            for r in range(world):
-                state.board.set_updated(u, r, start_step)
-        n_params = layout.total
-        _log(on_log, f"host state: {n_params / 1e6:.1f} M params, {state.state_bytes() / 2**30:.2f} GiB shared "
-                     f"({time.perf_counter() - t0:.1f} s); policy: delivery={policy.delivery} "
-                     f"grad_reduce={policy.grad_reduce} window={policy.window} ranks={world}"
-                     + (" edge_update=gpu" if policy.edge_update == "gpu" else "")
-                     + (f" device_layers={policy.device_layers}" if policy.device_layers else ""))
-        records: list[dict] = []
-        monitor = HealthMonitor(cfg)
-        if set(requested(cfg.report_to)) - {"tensorboard"}:  # W&B and MLflow take seconds (a login, a store)
-            startup.enter("opening_trackers")
-        trackers = Trackers(cfg, start_step, run_name, on_log)
-
-        def on_record(record: dict) -> None:  # each metrics record, as metrics.jsonl has it, to both
-            trackers.log(record)
-            if on_step is not None:
-                on_step(record)
-
-        if start_step >= cfg.steps:  # the checkpoint is of the last step: nothing to train, no rank to start
-            _log(on_log, f"step {start_step} of {cfg.steps} is the last: no step to run")
-            last, last_data_state = start_step, data_state
-        else:
-            if state.fresh and resume_from is None:
-                # fresh moments are paged in while the ranks start, not by the first step's update
-                pager = MomentPager([state.exp_avg, state.exp_avg_sq], state.board, stripe_bytes=layout.stripe_bytes)
-            last, last_data_state = _run_ranks(spec, state, start_step, data_state, ckpt_root, metrics_path,
-                                               records, on_record, on_log, should_stop, RankArgs, CKPT_DONE, monitor,
-                                               startup, ranks, pager)
-            if monitor.stop_reason is not None:  # nothing is saved or exported from the state after it
-                raise UnhealthyRun(monitor.stop_reason, monitor.diverged_step)
-            if last is None:  # stopped before any rank read the host state
-                ended = "stopped"
-                return TrainResult("stopped", start_step, [], cfg.output_dir, None,
-                                   ckpt_root if os.path.isdir(ckpt_root) else None, policy, plan)
-        status = "completed" if last >= cfg.steps else "stopped"
-        if status == "stopped" and state.board.get(state.board.SAVE_REQUEST) and last > start_step:
-            latest = ckpt.latest(ckpt_root)
-            if latest is None or ckpt.step_of(latest) != last:
-                # every rank has finished step `last`'s update before reporting done: the host state is final
-                path = ckpt.save(ckpt_root, last, cfg, state, last_data_state, keep=cfg.checkpoint.keep, room=room)
-                _log(on_log, f"stopped after step {last}; checkpoint written to {path}")
-        final_dir, files = None, []
-        if status == "completed" and cfg.export:
-            exported = _export_or_keep(cfg, adapter, state, ckpt_root, last, last_data_state, on_log, room)
-            final_dir, files = exported["final_dir"], exported["files"]
-            _log(on_log, f"exported a Hugging Face model to {final_dir}")
-        ended = status
-        return TrainResult(status, last, records, cfg.output_dir, final_dir,
-                           ckpt_root if os.path.isdir(ckpt_root) else None, policy, plan,
-                           exported_files=files, warnings=monitor.warnings)
-    finally:
-        if pager is not None:  # before the state is unmapped
-            pager.close()
-        if ranks is not None:  # ends the ranks still running (killed after 10 s)
-            ranks.close()
-        unlink(layout, keep_state=state_cache is not None)
-        if room is not None:
-            room.release()
-        if trackers is not None:
-            trackers.close(ended)
+            run.startup.enter("loading_weights" if is_model_path(cfg.model) else "building_host_state")
+            _init_host_state(cfg, adapter, state, run.startup.progress)
+        if os.path.exists(run.metrics_path):
+            os.unlink(run.metrics_path)
+        stale = ckpt.clear(run.ckpt_root)  # a fresh run must never be resumed from an earlier run's state
+        if stale:
+            _log(on_log, f"removed {len(stale)} checkpoints of an earlier run in {run.ckpt_root} (resume is false)")
+    for u in range(len(adapter.units)):
+        for r in range(cfg.world_size):
+            state.board.set_updated(u, r, start_step)
+    _log(on_log, f"host state: {run.spec.layout.total / 1e6:.1f} M params, {state.state_bytes() / 2**30:.2f} GiB "
+                 f"shared ({time.perf_counter() - t0:.1f} s); policy: delivery={policy.delivery} "
+                 f"grad_reduce={policy.grad_reduce} window={policy.window} ranks={cfg.world_size}"
+                 + (" edge_update=gpu" if policy.edge_update == "gpu" else "")
+                 + (f" device_layers={policy.device_layers}" if policy.device_layers else ""))
+    return start_step, data_state
 
 
-def _run_ranks(spec: RunSpec, state, start_step: int, data_state: dict | None, ckpt_root: str, metrics_path: str,
-               records: list[dict], on_step, on_log, should_stop, rank_args, ckpt_done: int,
-               monitor: HealthMonitor, startup: Startup, ranks: Launch,
-               pager: MomentPager | None = None) -> tuple[int | None, dict | None]:
+def _save_and_export(run: _Run, adapter, start_step: int, last: int, last_data_state: dict | None,
+                     room) -> tuple[str, str | None, list[dict]]:
+    """After the ranks: a stop asked with save writes the last step's checkpoint (unless one is there); a
+    completed run exports final/. (status, final_dir, exported files)."""
+    from slidedp.persist import checkpoint as ckpt
+
+    cfg, state, on_log = run.spec.config, run.state, run.on_log
+    status = "completed" if last >= cfg.steps else "stopped"
+    if status == "stopped" and state.board.get(state.board.SAVE_REQUEST) and last > start_step:
+        latest = ckpt.latest(run.ckpt_root)
+        if latest is None or ckpt.step_of(latest) != last:
+            # every rank has finished step `last`'s update before reporting done: the host state is final
+            path = ckpt.save(run.ckpt_root, last, cfg, state, last_data_state, keep=cfg.checkpoint.keep, room=room)
+            _log(on_log, f"stopped after step {last}; checkpoint written to {path}")
+    final_dir, files = None, []
+    if status == "completed" and cfg.export:
+        exported = _export_or_keep(cfg, adapter, state, run.ckpt_root, last, last_data_state, on_log, room)
+        final_dir, files = exported["final_dir"], exported["files"]
+        _log(on_log, f"exported a Hugging Face model to {final_dir}")
+    return status, final_dir, files
+
+
+def _run_ranks(run: _Run, start_step: int, data_state: dict | None, records: list[dict], on_step, should_stop,
+               monitor: HealthMonitor) -> tuple[int | None, dict | None]:
     """Let the rank processes train (started already while the host state was filled, or started here; the caller
     ends them by closing `ranks`), relay their records and checkpoint requests until each reports
     done; (last step finished, data position after it), or (None, None) when a stop came before any rank read the
     host state. Each record passes the health monitor first: a diverged step, or a warning with on_warning stop,
     asks the ranks to stop at their next boundary, and no checkpoint is written after it."""
     from slidedp.persist import checkpoint as ckpt
+    from slidedp.step.rank import CKPT_DONE, RankArgs
 
+    spec, state, ranks, pager, startup, on_log = run.spec, run.state, run.ranks, run.pager, run.startup, run.on_log
+    ckpt_root, metrics_path = run.ckpt_root, run.metrics_path
     cfg = spec.config
     world = cfg.world_size
     best = ckpt.BestKeeper(ckpt_root, cfg.eval.keep_best)
@@ -435,7 +504,7 @@ def _run_ranks(spec: RunSpec, state, start_step: int, data_state: dict | None, c
         return None, None
     startup.enter("starting_ranks")
     if not ranks.procs:
-        ranks.start(rank_args(spec, start_step, data_state))
+        ranks.start(RankArgs(spec, start_step, data_state))
     state.board.set(state.board.HOST_READY, 1)
     if pager is not None:
         pager.start()
@@ -515,7 +584,7 @@ def _run_ranks(spec: RunSpec, state, start_step: int, data_state: dict | None, c
                                  f"as {kept}")
             else:  # the earlier checkpoints stay as they are: nothing rotates them away
                 _log(on_log, f"checkpoint of step {payload['step']} not written: {monitor.stop_reason}")
-            state.board.set(ckpt_done, payload["step"])
+            state.board.set(CKPT_DONE, payload["step"])
         elif kind == "error":
             state.board.set(state.board.STOP_REQUEST, 2)
             raise TrainError(f"rank {rank} failed:\n{payload['traceback']}")
