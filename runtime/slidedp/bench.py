@@ -5,7 +5,8 @@
 
 Each policy is
 `delivery:grad_reduce[:activations[:clip[:resident[:cast[:edge_update[:device_layers[:staging_slots]]]]]]]`, the
-shorthand of slidedp.policy: parse_shorthand reads it into the job config's `policy` section (`auto` in a field is
+shorthand of slidedp.policy: parse_shorthand reads it into a PolicyConfig, whose fixed() keys are the job config's
+`policy` section (`auto` in a field is
 AutoPolicy's choice, and so are the cast and staging slots a form with `auto` omits; other omitted fields keep every
 unit's update on the host, unlike a job config's auto defaults), and a form without `auto` is an ExecutionPolicy
 (ExecutionPolicy.from_shorthand, .shorthand()): its omitted cast is the host's.
@@ -29,8 +30,12 @@ import random
 import statistics
 import tempfile
 import time
+from typing import TYPE_CHECKING
 
-from slidedp.policy import parse_shorthand
+from slidedp.policy import ExecutionPolicy, parse_shorthand
+
+if TYPE_CHECKING:
+    from slidedp.config import PolicyConfig
 
 
 def _rows(kind: str, rows: int, seq: int, vocab: int) -> list[list[int]]:
@@ -51,7 +56,7 @@ def _write(path: str, rows: list[list[int]]) -> None:
             fh.write(json.dumps({"input_ids": r}) + "\n")
 
 
-def parse_policy(policy: str) -> tuple[dict, float]:
+def parse_policy(policy: str) -> tuple[PolicyConfig, float]:
     """A --policies entry: (the job config's `policy` section, max_grad_norm), as slidedp.policy.parse_shorthand
     reads it."""
     return parse_shorthand(policy)
@@ -59,12 +64,12 @@ def parse_policy(policy: str) -> tuple[dict, float]:
 
 def job_config(model: str, gpus: int, mbs: int, seq: int, steps: int, policy: str, data: str, out_dir: str,
                threads: int | None, lr: float = 1e-5, gpu_memory_gib: float | None = None) -> dict:
-    request, clip = parse_policy(policy)
+    requested, clip = parse_policy(policy)
     cfg = {"model": model, "data": {"path": data, "format": "tokens", "shuffle": False}, "seq_len": seq,
            "micro_batch_size": mbs, "steps": steps, "gpus": gpus, "ranks": 1 if gpus else 2, "precision": "bf16",
            "output_dir": out_dir, "export": False, "optimizer": {"lr": lr, "max_grad_norm": clip},
            "schedule": {"warmup_steps": 0, "decay": "constant"},
-           "policy": request,
+           "policy": requested.fixed(),
            "checkpoint": {"interval": 0}}
     if threads:
         cfg["cpu_threads"] = threads
@@ -73,15 +78,9 @@ def job_config(model: str, gpus: int, mbs: int, seq: int, steps: int, policy: st
     return cfg
 
 
-def _chosen(policy) -> dict:
-    """What the run resolved its policy to (a slidedp.policy.ExecutionPolicy), as a benchmark row shows it."""
-    if policy is None:
-        return {}
-    chosen = {k: getattr(policy, k) for k in ("delivery", "grad_reduce", "window", "delivery_cast", "edge_update",
-                                              "device_layers")}
-    counts = policy.counts()
-    chosen.update(keep_layers=counts["keep"], offload_layers=counts["offload"], resident_layers=sum(policy.resident))
-    return chosen
+def _chosen(policy: ExecutionPolicy | None) -> dict:
+    """What the run resolved its policy to, as a benchmark row shows it (ExecutionPolicy.summary)."""
+    return {} if policy is None else policy.summary()
 
 
 def plan_one(cfg: dict) -> dict:

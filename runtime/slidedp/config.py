@@ -22,7 +22,6 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal, Optional
 
-from slidedp import policy as execution
 from slidedp.config_parse import INT64_MAX, build, cross_checks
 
 MAX_STEPS = 10**9  # steps, warmup, checkpoint interval
@@ -152,7 +151,8 @@ class EvalConfig:
 @dataclass
 class PolicyConfig:
     """The execution policy a job asks for; `auto` and unset knobs are AutoPolicy's to choose. The resolved form,
-    with every choice made, is slidedp.policy.ExecutionPolicy, whose constants are these defaults."""
+    with every choice made, is slidedp.policy.ExecutionPolicy; its constants (WINDOW, CHUNK_MB, LOSS_CHUNK_TOKENS)
+    are these defaults, and fixed() is the one answer to which keys the user fixed."""
 
     # Keys older configs may hold (stored jobs, checkpoints' meta.json): their one value loads as a no-op.
     RETIRED: ClassVar[dict[str, tuple[Any, str]]] = {
@@ -212,11 +212,11 @@ class PolicyConfig:
         None, doc="With activations=auto: force how many layers offload activations (None: planner).", ge=0,
         le=MAX_LAYERS,
     )
-    window: int = _f(execution.WINDOW, doc="GPU unit buffers in the working window (>= 2: one computing, one arriving).", ge=2,
+    window: int = _f(3, doc="GPU unit buffers in the working window (>= 2: one computing, one arriving).", ge=2,
                      le=1024)
-    chunk_mb: int = _f(execution.CHUNK_MB, doc="Transfer chunk size in MiB for host<->GPU copies.", ge=1, le=65536)
+    chunk_mb: int = _f(64, doc="Transfer chunk size in MiB for host<->GPU copies.", ge=1, le=65536)
     loss_chunk_tokens: int = _f(
-        execution.LOSS_CHUNK_TOKENS, doc="Tokens per chunk of the lm_head + cross-entropy (full fp32 logits never exist).", ge=1,
+        4096, doc="Tokens per chunk of the lm_head + cross-entropy (full fp32 logits never exist).", ge=1,
         le=MAX_TOKENS,
     )
     resident_units: Optional[int] = _f(
@@ -234,6 +234,18 @@ class PolicyConfig:
         ge=4,
         le=MAX_LAYERS,
     )
+
+    @classmethod
+    def default(cls, name: str) -> Any:
+        """The default of one policy key: `auto` or None for a choice, the constant for a knob AutoPolicy tunes."""
+        return cls.__dataclass_fields__[name].default
+
+    def fixed(self) -> dict[str, Any]:
+        """The keys the user fixed, with their values: the one answer to "did the user fix this?" that AutoPolicy
+        honours and `resolve` keeps. `auto` and None leave a choice to AutoPolicy, and so does a knob it tunes
+        (window, chunk_mb, loss_chunk_tokens) left at its default; any other value is fixed."""
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
+                if getattr(self, f.name) not in ("auto", None) and getattr(self, f.name) != f.default}
 
 
 @dataclass

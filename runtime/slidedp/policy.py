@@ -3,7 +3,8 @@
 `ExecutionPolicy` is the only resolved form. AutoPolicy (slidedp.planning.autopolicy) returns it, the plan JSON
 carries its `to_dict()` (docs/interfaces.md §5), slidedp.launch resolves the job's config into it once
 (`resolve`), and the rank engine receives it typed. The config's `policy` section (slidedp.config.PolicyConfig)
-is what a user asks for, `auto` included; its defaults are the constants here. Imports no torch.
+is what a user asks for, `auto` included, and decides which choices the user fixed (PolicyConfig.fixed()); the
+constants here are its defaults. Imports no torch.
 
     policy = ExecutionPolicy.mix(layers=36, keep=4, offload=8, resident=2, delivery="sharded", grad_reduce="gpu")
     policy.to_dict()                                  # the documented JSON
@@ -17,6 +18,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
+from slidedp.config import PolicyConfig
 from slidedp.schedule import device_units
 
 DELIVERIES = ("replicated", "sharded")
@@ -25,10 +27,10 @@ DELIVERY_CASTS = ("host", "gpu")
 EDGE_UPDATES = ("host", "gpu")
 ACTIVATION_POLICIES = ("keep", "checkpoint", "offload")
 
-# Defaults of the knobs AutoPolicy tunes (and of the config keys that fix them).
-WINDOW = 3  # unit buffers in the GPU window: one computing, one arriving, one spare
-CHUNK_MB = 64  # host<->GPU transfer chunk
-LOSS_CHUNK_TOKENS = 4096  # tokens per chunk of the lm_head + cross-entropy
+# Defaults of the knobs AutoPolicy tunes: the config keys' defaults (slidedp.config.PolicyConfig, their one source).
+WINDOW = PolicyConfig.default("window")  # unit buffers in the GPU window: one computing, one arriving, one spare
+CHUNK_MB = PolicyConfig.default("chunk_mb")  # host<->GPU transfer chunk
+LOSS_CHUNK_TOKENS = PolicyConfig.default("loss_chunk_tokens")  # tokens per chunk of the lm_head + cross-entropy
 # Keys of older plan and policy JSON that no longer mean anything: ignored when their value is the only one there
 # ever was, refused otherwise.
 RETIRED = {"reduce_dtype": "fp32"}
@@ -52,12 +54,17 @@ class PolicyError(ValueError):
     """A policy that cannot run: the message names the field."""
 
 
+# The choices every shorthand field names: a form that fixes them all is an ExecutionPolicy (from_shorthand).
+SHORTHAND_CHOICES = ("delivery", "grad_reduce", "activations", "resident_units", "delivery_cast", "edge_update",
+                     "device_layers", "staging_slots")
 SHORTHAND = ("delivery:grad_reduce[:activations[:clip[:resident[:cast[:edge_update[:device_layers"
              "[:staging_slots]]]]]]]")
 
 
-def parse_shorthand(text: str) -> tuple[dict[str, Any], float]:
-    """Bench's colon form of a policy: (the config `policy` section it asks for, the clipping norm it runs with).
+def parse_shorthand(text: str) -> tuple[PolicyConfig, float]:
+    """Bench's colon form of a policy: (the config `policy` section it asks for, as a slidedp.config.PolicyConfig,
+    the clipping norm it runs with). A job config whose `policy` section is that PolicyConfig's fixed() asks for
+    the same policy.
 
     `auto` in any field leaves that choice to AutoPolicy. activations: keep, checkpoint, offload,
     auto, or keepN / offN (the first N layers keep / offload their activations, the rest are checkpointed). clip:
@@ -113,7 +120,7 @@ def parse_shorthand(text: str) -> tuple[dict[str, Any], float]:
         norm = -1.0
     if not norm >= 0.0 or norm == float("inf"):
         raise PolicyError(f"policy {text!r}: clip must be a finite number >= 0 (0: no clipping), got {clip!r}")
-    return request, norm
+    return PolicyConfig(**request), norm
 
 
 @dataclass(frozen=True)
@@ -212,13 +219,12 @@ class ExecutionPolicy:
     def from_shorthand(cls, text: str, layers: int, world: int = 1) -> ExecutionPolicy:
         """The policy bench's colon form names (parse_shorthand; its clip field is not part of a policy), resolved
         by the one rule of `resolve`. A form with `auto` in it is a request for AutoPolicy, not a policy."""
-        request, _ = parse_shorthand(text)
-        mix = "keep_layers" in request  # keepN / offN: activations fixed by the counts
-        if any(v is None or v == "auto" for k, v in request.items() if not (mix and k == "activations")):
+        requested, _ = parse_shorthand(text)
+        fixed = requested.fixed()
+        mix = "keep_layers" in fixed  # keepN / offN: the activations are fixed by the counts
+        if any(name not in fixed for name in SHORTHAND_CHOICES if not (mix and name == "activations")):
             raise PolicyError(f"policy {text!r} leaves a choice to AutoPolicy (auto): plan the job to resolve it")
-        fixed = {"window": WINDOW, "chunk_mb": CHUNK_MB, "loss_chunk_tokens": LOSS_CHUNK_TOKENS,
-                 "keep_layers": None, "offload_layers": None, **request}
-        return resolve(_Request(**fixed), layers, world)
+        return resolve(requested, layers, world)
 
     def for_world(self, world: int) -> ExecutionPolicy:
         """The policy as `world` ranks run it: with one rank there is nothing to shard or reduce between GPUs, so
@@ -249,6 +255,15 @@ class ExecutionPolicy:
     def counts(self) -> dict[str, int]:
         return {p: self.activations.count(p) for p in ACTIVATION_POLICIES}
 
+    def summary(self) -> dict[str, Any]:
+        """The policy in a few numbers, as a benchmark row's `chosen` shows it (docs/interfaces.md §9): the routes,
+        window, cast and device updates, and per-layer placements counted."""
+        counts = self.counts()
+        return {"delivery": self.delivery, "grad_reduce": self.grad_reduce, "window": self.window,
+                "delivery_cast": self.delivery_cast, "edge_update": self.edge_update,
+                "device_layers": self.device_layers, "keep_layers": counts["keep"],
+                "offload_layers": counts["offload"], "resident_layers": sum(self.resident)}
+
     def shorthand(self) -> str:
         """Bench's colon form of this policy (clip written as 0), which from_shorthand reads back to an equal
         policy; PolicyError when the policy has none (a layout other than leading keep or offload layers, resident
@@ -273,61 +288,42 @@ class ExecutionPolicy:
                 f"{self.device_layers}{slots}")
 
 
-@dataclass(frozen=True)
-class _Request:
-    """A fully fixed request (the fields of slidedp.config.PolicyConfig that `resolve` reads)."""
-
-    delivery: str
-    grad_reduce: str
-    activations: str
-    resident_units: int
-    delivery_cast: str
-    edge_update: str
-    device_layers: int
-    window: int
-    chunk_mb: int
-    loss_chunk_tokens: int
-    keep_layers: int | None
-    offload_layers: int | None
-    staging_slots: int | None = None
-
-
-def resolve(requested: Any, layers: int, world: int, planned: ExecutionPolicy | None = None) -> ExecutionPolicy:
-    """The policy a job runs with: the config's `policy` section (`requested`, a slidedp.config.PolicyConfig) where
-    it fixes a choice, AutoPolicy's plan (`planned`) where it says `auto` or leaves a knob at its default, and
-    without a plan the defaults of `world` ranks (sharded delivery and GPU reduction for several)."""
-    p = requested
+def resolve(requested: PolicyConfig, layers: int, world: int,
+            planned: ExecutionPolicy | None = None) -> ExecutionPolicy:
+    """The policy a job runs with: what the config's `policy` section fixes (`requested.fixed()`), AutoPolicy's
+    plan (`planned`) for every choice it leaves, and without a plan the defaults of `world` ranks (sharded delivery
+    and GPU reduction for several)."""
+    fixed = requested.fixed()
     chosen = planned.to_dict() if planned is not None else {}
     several = world > 1
-    delivery = p.delivery if p.delivery != "auto" else chosen.get("delivery", "sharded" if several else "replicated")
-    grad = p.grad_reduce if p.grad_reduce != "auto" else chosen.get("grad_reduce", "gpu" if several else "host")
-    edge = p.edge_update if p.edge_update != "auto" else chosen.get("edge_update", "host")
-    device_layers = min(layers, p.device_layers if p.device_layers is not None else int(chosen.get("device_layers", 0)))
+
+    def choice(name: str, default: Any) -> Any:
+        return fixed[name] if name in fixed else chosen.get(name, default)
+
+    delivery = choice("delivery", "sharded" if several else "replicated")
+    grad = choice("grad_reduce", "gpu" if several else "host")
+    edge = choice("edge_update", "host")
+    device_layers = min(layers, int(choice("device_layers", 0)))
     if (edge == "gpu" or device_layers) and several and grad != "gpu":  # device updates reduce on the GPUs
         grad = "gpu"
-    if p.activations != "auto":
-        acts = (p.activations,) * layers
+    if "activations" in fixed:
+        acts = (fixed["activations"],) * layers
     elif len(chosen.get("activations") or ()) == layers:  # the plan honours keep_layers / offload_layers
         acts = tuple(chosen["activations"])
     else:  # no plan: the counts laid out as the planner lays them out
-        acts = activation_layout(layers, p.keep_layers or 0, p.offload_layers or 0)
-    if p.resident_units is not None:
-        resident = tuple(i < p.resident_units for i in range(layers))
+        acts = activation_layout(layers, fixed.get("keep_layers", 0), fixed.get("offload_layers", 0))
+    if "resident_units" in fixed:
+        resident = tuple(i < fixed["resident_units"] for i in range(layers))
     else:
         resident = tuple(chosen.get("resident") or (False,) * layers)
-
-    def knob(name: str, default: int) -> int:  # a knob left at its default is the planner's to choose
-        value = getattr(p, name)
-        return int(chosen.get(name, value)) if value == default else value
-
-    window = knob("window", WINDOW)
-    slots = p.staging_slots
-    if slots is None:  # AutoPolicy's choice where it suits the window, else the default for the window
-        planned = int(chosen.get("staging_slots", 0))
-        slots = planned if planned > window else staging_slots(window)
+    window = int(choice("window", WINDOW))
+    if "staging_slots" in fixed:
+        slots = fixed["staging_slots"]
+    else:  # AutoPolicy's choice where it suits the window, else the default for the window
+        planned_slots = int(chosen.get("staging_slots", 0))
+        slots = planned_slots if planned_slots > window else staging_slots(window)
     return ExecutionPolicy(
         delivery=delivery, grad_reduce=grad, activations=acts, resident=resident, edge_update=edge,
-        device_layers=device_layers, window=window, staging_slots=slots,
-        delivery_cast=p.delivery_cast if p.delivery_cast != "auto" else chosen.get("delivery_cast", "host"),
-        chunk_mb=knob("chunk_mb", CHUNK_MB), loss_chunk_tokens=knob("loss_chunk_tokens", LOSS_CHUNK_TOKENS),
+        device_layers=device_layers, window=window, staging_slots=slots, delivery_cast=choice("delivery_cast", "host"),
+        chunk_mb=int(choice("chunk_mb", CHUNK_MB)), loss_chunk_tokens=int(choice("loss_chunk_tokens", LOSS_CHUNK_TOKENS)),
     ).for_world(world)

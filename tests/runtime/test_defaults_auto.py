@@ -11,7 +11,6 @@ import pytest
 from slidedp.config import JobConfig, PolicyConfig
 from slidedp.host_memory import host_state_bytes
 from slidedp.planning import autopolicy as ap
-from slidedp.planning.knobs import DEFAULTS
 from slidedp.policy import parse_shorthand
 from slidedp.presets import model_config_dict
 
@@ -28,7 +27,7 @@ def test_every_policy_choice_defaults_to_the_planner():
     """Each policy key is auto, unset (null) or a knob the planner tunes while it stays at its default."""
     assert PolicyConfig().delivery_cast == "auto"
     assert _cfg().policy.delivery_cast == "auto"
-    assert DEFAULTS["delivery_cast"] == "auto"
+    assert PolicyConfig.default("delivery_cast") == "auto"
     tuned = {"window", "chunk_mb", "loss_chunk_tokens"}  # resolve() takes the plan's value at the default
     left = {f.name: f.default for f in dataclasses.fields(PolicyConfig) if f.name not in tuned}
     assert left and all(v in ("auto", None) for v in left.values()), left
@@ -106,6 +105,6 @@ def test_the_host_state_check_counts_the_bf16_copy_a_cpu_job_keeps():
 
 
 def test_bench_shorthand_leaves_the_cast_to_autopolicy_where_it_asks_for_autopolicy():
-    assert parse_shorthand("auto:auto")[0]["delivery_cast"] == "auto"
-    assert parse_shorthand("auto:auto:auto:0:auto:host")[0]["delivery_cast"] == "host"
-    assert parse_shorthand("sharded:gpu")[0]["delivery_cast"] == "host"  # an explicit policy, measured as given
+    assert parse_shorthand("auto:auto")[0].delivery_cast == "auto"
+    assert parse_shorthand("auto:auto:auto:0:auto:host")[0].delivery_cast == "host"
+    assert parse_shorthand("sharded:gpu")[0].delivery_cast == "host"  # an explicit policy, measured as given

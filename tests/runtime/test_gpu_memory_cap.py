@@ -193,7 +193,7 @@ def test_delivery_cast_auto_takes_the_cast_that_fits_host_ram_and_the_run_resolv
     run = resolve(cfg.policy, 36, 1, ExecutionPolicy.from_dict(plan["policy"]))
     assert run.delivery_cast == "gpu"
     assert resolve(cfg.policy, 36, 1, None).delivery_cast == "host"  # no plan: the default
-    assert parse_shorthand("auto:auto:auto:0:auto:auto")[0]["delivery_cast"] == "auto"
+    assert parse_shorthand("auto:auto:auto:0:auto:auto")[0].delivery_cast == "auto"
     fp32 = ap.plan_job(JobConfig.from_dict({**base, "precision": "fp32", "model": "qwen3-0.6b"}),
                        _one_gpu_topology(), None)
     assert "delivery_cast_choice" not in fp32 and fp32["policy"]["delivery_cast"] == "host"

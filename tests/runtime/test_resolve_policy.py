@@ -111,8 +111,8 @@ def test_staging_slots_are_the_policys_own_checked_and_fixed_where_the_job_fixes
     wide = ExecutionPolicy.default(4, staging_slots=24)
     assert wide.shorthand().endswith(":24") and ExecutionPolicy.from_shorthand(wide.shorthand(), layers=4) == wide
     assert ExecutionPolicy.from_shorthand("replicated:host", layers=4).staging_slots == 8
-    assert parse_shorthand("auto:auto:auto:0:auto:auto:auto:auto")[0]["staging_slots"] is None  # AutoPolicy's
-    assert parse_shorthand("auto:auto:auto:0:auto:auto:auto:auto:8")[0]["staging_slots"] == 8
+    assert parse_shorthand("auto:auto:auto:0:auto:auto:auto:auto")[0].staging_slots is None  # AutoPolicy's
+    assert parse_shorthand("auto:auto:auto:0:auto:auto:auto:auto:8")[0].staging_slots == 8
     with pytest.raises(PolicyError, match="staging_slots must be an integer of at least window \\+ 1 = 7"):
         ExecutionPolicy.default(4, window=6, staging_slots=6)
     with pytest.raises(PolicyError, match="staging_slots must be a count or auto"):

@@ -35,9 +35,9 @@ from slidedp.planning.basis import topology_facts as topology_facts
 from slidedp.planning.card_sweep import card_sweep
 from slidedp.planning.cost_model import GIB, Job, Rates, Uncalibrated, offload_backlog, predict
 from slidedp.planning.knobs import CHUNKS_MB as CHUNKS_MB
-from slidedp.planning.knobs import DEFAULTS, KnobSearch, StartKnobs
 from slidedp.planning.knobs import LOSS_CHUNKS as LOSS_CHUNKS
 from slidedp.planning.knobs import WINDOWS as WINDOWS
+from slidedp.planning.knobs import KnobSearch, StartKnobs
 from slidedp.planning.marginal import MixSearch
 from slidedp.planning.memory_model import ActivationSizes, memory
 from slidedp.planning.plan_json import PlanJson, refusal
@@ -219,29 +219,13 @@ def _declared(plan: dict[str, Any], topology: dict[str, Any]) -> dict[str, Any]:
 
 class _Planner(RouteSearch, KnobSearch, PlanJson, MixSearch, Refusals):
     """One job's search: the job, its rates (None: memory only), the activation sizes and the settings the user
-    fixed (`user`); the parts of the search come from the mixins, each in its module."""
+    fixed (`user`: the config's PolicyConfig.fixed(), the one answer to what the user fixed); the parts of the
+    search come from the mixins, each in its module."""
 
     def __init__(self, cfg: Any, job: Job, rates: Rates | None, acts: ActivationSizes,
                  sims: dict[ExecutionPolicy, dict[str, Any]] | None = None):
         self.cfg, self.job, self.rates, self.acts = cfg, job, rates, acts
-        p = cfg.policy
-        self.user = {
-            k: getattr(p, k)
-            for k in DEFAULTS
-            if getattr(p, k) not in ("auto", None)
-            and (
-                k
-                in (
-                    "delivery",
-                    "grad_reduce",
-                    "activations",
-                    "keep_layers",
-                    "offload_layers",
-                    "resident_units",
-                )
-                or getattr(p, k) != DEFAULTS[k]
-            )
-        }
+        self.user = cfg.policy.fixed()
         # predictions by policy; they do not depend on the HBM budget, so the card sweep's planners share them
         self.sims: dict[ExecutionPolicy, dict[str, Any]] = {} if sims is None else sims
 

@@ -23,7 +23,6 @@ LOSS_CHUNKS = (1024, 2048, 4096, 8192)
 STAGING_SLOTS = (12, 16, 24, 32, 48)  # tried above the default (policy.staging_slots) where the model prices them
 SLOTS_GAIN = 0.01  # more staging is taken only when this much faster: it holds host RAM and page-locking time
 SLOTS_SHARE_OF_FREE = 0.25  # and only within this share of the host RAM the rest of the plan leaves free
-DEFAULTS = {f.name: f.default for f in dataclasses.fields(PolicyConfig)}  # every policy setting's default
 
 
 @dataclasses.dataclass(frozen=True)
@@ -37,8 +36,8 @@ class StartKnobs:
 
 
 class KnobSearch:
-    """Mixed into the planner, which provides job, user (the settings the user fixed), rates, fits(), time(),
-    candidate(), refill() and shrink_to_fit()."""
+    """Mixed into the planner, which provides job, user (the settings the user fixed: PolicyConfig.fixed()), rates,
+    fits(), time(), candidate(), refill() and shrink_to_fit()."""
 
     job: Job
     user: dict[str, Any]
@@ -48,7 +47,7 @@ class KnobSearch:
         """The values of a knob to try: the user's, else these options with times, the default without."""
         if name in self.user:
             return [self.user[name]]
-        return list(options) if self.rates else [DEFAULTS[name]]
+        return list(options) if self.rates else [PolicyConfig.default(name)]
 
     def start_knobs(self) -> StartKnobs:
         """The user's window and chunk or the defaults, and the loss chunk nearest the default that the
@@ -58,9 +57,9 @@ class KnobSearch:
         ]
         loss_chunks = loss_chunks or [min(LOSS_CHUNKS)]
         return StartKnobs(
-            window=self.user.get("window", DEFAULTS["window"]),
-            chunk_mb=self.user.get("chunk_mb", DEFAULTS["chunk_mb"]),
-            loss_chunk_tokens=min(loss_chunks, key=lambda c: abs(c - DEFAULTS["loss_chunk_tokens"])),
+            window=self.user.get("window", PolicyConfig.default("window")),
+            chunk_mb=self.user.get("chunk_mb", PolicyConfig.default("chunk_mb")),
+            loss_chunk_tokens=min(loss_chunks, key=lambda c: abs(c - PolicyConfig.default("loss_chunk_tokens"))),
             loss_chunks=loss_chunks,
         )
 
@@ -112,5 +111,5 @@ class KnobSearch:
         return best
 
     def _defaults_first(self, name: str, options: list[int]) -> list[int]:
-        d = DEFAULTS[name]
+        d = PolicyConfig.default(name)
         return sorted(options, key=lambda v: (v != d, v))
