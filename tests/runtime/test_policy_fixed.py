@@ -165,3 +165,9 @@ def test_a_bench_rows_chosen_is_the_policys_summary():
                              "edge_update": "gpu", "device_layers": 2, "keep_layers": 2, "offload_layers": 3,
                              "resident_layers": 2}
     assert bench._chosen(pol) == pol.summary() and bench._chosen(None) == {}
+
+
+@pytest.mark.parametrize("cast,sized", [("auto", "host"), ("host", "host"), ("gpu", "gpu")])
+def test_a_job_is_sized_with_the_cast_the_user_fixed_and_the_host_cast_otherwise(x2, cast, sized):
+    topo, _ = x2
+    assert Job.from_config(_cfg({"delivery_cast": cast}), topo["nvlink"]).delivery_cast == sized

@@ -112,9 +112,10 @@ class Job:
             host_limit_source=source,
             interconnect=job_interconnect(topology, cfg.gpus) if cfg.gpus else "none",
             model_cfg=mc,
-            # "auto" (the default) is planned both ways by autopolicy.plan_job, which sizes each cast; a job sized
-            # outside it (a declared calibration's figures) counts the host cast, auto's choice without times
-            delivery_cast=getattr(getattr(cfg, "policy", None), "delivery_cast", "host").replace("auto", "host"),
+            # a cast the user did not fix ("auto", the default) is planned both ways by autopolicy.plan_job, which
+            # sizes each cast; a job sized outside it (a declared calibration's figures) counts the host cast,
+            # auto's choice without times
+            delivery_cast=cfg.policy.fixed().get("delivery_cast", "host") if hasattr(cfg, "policy") else "host",
             hbm_cap_bytes=int(cfg.gpu_memory_gib * GIB) if getattr(cfg, "gpu_memory_gib", None) else None,
         )
 
