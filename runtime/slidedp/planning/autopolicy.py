@@ -94,7 +94,7 @@ def _name_the_cap_that_fits(plan: dict[str, Any], ways: list[dict[str, Any]]) ->
 
 def _planned(cfg: Any, topology: dict[str, Any], calibration: dict[str, Any] | None, sweep: bool = False,
              timed: bool = True) -> dict[str, Any]:
-    if cfg.policy.delivery_cast == "auto":
+    if "delivery_cast" not in cfg.policy.fixed():  # the cast left to AutoPolicy: the job planned both ways
         return _cast_choice(cfg, topology, calibration, sweep, timed)
     return _plan(cfg, topology, calibration, sweep, timed)
 
