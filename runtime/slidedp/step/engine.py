@@ -346,60 +346,31 @@ class RankEngine:
 
     # ------------------------------------------------------------------ one step
     def run_step(self, step: int, micro_batches: list, data_s: float) -> StepTiming:
+        """One optimizer step: every micro-batch's forward and backward through the window (the window's own
+        order, slidedp.schedule), gradients handed to the host or updated on the devices as they come, then the
+        step's end (the norm, the device update) and its figures."""
         t_start = time.perf_counter()
         cpu_start = (time.thread_time(), time.process_time())
         if trace.TRACE is not None:
             trace.TRACE.add("step", step, t=t_start)
         s = self.streams
         ev = {"start": s.record(s.compute, timing=True)}
-        self.window.update_wait_s = 0.0
-        self.staging_wait_s = 0.0
-        self.routes.bytes.take()
-        if s.cuda:
-            torch.cuda.reset_peak_memory_stats(self.device)
         M = len(micro_batches)
-        sched = self.schedule(M)
-        self.window.begin_step(step, sched)
-        # The loss divides by the non-ignored targets of the whole global batch, known before any backward.
-        local_targets = sum(int((mb.labels[:, 1:] != -100).sum()) for mb in micro_batches)
-        n_targets = torch.tensor([float(local_targets)], device=self.device)
-        dist.all_reduce(n_targets, group=self.routes.grad_group)
-        n_targets = n_targets[0].clamp_min(1.0)
+        n_targets = self._begin_step(step, micro_batches)
         loss_sum = torch.zeros((), dtype=torch.float32, device=self.device)
-        # gE and gH are reused only after last step's transfers out of them (one d2h stream: the latest
-        # event of each parity covers every earlier copy)
-        s.compute.wait_event(self._gdone[0])
-        s.compute.wait_event(self._gdone[1])
-        self.gE.zero_()
-        self.gH.zero_()
-        if self.acc is not None:
-            for a in self.acc.values():
-                a.zero_()
         k = 0
         tokens = 0
         for m, mb in enumerate(micro_batches):
             last = m == M - 1
-            ids = mb.input_ids.to(self.device, non_blocking=True)
+            ids, targets_dev, chunk_valid, ctx = self._inputs(mb)
             tokens += ids.numel()
-            pos = mb.position_ids.to(self.device, non_blocking=True)
-            targets = torch.full_like(mb.labels, -100)
-            targets[:, :-1] = mb.labels[:, 1:]
-            C = self.loss_chunk
-            tflat = targets.reshape(-1)
-            chunk_valid = [bool((tflat[c0 : c0 + C] != -100).any()) for c0 in range(0, tflat.numel(), C)]
-            targets_dev = tflat.to(self.device, non_blocking=True)
-            ctx = {"position_ids": pos, "attention_mask": None}
-            if mb.segment_ids is not None:
-                from slidedp.data.packing import attention_mask_from_segments
-
-                ctx["attention_mask"] = attention_mask_from_segments(mb.segment_ids).to(self.device)
             # forward
             if m == 0:
                 ebuf = self.window.get(k)
                 k_embed = k
                 k += 1
             h = self.adapter.embed_forward(ebuf[: self.shards.numels[0]].view(self.adapter.vocab, -1), ids)
-            ctx["position_embeddings"] = self.rotary(h, pos)
+            ctx["position_embeddings"] = self.rotary(h, ctx["position_ids"])
             saved: dict[int, tuple] = {}
             for u in range(1, self.head_unit):
                 self._current_item = k
@@ -441,6 +412,61 @@ class RankEngine:
                 if not self._reduced_on_device(0, self.gE):
                     parity = self._next_parity()
                     self._send(0, self.gE, parity, step)
+        norm = self._end_backward(step, ev)
+        dist.all_reduce(loss_sum, group=self.routes.grad_group)
+        gathered = self._step_figures()
+        ev["stats"] = s.record(s.compute)
+        if trace.TRACE is not None:
+            trace.TRACE.gpu(step, ev)
+        return StepTiming(step, t_start, data_s, self.window.update_wait_s, self.staging_wait_s, tokens, ev,
+                          loss_sum, n_targets, gathered, cpu_start, norm)
+
+    def _begin_step(self, step: int, micro_batches: list) -> torch.Tensor:
+        """Counters and the window set for the step, the gradient buffers zeroed once free; returns the global
+        batch's count of non-ignored targets, which the loss divides by and which is known before any backward."""
+        s = self.streams
+        self.window.update_wait_s = 0.0
+        self.staging_wait_s = 0.0
+        self.routes.bytes.take()
+        if s.cuda:
+            torch.cuda.reset_peak_memory_stats(self.device)
+        self.window.begin_step(step, self.schedule(len(micro_batches)))
+        local_targets = sum(int((mb.labels[:, 1:] != -100).sum()) for mb in micro_batches)
+        n_targets = torch.tensor([float(local_targets)], device=self.device)
+        dist.all_reduce(n_targets, group=self.routes.grad_group)
+        # gE and gH are reused only after last step's transfers out of them (one d2h stream: the latest
+        # event of each parity covers every earlier copy)
+        s.compute.wait_event(self._gdone[0])
+        s.compute.wait_event(self._gdone[1])
+        self.gE.zero_()
+        self.gH.zero_()
+        if self.acc is not None:
+            for a in self.acc.values():
+                a.zero_()
+        return n_targets[0].clamp_min(1.0)
+
+    def _inputs(self, mb) -> tuple[torch.Tensor, torch.Tensor, list[bool], dict[str, Any]]:
+        """A micro-batch on the device: (token ids, next-token targets flat, which loss chunks hold a target,
+        the layers' context: position ids and the packed rows' attention mask)."""
+        ids = mb.input_ids.to(self.device, non_blocking=True)
+        pos = mb.position_ids.to(self.device, non_blocking=True)
+        targets = torch.full_like(mb.labels, -100)
+        targets[:, :-1] = mb.labels[:, 1:]
+        C = self.loss_chunk
+        tflat = targets.reshape(-1)
+        chunk_valid = [bool((tflat[c0 : c0 + C] != -100).any()) for c0 in range(0, tflat.numel(), C)]
+        targets_dev = tflat.to(self.device, non_blocking=True)
+        ctx: dict[str, Any] = {"position_ids": pos, "attention_mask": None}
+        if mb.segment_ids is not None:
+            from slidedp.data.packing import attention_mask_from_segments
+
+            ctx["attention_mask"] = attention_mask_from_segments(mb.segment_ids).to(self.device)
+        return ids, targets_dev, chunk_valid, ctx
+
+    def _end_backward(self, step: int, ev: dict) -> tuple | None:
+        """The backward is issued: the updater is told (with the global norm's sum of squares where the devices
+        reduce it: (event, host scalar), else None, returned), and the units updated on the devices are."""
+        s = self.streams
         ev["backward_end"] = s.record(s.compute, timing=True)
         if trace.TRACE is not None:
             trace.TRACE.add("backward_issued", step, t=trace.now())
@@ -457,18 +483,17 @@ class RankEngine:
             self.device_update.update(step)
             # the device update counts as backward, as the overlap model counts it
             ev["backward_end"] = s.record(s.compute, timing=True)
-        dist.all_reduce(loss_sum, group=self.routes.grad_group)
+        return norm
+
+    def _step_figures(self) -> torch.Tensor:
+        """Every rank's bytes moved (h2d, d2h, collective), allocator peak and card memory in use, gathered."""
         b = self.routes.bytes.take()
         peak = used = 0
-        if s.cuda:  # the allocator's peak, and what the driver counts in use on the card (context included)
+        if self.streams.cuda:  # the allocator's peak, and what the driver counts in use on the card (context included)
             free, total = torch.cuda.mem_get_info(self.device)
             peak, used = torch.cuda.max_memory_reserved(self.device), total - free
         stats = torch.tensor([b["h2d"], b["d2h"], b["collective"], peak, used], dtype=torch.int64,
                              device=self.device)
         gathered = torch.zeros(5 * self.world, dtype=torch.int64, device=self.device)
         all_gather(gathered, stats, group=self.routes.grad_group)
-        ev["stats"] = s.record(s.compute)
-        if trace.TRACE is not None:
-            trace.TRACE.gpu(step, ev)
-        return StepTiming(step, t_start, data_s, self.window.update_wait_s, self.staging_wait_s, tokens, ev,
-                          loss_sum, n_targets, gathered, cpu_start, norm)
+        return gathered

@@ -130,106 +130,151 @@ class _Marks:
 
 
 def rank_main(link, args: RankArgs, queue) -> None:
+    """A rank's life, in the stages its start-up record names: start (device, group, host state, model and data,
+    engine), the steps, then the end (the last update waited for, the host state made whole, "done")."""
+    marks = _Marks()
+    started: _Started | None = None
+    try:
+        started = _start(link, args, marks, queue)
+        last_done = _train(started, args, queue)
+        _finish(started, last_done, queue)
+    finally:
+        if started is not None:
+            started.state.unpin()
+
+
+@dataclass
+class _Started:
+    """A rank ready for its first step."""
+
+    link: Any
+    cfg: JobConfig
+    state: HostState
+    engine: Any  # slidedp.step.engine.RankEngine
+    pipeline: Any  # slidedp.data.DataPipeline
+    groups: tuple
+    reporter: _Reporter
+    tr: Any  # the step timeline (slidedp.step.trace), or None
+
+
+def _start(link, args: RankArgs, marks: _Marks, queue) -> _Started:
+    """Device and process group, the host state attached, then _ready."""
+    rank, world = link.rank, link.world
+    cfg = args.spec.config
+    # The model's config, the tokenizer and the data (importing transformers, reading and packing the rows) need no
+    # device: they load on a thread of their own while this one starts CUDA and the process group, maps the host
+    # state, waits for it to be filled and page-locks it: it hides up to the shorter of the two.
+    loading = _Loading(cfg, args, rank, world)
+    device = _setup(link, args, cfg, marks)
+    groups = (dist.new_group(list(range(world))), dist.new_group(list(range(world))))
+    marks.done("process_group")
+    state = HostState.attach(args.spec.layout)
+    marks.done("attach")
+    try:
+        return _ready(link, args, marks, queue, loading, device, groups, state)
+    except BaseException:
+        state.unpin()  # whatever it had page-locked
+        raise
+
+
+def _ready(link, args: RankArgs, marks: _Marks, queue, loading: _Loading, device: torch.device, groups: tuple,
+           state: HostState) -> _Started:
+    """From the attached host state to the first step: staging and state page-locked, model and data loaded,
+    the engine and its updater started, the starting model evaluated (when the job evaluates)."""
     from slidedp.step.engine import RankEngine
 
-    rank, world = link.rank, link.world
-    marks = _Marks()
-    state = None
-    try:
-        cfg = args.spec.config
-        # The model's config, the tokenizer and the data (importing transformers, reading and packing the rows)
-        # need no device: they load on a thread of their own while this one starts CUDA and the process group,
-        # maps the host state, waits for it to be filled and page-locks it: it hides up to the shorter of the two.
-        loading = _Loading(cfg, args, rank, world)
-        device = _setup(link, args, cfg, marks)
-        groups = (dist.new_group(list(range(world))), dist.new_group(list(range(world))))
-        marks.done("process_group")
-        state = HostState.attach(args.spec.layout)
-        marks.done("attach")
-        board = state.board
+    rank, world, cfg = link.rank, link.world, args.spec.config
+    board = state.board
 
-        def abort() -> None:
-            if board.get(Board.STOP_REQUEST) == 2:  # the launcher saw a rank die
-                raise RuntimeError("another rank failed")
+    def abort() -> None:
+        if board.get(Board.STOP_REQUEST) == 2:  # the launcher saw a rank die
+            raise RuntimeError("another rank failed")
 
-        # The gradient staging is no part of what the launcher fills: it is page-locked while the fill runs.
-        state.pin_staging()
-        marks.done("page_lock_staging")
-        # Everything above overlaps the launcher's filling of the host state; nothing below may read it before
-        # the launcher says it is whole. The state is page-locked only then, and the launcher pages the moments in
-        # only once every rank has said it is done (Board.set_pinned): for Qwen3-8B on the GPU machine page-locking
-        # took 17-25 s beside the launcher's fill and paging, against about 1.3 s for a filled state alone
-        # (docs/benchmarks.md).
-        wait_until(lambda: board.get(Board.HOST_READY) == 1, "the launcher to fill the host state",
-                   timeout_s=math.inf, abort=_launcher_alive(abort))
-        marks.done("waiting_for_host_state")
-        state.pin()
-        board.set_pinned(rank)
-        marks.done("page_lock")
-        adapter, pipeline = loading.result()
-        marks.done("model_and_data")
+    # The gradient staging is no part of what the launcher fills: it is page-locked while the fill runs.
+    state.pin_staging()
+    marks.done("page_lock_staging")
+    # Everything above overlaps the launcher's filling of the host state; nothing below may read it before the
+    # launcher says it is whole. The state is page-locked only then, and the launcher pages the moments in only once
+    # every rank has said it is done (Board.set_pinned): for Qwen3-8B on the GPU machine page-locking took 17-25 s
+    # beside the launcher's fill and paging, against about 1.3 s for a filled state alone (docs/benchmarks.md).
+    wait_until(lambda: board.get(Board.HOST_READY) == 1, "the launcher to fill the host state",
+               timeout_s=math.inf, abort=_launcher_alive(abort))
+    marks.done("waiting_for_host_state")
+    state.pin()
+    board.set_pinned(rank)
+    marks.done("page_lock")
+    adapter, pipeline = loading.result()
+    marks.done("model_and_data")
 
-        engine = RankEngine(cfg, adapter, state, args.spec.policy, rank, world, device, groups, abort=abort)
-        engine.updater.last_step = args.start_step
-        tr = trace.start(rank)  # SLIDEDP_TRACE: a timeline of the steps (slidedp.step.trace)
-        if tr is not None:
-            tr.anchor(engine.streams)
-        engine.updater.start()
-        marks.done("engine")
-        model_cfg = adapter.config.to_dict()
-        flops_tok = flops_per_token({**model_cfg, "model_type": adapter.config.model_type}, cfg.seq_len)
-        peak = _peak_tflops(device)
-        pending: deque = deque()
-        reporter = _Reporter(cfg, engine, queue, rank, world, flops_tok, peak, args.spec.predicted)
-        reporter.memory_cap = args.memory_cap
-        last_done = args.start_step
-        if cfg.eval.enabled:  # the model the run starts from, reported with the run's first step
-            reporter.evaluate(pipeline, args.start_step, start=True)
-            marks.done("evaluation")
-        if rank == 0:
-            queue.put(("stage", 0, {"stage": "first_step", "rank_startup_s": marks.seconds}))  # the launcher's stages
-        latest = None  # the last step run (emitting its record may have taken it out of `pending`)
-        checkpoint_steps = args.spec.checkpoint_steps(args.start_step)
-        for step in range(args.start_step + 1, cfg.steps + 1):
-            if rank == 0 and latest is not None and not _step_finite(latest):
-                board.set(Board.STOP_REQUEST, 1)  # diverged: no step after it; the launcher names the reason
-            if _decide_stop(board, rank, step):
-                break
-            t0 = time.perf_counter()
-            micro = pipeline.next_step()
-            data_s = time.perf_counter() - t0
-            latest = engine.run_step(step, micro, data_s)
-            pending.append(latest)
-            last_done = step
-            reporter.emit_ready(pending, final=False)
-            if cfg.eval.enabled and (step == cfg.steps or (cfg.eval.interval and step % cfg.eval.interval == 0)):
-                _wait_step_updated(engine, step)
-                reporter.evaluate(pipeline, step)
-                reporter.emit_ready(pending, final=True)  # the step's time ends with its update, before evaluating
-            # A stop-and-save is written by the launcher after every rank has stopped: a save request read here
-            # would be seen by some ranks after step t and by others only after t+1, and the ranks would then
-            # meet in different barriers.
-            if step in checkpoint_steps:
-                _wait_step_updated(engine, step)
-                if engine.device_update is not None:
-                    engine.device_update.write_back()
-                reporter.emit_ready(pending, final=True)
-                _checkpoint_barrier(board, rank, step, queue, pipeline.state_dict(), groups[1])
-        _wait_step_updated(engine, last_done)
-        if engine.device_update is not None:  # the host state is whole again for the stop's checkpoint and export
-            engine.device_update.write_back()
-        reporter.emit_ready(pending, final=True)
-        engine.updater.stop()
-        engine.updater.join(timeout=60)
-        if tr is not None:
-            tr.write()
-        dist.barrier(group=groups[1])
-        queue.put(("done", rank, {"last_step": last_done, "data_state": pipeline.state_dict()}))
-        pipeline.close()
-        dist.destroy_process_group()
-    finally:
-        if state is not None:
-            state.unpin()
+    engine = RankEngine(cfg, adapter, state, args.spec.policy, rank, world, device, groups, abort=abort)
+    engine.updater.last_step = args.start_step
+    tr = trace.start(rank)  # SLIDEDP_TRACE: a timeline of the steps (slidedp.step.trace)
+    if tr is not None:
+        tr.anchor(engine.streams)
+    engine.updater.start()
+    marks.done("engine")
+    model_cfg = adapter.config.to_dict()
+    flops_tok = flops_per_token({**model_cfg, "model_type": adapter.config.model_type}, cfg.seq_len)
+    reporter = _Reporter(cfg, engine, queue, rank, world, flops_tok, _peak_tflops(device), args.spec.predicted)
+    reporter.memory_cap = args.memory_cap
+    if cfg.eval.enabled:  # the model the run starts from, reported with the run's first step
+        reporter.evaluate(pipeline, args.start_step, start=True)
+        marks.done("evaluation")
+    if rank == 0:
+        queue.put(("stage", 0, {"stage": "first_step", "rank_startup_s": marks.seconds}))  # the launcher's stages
+    return _Started(link, cfg, state, engine, pipeline, groups, reporter, tr)
+
+
+def _train(r: _Started, args: RankArgs, queue) -> int:
+    """The steps after args.start_step up to the config's last, or to the boundary rank 0 decides to stop at;
+    evaluations and checkpoints where they fall. Returns the last step run."""
+    cfg, board, engine, reporter, rank = r.cfg, r.state.board, r.engine, r.reporter, r.link.rank
+    pending: deque = deque()
+    last_done = args.start_step
+    latest = None  # the last step run (emitting its record may have taken it out of `pending`)
+    checkpoint_steps = args.spec.checkpoint_steps(args.start_step)
+    for step in range(args.start_step + 1, cfg.steps + 1):
+        if rank == 0 and latest is not None and not _step_finite(latest):
+            board.set(Board.STOP_REQUEST, 1)  # diverged: no step after it; the launcher names the reason
+        if _decide_stop(board, rank, step):
+            break
+        t0 = time.perf_counter()
+        micro = r.pipeline.next_step()
+        data_s = time.perf_counter() - t0
+        latest = engine.run_step(step, micro, data_s)
+        pending.append(latest)
+        last_done = step
+        reporter.emit_ready(pending, final=False)
+        if cfg.eval.enabled and (step == cfg.steps or (cfg.eval.interval and step % cfg.eval.interval == 0)):
+            _wait_step_updated(engine, step)
+            reporter.evaluate(r.pipeline, step)
+            reporter.emit_ready(pending, final=True)  # the step's time ends with its update, before evaluating
+        # A stop-and-save is written by the launcher after every rank has stopped: a save request read here would
+        # be seen by some ranks after step t and by others only after t+1, and the ranks would then meet in
+        # different barriers.
+        if step in checkpoint_steps:
+            _wait_step_updated(engine, step)
+            if engine.device_update is not None:
+                engine.device_update.write_back()
+            reporter.emit_ready(pending, final=True)
+            _checkpoint_barrier(board, rank, step, queue, r.pipeline.state_dict(), r.groups[1])
+    _wait_step_updated(engine, last_done)
+    if engine.device_update is not None:  # the host state is whole again for the stop's checkpoint and export
+        engine.device_update.write_back()
+    reporter.emit_ready(pending, final=True)
+    return last_done
+
+
+def _finish(r: _Started, last_done: int, queue) -> None:
+    """The updater stopped, the timeline written, every rank past its last step; "done" with the data position."""
+    r.engine.updater.stop()
+    r.engine.updater.join(timeout=60)
+    if r.tr is not None:
+        r.tr.write()
+    dist.barrier(group=r.groups[1])
+    queue.put(("done", r.link.rank, {"last_step": last_done, "data_state": r.pipeline.state_dict()}))
+    r.pipeline.close()
+    dist.destroy_process_group()
 
 
 def _launcher_alive(abort):
