@@ -30,12 +30,8 @@ import random
 import statistics
 import tempfile
 import time
-from typing import TYPE_CHECKING
 
-from slidedp.policy import ExecutionPolicy, parse_shorthand
-
-if TYPE_CHECKING:
-    from slidedp.config import PolicyConfig
+from slidedp.policy import parse_shorthand
 
 
 def _rows(kind: str, rows: int, seq: int, vocab: int) -> list[list[int]]:
@@ -56,15 +52,9 @@ def _write(path: str, rows: list[list[int]]) -> None:
             fh.write(json.dumps({"input_ids": r}) + "\n")
 
 
-def parse_policy(policy: str) -> tuple[PolicyConfig, float]:
-    """A --policies entry: (the job config's `policy` section, max_grad_norm), as slidedp.policy.parse_shorthand
-    reads it."""
-    return parse_shorthand(policy)
-
-
 def job_config(model: str, gpus: int, mbs: int, seq: int, steps: int, policy: str, data: str, out_dir: str,
                threads: int | None, lr: float = 1e-5, gpu_memory_gib: float | None = None) -> dict:
-    requested, clip = parse_policy(policy)
+    requested, clip = parse_shorthand(policy)
     cfg = {"model": model, "data": {"path": data, "format": "tokens", "shuffle": False}, "seq_len": seq,
            "micro_batch_size": mbs, "steps": steps, "gpus": gpus, "ranks": 1 if gpus else 2, "precision": "bf16",
            "output_dir": out_dir, "export": False, "optimizer": {"lr": lr, "max_grad_norm": clip},
@@ -78,11 +68,6 @@ def job_config(model: str, gpus: int, mbs: int, seq: int, steps: int, policy: st
     return cfg
 
 
-def _chosen(policy: ExecutionPolicy | None) -> dict:
-    """What the run resolved its policy to, as a benchmark row shows it (ExecutionPolicy.summary)."""
-    return {} if policy is None else policy.summary()
-
-
 def plan_one(cfg: dict) -> dict:
     """What train() would plan for this policy (calibrating first where the cache lacks this shape)."""
     from slidedp.config import JobConfig
@@ -93,7 +78,7 @@ def plan_one(cfg: dict) -> dict:
     policy, plan = resolve_policy(job, ModelAdapter(load_hf_config(job.model)).num_layers,
                                   on_log=lambda line: print("   ", line, flush=True), predict_explicit=True)
     pred = plan.get("predicted") or {}
-    return {"chosen": _chosen(policy), "predicted_step_s": pred.get("step_time_s"),
+    return {"chosen": policy.summary(), "predicted_step_s": pred.get("step_time_s"),
             "predicted_phases": pred.get("phases"), "predicted_hbm_gib": pred.get("hbm_peak_gib"),
             "bound_s": (pred.get("bound") or {}).get("step_time_s"),
             "calibration": plan.get("calibration"), "why": plan.get("why")}
@@ -110,7 +95,8 @@ def run_one(model: str, gpus: int, mbs: int, seq: int, steps: int, policy: str, 
                    predict_explicit=predict)
     plan = result.plan or {}
     return {"policy": policy, "wall_s": time.perf_counter() - t0, "metrics": result.metrics,
-            "chosen": _chosen(result.policy), "predicted_step_s": ((plan.get("predicted") or {}).get("step_time_s")),
+            "chosen": result.policy.summary() if result.policy is not None else {},
+            "predicted_step_s": (plan.get("predicted") or {}).get("step_time_s"),
             "bound_s": ((plan.get("predicted") or {}).get("bound") or {}).get("step_time_s")}
 
 
@@ -226,7 +212,7 @@ def main(argv: list[str]) -> int:
     policies = [x for x in args.policies.split(",") if x]
     peers = [x for x in args.peers.split(",") if x]
     for policy in policies:
-        parse_policy(policy)  # a typo fails before an hour of set-up, not after
+        parse_shorthand(policy)  # a typo fails before an hour of set-up, not after
     for spec in peers:
         parse_peer(spec)
     vocab = PRESETS[args.model]["vocab_size"] if args.model in PRESETS else 32000

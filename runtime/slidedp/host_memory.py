@@ -18,15 +18,11 @@ GIB = 2**30
 _NO_LIMIT = 2**60  # cgroup v1 writes ~2**63 for "no limit"
 
 
-def host_ram_limit_bytes(configured_gib: float | None = None) -> int:
-    """Host RAM a job may use: the configured figure, else the cgroup memory limit, else MemTotal."""
-    return host_ram_limit(configured_gib)[0]
-
-
 def host_ram_limit(
     configured_gib: float | None = None, cgroup_root: str = "/sys/fs/cgroup"
 ) -> tuple[int, str]:
-    """(bytes, where the figure comes from) — see host_ram_limit_bytes."""
+    """Host RAM a job may use, and where the figure comes from: the configured figure, else the cgroup memory
+    limit, else MemTotal."""
     if configured_gib is not None:  # JobConfig bounds it (at most 1 PiB), so the product is finite
         return int(configured_gib * GIB), "host_ram_gib"
     limit = cgroup_memory_limit(cgroup_root)

@@ -5,6 +5,7 @@ import os
 
 import pytest
 from slidedp import bench
+from slidedp.policy import parse_shorthand
 
 
 @pytest.mark.slow  # make test-fast keeps its 10 minutes; make test runs it
@@ -39,15 +40,15 @@ def test_bench_rejects_a_malformed_policy_before_training(tmp_path):
 
 
 def test_policy_strings_name_activation_mixes_and_the_cast():
-    p, clip = bench.parse_policy("sharded:gpu:keep27:0:auto")
+    p, clip = parse_shorthand("sharded:gpu:keep27:0:auto")
     assert (p.activations, p.keep_layers, p.offload_layers, p.resident_units, clip) == (
         "auto", 27, 0, None, 0.0)
-    p, clip = bench.parse_policy("replicated:host:off18:1.0:0:gpu")
+    p, clip = parse_shorthand("replicated:host:off18:1.0:0:gpu")
     assert (p.offload_layers, p.keep_layers, clip, p.resident_units, p.delivery_cast) == (
         18, 0, 1.0, 0, "gpu")
-    assert bench.parse_policy("sharded:gpu")[0].activations == "checkpoint"
-    assert bench.parse_policy("sharded:gpu")[0].edge_update == "host"
-    assert bench.parse_policy("sharded:gpu:checkpoint:0:36:gpu:gpu")[0].edge_update == "gpu"
-    assert bench.parse_policy("sharded:gpu:checkpoint:0:36:gpu:gpu")[0].device_layers == 0
-    assert bench.parse_policy("auto:auto:auto:0:auto:host:auto:auto")[0].device_layers is None
-    assert bench.parse_policy("sharded:gpu:keep18:0:auto:host:gpu:9")[0].device_layers == 9
+    assert parse_shorthand("sharded:gpu")[0].activations == "checkpoint"
+    assert parse_shorthand("sharded:gpu")[0].edge_update == "host"
+    assert parse_shorthand("sharded:gpu:checkpoint:0:36:gpu:gpu")[0].edge_update == "gpu"
+    assert parse_shorthand("sharded:gpu:checkpoint:0:36:gpu:gpu")[0].device_layers == 0
+    assert parse_shorthand("auto:auto:auto:0:auto:host:auto:auto")[0].device_layers is None
+    assert parse_shorthand("sharded:gpu:keep18:0:auto:host:gpu:9")[0].device_layers == 9

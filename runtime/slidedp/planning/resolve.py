@@ -28,14 +28,18 @@ def _say(on_log: Callable[[str], None] | None, line: str) -> None:
         on_log(line)
 
 
+# The choices a config must fix for its run to need no plan (staging_slots and the tuned knobs have defaults of
+# their own without one).
+ROUTE_CHOICES = ("delivery", "grad_reduce", "activations", "edge_update", "device_layers", "resident_units",
+                 "delivery_cast")
+
+
 def plans(cfg: JobConfig, predict_explicit: bool = False) -> bool:
-    """Whether resolve_policy asks the planner: some choice is `auto`, or predict_explicit wants an explicit policy
-    predicted too (`slidedp bench` puts the prediction beside each measured row)."""
-    p = cfg.policy
-    explicit = p.delivery != "auto" and p.grad_reduce != "auto" and p.activations != "auto" and p.edge_update != "auto" \
-        and p.device_layers is not None \
-        and p.resident_units is not None and p.delivery_cast != "auto"
-    return not explicit or predict_explicit
+    """Whether resolve_policy asks the planner: some choice is left to it (PolicyConfig.fixed, the one answer to
+    what the user fixed), or predict_explicit wants an explicit policy predicted too (`slidedp bench` puts the
+    prediction beside each measured row)."""
+    fixed = cfg.policy.fixed()
+    return predict_explicit or not all(name in fixed for name in ROUTE_CHOICES)
 
 
 def detect_early(cfg: JobConfig, predict_explicit: bool = False) -> Future | None:
