@@ -53,9 +53,9 @@ def test_threads_and_cpu_ranks_are_bounded_by_the_host_s_cores(client, dataset):
 
 
 def test_host_ram_gib_can_lower_the_host_limit_but_never_raise_it(client, dataset):
-    from slidedp.host_memory import host_ram_limit_bytes
+    from slidedp.host_memory import host_ram_limit
 
-    limit_gib = host_ram_limit_bytes() / 2**30
+    limit_gib = host_ram_limit()[0] / 2**30
     assert (
         client.post("/api/plan", json={**tiny_job(dataset), "host_ram_gib": limit_gib / 2}).status_code == 200
     )

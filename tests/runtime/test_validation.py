@@ -16,7 +16,6 @@ from slidedp.host_memory import (
     GIB,
     cgroup_memory_limit,
     host_ram_limit,
-    host_ram_limit_bytes,
     host_state_bytes,
 )
 from slidedp.presets import PRESETS, param_count, unit_param_counts
@@ -274,7 +273,7 @@ def test_a_host_state_too_large_for_shared_memory_is_refused_before_anything_is_
 
 
 def test_host_ram_limit_prefers_configured_then_cgroup_then_memtotal(tmp_path):
-    assert host_ram_limit_bytes(12.5) == int(12.5 * GIB)
+    assert host_ram_limit(12.5) == (int(12.5 * GIB), "host_ram_gib")
     v2 = tmp_path / "v2"
     (v2 / "job").mkdir(parents=True)
     (v2 / "memory.max").write_text("max\n")
