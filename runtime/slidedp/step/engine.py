@@ -306,27 +306,14 @@ class RankEngine:
             self.window.begin_step(after_step + 1, eval_schedule(self.L, M))
             k = 0
             for m, mb in enumerate(micro_batches):
-                ids = mb.input_ids.to(self.device, non_blocking=True)
-                pos = mb.position_ids.to(self.device, non_blocking=True)
-                targets = torch.full_like(mb.labels, -100)
-                targets[:, :-1] = mb.labels[:, 1:]
-                C = self.loss_chunk
-                tflat = targets.reshape(-1)
-                valid = tflat != -100
-                chunk_valid = [bool(valid[c0 : c0 + C].any()) for c0 in range(0, tflat.numel(), C)]
-                totals[1] += int(valid.sum())
-                targets_dev = tflat.to(self.device, non_blocking=True)
-                ctx = {"position_ids": pos, "attention_mask": None}
-                if mb.segment_ids is not None:
-                    from slidedp.data.packing import attention_mask_from_segments
-
-                    ctx["attention_mask"] = attention_mask_from_segments(mb.segment_ids).to(self.device)
+                ids, targets_dev, chunk_valid, ctx = self._inputs(mb)
+                totals[1] += int((mb.labels[:, 1:] != -100).sum())
                 if m == 0:
                     ebuf = self.window.get(k)
                     k_embed = k
                     k += 1
                 h = self.adapter.embed_forward(ebuf[: self.shards.numels[0]].view(self.adapter.vocab, -1), ids)
-                ctx["position_embeddings"] = self.rotary(h, pos)
+                ctx["position_embeddings"] = self.rotary(h, ctx["position_ids"])
                 for u in range(1, self.head_unit):
                     buf = self.window.get(k)
                     h = self.adapter.layer_forward(self.adapter.param_views(self.adapter.units[u], buf), h, ctx)
