@@ -7,6 +7,7 @@ tokens of the global batch.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -168,3 +169,20 @@ def export_tensors(path: str) -> dict[str, torch.Tensor]:
             with safe_open(os.path.join(path, name), framework="pt") as fh:
                 out.update({k: fh.get_tensor(k) for k in fh.keys()})
     return out
+
+
+@contextlib.contextmanager
+def seeded_host_state(adapter, directory: str, run: str):
+    """A one-rank fp32 host state in `directory` holding the adapter's initial weights (seed 3), removed after:
+    what export tests write out without a training run."""
+    from slidedp.step.host_state import HostLayout, HostState, unlink
+
+    layout = HostLayout(run=f"{run}-{os.getpid()}", directory=directory, unit_numels=[u.numel for u in adapter.units],
+                        world=1, delivery_dtype="float32", staging_slots=2, hold_gradient=False)
+    state = HostState.create(layout)
+    try:
+        for spec in adapter.units:
+            adapter.init_unit(spec, state.master_unit(spec.index), seed=3)
+        yield state
+    finally:
+        unlink(layout)

@@ -22,7 +22,7 @@ from slidedp.persist import export  # noqa: E402
 from slidedp.persist.export import ExportError, export_checkpoint, format_bytes  # noqa: E402
 from slidedp.step.model_adapter import ModelAdapter, load_hf_config  # noqa: E402
 
-from tests.runtime.exactness import export_tensors  # noqa: E402
+from tests.runtime.exactness import export_tensors, seeded_host_state  # noqa: E402
 
 MIB = 2**20
 # Every test here exports tiny-qwen3. Its adapter is built once, when the module is imported: that also imports
@@ -35,18 +35,10 @@ TOKENIZER_BYTES = sum(os.path.getsize(os.path.join(TINY_TOKENIZER_DIR, n)) for n
 @pytest.fixture
 def host_state(tmp_path, monkeypatch):
     """tiny-qwen3's adapter and a host state holding its initial weights (seed 3)."""
-    from slidedp.step.host_state import HostLayout, HostState, unlink
-
     monkeypatch.setenv("SLIDEDP_SHM_DIR", str(tmp_path / "shm"))
     adapter = ADAPTER
-    layout = HostLayout(run=f"slidedp-export-files-{os.getpid()}", directory=str(tmp_path / "shm"),
-                        unit_numels=[u.numel for u in adapter.units], world=1, delivery_dtype="float32",
-                        staging_slots=2, hold_gradient=False)
-    state = HostState.create(layout)
-    for spec in adapter.units:
-        adapter.init_unit(spec, state.master_unit(spec.index), seed=3)
-    yield adapter, state
-    unlink(layout)
+    with seeded_host_state(adapter, str(tmp_path / "shm"), "slidedp-export-files") as state:
+        yield adapter, state
 
 
 def _cfg(tmp_path, precision: str = "fp32", **over) -> JobConfig:

@@ -31,7 +31,7 @@ from slidedp.persist import export  # noqa: E402
 from slidedp.persist.export import ExportError, export_checkpoint  # noqa: E402
 from slidedp.run_spec import CheckpointSteps  # noqa: E402
 
-from tests.runtime.exactness import export_tensors, make_token_data, slidedp_tensors  # noqa: E402
+from tests.runtime.exactness import export_tensors, make_token_data, seeded_host_state, slidedp_tensors  # noqa: E402
 
 STEPS, SEQ = 3, 32
 
@@ -212,19 +212,12 @@ def test_an_export_failure_whose_state_cannot_be_kept_says_so(runs, tmp_path, mo
 
 @pytest.fixture
 def host_state(tmp_path, monkeypatch):
-    from slidedp.step.host_state import HostLayout, HostState, unlink
     from slidedp.step.model_adapter import ModelAdapter, load_hf_config
 
     monkeypatch.setenv("SLIDEDP_SHM_DIR", str(tmp_path / "shm"))
     adapter = ModelAdapter(load_hf_config("tiny-qwen3"))
-    layout = HostLayout(run=f"slidedp-export-recovery-{os.getpid()}", directory=str(tmp_path / "shm"),
-                        unit_numels=[u.numel for u in adapter.units], world=1, delivery_dtype="float32",
-                        staging_slots=2, hold_gradient=False)
-    state = HostState.create(layout)
-    for spec in adapter.units:
-        adapter.init_unit(spec, state.master_unit(spec.index), seed=3)
-    yield adapter, state
-    unlink(layout)
+    with seeded_host_state(adapter, str(tmp_path / "shm"), "slidedp-export-recovery") as state:
+        yield adapter, state
 
 
 def _cfg(tmp_path) -> JobConfig:
