@@ -94,8 +94,8 @@ def host_state_bytes(cfg: JobConfig, model_cfg: dict[str, Any]) -> tuple[int, in
     if cfg.policy.delivery_cast == "auto" and cfg.precision == "bf16" and cfg.gpus > 0:
         options += [dataclasses.replace(pol, delivery_cast="gpu") for pol in options]
     clip = cfg.optimizer.max_grad_norm > 0
-    parts = min((plan_layout(units, world, pol, cfg.precision, clip, directory="").parts() for pol in options),
-                key=lambda p: sum(p.values()))
+    parts = min((plan_layout(units, world, pol, cfg.precision, clip, directory="", grad_accum=cfg.grad_accum).parts()
+                 for pol in options), key=lambda p: sum(p.values()))
     return parts["master_and_moments"] + parts["delivery_copy"], parts["gradient_staging"] + parts["held_gradient"]
 
 

@@ -127,7 +127,8 @@ def _metrics_prediction(plan: dict) -> dict:
 
 def host_layout(cfg: JobConfig, unit_numels: list[int], policy: ExecutionPolicy) -> HostLayout:
     """Shared-memory layout of a job (slidedp.step.layout.plan_layout, the one rule of the host state's size)."""
-    return plan_layout(unit_numels, cfg.world_size, policy, cfg.precision, cfg.optimizer.max_grad_norm > 0)
+    return plan_layout(unit_numels, cfg.world_size, policy, cfg.precision, cfg.optimizer.max_grad_norm > 0,
+                       grad_accum=cfg.grad_accum)
 
 
 def _rewind_metrics(path: str, step: int) -> None:

@@ -161,20 +161,20 @@ def test_without_p2p_the_planner_replicates(x2):
 
 
 def test_a_14b_job_on_too_little_host_ram_is_refused_with_the_shortfall(x2):
-    """Qwen3-14B's fp32 master and AdamW moments (12 B/param) and the bf16 copy the update writes (2 B/param)
-    alone exceed 180 GiB: refused, naming host_ram_gib, and the shortfall it states is the real threshold — with
-    that much more RAM the job is planned, with a little less it is still refused."""
+    """Qwen3-14B on two GPUs of a 180 GiB host: refused, naming host_ram_gib, and the shortfall it states is the
+    real threshold — with that much more RAM the job is planned (on its leanest route: the bf16 weights made on the
+    GPUs and the embedding and head updated there, staging a layer-sized gradient slot instead of a head-sized one),
+    with a little less it is still refused."""
     from slidedp.presets import PRESETS, param_count
 
     topo, _ = x2
-    floor_gib = 14 * param_count(PRESETS["qwen3-14b"]) / 2**30
-    assert floor_gib > 180
+    assert 12 * param_count(PRESETS["qwen3-14b"]) / 2**30 > 150  # the fp32 master and moments alone
     plan = ap.plan_job(_cfg(model="qwen3-14b", host_ram_gib=180), topo["nvlink"], None)
     assert not plan["feasible"] and plan["policy"] is None
     err = plan["errors"][0]
     assert err["loc"] == "host_ram_gib"
     short = float(re.search(r"([\d.]+) GiB more than the 180.0 GiB available", err["msg"]).group(1))
-    assert short >= floor_gib - 180
+    assert short > 0
     enough = ap.plan_job(_cfg(model="qwen3-14b", host_ram_gib=180 + short + 0.05), topo["nvlink"], None)
     assert enough["feasible"] and enough["predicted"]["host_ram_gib"] <= 180 + short + 0.05
     assert not ap.plan_job(_cfg(model="qwen3-14b", host_ram_gib=180 + short - 0.1), topo["nvlink"], None)["feasible"]

@@ -115,9 +115,15 @@ def _cast_choice(cfg: Any, topology: dict[str, Any], calibration: dict[str, Any]
     def time(plan: dict[str, Any]) -> float | None:
         return (plan.get("predicted") or {}).get("step_time_s") if plan.get("feasible") else None
 
+    def moved_edges(plan: dict[str, Any]) -> bool:  # memory alone put the embedding and head on the GPU to fit
+        return time(plan) is None and cfg.policy.edge_update == "auto" and plan["policy"]["edge_update"] == "gpu"
+
     host, gpu = plans["host"], plans["gpu"]
     if host.get("feasible") and gpu.get("feasible"):
-        chosen = "gpu" if time(host) is not None and time(gpu) is not None and time(gpu) < time(host) else "host"
+        if time(host) is not None and time(gpu) is not None:
+            chosen = "gpu" if time(gpu) < time(host) else "host"
+        else:  # without times the host's, unless it fits only by moving what the GPU cast leaves in place
+            chosen = "gpu" if moved_edges(host) and not moved_edges(gpu) else "host"
     elif gpu.get("feasible"):
         chosen = "gpu"
     else:  # neither fits: a refusal for host RAM is the GPU cast's, the leaner there (the host's would name the

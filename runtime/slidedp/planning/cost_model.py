@@ -25,6 +25,7 @@ from slidedp.planning.job import Job
 from slidedp.planning.memory_model import ActivationSizes
 from slidedp.planning.shape import shape_matches
 from slidedp.policy import ExecutionPolicy
+from slidedp.step.layout import held_in_bf16
 
 PHASES = ("data", "forward", "backward", "update_tail", "delivery_wait")
 
@@ -194,16 +195,22 @@ def durations(job: Job, pol: ExecutionPolicy, rates: Rates, zero: frozenset = fr
     host_sum = pol.grad_reduce == "host" and N > 1
     sum_traffic = [0.0 if u in on_device or not host_sum else job.units[u] * 4.0 * 3 * N for u in range(n_units)]
     # exact clipping (slidedp.step.optimizer): as each gradient lands the updater sums it (host route) and copies
-    # it into the held gradient (4 B read, 4 B written per parameter); the update runs after the norm is known.
+    # it into the held gradient (4 B read, 4 B written per parameter, or 2 written where it is held in bf16:
+    # slidedp.step.layout.held_in_bf16); the update runs after the norm is known.
     # Without clipping the summation precedes the update in the same handoff.
-    hold_traffic = [0.0 if u in on_device else job.units[u] * 8.0 + sum_traffic[u] for u in range(n_units)]
+    bf16_held = set(held_in_bf16(N, job.precision, job.grad_accum, job.layers))
+    hold_traffic = [0.0 if u in on_device else job.units[u] * (6.0 if u in bf16_held else 8.0) + sum_traffic[u]
+                    for u in range(n_units)]
     hold = [rates.copy_s(b) for b in hold_traffic]
     if not job.clip:
         update = [t + (rates.copy_s(b) if b else 0.0) for t, b in zip(update, sum_traffic)]
         upd_bytes = [a + b for a, b in zip(upd_bytes, sum_traffic)]
-    if job.clip:  # the clip factor scales the held gradient before the update
-        update = [t + (0.0 if u in on_device else rates.copy_s(job.units[u] * 8.0)) for u, t in enumerate(update)]
-        upd_bytes = [b + (0.0 if u in on_device else job.units[u] * 8.0) for u, b in enumerate(upd_bytes)]
+    if job.clip:
+        # the clip factor scales the held gradient before the update (read and written again, 8 B/param); a bf16
+        # one is widened and scaled a cache-sized chunk at a time, where only its 2 B/param read reaches DRAM
+        scale = [0.0 if u in on_device else job.units[u] * (2.0 if u in bf16_held else 8.0) for u in range(n_units)]
+        update = [t + rates.copy_s(b) for t, b in zip(update, scale)]
+        upd_bytes = [b + extra for b, extra in zip(upd_bytes, scale)]
     dram, pcie = rates.pools()
     # Without P2P a collective crosses host memory: every rank writes its part there and reads the others'.
     through_host = job.on_gpu and job.interconnect == "pcie-host"

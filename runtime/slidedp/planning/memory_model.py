@@ -138,7 +138,7 @@ def host_parts(job: Job, pol: ExecutionPolicy, acts: ActivationSizes) -> dict[st
     N = job.world
     max_unit = max(job.padded(u) for u in range(len(job.units)))
     # the shared segments, by the rule the engine lays them out with
-    layout = plan_layout(list(job.units), N, pol, job.precision, job.clip, directory="")
+    layout = plan_layout(list(job.units), N, pol, job.precision, job.clip, directory="", grad_accum=job.grad_accum)
     parts = {
         **{k: float(v) for k, v in layout.parts().items()},
         "host_reduce_scratch": float(N * -(-max_unit // N) * 4)

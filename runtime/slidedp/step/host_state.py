@@ -326,7 +326,11 @@ class HostState:
         # every other rank's slot, so the staging lives in shared memory too.
         self.staging = _map(layout, "staging", layout.world * layout.staging_slots * layout.slot_numel,
                             torch.float32, create)
-        self.held = _map(layout, "held", n, torch.float32, create) if layout.hold_gradient else None
+        # the gradient held for exact clipping, per unit in fp32 or (losslessly) bf16: slidedp.step.layout
+        held = layout.held_numels()
+        self._held_places = layout.held_places()
+        self.held = _map(layout, "held", held["held"], torch.float32, create) if held["held"] else None
+        self.held16 = _map(layout, "held16", held["held16"], torch.bfloat16, create) if held["held16"] else None
         self.board = Board(layout, create)
         self._registered: list[tuple[torch.Tensor, list[int]]] = []  # (tensor, the base address of each range)
         # Fresh segments are truncated to nothing and extended (_map), so the AdamW moments already read as zeros:
@@ -417,8 +421,10 @@ class HostState:
         return self._unit(self.delivery, u)
 
     def held_unit(self, u: int) -> torch.Tensor:
-        assert self.held is not None
-        return self._unit(self.held, u)
+        """Unit u's held gradient (fp32, or bf16 where the layout holds it so): only with clipping, host units."""
+        kind, off = self._held_places[u]
+        flat = self.held if kind == "held" else self.held16
+        return flat[off : off + self.layout.unit_numels[u]]
 
     def staging_slot(self, rank: int, slot: int) -> torch.Tensor:
         m = self.layout.slot_numel
@@ -435,7 +441,8 @@ class HostState:
         mapped, so they are listed once (the launcher asks for every step's record)."""
         if self._shared_bytes is None:
             self._shared_bytes = sum(os.path.getsize(p) for kind in ("master", "exp_avg", "exp_avg_sq", "delivery",
-                                                                     "staging", "held", "board", "norms")
+                                                                     "staging", "held", "held16", "board",
+                                                                     "norms")
                                      for p in _segment_files(self.layout, kind))
         return self._shared_bytes
 
@@ -445,7 +452,7 @@ STATE_KINDS = ("master", "exp_avg", "exp_avg_sq", "delivery")
 
 def unlink(layout: HostLayout, keep_state: bool = False) -> None:
     """Remove the run's segments; keep_state leaves the state itself (and its manifest) for a later run."""
-    kinds = ("staging", "held", "board", "norms") + (() if keep_state else STATE_KINDS + ("manifest.json",))
+    kinds = ("staging", "held", "held16", "board", "norms") + (() if keep_state else STATE_KINDS + ("manifest.json",))
     for kind in kinds:
         for path in _segment_files(layout, kind) if kind != "manifest.json" else [layout.path(kind)]:
             try:

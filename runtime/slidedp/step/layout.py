@@ -5,6 +5,12 @@ launcher, validation (host RAM and shared-memory space before anything is alloca
 (the plan's host bytes): the fp32 master weights and AdamW moments (12 B/param), the bf16 delivery copy where
 the cast is made on the host (2 B/param), gradient staging (per rank, a few slots of one unit or one shard), and the
 reduced gradient held for exact clipping.
+
+The held gradient is kept only for the units updated on the host (a unit updated on the GPUs never sends its
+gradient here), and in bf16 where that loses nothing: with one rank, no gradient accumulation and bf16 layers, a
+decoder layer's gradient is a bf16 tensor the engine widens to fp32 for the trip, so its bf16 copy holds the same
+numbers in half the bytes (Qwen3-8B: 13 GiB instead of 26 GiB for the layers). The embedding and head accumulate
+in fp32 (loss chunks, tied weights) and several ranks' sums are fp32 sums: those are held in fp32.
 """
 
 from __future__ import annotations
@@ -51,6 +57,10 @@ class HostLayout:
     delivery_dtype: str  # "bfloat16" | "float32" (float32: the master itself is delivered)
     staging_slots: int
     hold_gradient: bool  # exact clipping holds the reduced gradient until the norm is known
+    # with hold_gradient: the units whose gradient is held in bf16 (losslessly, see the module's docstring) and
+    # those never held (updated on the GPUs); every other unit is held in fp32
+    held_bf16: tuple[int, ...] = ()
+    not_held: tuple[int, ...] = ()
     staging_numel: int = 0  # elements per staging slot: a whole unit (host route) or one shard (gpu route)
     stripe_bytes: int = STRIPE_BYTES  # bytes per file of a segment larger than this (a multiple of the page size)
 
@@ -80,6 +90,28 @@ class HostLayout:
     def slot_numel(self) -> int:
         return self.staging_numel or self.max_unit
 
+    def held_places(self) -> dict[int, tuple[str, int]]:
+        """Where each held unit's gradient lives: (segment kind, element offset) — "held" (fp32) or "held16"
+        (bf16), each unit packed after the previous one of its kind. Empty without hold_gradient."""
+        if not self.hold_gradient:
+            return {}
+        places, ends = {}, {"held": 0, "held16": 0}
+        bf16, skip = set(self.held_bf16), set(self.not_held)
+        for u, n in enumerate(self.unit_numels):
+            if u in skip:
+                continue
+            kind = "held16" if u in bf16 else "held"
+            places[u] = (kind, ends[kind])
+            ends[kind] += n
+        return places
+
+    def held_numels(self) -> dict[str, int]:
+        """Elements of each held-gradient segment: {"held": fp32 elements, "held16": bf16 elements}."""
+        out = {"held": 0, "held16": 0}
+        for u, (kind, _) in self.held_places().items():
+            out[kind] += self.unit_numels[u]
+        return out
+
     def path(self, kind: str) -> str:
         return os.path.join(self.directory, f"{self.run}.{kind}")
 
@@ -97,7 +129,7 @@ class HostLayout:
             "master_and_moments": self.total * STATE_BYTES_PER_PARAM,
             "delivery_copy": self.total * 2 if self.delivery_dtype == "bfloat16" else 0,
             "gradient_staging": self.world * self.staging_slots * self.slot_numel * 4,
-            "held_gradient": self.total * 4 if self.hold_gradient else 0,
+            "held_gradient": self.held_numels()["held"] * 4 + self.held_numels()["held16"] * 2,
         }
 
     def shared_bytes(self, keep_state: bool = False) -> int:
@@ -109,12 +141,23 @@ class HostLayout:
         return (0 if keep_state else state) + parts["gradient_staging"] + parts["held_gradient"]
 
 
+def held_in_bf16(world: int, precision: str, grad_accum: int, layers: int) -> tuple[int, ...]:
+    """The units whose held gradient is exactly a bf16 tensor: the decoder layers with one rank, bf16 layers and
+    no gradient accumulation (an accumulated or rank-summed gradient is an fp32 sum, and the embedding's and
+    head's gradients are accumulated in fp32 over loss chunks)."""
+    if world != 1 or precision != "bf16" or grad_accum != 1:
+        return ()
+    return tuple(range(1, layers + 1))
+
+
 def plan_layout(unit_numels: list[int], world: int, policy: ExecutionPolicy, precision: str, clip: bool,
-                directory: str | None = None, run: str | None = None) -> HostLayout:
+                directory: str | None = None, run: str | None = None, grad_accum: int = 1) -> HostLayout:
     """The layout of a run: the state, plus gradient staging sized by the gradient route and by the units that send
     their gradients to the host (a unit updated on the GPUs never does: with the embedding and head there, a
-    Qwen3-8B slot holds a 0.2B-param layer instead of the 0.62B-param head)."""
-    on_device = policy.device_units(len(unit_numels) - 2)
+    Qwen3-8B slot holds a 0.2B-param layer instead of the 0.62B-param head), and with clipping the held gradient
+    of the units updated on the host, in bf16 where that is lossless (held_in_bf16)."""
+    layers = len(unit_numels) - 2
+    on_device = policy.device_units(layers)
     sent = [n for u, n in enumerate(unit_numels) if u not in on_device] or [1]
     shard = max(-(-n // world) for n in sent)
     staging = shard if (policy.grad_reduce == "gpu" and world > 1) else max(sent)
@@ -123,4 +166,6 @@ def plan_layout(unit_numels: list[int], world: int, policy: ExecutionPolicy, pre
     return HostLayout(run=run or f"{SHM_PREFIX}{os.getpid()}-{uuid.uuid4().hex[:8]}",
                       directory=directory or shm_dir(), unit_numels=list(unit_numels), world=world,
                       delivery_dtype="bfloat16" if host_cast else "float32", staging_slots=policy.staging_slots,
-                      hold_gradient=clip, staging_numel=staging, stripe_bytes=STRIPE_BYTES)
+                      hold_gradient=clip, held_bf16=held_in_bf16(world, precision, grad_accum, layers) if clip else (),
+                      not_held=tuple(sorted(on_device)) if clip else (), staging_numel=staging,
+                      stripe_bytes=STRIPE_BYTES)

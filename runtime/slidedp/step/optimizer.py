@@ -47,6 +47,10 @@ def lr_at(step: int, total: int, opt: OptimizerConfig, sched: ScheduleConfig) ->
     return opt.lr * factor
 
 
+# Elements of a bf16-held gradient widened to fp32 at a time before their update: 16 MiB of fp32, small enough
+# to be read back from the last-level cache by the update that follows the widening.
+WIDEN_CHUNK = 1 << 22
+
 CLIP_EPS = 1e-6  # torch.nn.utils.clip_grad_norm_'s: keeps the factor finite for a zero norm
 
 
@@ -148,6 +152,7 @@ class Updater(threading.Thread):
         self.error: BaseException | None = None
         self.results: deque[StepResult] = deque()
         self._scratch = torch.empty(max(shards.shard_len(u) for u in range(num_units)) if self.host_route else 0)
+        self._widen: torch.Tensor | None = None  # fp32 chunk a bf16-held gradient is widened into (_final_update)
         self._unit_sumsq: dict[int, float] = {}
         self._done_units = 0
         self._busy = 0.0
@@ -293,17 +298,45 @@ class Updater(threading.Thread):
     def _update_unit(self, unit: int, grad: torch.Tensor, step: int) -> None:
         lo, hi = self.shards.own_range(unit)
         if hi > lo:
-            lr = lr_at(step, self.total_steps, self.opt, self.sched)
-            delivery = self.state.delivery_unit(unit)[lo:hi] if self.deliver_bf16 else None
-            # This thread is a member of the update's OpenMP team, so it is on a CPU for the whole call but for
-            # blocking: the rest of the wall time is what the call lost waiting — at the team's barrier for a
-            # slower member, or to get the GIL back (on the GPU machine the former: docs/notebook/perf-notes.md).
-            t0, c0 = time.perf_counter(), time.thread_time()
-            self._cast += update_shard_(self.state.master_unit(unit)[lo:hi], grad,
-                                        self.state.exp_avg_unit(unit)[lo:hi], self.state.exp_avg_sq_unit(unit)[lo:hi],
-                                        delivery, step, lr, self.opt)
-            self._offcpu += max(0.0, (time.perf_counter() - t0) - (time.thread_time() - c0))
+            self._update_range(unit, lo, hi, grad, step)
         self.board.set_updated(unit, self.rank, step)
+
+    def _update_range(self, unit: int, lo: int, hi: int, grad: torch.Tensor, step: int) -> None:
+        """AdamW (and the bf16 copy) on elements [lo, hi) of the unit, from grad (fp32, hi - lo elements)."""
+        lr = lr_at(step, self.total_steps, self.opt, self.sched)
+        delivery = self.state.delivery_unit(unit)[lo:hi] if self.deliver_bf16 else None
+        # This thread is a member of the update's OpenMP team, so it is on a CPU for the whole call but for
+        # blocking: the rest of the wall time is what the call lost waiting — at the team's barrier for a
+        # slower member, or to get the GIL back (on the GPU machine the former: docs/notebook/perf-notes.md).
+        t0, c0 = time.perf_counter(), time.thread_time()
+        self._cast += update_shard_(self.state.master_unit(unit)[lo:hi], grad,
+                                    self.state.exp_avg_unit(unit)[lo:hi], self.state.exp_avg_sq_unit(unit)[lo:hi],
+                                    delivery, step, lr, self.opt)
+        self._offcpu += max(0.0, (time.perf_counter() - t0) - (time.thread_time() - c0))
+
+    def _final_update(self, u: int, step: int, coef: float) -> None:
+        """Unit u's update after the norm, from its held gradient scaled by the clip factor.
+
+        A gradient held in bf16 (slidedp.step.layout.held_in_bf16) is widened to fp32 a chunk at a time into a
+        small scratch and the chunk updated at once (WIDEN_CHUNK); the widening is exact and AdamW is elementwise,
+        so the numbers are those of an fp32 hold, for 2 B/param less read after the norm and 2 B/param less
+        written while the gradients land."""
+        lo, hi = self.shards.own_range(u)
+        held = self.state.held_unit(u)[lo:hi]
+        if held.dtype == torch.float32:
+            if coef < 1.0:
+                held.mul_(coef)
+            self._update_unit(u, held, step)
+            return
+        if self._widen is None:
+            self._widen = torch.empty(WIDEN_CHUNK, dtype=torch.float32)
+        for a in range(0, hi - lo, WIDEN_CHUNK):
+            g = self._widen[: min(WIDEN_CHUNK, hi - lo - a)]
+            g.copy_(held[a : a + g.numel()])
+            if coef < 1.0:
+                g.mul_(coef)
+            self._update_range(u, lo + a, lo + a + g.numel(), g, step)
+        self.board.set_updated(u, self.rank, step)
 
     def _process(self, item: GradItem) -> None:
         g = self._reduced_gradient(item)
@@ -348,12 +381,8 @@ class Updater(threading.Thread):
         elif self.clip:
             clipped = coef < 1.0
             for u in self.host_units:  # forward order: unit 0 is the next forward's first need
-                lo, hi = self.shards.own_range(u)
-                g = self.state.held_unit(u)[lo:hi]
-                if coef < 1.0:
-                    g.mul_(coef)
                 t0 = time.perf_counter()
-                self._update_unit(u, g, step)
+                self._final_update(u, step, coef)
                 if trace.TRACE is not None:
                     trace.TRACE.add("final", step, unit=u, t0=t0, t1=time.perf_counter())
         self.results.append(StepResult(step, norm, clipped, self._busy, self._cast, self._offcpu,
