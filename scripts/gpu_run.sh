@@ -85,6 +85,9 @@
 #   hfp     PRESET (llama3.2-3b) written as a local Hugging Face directory of bf16 safetensors (/tmp/hfp), then trained
 #           HFP_STEPS (5) steps from it under GPU_GIB (24), planned with a calibration measured in that run
 #   grid    the declared AutoPolicy grid (docs/notebook/benchmark-history.md) for MODEL (qwen3-8b), MBS (8), K keep, M offload
+#   layers  one decoder layer of Qwen3-8B and of Llama 3.2 3B at seq 2048 (micro-batch 8) and 4096 (4), as the engine runs it
+#           (scripts/layer_profile.py): per phase (kept forward, its backward, checkpointed forward, recompute) the
+#           kernel time by class, the launch gaps and TFLOP/s against the 782 TFLOP/s GEMM peak -> $OUT/layers.json
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export PYTHONPATH=$PWD/runtime:$PWD PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -259,6 +262,8 @@ print(f'with NCCL and one all-reduce: {(t - f1) / 2**30:.3f} GiB (allocator rese
          PYTHONPATH=/tmp/peer-pkgs:$PYTHONPATH PATH=/tmp/peer-pkgs/bin:$PATH timeout 580 $BENCH --gpus 2 --mbs 4 \
            --steps 6 --threads 16 --policies sharded:gpu:checkpoint:1.0:36 --peers ds-zero2:1.0,ds-zero3:1.0 \
            --out "$OUT/bench-ds.jsonl" 2>&1 | quiet 20 ;;
+    layers) timeout 180 python3 scripts/layer_profile.py --model qwen3-8b --model llama3.2-3b --seq 2048 --seq 4096 \
+              --out "$OUT/layers.json" 2>&1 | quiet 48 ;;
     *) echo "unknown part '$part': the parts are listed at the top of scripts/gpu_run.sh" >&2; exit 2 ;;
   esac
 done
