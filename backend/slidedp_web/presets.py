@@ -32,7 +32,7 @@ def _gpu_config(model: str, gpus: int, micro_batch: int) -> dict[str, Any]:
         "micro_batch_size": micro_batch,
         "grad_accum": 1,
         "steps": 200,
-        "optimizer": {"lr": 1e-5, "weight_decay": 0.0, "max_grad_norm": 0.0},
+        "optimizer": {"lr": 1e-5, "weight_decay": 0.0, "max_grad_norm": 1.0},
         "schedule": {"warmup_steps": 10, "decay": "cosine", "min_lr_ratio": 0.1},
         "gpus": gpus,
         "precision": "bf16",

@@ -86,9 +86,10 @@ class OptimizerConfig:
     betas: tuple[float, float] = _f((0.9, 0.95), doc="AdamW (beta1, beta2).", item_ge=0.0, item_lt=1.0)
     eps: float = _f(1e-8, doc="AdamW epsilon.", gt=0.0)
     max_grad_norm: float = _f(
-        0.0,
+        1.0,
         doc="> 0: exact global-norm clipping (as torch.nn.utils.clip_grad_norm_ on the whole model; updates "
-        "wait for the norm). 0: no clipping (the norm is still reported).",
+        "wait for the norm); 1.0 by default, as in the tools fine-tuning jobs usually come from. 0: no clipping "
+        "(the norm is still reported).",
         ge=0.0,
     )
 
@@ -194,6 +195,19 @@ class PolicyConfig:
         "traffic for them. Spare HBM spent on host bytes, the step's bottleneck when the host update binds. "
         "0: none. None (default): AutoPolicy chooses, 0 without a calibration that has the device AdamW rate. "
         "More than 0 needs grad_reduce gpu (or auto) with more than one rank.",
+        ge=0,
+        le=MAX_LAYERS,
+    )
+    streamed_layers: Optional[int] = _f(
+        None,
+        doc="With clipping: the last decoder layers whose update after the gradient norm runs on the GPUs instead "
+        "of the host CPU. Their gradients wait in GPU memory (bf16 where exact, else fp32, 1/N per rank); once "
+        "the norm is known each rank streams its shard's fp32 master and AdamW moments in, applies the same "
+        "AdamW there and streams them back (12 B/param each way over PCIe) while the CPU updates the other "
+        "layers: the GPUs and links that would idle waiting for the host update share it. The host state stays "
+        "the one authoritative copy. 0: none. None (default): AutoPolicy chooses (0 where it cannot price it). "
+        "More than 0 needs grad_reduce gpu (or auto) with more than one rank; with device_layers, at most the "
+        "layers left above them.",
         ge=0,
         le=MAX_LAYERS,
     )

@@ -198,6 +198,10 @@ def cross_checks(cfg: Any, errors: list[dict[str, str]]) -> None:
     if cfg.gpu_memory_gib is not None and cfg.gpus == 0:
         errors.append({"loc": "gpu_memory_gib", "msg": "caps the memory of each GPU, and this job runs on the "
                        "CPU (gpus = 0): remove gpu_memory_gib, or set gpus"})
+    if cfg.policy.streamed_layers and cfg.world_size > 1 and cfg.policy.grad_reduce == "host":
+        errors.append({"loc": "policy.streamed_layers", "msg": "layers whose update streams through the GPUs "
+                       "reduce their gradients there: set policy.grad_reduce to gpu (or auto), or streamed_layers "
+                       "to 0"})
     if cfg.policy.device_layers and cfg.world_size > 1 and cfg.policy.grad_reduce == "host":
         errors.append({"loc": "policy.device_layers", "msg": "layers updated on the GPUs reduce their gradients "
                        "there: set policy.grad_reduce to gpu (or auto), or device_layers to 0"})

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from slidedp.config import PolicyConfig
-from slidedp.schedule import device_units
+from slidedp.schedule import device_units, streamed_units
 
 DELIVERIES = ("replicated", "sharded")
 GRAD_REDUCES = ("gpu", "host")
@@ -56,9 +56,9 @@ class PolicyError(ValueError):
 
 # The choices every shorthand field names: a form that fixes them all is an ExecutionPolicy (from_shorthand).
 SHORTHAND_CHOICES = ("delivery", "grad_reduce", "activations", "resident_units", "delivery_cast", "edge_update",
-                     "device_layers", "staging_slots")
+                     "device_layers", "staging_slots", "streamed_layers")
 SHORTHAND = ("delivery:grad_reduce[:activations[:clip[:resident[:cast[:edge_update[:device_layers"
-             "[:staging_slots]]]]]]]")
+             "[:staging_slots[:streamed_layers]]]]]]]]")
 
 
 def parse_shorthand(text: str) -> tuple[PolicyConfig, float]:
@@ -74,10 +74,10 @@ def parse_shorthand(text: str) -> tuple[PolicyConfig, float]:
     config, whose defaults are auto and null, the other omitted fields are fixed: every layer checkpointed, nothing
     resident, every update on the host."""
     parts = text.split(":")
-    if not 2 <= len(parts) <= 9:
+    if not 2 <= len(parts) <= 10:
         raise PolicyError(f"policy {text!r}: expected {SHORTHAND}")
-    parts += [""] * (9 - len(parts))
-    delivery, grad, acts, clip, resident, cast, edge, device_layers, slots = parts
+    parts += [""] * (10 - len(parts))
+    delivery, grad, acts, clip, resident, cast, edge, device_layers, slots, streamed = parts
 
     def choice(name: str, value: str, allowed: tuple[str, ...]) -> str:
         if value not in allowed:
@@ -101,6 +101,7 @@ def parse_shorthand(text: str) -> tuple[PolicyConfig, float]:
         "edge_update": choice("edge_update", edge or "host", ("auto", *EDGE_UPDATES)),
         "device_layers": count("device_layers", device_layers, 0),
         "staging_slots": count("staging_slots", slots, staging_slots(WINDOW)),
+        "streamed_layers": count("streamed_layers", streamed, 0),
     }
     if "auto" in parts:  # a request for AutoPolicy: the cast and the slot count are its choice too, unless given
         if slots == "":
@@ -134,7 +135,9 @@ class ExecutionPolicy:
     activations / resident: per decoder layer, where its activations live (keep / checkpoint / offload) and whether
         its weights stay on the GPU between forward and backward.
     edge_update / device_layers: the embedding and head (gpu) and the leading `device_layers` decoder layers are
-        updated on the GPUs, their state there; every other unit is updated on the host.
+        updated on the GPUs, their state there; every other unit is updated on the host, but for
+    streamed_layers: the last decoder layers, whose gradients wait on the GPUs and whose update after the norm
+        streams their host state through the GPUs (slidedp.step.streamed_update).
     window, chunk_mb, loss_chunk_tokens: GPU unit buffers, transfer chunk, loss chunk.
     delivery_cast: where the bf16 weights are made from the fp32 master (host: a bf16 copy in host memory).
     staging_slots: gradient staging slots per rank in host memory (page-locked): how far the backward may run
@@ -152,6 +155,7 @@ class ExecutionPolicy:
     device_layers: int = 0
     delivery_cast: str = "host"
     staging_slots: int = 0  # 0: the default for the window (staging_slots(window))
+    streamed_layers: int = 0
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "activations", tuple(self.activations))
@@ -179,6 +183,11 @@ class ExecutionPolicy:
         if isinstance(self.device_layers, bool) or not isinstance(self.device_layers, int) \
                 or not 0 <= self.device_layers <= self.layers:
             raise PolicyError(f"device_layers must be in 0..{self.layers}, got {self.device_layers!r}")
+        streamed = self.streamed_layers
+        if isinstance(streamed, bool) or not isinstance(streamed, int) \
+                or not 0 <= streamed <= self.layers - self.device_layers:
+            raise PolicyError(f"streamed_layers must be in 0..{self.layers - self.device_layers} (the layers above "
+                              f"the {self.device_layers} device_layers), got {streamed!r}")
         # A layer updated on the GPUs keeps its bf16 weights there: the engine never re-delivers it.
         n = self.device_layers
         object.__setattr__(self, "resident", tuple(r or i < n for i, r in enumerate(self.resident)))
@@ -252,6 +261,11 @@ class ExecutionPolicy:
         1..device_layers. None of them sends a gradient to the host."""
         return device_units(self.layers if layers is None else layers, self.edge_update, self.device_layers)
 
+    def streamed_units(self) -> frozenset[int]:
+        """Layers whose update after the norm streams through the GPUs: the last streamed_layers. None of them
+        sends a gradient to the host."""
+        return streamed_units(self.layers, self.device_layers, self.streamed_layers)
+
     def counts(self) -> dict[str, int]:
         return {p: self.activations.count(p) for p in ACTIVATION_POLICIES}
 
@@ -261,7 +275,8 @@ class ExecutionPolicy:
         counts = self.counts()
         return {"delivery": self.delivery, "grad_reduce": self.grad_reduce, "window": self.window,
                 "delivery_cast": self.delivery_cast, "edge_update": self.edge_update,
-                "device_layers": self.device_layers, "keep_layers": counts["keep"],
+                "device_layers": self.device_layers, "streamed_layers": self.streamed_layers,
+                "keep_layers": counts["keep"],
                 "offload_layers": counts["offload"], "resident_layers": sum(self.resident)}
 
     def shorthand(self) -> str:
@@ -284,6 +299,8 @@ class ExecutionPolicy:
         if (self.window, self.chunk_mb, self.loss_chunk_tokens) != (WINDOW, CHUNK_MB, LOSS_CHUNK_TOKENS):
             raise PolicyError("window, chunk_mb and loss_chunk_tokens other than the defaults have no shorthand")
         slots = "" if self.staging_slots == staging_slots(self.window) else f":{self.staging_slots}"
+        if self.streamed_layers:
+            slots = f":{self.staging_slots}:{self.streamed_layers}"
         return (f"{self.delivery}:{self.grad_reduce}:{form}:0:{resident}:{self.delivery_cast}:{self.edge_update}:"
                 f"{self.device_layers}{slots}")
 
@@ -304,7 +321,8 @@ def resolve(requested: PolicyConfig, layers: int, world: int,
     grad = choice("grad_reduce", "gpu" if several else "host")
     edge = choice("edge_update", "host")
     device_layers = min(layers, int(choice("device_layers", 0)))
-    if (edge == "gpu" or device_layers) and several and grad != "gpu":  # device updates reduce on the GPUs
+    streamed = min(layers - device_layers, int(choice("streamed_layers", 0)))
+    if (edge == "gpu" or device_layers or streamed) and several and grad != "gpu":  # they reduce on the GPUs
         grad = "gpu"
     if "activations" in fixed:
         acts = (fixed["activations"],) * layers
@@ -324,6 +342,7 @@ def resolve(requested: PolicyConfig, layers: int, world: int,
         slots = planned_slots if planned_slots > window else staging_slots(window)
     return ExecutionPolicy(
         delivery=delivery, grad_reduce=grad, activations=acts, resident=resident, edge_update=edge,
-        device_layers=device_layers, window=window, staging_slots=slots, delivery_cast=choice("delivery_cast", "host"),
+        device_layers=device_layers, streamed_layers=streamed, window=window, staging_slots=slots,
+        delivery_cast=choice("delivery_cast", "host"),
         chunk_mb=int(choice("chunk_mb", CHUNK_MB)), loss_chunk_tokens=int(choice("loss_chunk_tokens", LOSS_CHUNK_TOKENS)),
     ).for_world(world)

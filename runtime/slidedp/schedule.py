@@ -19,6 +19,13 @@ def device_units(layers: int, edge_update: str, device_layers: int) -> frozenset
     return frozenset(out | ({0, layers + 1} if edge_update == "gpu" else set()))
 
 
+def streamed_units(layers: int, device_layers: int, streamed_layers: int) -> frozenset[int]:
+    """Decoder layers whose update after the norm streams through the GPUs (slidedp.step.streamed_update): the
+    last `streamed_layers`, above the `device_layers` updated there for good. None sends a gradient to the host."""
+    n = min(int(streamed_layers or 0), layers - min(int(device_layers or 0), layers))
+    return frozenset(range(layers - n + 1, layers + 1))
+
+
 def window_plan(schedule: list[int], dedicated: set[int], slots: int) -> tuple[list[tuple], list[int]]:
     """Mirror of slidedp.step.window.Window for one step: per schedule item, where its unit is and whether it
     is delivered, and the index of the item whose get() issues it.

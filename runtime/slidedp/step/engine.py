@@ -6,7 +6,8 @@ embedding's backward. Each unit's gradient leaves the GPU as soon as it exists (
 ones accumulate on the GPU in fp32) and the rank's updater thread applies AdamW to this rank's shard on the host.
 Under `policy.edge_update: gpu` the embedding and head stay on the device instead, and so do the leading
 `policy.device_layers` layers: reduced there, updated there after the backward (slidedp.step.device_update),
-never delivered from the host.
+never delivered from the host. The last `policy.streamed_layers` layers keep their gradients on the device too
+and are updated after the norm by streaming their host state through it (slidedp.step.streamed_update).
 
 Held-out evaluation (`eval_loss`) streams the units through the same window on a forward-only schedule
 (slidedp.schedule.eval_schedule) under torch.no_grad(): it reads the weights of the step it follows, sends no
@@ -36,9 +37,11 @@ from slidedp.step.collectives import all_gather
 from slidedp.step.device_update import DeviceUpdate
 from slidedp.step.devices import Streams
 from slidedp.step.host_state import HostState
+from slidedp.step.layout import held_in_bf16
 from slidedp.step.model_adapter import ModelAdapter
 from slidedp.step.optimizer import GradItem, Updater
 from slidedp.step.routes import Routes, ShardMap
+from slidedp.step.streamed_update import StreamedUpdate
 from slidedp.step.window import Window
 
 
@@ -86,8 +89,8 @@ class RankEngine:
                              routes=self.routes, state=state, rank=rank, abort=abort, kept=device_units)
         self.updater = Updater(state=state, shards=self.shards, grad_reduce=self.routes.grad_reduce,
                                opt=cfg.optimizer, sched=cfg.schedule, total_steps=cfg.steps,
-                               num_units=len(numels), threads=torch.get_num_threads(), device_units=device_units,
-                               abort=abort)
+                               num_units=len(numels), threads=torch.get_num_threads(),
+                               device_units=device_units | policy.streamed_units(), abort=abort)
         self.device_update: DeviceUpdate | None = None
         if device_units:
             if self.world > 1 and self.routes.grad_reduce != "gpu":
@@ -96,6 +99,14 @@ class RankEngine:
                                               routes=self.routes, buffers=self.window.dedicated, opt=cfg.optimizer,
                                               sched=cfg.schedule, total_steps=cfg.steps, device=device)
             self.device_update.load()
+        self.streamed: StreamedUpdate | None = None
+        if policy.streamed_units():
+            if self.world > 1 and self.routes.grad_reduce != "gpu":
+                raise ValueError("streamed layers reduce their gradients on the GPUs: it needs grad_reduce gpu")
+            self.streamed = StreamedUpdate(
+                units=sorted(policy.streamed_units()), state=state, shards=self.shards, routes=self.routes,
+                opt=cfg.optimizer, sched=cfg.schedule, total_steps=cfg.steps, device=device,
+                hold_bf16=bool(held_in_bf16(world, cfg.precision, cfg.grad_accum, self.L)))
         self.rotary = adapter.rotary(device)
         max_layer = max(self.shards.padded[1 : self.head_unit], default=0)
         # Layer gradients land in a flat buffer per parity (bf16 in bf16 precision), then go out in fp32 (g32;
@@ -165,17 +176,20 @@ class RankEngine:
         else:
             src = self.g32[parity][:n]
             src.copy_(gflat[:n])
-        if self._reduced_on_device(u, src):
-            self._gdone[parity] = self.device_update.reduced_event(u)  # the parity is reused after the reduction
+        reduced = self._reduced_on_device(u, src)
+        if reduced is not None:
+            self._gdone[parity] = reduced  # the parity is reused after the reduction
             return
         self._send(u, src, parity, step)
 
-    def _reduced_on_device(self, u: int, grad: torch.Tensor) -> bool:
-        """Unit u is updated on the device: its gradient is reduced there instead of leaving for the host."""
-        if self.device_update is None or u not in self.device_update.units:
-            return False
-        self.device_update.reduce(u, grad)
-        return True
+    def _reduced_on_device(self, u: int, grad: torch.Tensor):
+        """Unit u is updated on the device, or streamed through it: its gradient is reduced there instead of
+        leaving for the host. Returns the event after which `grad` is free again, None for a host-updated unit."""
+        for dev in (self.device_update, self.streamed):
+            if dev is not None and u in dev.units:
+                dev.reduce(u, grad)
+                return dev.reduced_event(u)
+        return None
 
     # ------------------------------------------------------------------ units
     def _leaves(self, u: int, buf: torch.Tensor, grad_flat: torch.Tensor | None) -> dict[str, torch.Tensor]:
@@ -376,7 +390,7 @@ class RankEngine:
             del h
             if last:
                 self.window.release(k_head)
-                if not self._reduced_on_device(self.head_unit, self.gH):
+                if self._reduced_on_device(self.head_unit, self.gH) is None:
                     parity = self._next_parity()
                     self._send(self.head_unit, self.gH, parity, step)
             # backward
@@ -396,7 +410,7 @@ class RankEngine:
             del grad_h
             if last:
                 self.window.release(k_embed)
-                if not self._reduced_on_device(0, self.gE):
+                if self._reduced_on_device(0, self.gE) is None:
                     parity = self._next_parity()
                     self._send(0, self.gE, parity, step)
         norm = self._end_backward(step, ev)
@@ -452,17 +466,20 @@ class RankEngine:
 
     def _end_backward(self, step: int, ev: dict) -> tuple | None:
         """The backward is issued: the updater is told (with the global norm's sum of squares where the devices
-        reduce it: (event, host scalar), else None, returned), and the units updated on the devices are."""
+        reduce it: (event, host scalar), else None, returned, and when each streamed layer's update is back on
+        the host), and the units updated on the devices are."""
         s = self.streams
         ev["backward_end"] = s.record(s.compute, timing=True)
         if trace.TRACE is not None:
             trace.TRACE.add("backward_issued", step, t=trace.now())
         if self.updater.norm_on_device:
             host_norm = self._norm_host[step % 2]
-            dev = self.device_update
-            keep = dev.keep_norm if dev is not None and self.updater.clip else None
-            norm = (self.routes.finish_norm(host_norm, keep), host_norm)
-            self.updater.end_backward(step, norm)
+            keeps = [d.keep_norm for d in (self.device_update, self.streamed) if d is not None and self.updater.clip]
+            norm = (self.routes.finish_norm(host_norm, (lambda: [k() for k in keeps]) if keeps else None),
+                    host_norm)
+            # queued after the norm on streams of their own, ahead of the next forward's deliveries
+            streamed = self.streamed.update(step) if self.streamed is not None else None
+            self.updater.end_backward(step, norm, streamed)
         else:
             norm = None
             self.updater.end_backward(step)

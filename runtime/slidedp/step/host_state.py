@@ -394,6 +394,28 @@ class HostState:
             ranges = pin_ranges([o * size for o in starts], nbytes)
         self._registered.append((t, _register(t.data_ptr(), ranges, max(1, threads), advice)))
 
+    def pin_units(self, units: list[int], kinds: tuple[str, ...], threads: int = PIN_THREADS) -> None:
+        """Page-lock the given units' part of each kind ("master", "exp_avg", "exp_avg_sq") for async DMA, once
+        per rank process: the units updated by streaming through the GPUs (slidedp.step.streamed_update) read and
+        write them there. The master, where it is the delivery copy itself, is left to `pin`, which locks it
+        whole. The part spans whole pages, so it never shares a page with another registration."""
+        if not units or not torch.cuda.is_available():
+            return
+        page = os.sysconf("SC_PAGE_SIZE")
+        offsets = self.layout.offsets
+        first, last = min(units), max(units)
+        for kind in kinds:
+            t = getattr(self, kind)
+            if t is self.delivery or any(t is r for r, _ in self._registered):
+                continue
+            size = t.element_size()
+            start = offsets[first] * size // page * page
+            end = min(-(-(offsets[last] + self.layout.unit_numels[last]) * size // page) * page,
+                      -(-t.numel() * size // page) * page)
+            starts = [o * size - start for o in offsets[first : last + 1]]
+            ranges = [(start + a, start + b) for a, b in pin_ranges([max(0, o) for o in starts], end - start)]
+            self._registered.append((t, _register(t.data_ptr(), ranges, max(1, threads), MADV_POPULATE_WRITE)))
+
     def unpin(self) -> None:
         """Unregister every range pin registered (nothing without CUDA)."""
         if self._registered:

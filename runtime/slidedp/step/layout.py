@@ -157,7 +157,8 @@ def plan_layout(unit_numels: list[int], world: int, policy: ExecutionPolicy, pre
     Qwen3-8B slot holds a 0.2B-param layer instead of the 0.62B-param head), and with clipping the held gradient
     of the units updated on the host, in bf16 where that is lossless (held_in_bf16)."""
     layers = len(unit_numels) - 2
-    on_device = policy.device_units(layers)
+    # updated on the GPUs, or streamed through them after the norm: their gradients stay there
+    on_device = policy.device_units(layers) | policy.streamed_units()
     sent = [n for u, n in enumerate(unit_numels) if u not in on_device] or [1]
     shard = max(-(-n // world) for n in sent)
     staging = shard if (policy.grad_reduce == "gpu" and world > 1) else max(sent)

@@ -148,6 +148,9 @@ class Updater(threading.Thread):
         # result must still be produced, or the rank waits for them forever
         self._empty_steps: deque[int] = deque()
         self._device_norm: dict[int, tuple] = {}
+        # per step, the units streamed through the devices (slidedp.step.streamed_update) not yet marked updated,
+        # each with the event after which its state is back in the host state
+        self._streamed: dict[int, dict[int, Any]] = {}
         self._stopping = False
         self.error: BaseException | None = None
         self.results: deque[StepResult] = deque()
@@ -168,13 +171,18 @@ class Updater(threading.Thread):
             self._pending.append(item)
             self._cond.notify()
 
-    def end_backward(self, step: int, device_norm: tuple | None = None) -> None:
+    def end_backward(self, step: int, device_norm: tuple | None = None,
+                     streamed: dict[int, Any] | None = None) -> None:
         """Backward of `step` is over. device_norm = (event, host scalar): the gpu route's global sum of squares,
-        reduced on the GPUs; the host then neither reads the gradient for the norm nor exchanges partial sums."""
+        reduced on the GPUs; the host then neither reads the gradient for the norm nor exchanges partial sums.
+        streamed: per unit updated by streaming through the device, the event after which it is back on the
+        host; this thread marks each updated once it has passed, between its own units' updates."""
         with self._cond:
             self._backward_ended.add(step)
             if device_norm is not None:
                 self._device_norm[step] = device_norm
+            if streamed:
+                self._streamed[step] = dict(streamed)
             if not self.host_units:
                 self._empty_steps.append(step)
             self._cond.notify()
@@ -314,6 +322,27 @@ class Updater(threading.Thread):
                                     delivery, step, lr, self.opt)
         self._offcpu += max(0.0, (time.perf_counter() - t0) - (time.thread_time() - c0))
 
+    def _mark_streamed(self, step: int, block: bool) -> None:
+        """Mark updated the streamed units of `step` whose state is back on the host (block: wait for all)."""
+        with self._cond:
+            pending = self._streamed.get(step)
+        if not pending:
+            return
+        for u in sorted(pending):
+            if block:
+                t0 = time.perf_counter()
+                pending[u].synchronize()
+                self._waited += time.perf_counter() - t0
+            elif not pending[u].query():
+                continue
+            self.board.set_updated(u, self.rank, step)
+            if trace.TRACE is not None:
+                trace.TRACE.add("streamed", step, unit=u, t=trace.now())
+            del pending[u]
+        if block:
+            with self._cond:
+                self._streamed.pop(step, None)
+
     def _final_update(self, u: int, step: int, coef: float) -> None:
         """Unit u's update after the norm, from its held gradient scaled by the clip factor.
 
@@ -385,6 +414,8 @@ class Updater(threading.Thread):
                 self._final_update(u, step, coef)
                 if trace.TRACE is not None:
                     trace.TRACE.add("final", step, unit=u, t0=t0, t1=time.perf_counter())
+                self._mark_streamed(step, block=False)
+        self._mark_streamed(step, block=True)
         self.results.append(StepResult(step, norm, clipped, self._busy, self._cast, self._offcpu,
                                        time.perf_counter(), skipped))
         self.last_step = step

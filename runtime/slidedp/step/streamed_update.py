@@ -1,0 +1,160 @@
+"""Layers whose update after the gradient norm streams through the GPUs (`policy.streamed_layers`).
+
+With exact clipping no update can start before the whole gradient's norm is known, so after the backward the host
+CPU updates every unit while the GPUs and their PCIe links wait for it (docs/planning.md, "The post-norm update").
+For the last `streamed_layers` decoder layers the GPUs take that work: each unit's reduced gradient (this rank's
+shard) waits in GPU memory instead of host memory — in bf16 where that is exact (one rank, bf16 layers, no
+accumulation: slidedp.step.layout.held_in_bf16), else in fp32 — and once the norm is known the rank streams its
+shard's fp32 master and AdamW moments in from the host state, chunk by chunk, applies the same fused AdamW with the
+same clip factor there, and streams them back (12 B/param each way, plus the bf16 copy where the host keeps one),
+while the host CPU updates the other units. The host state stays the one authoritative copy: nothing of these
+units lives on the GPU between steps but their waiting gradient, and checkpoints, resume and export read the host
+state as always. A unit counts as updated (slidedp.step.host_state.Board) once its copies back have landed, which
+the rank's updater thread marks; the window then delivers it like any host-updated unit.
+
+The numbers are the host update's: the gradient norm summed where the host route would sum it, the clip factor in
+float64 as the host computes it, and the same AdamW kernel on CPU ranks (tests/runtime/test_streamed_update.py
+trains the same bits as the host update there); a non-finite norm skips the step (found_inf), as the host does.
+
+Copies run on two streams of their own, so the next forward's deliveries (the h2d stream) do not queue behind
+them: chunks come in on one while the previous chunk's results go out on the other, two sets of chunk buffers
+alternating.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+from slidedp.config import OptimizerConfig, ScheduleConfig
+from slidedp.step.collectives import reduce_scatter
+from slidedp.step.host_state import HostState
+from slidedp.step.optimizer import clip_coefficient, clips, lr_at
+from slidedp.step.routes import Routes, ShardMap, sum_of_squares
+
+# Elements per chunk streamed through the GPU: 4 x 4 B x 16M = 256 MiB per buffer set, two sets.
+STREAM_CHUNK = 1 << 24
+
+
+def chunk_elements(shard_lens: list[int]) -> int:
+    """Elements per streamed chunk: STREAM_CHUNK, or less where no unit's shard is that long."""
+    return max(1, min(STREAM_CHUNK, max(shard_lens, default=1)))
+
+
+class StreamedUpdate:
+    def __init__(self, *, units: list[int], state: HostState, shards: ShardMap, routes: Routes,
+                 opt: OptimizerConfig, sched: ScheduleConfig, total_steps: int, device: torch.device,
+                 hold_bf16: bool):
+        self.units = sorted(units)
+        self.state, self.shards, self.routes = state, shards, routes
+        self.opt, self.sched, self.total_steps = opt, sched, total_steps
+        self.device = device
+        self.world, self.rank = shards.world, shards.rank
+        self.streams = routes.streams
+        s = self.streams
+        if s.cuda:
+            self.s_in, self.s_out = torch.cuda.Stream(device), torch.cuda.Stream(device)
+        else:
+            self.s_in = self.s_out = s.compute
+        hold = torch.bfloat16 if hold_bf16 else torch.float32
+        self.grad = {u: torch.zeros(shards.shard_len(u), dtype=hold, device=device) for u in self.units}
+        self.chunk = chunk_elements([shards.shard_len(u) for u in self.units])
+        self.deliver_bf16 = state.delivery is not state.master  # the host keeps a bf16 copy to write
+        kinds = ("master", "exp_avg", "exp_avg_sq", "grad") + (("delivery",) if self.deliver_bf16 else ())
+        self.bufs = [{k: torch.empty(self.chunk, dtype=torch.bfloat16 if k == "delivery" else torch.float32,
+                                     device=device) for k in kinds} for _ in range(2)]
+        self._free = [s.event(), s.event()]  # buffer set i may be overwritten once its copies back have landed
+        self._reduced_ev: dict[int, object] = {}
+        self._global_sumsq: torch.Tensor | None = None
+        if s.cuda:
+            state.pin_units(self.units, ("master", "exp_avg", "exp_avg_sq"))
+
+    def hbm_bytes(self) -> int:
+        """GPU memory held for the run: the waiting gradients and the two chunk buffer sets."""
+        held = sum(g.numel() * g.element_size() for g in self.grad.values())
+        return held + sum(b.numel() * b.element_size() for bufs in self.bufs for b in bufs.values())
+
+    # ------------------------------------------------------------------ during the backward
+    def reduce(self, u: int, grad: torch.Tensor) -> None:
+        """Unit u's gradient (grad[:padded], fp32, complete on the compute stream) kept on the device: this
+        rank's shard of the sum over ranks, its sum of squares added to the step's norm (d2h stream, as every
+        other unit's)."""
+        s = self.streams
+        lo, hi = self.shards.own_range(u)
+        with s.on(s.d2h):
+            s.d2h.wait_stream(s.compute)
+            if self.world > 1:  # an fp32 sum, held in fp32 (held_in_bf16 is for one rank only)
+                sl = self.shards.shard_len(u)
+                reduce_scatter(self.grad[u], grad[: self.shards.padded[u]], op=dist.ReduceOp.SUM,
+                               group=self.routes.grad_group)
+                self.routes.bytes.collective += (self.shards.padded[u] - sl) * 4
+                if hi > lo:
+                    self.routes.sumsq += sum_of_squares(self.grad[u][: hi - lo])
+            else:
+                n = self.shards.numels[u]
+                self.routes.sumsq += sum_of_squares(grad[:n])  # the fp32 values, as return_gradient sums them
+                self.grad[u][:n].copy_(grad[:n])  # a bf16 hold rounds values that are bf16 already: exact
+            self._reduced_ev[u] = s.record(s.d2h)
+
+    def reduced_event(self, u: int):
+        """After it, the device no longer reads the gradient buffer given to reduce(u)."""
+        return self._reduced_ev[u]
+
+    def keep_norm(self) -> None:
+        """Called by the routes as the step's sum of squares is complete (d2h stream), before it is reset."""
+        self._global_sumsq = self.routes.sumsq.clone()
+
+    # ------------------------------------------------------------------ after the backward
+    def update(self, step: int) -> dict[int, object]:
+        """Queue every unit's update (forward order) behind the step's norm; returns per unit the event after
+        which its master, moments and bf16 copy are back in the host state."""
+        s = self.streams
+        lr = lr_at(step, self.total_steps, self.opt, self.sched)
+        coef = found_inf = None
+        with s.on(self.s_in):
+            self.s_in.wait_stream(s.d2h)  # every gradient of the step reduced, the norm kept
+            if clips(self.opt):
+                coef, skip = clip_coefficient(self._global_sumsq.sqrt(), self.opt.max_grad_norm)
+                coef = coef.to(torch.float32)
+                found_inf = skip.to(torch.float32).reshape(())  # the fused kernel then leaves the state alone
+            step_t = torch.tensor(float(step), device=self.device)
+        done: dict[int, object] = {}
+        i = 0
+        for u in self.units:
+            lo, hi = self.shards.own_range(u)
+            for a in range(0, hi - lo, self.chunk):
+                b = min(hi - lo, a + self.chunk)
+                self._chunk(u, lo + a, lo + b, self.grad[u][a:b], self.bufs[i], i, coef, found_inf, step_t, lr)
+                i ^= 1
+            done[u] = s.record(self.s_out)
+        return done
+
+    def _chunk(self, u: int, lo: int, hi: int, grad: torch.Tensor, buf: dict[str, torch.Tensor], i: int,
+               coef, found_inf, step_t, lr: float) -> None:
+        """Elements [lo, hi) of unit u: in, AdamW, out, on buffer set i."""
+        s, m, st = self.streams, hi - lo, self.state
+        host = {"master": st.master_unit(u), "exp_avg": st.exp_avg_unit(u), "exp_avg_sq": st.exp_avg_sq_unit(u)}
+        with s.on(self.s_in):
+            self.s_in.wait_event(self._free[i])
+            for k, t in host.items():
+                buf[k][:m].copy_(t[lo:hi], non_blocking=True)
+            g = buf["grad"][:m]
+            g.copy_(grad)  # widened to fp32 where held in bf16: exact
+            if coef is not None:
+                g.mul_(coef)
+            torch._fused_adamw_([buf["master"][:m]], [g], [buf["exp_avg"][:m]], [buf["exp_avg_sq"][:m]], [],
+                                [step_t], lr=lr, beta1=self.opt.betas[0], beta2=self.opt.betas[1],
+                                weight_decay=self.opt.weight_decay, eps=self.opt.eps, amsgrad=False,
+                                maximize=False, found_inf=found_inf)
+            if self.deliver_bf16:
+                buf["delivery"][:m].copy_(buf["master"][:m])
+            ready = s.record(self.s_in)
+        with s.on(self.s_out):
+            self.s_out.wait_event(ready)
+            for k, t in host.items():
+                t[lo:hi].copy_(buf[k][:m], non_blocking=True)
+            if self.deliver_bf16:
+                st.delivery_unit(u)[lo:hi].copy_(buf["delivery"][:m], non_blocking=True)
+            self._free[i] = s.record(self.s_out)
+        nbytes = m * (12 + (2 if self.deliver_bf16 else 0))
+        self.routes.bytes.h2d += m * 12
+        self.routes.bytes.d2h += nbytes

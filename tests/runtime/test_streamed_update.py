@@ -1,0 +1,86 @@
+"""policy.streamed_layers: the last layers' update after the norm streams their host state through the device.
+On CPU ranks the device's AdamW is the host's kernel, so a run with streamed layers trains the same bits as the
+host update (which tests/runtime/test_exactness.py holds to torch AdamW + clip_grad_norm_): one rank in bf16
+(gradients waiting in bf16) and two gloo ranks in fp32 (reduce-scattered shards), clipping on every step and off."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import slidedp
+import torch
+from slidedp.config import ConfigError, JobConfig
+from slidedp.policy import ExecutionPolicy, PolicyError, resolve
+from slidedp.step.layout import plan_layout
+
+from tests.runtime.exactness import make_model_dir, make_token_data, slidedp_tensors
+
+STEPS = 3
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    root = tmp_path_factory.mktemp("streamed")
+    return {"root": root, "model": make_model_dir(str(root / "model"), "tiny-qwen3"),
+            "data": make_token_data(str(root / "data.jsonl"), rows=4 * STEPS, seq_len=24)}
+
+
+def _train(files, tag: str, *, ranks: int, precision: str, clip: float, streamed: int) -> dict:
+    out = str(files["root"] / f"{tag}-{ranks}-{precision}-{clip}-{streamed}")
+    result = slidedp.train({
+        "model": files["model"], "data": {"path": files["data"], "format": "tokens", "shuffle": False},
+        "seq_len": 24, "micro_batch_size": 2, "steps": STEPS, "ranks": ranks, "gpus": 0, "precision": precision,
+        "output_dir": out, "export": False, "cpu_threads": 1,
+        "optimizer": {"lr": 3e-3, "weight_decay": 0.1, "max_grad_norm": clip},
+        "policy": {"delivery": "sharded" if ranks > 1 else "replicated", "grad_reduce": "gpu" if ranks > 1 else "host",
+                   "activations": "checkpoint", "resident_units": 0, "delivery_cast": "host", "edge_update": "host",
+                   "device_layers": 0, "streamed_layers": streamed},
+        "checkpoint": {"interval": STEPS, "keep": 1},
+    })
+    assert result.status == "completed"
+    return {"metrics": result.metrics,
+            "tensors": slidedp_tensors(os.path.join(out, "checkpoints", f"step-{STEPS:08d}"), files["model"])}
+
+
+@pytest.mark.parametrize("ranks,precision,clip", [(1, "bf16", 0.05), (2, "fp32", 0.05), (1, "bf16", 0.0)])
+def test_streamed_layers_train_the_same_bits_as_the_host_update(files, ranks, precision, clip):
+    host = _train(files, "host", ranks=ranks, precision=precision, clip=clip, streamed=0)
+    streamed = _train(files, "streamed", ranks=ranks, precision=precision, clip=clip, streamed=2)
+    if clip:
+        assert all(m["clipped"] for m in host["metrics"]), "clipping must fire for the clip factor to matter"
+    for a, b in zip(host["metrics"], streamed["metrics"]):
+        assert (a["loss"], a["grad_norm"], a["clipped"]) == (b["loss"], b["grad_norm"], b["clipped"])
+    for kind in ("master", "exp_avg", "exp_avg_sq"):
+        for name, t in host["tensors"][kind].items():
+            assert torch.equal(t, streamed["tensors"][kind][name]), (kind, name)
+    assert any(not torch.equal(t, torch.zeros_like(t)) for t in streamed["tensors"]["exp_avg"].values())
+
+
+def test_streamed_layers_are_the_last_ones_and_hold_nothing_on_the_host():
+    pol = ExecutionPolicy.mix(layers=4, keep=0, offload=0, resident=0, device_layers=1, streamed_layers=2)
+    assert pol.streamed_units() == {3, 4} and pol.device_units() == {1}
+    lay = plan_layout([100, 10, 10, 10, 10, 100], 1, pol, "bf16", clip=True, directory="")
+    assert set(lay.held_places()) == {0, 2, 5}
+    assert lay.slot_numel == 100  # staging still sized for the head, which goes to the host
+
+
+def test_streamed_layers_beyond_the_layers_above_the_device_layers_are_refused():
+    with pytest.raises(PolicyError, match=r"streamed_layers must be in 0\.\.3"):
+        ExecutionPolicy.mix(layers=4, keep=0, offload=0, resident=0, device_layers=1, streamed_layers=4)
+    cfg = JobConfig.from_dict({"model": "tiny-qwen3", "data": {"path": "x.jsonl"}, "ranks": 2,
+                               "policy": {"streamed_layers": 9}})
+    assert resolve(cfg.policy, 4, 2).streamed_layers == 4  # at most the model's layers
+    assert resolve(cfg.policy, 4, 2).grad_reduce == "gpu"
+
+
+def test_streamed_layers_with_host_reduction_on_several_ranks_is_a_config_error():
+    with pytest.raises(ConfigError, match="policy.streamed_layers"):
+        JobConfig.from_dict({"model": "tiny-qwen3", "data": {"path": "x.jsonl"}, "ranks": 2,
+                             "policy": {"streamed_layers": 2, "grad_reduce": "host"}})
+
+
+def test_the_shorthand_names_streamed_layers():
+    pol = ExecutionPolicy.from_shorthand("replicated:host:checkpoint:1:0:gpu:gpu:0:9:5", layers=36)
+    assert pol.streamed_layers == 5 and pol.staging_slots == 9
+    assert ExecutionPolicy.from_shorthand(pol.shorthand(), layers=36) == pol
