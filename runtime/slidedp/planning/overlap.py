@@ -34,13 +34,13 @@ A step of many micro-batches is extended from two short replays by planning/long
 
 from __future__ import annotations
 
-import bisect
 from dataclasses import dataclass, field
 from typing import Any
 
 from slidedp.schedule import step_schedule, window_plan
 
 IN_ORDER = ("host", "compute", "h2d", "d2h", "coll")
+_HOST = IN_ORDER.index("host")
 UPDATE_KINDS = frozenset({"update", "hold", "final"})  # host-update work: waits on it are `update_tail`
 # Groups of task kinds that can be made free to measure a resource's exposure.
 EXPOSURE_KINDS = {
@@ -66,6 +66,8 @@ class _Task:
         "step",
         "phase",
         "order",
+        "dependents",
+        "waiting",
     )
 
     def __init__(
@@ -88,6 +90,8 @@ class _Task:
         self.loads = loads or {}
         self.unit, self.step, self.phase = unit, step, phase
         self.order = 0
+        self.dependents: list[_Task] = []  # tasks with this one among their deps (once per occurrence)
+        self.waiting = 0  # deps not yet placed in the current pass
 
 
 @dataclass
@@ -146,6 +150,9 @@ class Outcome:
     replayed: int = 0  # tasks actually placed (a long step is extended from two shorter replays)
 
 
+_NEVER_READY = _Task("end", "host", 0.0, [])
+_NEVER_READY.waiting = 1  # no task counts it among its deps, so it never becomes ready
+
 # ---------------------------------------------------------------------------- building the replay
 class _Replay:
     STEPS = 2
@@ -167,16 +174,25 @@ class _Replay:
         # units updated on the device (policy.edge_update gpu, policy.device_layers)
         self.on_device = {u for u, t in enumerate(d.device_update) if t > 0}
         self._build()
+        for t in self.tasks:
+            for x in t.deps:
+                x.dependents.append(t)
+        self.submitted_by = [self.submit[t.order] for t in self.cpu_tasks]  # hand-over order
+        # the in-order queues in IN_ORDER, each ended by a task that is never ready, so that a drain needs no
+        # bounds check
+        self._ends_blocked = [[*self.queues[r], _NEVER_READY] for r in IN_ORDER]
 
     # ------------------------------------------------------------------ task creation
-    def _new(self, kind: str, res: str, dur: float, deps: list, **kw: Any) -> _Task:
-        if self.d.cpu_mode and res in ("h2d", "d2h", "coll"):
-            res = "compute"  # CPU training: no streams, the rank's thread does everything in order
+    def _new(self, kind: str, res: str, dur: float, deps: list, unit: int = -1, step: int = 0, phase: str = "",
+             loads: dict[str, float] | None = None) -> _Task:
+        if self.d.cpu_mode:
+            if res in ("h2d", "d2h", "coll"):
+                res = "compute"  # CPU training: no streams, the rank's thread does everything in order
+            if res in ("compute", "cpu"):
+                loads = {**(loads or {}), "cores": 0.0 if kind in self.d.zero else dur}
         if kind in self.d.zero:
             dur = 0.0
-        if self.d.cpu_mode and res in ("compute", "cpu"):
-            kw["loads"] = {**(kw.get("loads") or {}), "cores": dur}
-        t = _Task(kind, res, dur, deps, **kw)
+        t = _Task(kind, res, dur, deps, unit=unit, step=step, phase=phase, loads=loads)
         t.order = len(self.tasks)
         self.tasks.append(t)
         (self.cpu_tasks if res == "cpu" else self.queues[res]).append(t)
@@ -401,16 +417,22 @@ class _Replay:
     # ------------------------------------------------------------------ scheduling
     def run(self) -> None:
         """Place every task: in-order resources as soon as their head's dependencies are placed; the updater
-        by its own rule at the time it becomes free."""
+        by its own rule at the time it becomes free. Each task counts its deps not yet placed (`waiting`), so
+        that whether a head may go is one look, not a walk over its deps; a planning search replays hundreds of
+        policies, each a few times."""
         for t in self.tasks:
             t.start = t.end = t.binding = None
-        self._heads = {r: 0 for r in IN_ORDER}
-        self._last: dict[str, _Task | None] = {r: None for r in IN_ORDER}
+            t.waiting = len(t.deps)
+        self._heads = [0] * len(IN_ORDER)  # per in-order resource, in IN_ORDER: the next task to place
+        self._last: list[_Task | None] = [None] * len(IN_ORDER)  # ... and the last placed
         self._cpu_last: _Task | None = None
         self._committed: tuple[_Task, _Task | None] | None = None  # the updater's next task, what it waits after
         self._forced: list[_Task] = []
         self._holds_done: dict[int, int] = {}
-        self._unstarted = list(self.cpu_tasks)  # in hand-over order
+        # handed over and not started, in hand-over order: the host hands over in program order, so the handed
+        # over are always the first `_handed` of cpu_tasks
+        self._known: list[_Task] = []
+        self._handed = 0
         self._left = len(self.tasks)
         while self._left:
             progress = self._drain()
@@ -421,19 +443,30 @@ class _Replay:
                 )
 
     def _drain(self) -> bool:
+        """One pass over the in-order resources, each placing its queue's heads while their deps are placed."""
         progress = False
-        for r in IN_ORDER:
-            q = self.queues[r]
-            while self._heads[r] < len(q):
-                t = q[self._heads[r]]
-                if any(x.end is None for x in t.deps):
-                    break
-                _place(t, self._last[r], t.deps)
-                self._last[r] = t
-                self._heads[r] += 1
-                self._left -= 1
-                progress = True
+        heads, lasts = self._heads, self._last
+        for i, q in enumerate(self._ends_blocked):
+            head = heads[i]
+            if q[head].waiting:
+                continue
+            last, t = lasts[i], q[head]
+            while not t.waiting:  # the queue's end is a task that never becomes ready
+                _place(t, last, t.deps)
+                last, head = t, head + 1
+                t = q[head]
+            self._left -= head - heads[i]
+            heads[i], lasts[i] = head, last
+            progress = True
         return progress
+
+    def _handed_over(self) -> list[_Task]:
+        """The updater's tasks whose hand-over has been placed and that have not started, in hand-over order."""
+        cpu, known = self.cpu_tasks, self._known
+        while self._handed < len(cpu) and self.submitted_by[self._handed].end is not None:
+            known.append(cpu[self._handed])
+            self._handed += 1
+        return known
 
     def _updater(self, force: bool) -> bool:
         """One decision or placement of the updater thread (slidedp.step.optimizer.Updater)."""
@@ -442,36 +475,39 @@ class _Replay:
             if self._forced:
                 self._committed = (self._forced.pop(0), self._cpu_last)
             else:
-                known = [t for t in self._unstarted if self.submit[t.order].end is not None]
+                known = self._handed_over()
                 if not known:
                     return False
-                first_in = min(known, key=lambda t: self.submit[t.order].end)
+                # the host hands over in program order on its in-order resource, so the hand-overs of `known`
+                # end in order: the first handed over is the first in, and the first available, and the last
+                # is the newest
+                first_in = known[0]
                 t0, why = cpu_free, self._cpu_last
                 if self.submit[first_in.order].end > t0:  # idle until the next hand-over
                     t0, why = self.submit[first_in.order].end, self.submit[first_in.order]
-                host = self._last["host"]
-                host_done = self._heads["host"] == len(self.queues["host"])
+                host = self._last[_HOST]
+                host_done = self._heads[_HOST] == len(self.queues["host"])
                 # Decide only once every hand-over up to t0 is known (the host runs in time order), unless
                 # the host itself waits on this thread.
                 if not (force or host_done or (host is not None and host.end >= t0)):
                     return False
-                avail = [t for t in known if self.submit[t.order].end <= t0]
-                pick = min(avail, key=lambda t: t.order)
+                pick = first_in
                 eb = self.end_backward.get(pick.step)
                 ended = eb is not None and eb.end is not None and eb.end <= t0
-                newest = max(self.seq[t.order] for t in known)
+                newest = self.seq[known[-1].order]
                 if ended or self.seq[pick.order] > newest + 2 - self.d.staging_slots:
                     # the lowest unit among the gradients that have landed: after the backward so the next
                     # forward's first units come first, during it so that what is left at its end spreads up to
                     # the top layers; during it not when one of the next two handoffs would wait for the oldest
                     # one's staging slot. None landed: the first issued (copies out land in the order issued).
+                    avail = [t for t in known if self.submit[t.order].end <= t0]
                     same = [t for t in avail if t.step == pick.step]
                     landed = [t for t in same if all(x.end is not None and x.end <= t0 for x in t.deps)]
                     pick = min(landed, key=lambda t: t.unit) if landed else min(same, key=lambda t: t.order)
-                self._unstarted.remove(pick)
+                known.remove(pick)
                 self._committed = (pick, why)
         t, why = self._committed
-        if any(x.end is None for x in t.deps):
+        if t.waiting:
             return False
         _place(t, why, t.deps)
         self._cpu_last = t
@@ -492,23 +528,32 @@ def _place(t: _Task, prev: _Task | None, deps: list[_Task]) -> None:
         if x.end > start:
             start, binding = x.end, x
     t.start, t.end, t.binding = start, start + t.dur, binding
+    for x in t.dependents:
+        x.waiting -= 1
 
 
 # ---------------------------------------------------------------------------- shared bandwidth
-def _slowdowns(tasks: list[_Task], capacity: dict[str, float]) -> dict[int, float]:
+def _pool_users(tasks: list[_Task], capacity: dict[str, float]) -> dict[str, list[tuple[_Task, float]]]:
+    """Per pool, the tasks that load it and their demand when alone (bytes / base seconds), in task order: the
+    same in every pass of a replay, as loads and base durations do not change."""
+    return {pool: [(t, t.loads[pool] / t.base) for t in tasks if t.loads.get(pool) and t.base > 0]
+            for pool in capacity}
+
+
+def _slowdowns(users: dict[str, list[tuple[_Task, float]]], capacity: dict[str, float]) -> dict[int, float]:
     """Per task, how much slower it runs than alone: total demand on its pools while it runs / capacity.
 
-    Demands are each task's rate when alone (bytes / base seconds); sharing is proportional to them.
+    Demands are each task's rate when alone (bytes / base seconds); sharing is proportional to them. `users`:
+    _pool_users of the replay.
     """
     factors: dict[int, float] = {}
     for pool, cap in capacity.items():
-        users = [t for t in tasks if t.loads.get(pool) and t.base > 0 and t.end > t.start]
-        if not users:
+        running = [(t, rate) for t, rate in users[pool] if t.end > t.start]
+        if not running:
             continue
         # piecewise-constant total demand, integrated with a sweep
         edges: dict[float, float] = {}
-        for t in users:
-            rate = t.loads[pool] / t.base
+        for t, rate in running:
             edges[t.start] = edges.get(t.start, 0.0) + rate
             edges[t.end] = edges.get(t.end, 0.0) - rate
         times = sorted(edges)
@@ -517,22 +562,13 @@ def _slowdowns(tasks: list[_Task], capacity: dict[str, float]) -> dict[int, floa
             level += edges[times[i - 1]]
             acc += level * (times[i] - times[i - 1])
             cum.append(acc)
-        for t in users:
-            span = t.end - t.start
-            demand = (_cumulative(times, cum, t.end) - _cumulative(times, cum, t.start)) / span
-            f = max(1.0, demand / cap)
-            factors[t.order] = max(factors.get(t.order, 1.0), f)
+        # every task starts and ends on an edge, where the integral is that edge's entry of cum
+        at = {x: c for x, c in zip(times, cum)}
+        for t, _ in running:
+            f = (at[t.end] - at[t.start]) / (t.end - t.start) / cap
+            if f > factors.get(t.order, 1.0):
+                factors[t.order] = f
     return factors
-
-
-def _cumulative(times: list[float], cum: list[float], x: float) -> float:
-    """Integral of the piecewise-constant demand from the first edge to x."""
-    i = bisect.bisect_right(times, x) - 1
-    if i < 0:
-        return 0.0
-    if i >= len(times) - 1:
-        return cum[-1]
-    return cum[i] + (cum[i + 1] - cum[i]) * (x - times[i]) / (times[i + 1] - times[i])
 
 
 # ---------------------------------------------------------------------------- the replay's outcome
@@ -546,13 +582,19 @@ def replay(d: Durations, iterations: int = 3) -> Outcome:
     if d.cpu_mode:  # the rank's compute and its updater share the rank's cores
         capacity["cores"] = 1.0
     rep.run()
+    users = _pool_users(rep.tasks, capacity)
+    # only a task that loads a pool is ever slowed: every other keeps its base duration (the update below gives
+    # base * 1.0 for it), so the updates walk the pools' users alone
+    shared = sorted({t.order: t for pool in users.values() for t, _ in pool}.items())
     for _ in range(iterations if capacity else 0):
-        factors = _slowdowns(rep.tasks, capacity)
+        factors = _slowdowns(users, capacity)
         changed = 0.0
-        for t in rep.tasks:
+        for _, t in shared:
             f = factors.get(t.order, 1.0)
             new = t.base * (0.5 * f + 0.5 * (t.dur / t.base if t.base else 1.0))
-            changed = max(changed, abs(new - t.dur))
+            moved = abs(new - t.dur)
+            if moved > changed:
+                changed = moved
             t.dur = new
         rep.run()
         if changed < 2e-4:
