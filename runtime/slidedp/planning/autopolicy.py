@@ -40,6 +40,7 @@ from slidedp.planning.knobs import WINDOWS as WINDOWS
 from slidedp.planning.knobs import KnobSearch, StartKnobs
 from slidedp.planning.marginal import MixSearch
 from slidedp.planning.memory_model import ActivationSizes, memory
+from slidedp.planning.plan import Candidate, Plan, Prediction
 from slidedp.planning.plan_json import PlanJson, refusal
 from slidedp.planning.plan_json import metrics_prediction as metrics_prediction
 from slidedp.planning.profiles import declared_note
@@ -48,7 +49,7 @@ from slidedp.planning.report import format_plan as format_plan
 from slidedp.planning.routes import RouteSearch
 from slidedp.policy import ExecutionPolicy
 
-__all__ = ["basis_change", "format_plan", "metrics_prediction", "plan_basis", "plan_job"]
+__all__ = ["basis_change", "format_plan", "metrics_prediction", "plan_basis", "plan_for", "plan_job"]
 
 # The preview warns when a plan leaves less than this share of its GPU memory budget free (LOW_HEADROOM in
 # frontend/src/planview/glance.ts): an error of that size in the memory prediction would run the job out of memory.
@@ -62,38 +63,44 @@ HEADROOM_RULE = (f"a plan leaving under {HEADROOM_MARGIN:.0%} of the GPU memory 
 
 def plan_job(cfg: Any, topology: dict[str, Any], calibration: dict[str, Any] | None,
              sweep: bool = False) -> dict[str, Any]:
-    """The plan for a job on a host (docs/interfaces.md §5): chosen policy, prediction, candidates, why, and the
-    basis it was made on (plan_basis), so that a later run can tell whether it still holds. `sweep` adds the card
-    sweep (planning/card_sweep.py): the same search at other memory sizes per GPU, which costs about one more
-    search per size whose budget binds, so only what a person reads asks for it (`slidedp plan`, the web preview)."""
+    """The plan JSON for a job on a host (docs/interfaces.md §5): plan_for's plan as the CLI, the web service and
+    a run's plan record hold it."""
+    return plan_for(cfg, topology, calibration, sweep).to_dict()
+
+
+def plan_for(cfg: Any, topology: dict[str, Any], calibration: dict[str, Any] | None, sweep: bool = False) -> Plan:
+    """The plan for a job on a host: chosen policy, prediction, candidates, why, and the basis it was made on
+    (plan_basis), so that a later run can tell whether it still holds. `sweep` adds the card sweep
+    (planning/card_sweep.py): the same search at other memory sizes per GPU, which costs about one more search per
+    size whose budget binds, so only what a person reads asks for it (`slidedp plan`, the web preview)."""
     plan = _planned(cfg, topology, calibration, sweep)
-    if not plan.get("feasible"):  # what to change: each way planned by memory alone (planning/refusals.py)
+    if not plan.feasible:  # what to change: each way planned by memory alone (planning/refusals.py)
         ways = ways_out(cfg, plan, len(topology.get("gpus", [])),
                         lambda changed: _planned(changed, topology, calibration, timed=False))
         if ways:
-            plan["ways_out"] = ways
-            _name_the_cap_that_fits(plan, ways)
+            plan = _name_the_cap_that_fits(dataclasses.replace(plan, ways_out=ways), ways)
     plan = _declared(plan, topology)
-    plan["basis"] = plan_basis(cfg, topology, calibration)
-    return plan
+    return dataclasses.replace(plan, basis=plan_basis(cfg, topology, calibration))
 
 
-def _name_the_cap_that_fits(plan: dict[str, Any], ways: list[dict[str, Any]]) -> None:
+def _name_the_cap_that_fits(plan: Plan, ways: list[dict[str, Any]]) -> Plan:
     """The refusal's smallest gpu_memory_gib is priced on the leanest policy at the refused cap, and a larger cap's
     own start can take a little more: where the ways out found that the named cap itself refuses, the refusal
     names the cap that was found to fit instead."""
-    named = plan.get("smallest_gpu_memory_gib")
+    named = plan.smallest_gpu_memory_gib
     fits = next((w["change"]["gpu_memory_gib"] for w in ways if "gpu_memory_gib" in w["change"]), None)
     if named is None or fits is None or fits == named:
-        return
-    plan["smallest_gpu_memory_gib"] = fits
-    for err in plan.get("errors") or []:
-        if err.get("loc") == "gpu_memory_gib":
-            err["msg"] = err["msg"].replace(f"that fits is {named:g} GiB", f"that fits is {fits:g} GiB")
+        return plan
+    errors = tuple(
+        {**err, "msg": err["msg"].replace(f"that fits is {named:g} GiB", f"that fits is {fits:g} GiB")}
+        if err.get("loc") == "gpu_memory_gib" else err
+        for err in plan.errors
+    )
+    return dataclasses.replace(plan, smallest_gpu_memory_gib=fits, errors=errors)
 
 
 def _planned(cfg: Any, topology: dict[str, Any], calibration: dict[str, Any] | None, sweep: bool = False,
-             timed: bool = True) -> dict[str, Any]:
+             timed: bool = True) -> Plan:
     if "delivery_cast" not in cfg.policy.fixed():  # the cast left to AutoPolicy: the job planned both ways
         return _cast_choice(cfg, topology, calibration, sweep, timed)
     return _plan(cfg, topology, calibration, sweep, timed)
@@ -104,7 +111,7 @@ def _with_cast(cfg: Any, cast: str) -> Any:
 
 
 def _cast_choice(cfg: Any, topology: dict[str, Any], calibration: dict[str, Any] | None,
-                 sweep: bool, timed: bool = True) -> dict[str, Any]:
+                 sweep: bool, timed: bool = True) -> Plan:
     """policy.delivery_cast auto: the job planned with the bf16 cast on the host and on the GPUs, and the faster
     plan that fits taken (the host's on a tie, without times, in fp32 or on the CPU, where the cast changes nothing
     or cannot be priced). `delivery_cast_choice` says what each cast would have given."""
@@ -112,35 +119,32 @@ def _cast_choice(cfg: Any, topology: dict[str, Any], calibration: dict[str, Any]
         return _plan(_with_cast(cfg, "host"), topology, calibration, sweep, timed)
     plans = {cast: _plan(_with_cast(cfg, cast), topology, calibration, timed=timed) for cast in ("host", "gpu")}
 
-    def time(plan: dict[str, Any]) -> float | None:
-        return (plan.get("predicted") or {}).get("step_time_s") if plan.get("feasible") else None
-
-    def moved_edges(plan: dict[str, Any]) -> bool:  # memory alone put the embedding and head on the GPU to fit
-        return time(plan) is None and cfg.policy.edge_update == "auto" and plan["policy"]["edge_update"] == "gpu"
+    def moved_edges(plan: Plan) -> bool:  # memory alone put the embedding and head on the GPU to fit
+        return plan.step_time_s is None and "edge_update" not in cfg.policy.fixed() and plan.policy[
+            "edge_update"] == "gpu"
 
     host, gpu = plans["host"], plans["gpu"]
-    if host.get("feasible") and gpu.get("feasible"):
-        if time(host) is not None and time(gpu) is not None:
-            chosen = "gpu" if time(gpu) < time(host) else "host"
+    if host.feasible and gpu.feasible:
+        if host.step_time_s is not None and gpu.step_time_s is not None:
+            chosen = "gpu" if gpu.step_time_s < host.step_time_s else "host"
         else:  # without times the host's, unless it fits only by moving what the GPU cast leaves in place
             chosen = "gpu" if moved_edges(host) and not moved_edges(gpu) else "host"
-    elif gpu.get("feasible"):
+    elif gpu.feasible:
         chosen = "gpu"
     else:  # neither fits: a refusal for host RAM is the GPU cast's, the leaner there (the host's would name the
         # bf16 copy the GPU cast drops, and may advise that cast); any other is the host's
-        chosen = "gpu" if any("host RAM too small" in e["msg"] for e in host.get("errors") or []) else "host"
+        chosen = "gpu" if any("host RAM too small" in e["msg"] for e in host.errors) else "host"
     plan = _plan(_with_cast(cfg, chosen), topology, calibration, sweep) if sweep else plans[chosen]
-    plan["delivery_cast_choice"] = {
+    return dataclasses.replace(plan, delivery_cast_choice={
         "chosen": chosen,
-        **{cast: {"fits": bool(p.get("feasible")), "step_time_s": time(p),
-                  "why_not": None if p.get("feasible") else "; ".join(e["msg"] for e in p.get("errors") or [])}
+        **{cast: {"fits": p.feasible, "step_time_s": p.step_time_s,
+                  "why_not": None if p.feasible else p.error_words()}
            for cast, p in plans.items()},
-    }
-    return plan
+    })
 
 
 def _plan(cfg: Any, topology: dict[str, Any], calibration: dict[str, Any] | None,
-          sweep: bool = False, timed: bool = True) -> dict[str, Any]:
+          sweep: bool = False, timed: bool = True) -> Plan:
     """One cast's plan; `timed` False plans by memory alone (the calibration then sizes activations only)."""
     try:
         job = Job.from_config(cfg, topology)
@@ -175,23 +179,19 @@ def _plan(cfg: Any, topology: dict[str, Any], calibration: dict[str, Any] | None
     try:
         plan = planner.run()
     except Infeasible as exc:
-        out = refusal(exc.errors, _kind(calibration) if rates else "missing")
-        out["calibration_note"] = note
-        out["job"] = planner.job_summary()
-        if planner.smallest_cap is not None:
-            out["smallest_gpu_memory_gib"] = planner.smallest_cap
-        if sweep:
-            out["card_sweep"] = card_sweep(out, job, planner.best_at)
-        return out
+        out = dataclasses.replace(refusal(exc.errors, _kind(calibration) if rates else "missing"),
+                                  calibration_note=note, job=planner.job_summary(),
+                                  smallest_gpu_memory_gib=planner.smallest_cap)
+        return dataclasses.replace(out, card_sweep=card_sweep(out, job, planner.best_at)) if sweep else out
     if rates and not planner.rates:
         note = "the calibration lacks figures every route needs: memory fit only, no step times"
-    if planner.rates:
-        plan["host_update"] = planner.rates.host_update_summary()
-    plan["calibration"] = _kind(calibration) if planner.rates else "missing"
-    plan["calibration_note"] = note
-    if sweep:
-        plan["card_sweep"] = card_sweep(plan, job, planner.best_at)
-    return plan
+    plan = dataclasses.replace(
+        plan,
+        host_update=planner.rates.host_update_summary() if planner.rates else None,
+        calibration=_kind(calibration) if planner.rates else "missing",
+        calibration_note=note,
+    )
+    return dataclasses.replace(plan, card_sweep=card_sweep(plan, job, planner.best_at)) if sweep else plan
 
 
 def headroom_words(headroom: dict[str, Any]) -> str:
@@ -213,27 +213,33 @@ def _kind(calibration: dict[str, Any]) -> str:
     return "declared" if calibration.get("declared") else "measured"
 
 
-def _declared(plan: dict[str, Any], topology: dict[str, Any]) -> dict[str, Any]:
+def _declared(plan: Plan, topology: dict[str, Any]) -> Plan:
     """A plan for a declared host (planning/profiles.py) names the profile under "declared"; its activation sizes
     are counted, not measured."""
-    if topology.get("declared"):
-        plan["declared"] = topology["declared"]
-        if plan.get("job") and plan.get("calibration") == "declared":
-            plan["job"]["activation_sizes"] = "estimated (declared host)"
-    return plan
+    if not topology.get("declared"):
+        return plan
+    job = plan.job
+    if job is not None and plan.calibration == "declared":
+        job = dataclasses.replace(job, activation_sizes="estimated (declared host)")
+    return dataclasses.replace(plan, declared=topology["declared"], job=job)
 
 
 class _Planner(RouteSearch, KnobSearch, PlanJson, MixSearch, Refusals):
     """One job's search: the job, its rates (None: memory only), the activation sizes and the settings the user
-    fixed (`user`: the config's PolicyConfig.fixed(), the one answer to what the user fixed); the parts of the
+    fixed (`fixed`: the config's PolicyConfig.fixed(), the one answer to what the user fixed); the parts of the
     search come from the mixins, each in its module."""
 
     def __init__(self, cfg: Any, job: Job, rates: Rates | None, acts: ActivationSizes,
                  sims: dict[ExecutionPolicy, dict[str, Any]] | None = None):
         self.cfg, self.job, self.rates, self.acts = cfg, job, rates, acts
-        self.user = cfg.policy.fixed()
+        self.fixed = cfg.policy.fixed()
         # predictions by policy; they do not depend on the HBM budget, so the card sweep's planners share them
         self.sims: dict[ExecutionPolicy, dict[str, Any]] = {} if sims is None else sims
+
+    @property
+    def user(self) -> dict[str, Any]:
+        """`fixed` under its former name, as tests/runtime/test_policy_fixed.py reads it."""
+        return self.fixed
 
     # ------------------------------------------------------------------ memory
     def mem(self, pol: ExecutionPolicy) -> dict[str, Any]:
@@ -267,7 +273,7 @@ class _Planner(RouteSearch, KnobSearch, PlanJson, MixSearch, Refusals):
     # ------------------------------------------------------------------ a policy from choices
     def fixed_mix(self) -> dict[str, int]:
         """Counts the user fixed: activations for every layer, keep/offload layer counts, resident layers."""
-        L, u, out = self.job.layers, self.user, {}
+        L, u, out = self.job.layers, self.fixed, {}
         if "activations" in u:
             out.update(
                 keep=L if u["activations"] == "keep" else 0, offload=L if u["activations"] == "offload" else 0
@@ -307,11 +313,13 @@ class _Planner(RouteSearch, KnobSearch, PlanJson, MixSearch, Refusals):
             loss_chunk_tokens=loss_chunk,
             edge_update=edge,
             device_layers=min(device_layers, self.job.layers),  # the config may ask for more than the model has
-            staging_slots=self.user.get("staging_slots", 0),  # 0: the window's default, or the slot sweep's pick
+            staging_slots=self.fixed.get("staging_slots", 0),  # 0: the window's default, or the slot sweep's pick
+            # as the config fixes them, at most the layers above the device layers (resolve's rule)
+            streamed_layers=min(self.fixed.get("streamed_layers", 0), self.job.layers - min(device_layers, self.job.layers)),
         )
 
     # ------------------------------------------------------------------ the search
-    def run(self) -> dict[str, Any]:
+    def run(self) -> Plan:
         """Refuse what cannot fit even at its leanest; without times, the topology's route; with them, the best
         route and mix at the default knobs, then the knobs around it; refuse a best that still does not fit."""
         start = self.start_knobs()
@@ -328,22 +336,21 @@ class _Planner(RouteSearch, KnobSearch, PlanJson, MixSearch, Refusals):
         if pol is None:
             self.rates = None
             plan = self.memory_only(start.window, start.chunk_mb, start.loss_chunk_tokens)
-            plan["why"] += " " + "; ".join(untimed) + "."
-            return plan
-        if "activations" not in self.user and "keep_layers" not in self.user:
+            return plan.with_why("; ".join(untimed) + ".")
+        if "activations" not in self.fixed and "keep_layers" not in self.fixed:
             every = dataclasses.replace(pol, activations=("keep",) * self.job.layers)
             if self.fits(every) is not None:
                 candidates.append(self.candidate(every))  # shows why not every layer keeps its activations
         plan = self.result(pol, candidates, marginal)
         if headroom is not None:
-            plan["headroom"] = headroom
+            plan = dataclasses.replace(plan, headroom=headroom)
             if headroom_words(headroom):
-                plan["why"] += " " + headroom_words(headroom)
+                plan = plan.with_why(headroom_words(headroom))
         if untimed:
-            plan["why"] += " Routes left out: " + "; ".join(untimed) + "."
+            plan = plan.with_why("Routes left out: " + "; ".join(untimed) + ".")
         return plan
 
-    def choose(self, start: StartKnobs) -> tuple[ExecutionPolicy | None, dict | None, list[dict], list[str]]:
+    def choose(self, start: StartKnobs) -> tuple[ExecutionPolicy | None, dict | None, list[Candidate], list[str]]:
         """The timed search: the best route and mix at the start knobs, then the knobs around it. Returns the
         policy (None when no route could be priced), its marginal costs, the candidates weighed and the routes
         left out; refuses a best that still does not fit."""
@@ -380,7 +387,7 @@ class _Planner(RouteSearch, KnobSearch, PlanJson, MixSearch, Refusals):
             for f in ("keep", "resident", "device"):
                 # the fewest layers that free memory: the first resident layer streamed brings the window's
                 # buffers back, so one alone can raise the peak
-                mine = f not in fixed and not (f == "device" and "device_layers" in self.user)
+                mine = f not in fixed and not (f == "device" and "device_layers" in self.fixed)
                 for fewer in range(1, n[f] + 1 if mine else 0):
                     trial = (dataclasses.replace(here, device_layers=n[f] - fewer) if f == "device"
                              else self.with_counts(here, {**n, f: n[f] - fewer}))
@@ -408,7 +415,7 @@ class _Planner(RouteSearch, KnobSearch, PlanJson, MixSearch, Refusals):
             "rule": HEADROOM_RULE,
         }
 
-    def best_at(self, job: Job) -> tuple[dict[str, Any], dict[str, Any]]:
+    def best_at(self, job: Job) -> tuple[dict[str, Any], Prediction]:
         """The policy the same search chooses for `job` (this job with another memory per GPU) and its
         prediction, without the plan's write-up; Infeasible when nothing fits. The predictions made so far are
         shared, as they do not depend on the memory."""
@@ -421,5 +428,5 @@ class _Planner(RouteSearch, KnobSearch, PlanJson, MixSearch, Refusals):
         if pol is None:
             other.rates = None
             plan = other.memory_only(start.window, start.chunk_mb, start.loss_chunk_tokens)
-            return plan["policy"], plan["predicted"]
+            return plan.policy, plan.predicted
         return pol.to_dict(), other.predicted(pol)

@@ -19,12 +19,13 @@ from collections.abc import Callable
 from typing import Any
 
 from slidedp.planning.job import GIB, Job
+from slidedp.planning.plan import Plan, Prediction
 from slidedp.planning.refusals import Infeasible
 
 SIZES_GIB = (16, 24, 48, 80)  # consumer, workstation, and the two data-centre sizes below the large cards
 
-# (policy as the plan JSON writes it, its `predicted` entry) for a job at one size
-Chosen = tuple[dict[str, Any], dict[str, Any]]
+# (policy as the plan JSON writes it, its prediction) for a job at one size
+Chosen = tuple[dict[str, Any], Prediction]
 BestAt = Callable[[Job], Chosen]
 _WHOLE = -1  # the size key of the whole card
 
@@ -49,13 +50,13 @@ def policy_words(pol: dict[str, Any]) -> str:
 
 
 def _row(gib: float, chosen: Chosen | None, why_not: str | None, current: bool, whole: bool) -> dict[str, Any]:
-    pol, pred = chosen if chosen is not None else (None, {})
+    pol, pred = chosen if chosen is not None else (None, Prediction(step_time_s=None))
     return {
         "hbm_gib": gib,
         "fits": chosen is not None,
-        "step_time_s": pred.get("step_time_s"),
-        "tokens_per_s": pred.get("tokens_per_s"),
-        "hbm_peak_gib": pred.get("hbm_peak_gib"),
+        "step_time_s": pred.step_time_s,
+        "tokens_per_s": pred.tokens_per_s,
+        "hbm_peak_gib": pred.hbm_peak_gib,
         "policy": policy_words(pol) if pol is not None else None,
         "why_not": why_not,
         "current": current,
@@ -63,7 +64,7 @@ def _row(gib: float, chosen: Chosen | None, why_not: str | None, current: bool, 
     }
 
 
-def card_sweep(plan: dict[str, Any], job: Job, best_at: BestAt) -> list[dict[str, Any]]:
+def card_sweep(plan: Plan, job: Job, best_at: BestAt) -> list[dict[str, Any]]:
     """Rows by memory per GPU, smallest first, the whole card last; `current` marks the job's own setting, whose
     row is `plan` (the plan_job result for `job`). Empty for jobs that run on no GPU.
 
@@ -84,11 +85,11 @@ def card_sweep(plan: dict[str, Any], job: Job, best_at: BestAt) -> list[dict[str
         at = dataclasses.replace(job, hbm_cap_bytes=None if whole else size)
         chosen, why_not = None, None
         if size == own:  # the plan itself
-            if plan.get("feasible"):
-                chosen = plan["policy"], plan["predicted"]
+            if plan.feasible:
+                chosen = plan.policy, plan.predicted
             else:
-                why_not = "; ".join(e["msg"] for e in plan.get("errors", [])) or plan.get("why")
-        elif above is not None and above[1]["hbm_peak_gib"] * GIB <= at.hbm_budget:
+                why_not = plan.error_words() or plan.why
+        elif above is not None and above[1].hbm_peak_gib * GIB <= at.hbm_budget:
             chosen = above
         else:
             try:

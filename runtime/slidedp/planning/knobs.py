@@ -15,6 +15,7 @@ from typing import Any
 from slidedp.config import PolicyConfig
 from slidedp.planning.cost_model import Rates
 from slidedp.planning.job import Job
+from slidedp.planning.plan import Candidate
 from slidedp.policy import ExecutionPolicy
 
 WINDOWS = (2, 3, 4, 6)
@@ -36,17 +37,17 @@ class StartKnobs:
 
 
 class KnobSearch:
-    """Mixed into the planner, which provides job, user (the settings the user fixed: PolicyConfig.fixed()), rates,
+    """Mixed into the planner, which provides job, fixed (the settings the user fixed: PolicyConfig.fixed()), rates,
     fits(), time(), candidate(), refill() and shrink_to_fit()."""
 
     job: Job
-    user: dict[str, Any]
+    fixed: dict[str, Any]
     rates: Rates | None
 
     def knob(self, name: str, options: tuple[int, ...]) -> list[int]:
         """The values of a knob to try: the user's, else these options with times, the default without."""
-        if name in self.user:
-            return [self.user[name]]
+        if name in self.fixed:
+            return [self.fixed[name]]
         return list(options) if self.rates else [PolicyConfig.default(name)]
 
     def start_knobs(self) -> StartKnobs:
@@ -57,8 +58,8 @@ class KnobSearch:
         ]
         loss_chunks = loss_chunks or [min(LOSS_CHUNKS)]
         return StartKnobs(
-            window=self.user.get("window", PolicyConfig.default("window")),
-            chunk_mb=self.user.get("chunk_mb", PolicyConfig.default("chunk_mb")),
+            window=self.fixed.get("window", PolicyConfig.default("window")),
+            chunk_mb=self.fixed.get("chunk_mb", PolicyConfig.default("chunk_mb")),
             loss_chunk_tokens=min(loss_chunks, key=lambda c: abs(c - PolicyConfig.default("loss_chunk_tokens"))),
             loss_chunks=loss_chunks,
         )
@@ -68,7 +69,7 @@ class KnobSearch:
         pol: ExecutionPolicy,
         marginal: dict[str, Any],
         loss_chunks: list[int],
-        candidates: list[dict[str, Any]],
+        candidates: list[Candidate],
     ) -> ExecutionPolicy:
         """The best policy of the sweep around `pol` (the route search's choice); every policy tried is appended
         to `candidates`."""
@@ -90,11 +91,11 @@ class KnobSearch:
                         pol = alt
         return self.sweep_staging(pol, candidates)
 
-    def sweep_staging(self, pol: ExecutionPolicy, candidates: list[dict[str, Any]]) -> ExecutionPolicy:
+    def sweep_staging(self, pol: ExecutionPolicy, candidates: list[Candidate]) -> ExecutionPolicy:
         """More gradient staging slots than the default where the model prices them 1% faster: the backward then
         runs further ahead of the host update, which can keep updating through the next forward. Each slot is one
         unit of page-locked host RAM per rank, so they take at most a quarter of what the plan leaves free."""
-        if "staging_slots" in self.user or not self.rates or self.fits(pol) is not None:
+        if "staging_slots" in self.fixed or not self.rates or self.fits(pol) is not None:
             return pol
         held = self.mem(pol)["host_bytes"]
         free = self.job.host_limit_bytes - held

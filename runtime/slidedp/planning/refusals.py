@@ -16,6 +16,7 @@ from slidedp.planning.job import (
     smallest_cap_gib,
 )
 from slidedp.planning.memory_model import ALLOCATOR_SLACK
+from slidedp.planning.plan import Plan
 from slidedp.policy import ExecutionPolicy
 
 
@@ -28,12 +29,12 @@ class Infeasible(Exception):
 
 
 class Refusals:
-    """Mixed into the planner, which provides job, cfg, user (the settings the user fixed), base(), routes(),
+    """Mixed into the planner, which provides job, cfg, fixed (the settings the user fixed), base(), routes(),
     fits(), mem(), fixed_mix(), counts() and with_counts()."""
 
     job: Job
     cfg: Any
-    user: dict[str, Any]
+    fixed: dict[str, Any]
     smallest_cap: float | None = None
 
     def check_minimum(self, window: int, chunk: int, loss_chunks: list[int]) -> None:
@@ -42,12 +43,12 @@ class Refusals:
         lean = self.base(
             "replicated" if j.world == 1 else self.routes()[0][0],
             self.routes()[0][1],
-            self.user.get("window", 2),
+            self.fixed.get("window", 2),
             chunk,
             min(loss_chunks),
             {},
             self.routes()[0][2],
-            min(self.cfg.policy.device_layers or 0, j.layers),
+            min(self.fixed.get("device_layers") or 0, j.layers),
         )
         cap_error = self.cap_over_card()
         if cap_error is not None:
@@ -62,11 +63,13 @@ class Refusals:
             loc = "host_ram_gib" if self.cfg.host_ram_gib is not None else "model"
             fix = "use a smaller model, fewer ranks, or a host with more RAM"
             for key in ("offload_layers", "activations", "window"):
-                if key in self.user:
+                if key in self.fixed:
                     loc, fix = f"policy.{key}", f"lower policy.{key} (it holds host memory) or " + fix
                     break
             copy = m["host_parts"].get("delivery_copy", 0.0)
-            if j.host_cast and copy >= m["host_bytes"] - j.host_limit_bytes:
+            # the cast of the policy priced: a bf16 copy in host RAM only where the host makes it
+            host_cast = j.precision == "bf16" and lean.delivery_cast == "host"
+            if host_cast and copy >= m["host_bytes"] - j.host_limit_bytes:
                 loc = "policy.delivery_cast"
                 fix = (f"set policy.delivery_cast to gpu (the GPUs make the bf16 weights from the fp32 master: no "
                        f"{copy / GIB:.1f} GiB bf16 copy in host memory), or " + fix)
@@ -113,7 +116,7 @@ class Refusals:
             f"{over:.1f} GiB over the budget of {j.hbm_budget / GIB:.1f} GiB ({self.budget_words()})"
         )
         fixed = self.fixed_mix()
-        if "activations" in self.user and self.user["activations"] == "keep":
+        if self.fixed.get("activations") == "keep":
             n = self.max_count(pol, "keep")
             return {
                 "loc": "policy.activations",
@@ -125,13 +128,13 @@ class Refusals:
             ("resident_units", "resident"),
             ("offload_layers", "offload"),
         ):
-            if key in self.user and fixed.get(field):
+            if key in self.fixed and fixed.get(field):
                 n = self.max_count(pol, field)
                 return {
                     "loc": f"policy.{key}",
                     "msg": f"{head}; set {key} to at most {n} (or leave it unset)",
                 }
-        if self.user.get("device_layers"):
+        if self.fixed.get("device_layers"):
             n = pol.device_layers
             while n > 0 and self.fits(dataclasses.replace(pol, device_layers=n - 1, resident=(False,) * j.layers)):
                 n -= 1
@@ -142,7 +145,7 @@ class Refusals:
                 f"most {max(0, n - 1)}, or 0",
             }
         for key in ("window", "loss_chunk_tokens"):
-            if key in self.user:
+            if key in self.fixed:
                 return {"loc": f"policy.{key}", "msg": f"{head}; lower policy.{key}"}
         if j.hbm_cap_bytes is not None:
             smallest = smallest_cap_gib(m["hbm_peak_bytes"])
@@ -175,14 +178,13 @@ class Refusals:
 MIN_WAY_SEQ = 512
 
 
-def ways_out(cfg: Any, plan: dict[str, Any], gpus_on_host: int,
-             check: Callable[[Any], dict[str, Any]]) -> list[dict[str, Any]]:
+def ways_out(cfg: Any, plan: Plan, gpus_on_host: int, check: Callable[[Any], Plan]) -> list[dict[str, Any]]:
     """The cheapest changes that make a refused job fit, each `{"change", "fits", "hbm_peak_gib", "hbm_budget_gib",
     "host_ram_gib", "host_limit_gib", "summary"}`; `check(cfg)` plans a changed config by memory alone. Only a
     refusal for memory has ways out (a bad model name or GPU count is fixed by the setting its error names)."""
-    if plan.get("feasible") or not plan.get("job") or any(
+    if plan.feasible or plan.job is None or any(
         e["loc"] in ("model", "gpus") or "more than the" in e["msg"] and e["loc"] == "gpu_memory_gib"
-        for e in plan.get("errors") or []
+        for e in plan.errors
     ):
         return []
     out = []
@@ -225,17 +227,17 @@ def ways_out(cfg: Any, plan: dict[str, Any], gpus_on_host: int,
     # The refusal's smallest cap is priced on the leanest policy at the refused cap; at a larger cap the start
     # knobs can take a little more, so the named cap may itself refuse: the next half GiB up is tried (so the cap
     # found is the smallest that fits on the 0.5 GiB grid caps are named on), then the cap that refusal names.
-    cap = plan.get("smallest_gpu_memory_gib") if cfg.gpu_memory_gib is not None else None
+    cap = plan.smallest_gpu_memory_gib if cfg.gpu_memory_gib is not None else None
     for attempt in range(6):
         if cap is None:
             break
-        refused: dict[str, Any] = {}
+        refused: list[Plan] = []
         way = _try(check, cfg, {"gpu_memory_gib": cap}, f"gpu_memory_gib {cap:g} (from {cfg.gpu_memory_gib:g})",
                    refused)
         if way:
             out.append(way)
             break
-        named = refused.get("smallest_gpu_memory_gib")
+        named = refused[0].smallest_gpu_memory_gib
         cap = None if named is None else (cap + 0.5 if attempt < 4 else max(named, cap + 0.5))
     n = cfg.gpus
     while 0 < n < gpus_on_host:
@@ -248,19 +250,18 @@ def ways_out(cfg: Any, plan: dict[str, Any], gpus_on_host: int,
     return out
 
 
-def _try(check: Callable[[Any], dict[str, Any]], cfg: Any, change: dict[str, Any], words: str,
-         refused: dict[str, Any] | None = None) -> dict | None:
-    """The way out `change` names, when the changed job fits; None when it does not (its refusal then in
-    `refused`). A section's keys are changed as a dict (`{"policy": {"delivery_cast": "gpu"}}`)."""
+def _try(check: Callable[[Any], Plan], cfg: Any, change: dict[str, Any], words: str,
+         refused: list[Plan] | None = None) -> dict | None:
+    """The way out `change` names, when the changed job fits; None when it does not (its refusal then appended
+    to `refused`). A section's keys are changed as a dict (`{"policy": {"delivery_cast": "gpu"}}`)."""
     fields = {k: dataclasses.replace(getattr(cfg, k), **v) if isinstance(v, dict) else v for k, v in change.items()}
     plan = check(dataclasses.replace(cfg, **fields))
-    if not plan.get("feasible"):
+    if not plan.feasible:
         if refused is not None:
-            refused.update(plan)
+            refused.append(plan)
         return None
-    pred, job = plan.get("predicted") or {}, plan.get("job") or {}
-    peak, budget = pred.get("hbm_peak_gib"), job.get("hbm_budget_gib")
-    host, limit = pred.get("host_ram_gib"), job.get("host_limit_gib")
+    peak, budget = plan.predicted.hbm_peak_gib, plan.job.hbm_budget_gib
+    host, limit = plan.predicted.host_ram_gib, plan.job.host_limit_gib
     if peak is not None and budget:
         fig = f"{peak:.1f} of {budget:.1f} GiB of GPU memory per GPU"
     else:

@@ -4,26 +4,31 @@ from __future__ import annotations
 
 from typing import Any
 
+from slidedp.planning.plan import Candidate, Plan
 
-def format_plan(plan: dict[str, Any]) -> str:
-    """A readable summary: the chosen policy, its prediction, the candidates, why (or what does not fit)."""
+
+def format_plan(plan: Plan | dict[str, Any]) -> str:
+    """A readable summary: the chosen policy, its prediction, the candidates, why (or what does not fit). `plan`
+    is the plan or its JSON (plan_job's answer)."""
+    if not isinstance(plan, Plan):
+        plan = Plan.from_dict(plan)
     lines = []
-    declared = plan.get("declared")
+    declared = plan.declared
     if declared:  # a host described by a profile (planning/profiles.py), not this one
         lines.append(f"DECLARED HOST: {declared.get('profile')} ({declared.get('description')}), not this machine")
         lines.append("  every time below is predicted from the profile's declared figures, not measured here")
         lines.append("")
-    if not plan.get("feasible"):
+    if not plan.feasible:
         lines.append("NOT FEASIBLE")
-        for e in plan.get("errors", []):
+        for e in plan.errors:
             lines.append(f"  {e['loc']}: {e['msg']}")
-        if plan.get("ways_out"):
+        if plan.ways_out:
             lines.append("")
             lines.append("ways out (each checked against the memory model):")
-            lines.extend(f"  {w['summary']}" for w in plan["ways_out"])
-        lines.extend(format_card_sweep(plan.get("card_sweep") or []))
+            lines.extend(f"  {w['summary']}" for w in plan.ways_out)
+        lines.extend(format_card_sweep(plan.card_sweep or []))
         return "\n".join(lines)
-    pol, pred = plan["policy"], plan["predicted"]
+    pol, pred = plan.policy, plan.predicted
     c = {p: pol["activations"].count(p) for p in ("keep", "offload", "checkpoint")}
     lines.append(
         f"policy: delivery={pol['delivery']} grad_reduce={pol['grad_reduce']} "
@@ -35,9 +40,9 @@ def format_plan(plan: dict[str, Any]) -> str:
         f"activations: keep {c['keep']}, offload {c['offload']}, checkpoint {c['checkpoint']}; "
         f"resident layers {sum(pol['resident'])}  ({_runs(pol['activations'])})"
     )
-    mem = f"HBM peak {_gib(pred['hbm_peak_gib'])}/GPU, " if pred.get("hbm_peak_gib") is not None else ""
-    lines.append(f"memory: {mem}host {_gib(pred['host_ram_gib'])}")
-    room = plan.get("headroom")
+    mem = f"HBM peak {_gib(pred.hbm_peak_gib)}/GPU, " if pred.hbm_peak_gib is not None else ""
+    lines.append(f"memory: {mem}host {_gib(pred.host_ram_gib)}")
+    room = plan.headroom
     if room and room["fastest_free_fraction"] < room["margin_fraction"]:  # the rule decided (docs/planning.md)
         free = f"{room['chosen_free_fraction']:.0%} free"
         if room["outcome"].startswith("took"):
@@ -48,12 +53,12 @@ def format_plan(plan: dict[str, Any]) -> str:
             lines.append(f"headroom: kept the fastest, {room['chosen_free_fraction']:.1%} free: no plan within "
                          f"{room['max_slower_fraction']:.0%} of its step time keeps the {room['margin_fraction']:.0%} "
                          "margin")
-    if pred.get("step_time_s") is not None:
-        lines.append(f"predicted: {pred['step_time_s']:.3f} s/step, {pred['tokens_per_s']:,.0f} tokens/s")
-        lines.append("  phases: " + "  ".join(f"{k} {v:.3f}" for k, v in pred["phases"].items()))
-        if pred.get("exposed"):
-            lines.append("  exposed: " + "  ".join(f"{k} {v:.3f}" for k, v in pred["exposed"].items()))
-        hu = plan.get("host_update")
+    if pred.step_time_s is not None:
+        lines.append(f"predicted: {pred.step_time_s:.3f} s/step, {pred.tokens_per_s:,.0f} tokens/s")
+        lines.append("  phases: " + "  ".join(f"{k} {v:.3f}" for k, v in pred.phases.items()))
+        if pred.exposed:
+            lines.append("  exposed: " + "  ".join(f"{k} {v:.3f}" for k, v in pred.exposed.items()))
+        hu = plan.host_update
         if hu and declared:
             lines.append(
                 f"  host update: {hu['s_per_1e9']:.3f} s per 1e9 params at {hu['threads']} threads (derived from the "
@@ -66,36 +71,37 @@ def format_plan(plan: dict[str, Any]) -> str:
                 f"(calibrated {hu['cpu_s_per_1e9']:.3f} x {hu['in_step_factor']:.2f} measured beside the issuing "
                 "thread)"
             )
-        b = pred.get("bound")
+        b = pred.bound
         if b:
             lines.append(
                 f"  bound: {b['step_time_s']:.3f} s/step ({b['binding']} binds; "
                 + "  ".join(f"{k} {v:.3f}" for k, v in b["terms_s"].items())
                 + f"; + {b['unhidden_s']:.3f} unhidden); the prediction is "
-                f"{pred['step_time_s'] / b['step_time_s']:.2f}x the bound"
+                f"{pred.step_time_s / b['step_time_s']:.2f}x the bound"
             )
     else:
-        lines.append(f"predicted: no step time ({plan.get('calibration_note', 'no calibration')})")
-    if plan.get("candidates"):
+        note = plan.calibration_note if plan.calibration_note is not None else "no calibration"
+        lines.append(f"predicted: no step time ({note})")
+    if plan.candidates:
         lines.append("")
         lines.append(
             f"{'delivery':<11}{'grad':<6}{'win':>4}{'chunk':>6}{'loss':>6}{'keep':>5}{'off':>4}{'res':>4}"
             f"{'step s':>9}{'tok/s':>9}{'HBM GiB':>9}{'host GiB':>9}  fits"
         )
-        for cand in plan["candidates"]:
-            p, q = cand["policy"], cand["predicted"]
-            t = f"{q['step_time_s']:.3f}" if q.get("step_time_s") is not None else "-"
-            tps = f"{q['tokens_per_s']:,.0f}" if q.get("tokens_per_s") else "-"
-            hbm = f"{q['hbm_peak_gib']:.1f}" if q.get("hbm_peak_gib") is not None else "-"
+        for cand in plan.candidates:
+            p, q = cand.policy, cand.predicted
+            t = f"{q.step_time_s:.3f}" if q.step_time_s is not None else "-"
+            tps = f"{q.tokens_per_s:,.0f}" if q.tokens_per_s else "-"
+            hbm = f"{q.hbm_peak_gib:.1f}" if q.hbm_peak_gib is not None else "-"
             lines.append(
                 f"{p['delivery']:<11}{p['grad_reduce']:<6}{p['window']:>4}{p['chunk_mb']:>6}"
                 f"{p['loss_chunk_tokens']:>6}{p['activations'].count('keep'):>5}"
                 f"{p['activations'].count('offload'):>4}{sum(p['resident']):>4}{t:>9}{tps:>9}{hbm:>9}"
-                f"{q['host_ram_gib']:>9.1f}  {'yes' if cand['fits'] else 'no: ' + cand['why_not']}"
+                f"{q.host_ram_gib:>9.1f}  {'yes' if cand.fits else 'no: ' + cand.why_not}"
             )
-    lines.extend(format_card_sweep(plan.get("card_sweep") or []))
+    lines.extend(format_card_sweep(plan.card_sweep or []))
     lines.append("")
-    lines.append("why: " + plan.get("why", ""))
+    lines.append("why: " + plan.why)
     return "\n".join(lines)
 
 
@@ -131,7 +137,7 @@ def _runs(acts: list[str]) -> str:
     return ", ".join(out)
 
 
-def shortlist(cands: list[dict], n: int) -> list[dict]:
+def shortlist(cands: list[Candidate], n: int) -> list[Candidate]:
     """The n fastest, plus the fastest of every route and device-update choice beyond them (the plan shows
     what each choice would cost, not only variants of the winner)."""
     out = cands[:n]
@@ -143,6 +149,6 @@ def shortlist(cands: list[dict], n: int) -> list[dict]:
     return out
 
 
-def _variant(c: dict) -> tuple:
-    p = c["policy"]
-    return p["delivery"], p["grad_reduce"], p["edge_update"], p["device_layers"], c["fits"]
+def _variant(c: Candidate) -> tuple:
+    p = c.policy
+    return p["delivery"], p["grad_reduce"], p["edge_update"], p["device_layers"], c.fits

@@ -15,6 +15,7 @@ from typing import Any
 
 from slidedp.planning.cost_model import Rates, Uncalibrated
 from slidedp.planning.job import Job
+from slidedp.planning.plan import Candidate, Plan
 from slidedp.planning.refusals import Infeasible
 from slidedp.policy import ExecutionPolicy
 
@@ -23,27 +24,26 @@ Best = tuple[ExecutionPolicy, dict[str, Any]]
 
 
 class RouteSearch:
-    """Mixed into the planner, which provides job, cfg, user (the settings the user fixed), rates, base(),
-    fits(), time(), fixed_mix(), mem(), candidate(), result(), solve_mix() and hbm_error()."""
+    """Mixed into the planner, which provides job, cfg, fixed (the settings the user fixed: PolicyConfig.fixed(),
+    the one answer to "did the user fix this knob"), rates, base(), fits(), time(), fixed_mix(), mem(),
+    candidate(), result(), solve_mix() and hbm_error()."""
 
     job: Job
     cfg: Any
-    user: dict[str, Any]
+    fixed: dict[str, Any]
     rates: Rates | None
 
     # ------------------------------------------------------------------ the candidates
     def edges(self) -> list[str]:
-        """Where the embedding and head may be updated: as configured, or both places under `auto`."""
-        choice = self.cfg.policy.edge_update
-        return ["host", "gpu"] if choice == "auto" else [choice]
+        """Where the embedding and head may be updated: as configured, or both places where the user left it."""
+        return [self.fixed["edge_update"]] if "edge_update" in self.fixed else ["host", "gpu"]
 
     def device_counts(self, grad: str) -> list[int]:
         """How many leading layers to try updating on the GPUs: as configured, or (None: the planner's) a few
         counts up to every layer when gradients are reduced on the GPUs and there are times to compare."""
-        n = self.cfg.policy.device_layers
         L = self.job.layers
-        if n is not None:
-            return [min(n, L)]
+        if "device_layers" in self.fixed:
+            return [min(self.fixed["device_layers"], L)]
         if not self.rates or (self.job.world > 1 and grad != "gpu"):
             return [0]
         return sorted({0, L // 4, L // 2, (3 * L) // 4, L})
@@ -52,23 +52,23 @@ class RouteSearch:
         """(delivery, gradient route, edge update) triples to compare; a device edge update needs gpu reduction."""
         if self.job.world == 1:
             return [("replicated", "host", e) for e in self.edges()]
-        dl = [self.user["delivery"]] if "delivery" in self.user else ["sharded", "replicated"]
-        gr = [self.user["grad_reduce"]] if "grad_reduce" in self.user else ["gpu", "host"]
-        if self.cfg.policy.edge_update == "gpu" or self.cfg.policy.device_layers:
+        dl = [self.fixed["delivery"]] if "delivery" in self.fixed else ["sharded", "replicated"]
+        gr = [self.fixed["grad_reduce"]] if "grad_reduce" in self.fixed else ["gpu", "host"]
+        if self.fixed.get("edge_update") == "gpu" or self.fixed.get("device_layers"):
             gr = ["gpu"]
         return [(a, b, e) for a in dl for b in gr for e in self.edges() if e == "host" or b == "gpu"]
 
     # ------------------------------------------------------------------ the search, with times
     def search_routes(
         self, window: int, chunk: int, loss_chunk: int, loss_chunks: list[int] | tuple[int, ...] = ()
-    ) -> tuple[list[dict[str, Any]], Best | None, list[str]]:
+    ) -> tuple[list[Candidate], Best | None, list[str]]:
         """Every route and count of device layers at these knobs, each with its activation mix solved: the
         candidates weighed, the best (None when no route could be priced) and the routes left out, why.
 
         A route whose leanest form does not fit at `loss_chunk` is tried at the smaller of `loss_chunks` before it
         is given up: the loss head's transient scales with its chunk, and under a memory cap that is what decides
         whether the embedding and head (or leading layers) fit beside the window for their update on the GPU."""
-        candidates: list[dict[str, Any]] = []
+        candidates: list[Candidate] = []
         best: tuple[tuple[bool, float], ExecutionPolicy, dict] | None = None
         untimed = []
         tries = [loss_chunk, *sorted((c for c in loss_chunks if c < loss_chunk), reverse=True)]
@@ -118,19 +118,19 @@ class RouteSearch:
         return lo
 
     # ------------------------------------------------------------------ without times
-    def memory_only(self, window: int, chunk: int, loss_chunk: int) -> dict[str, Any]:
+    def memory_only(self, window: int, chunk: int, loss_chunk: int) -> Plan:
         """The plan without times: the route by the topology rule (or as configured), every layer checkpointed
         unless configured otherwise; refused when even that does not fit."""
         j = self.job
         grad = (
             "host"
             if j.world == 1
-            else self.user.get("grad_reduce", "gpu" if j.interconnect in ("nvlink", "pcie-p2p") else "host")
+            else self.fixed.get("grad_reduce", "gpu" if j.interconnect in ("nvlink", "pcie-p2p") else "host")
         )
         delivery = (
             "replicated"
             if j.world == 1
-            else self.user.get(
+            else self.fixed.get(
                 "delivery", "sharded" if j.interconnect in ("nvlink", "pcie-p2p") else "replicated"
             )
         )
@@ -175,7 +175,7 @@ class RouteSearch:
             )
         src = (
             "as configured"
-            if ("delivery" in self.user and "grad_reduce" in self.user)
+            if ("delivery" in self.fixed and "grad_reduce" in self.fixed)
             else ("by predicted step time" if table else f"by topology rule ({j.interconnect} between GPUs)")
         )
         link = {
