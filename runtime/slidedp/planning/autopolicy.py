@@ -47,6 +47,7 @@ from slidedp.planning.profiles import declared_note
 from slidedp.planning.refusals import Infeasible, Refusals, ways_out
 from slidedp.planning.report import format_plan as format_plan
 from slidedp.planning.routes import RouteSearch
+from slidedp.planning.streamed import StreamedSearch
 from slidedp.policy import ExecutionPolicy
 
 __all__ = ["basis_change", "format_plan", "metrics_prediction", "plan_basis", "plan_for", "plan_job"]
@@ -224,7 +225,7 @@ def _declared(plan: Plan, topology: dict[str, Any]) -> Plan:
     return dataclasses.replace(plan, declared=topology["declared"], job=job)
 
 
-class _Planner(RouteSearch, KnobSearch, PlanJson, MixSearch, Refusals):
+class _Planner(RouteSearch, KnobSearch, StreamedSearch, PlanJson, MixSearch, Refusals):
     """One job's search: the job, its rates (None: memory only), the activation sizes and the settings the user
     fixed (`fixed`: the config's PolicyConfig.fixed(), the one answer to what the user fixed); the parts of the
     search come from the mixins, each in its module."""
@@ -297,8 +298,11 @@ class _Planner(RouteSearch, KnobSearch, PlanJson, MixSearch, Refusals):
         mix: dict[str, int],
         edge: str = "host",
         device_layers: int = 0,
+        streamed_layers: int | None = None,
     ) -> ExecutionPolicy:
+        """A policy of these choices with the user's fixed mix; streamed_layers None: as the config fixes it."""
         fixed = self.fixed_mix()
+        streamed = self.fixed.get("streamed_layers", 0) if streamed_layers is None else streamed_layers
         n = {k: fixed.get(k, mix.get(k, 0)) for k in ("keep", "offload", "resident")}
         return ExecutionPolicy.mix(
             self.job.layers,
@@ -314,8 +318,8 @@ class _Planner(RouteSearch, KnobSearch, PlanJson, MixSearch, Refusals):
             edge_update=edge,
             device_layers=min(device_layers, self.job.layers),  # the config may ask for more than the model has
             staging_slots=self.fixed.get("staging_slots", 0),  # 0: the window's default, or the slot sweep's pick
-            # as the config fixes them, at most the layers above the device layers (resolve's rule)
-            streamed_layers=min(self.fixed.get("streamed_layers", 0), self.job.layers - min(device_layers, self.job.layers)),
+            # at most the layers above the device layers (resolve's rule)
+            streamed_layers=min(streamed, self.job.layers - min(device_layers, self.job.layers)),
         )
 
     # ------------------------------------------------------------------ the search
@@ -360,6 +364,7 @@ class _Planner(RouteSearch, KnobSearch, PlanJson, MixSearch, Refusals):
             return None, None, candidates, untimed
         pol, marginal = best
         pol = self.sweep_knobs(pol, marginal, start.loss_chunks, candidates)
+        pol, marginal = self.sweep_streamed(pol, marginal, candidates)
         short = self.fits(pol)
         if short is not None:  # no route, mix or knob fits: never hand out an over-budget plan as feasible
             raise Infeasible([self.hbm_error(pol, self.mem(pol)) if "HBM" in short else {"loc": "model", "msg": short}])

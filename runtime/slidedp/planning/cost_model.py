@@ -190,6 +190,21 @@ def durations(job: Job, pol: ExecutionPolicy, rates: Rates, zero: frozenset = fr
         gather = rates.collective_s("all_gather", coll_bytes[u]) if N > 1 else 0.0
         device_update[u] = rates.device_update_s(job.units[u]) + gather
         deliver_bytes[u] = grad_bytes[u] = update[u] = upd_bytes[u] = 0.0
+    # layers streamed through the GPUs after the norm (policy.streamed_layers): their gradient stays on the
+    # device (reduce-scattered there with several ranks) and their update is this rank's shard of the master and
+    # moments in and out over its link (12 B/param each way, and the bf16 copy out where the host keeps one),
+    # the device AdamW beside it; no host update, hold or gradient copy
+    streamed = pol.streamed_units()
+    streamed_s = [0.0] * n_units
+    streamed_bytes = [0.0] * n_units
+    for u in streamed:
+        shard = job.units[u] / N
+        out_bytes = shard * (12 + (2 if job.precision == "bf16" and pol.delivery_cast == "host" else 0))
+        streamed_s[u] = max(rates.transfer_s("h2d", shard * 12, pol.chunk_mb),
+                            rates.transfer_s("d2h", out_bytes, pol.chunk_mb)) + rates.device_update_s(job.units[u])
+        streamed_bytes[u] = shard * 12 + out_bytes
+        grad_bytes[u] = update[u] = upd_bytes[u] = 0.0
+    on_device = on_device | streamed  # from here on: units that send nothing to the host
     # the host route sums N copies of each shard as it lands (one copy and N-1 adds of fp32), then reads the sum
     # once more for the gradient norm; on the gpu route and with one rank the norm is reduced on the GPUs
     host_sum = pol.grad_reduce == "host" and N > 1
@@ -242,6 +257,8 @@ def durations(job: Job, pol: ExecutionPolicy, rates: Rates, zero: frozenset = fr
             for u, b in enumerate(coll_bytes)
         ],
         device_update=device_update,
+        streamed=streamed_s,
+        streamed_bytes=streamed_bytes,
         act_d2h=rates.transfer_s("d2h", act_bytes, pol.chunk_mb) if "offload" in pol.activations else 0.0,
         act_h2d=rates.transfer_s("h2d", act_bytes, pol.chunk_mb) if "offload" in pol.activations else 0.0,
         act_bytes=act_bytes,

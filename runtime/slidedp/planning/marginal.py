@@ -134,6 +134,7 @@ class MixSearch:
             edge_update=pol.edge_update,
             device_layers=pol.device_layers,
             staging_slots=pol.staging_slots,
+            streamed_layers=pol.streamed_layers,
         )
 
     def marginal(self, pol: ExecutionPolicy, free: list[str]) -> dict[str, Any]:

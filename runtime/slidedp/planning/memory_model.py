@@ -17,7 +17,7 @@ from typing import Any
 from slidedp.planning.job import Job
 from slidedp.planning.shape import shape_matches
 from slidedp.policy import ExecutionPolicy
-from slidedp.step.layout import plan_layout
+from slidedp.step.layout import chunk_elements, held_in_bf16, plan_layout
 
 ALLOCATOR_SLACK = 0.10  # the caching allocator's rounding and fragmentation over what tensors need
 # Host memory a GPU rank process holds of its own, beside the shared host state: the CUDA runtime, torch, the model
@@ -130,6 +130,16 @@ def gpu_parts(
     if on_device:
         parts["device_state"] = sum(job.padded(u) / N * 4 * (4 if (N > 1 or u not in (0, head)) else 3)
                                     for u in on_device)
+    # layers streamed through the GPUs after the norm (slidedp.step.streamed_update): their gradients wait here
+    # (bf16 where exact), and two sets of chunk buffers carry their master, moments, gradient and bf16 copy
+    streamed_units = pol.streamed_units()
+    if streamed_units:
+        bf16 = set(held_in_bf16(N, job.precision, job.grad_accum, L))
+        shard = {u: -(-job.padded(u) // N) for u in streamed_units}
+        chunk = chunk_elements(list(shard.values()))
+        parts["streamed_gradients"] = sum(n * (2 if u in bf16 else 4) for u, n in shard.items())
+        host_cast = job.precision == "bf16" and pol.delivery_cast == "host"
+        parts["streamed_buffers"] = 2 * chunk * (16 + (2 if host_cast else 0))
     return parts
 
 

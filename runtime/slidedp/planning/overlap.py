@@ -39,9 +39,9 @@ from typing import Any
 
 from slidedp.schedule import step_schedule, window_plan
 
-IN_ORDER = ("host", "compute", "h2d", "d2h", "coll")
+IN_ORDER = ("host", "compute", "h2d", "d2h", "coll", "stream")
 _HOST = IN_ORDER.index("host")
-UPDATE_KINDS = frozenset({"update", "hold", "final"})  # host-update work: waits on it are `update_tail`
+UPDATE_KINDS = frozenset({"update", "hold", "final", "streamed"})  # host-update work: waits on it are `update_tail`
 # Groups of task kinds that can be made free to measure a resource's exposure.
 EXPOSURE_KINDS = {
     "h2d": frozenset({"deliver", "fetch"}),
@@ -132,6 +132,10 @@ class Durations:
     coll_bytes: list[float] = field(default_factory=list)
     # per unit: AdamW and all-gather on the device (edge_update gpu, device_layers); 0 for host-updated units
     device_update: list[float] = field(default_factory=list)
+    # per unit: its update streamed through the device after the norm (policy.streamed_layers), seconds alone on
+    # the link, and the bytes it moves over the link (and host DRAM); 0 for every other unit
+    streamed: list[float] = field(default_factory=list)
+    streamed_bytes: list[float] = field(default_factory=list)
     dram_capacity: float | None = None  # bytes/s
     pcie_capacity: float | None = None  # bytes/s, both directions of one GPU's link
     cpu_mode: bool = False  # CPU training: one thread does compute, copies and collectives in order
@@ -173,6 +177,7 @@ class _Replay:
         self.cursor: _Task | None = None
         # units updated on the device (policy.edge_update gpu, policy.device_layers)
         self.on_device = {u for u, t in enumerate(d.device_update) if t > 0}
+        self.streamed = {u for u, t in enumerate(d.streamed) if t > 0}
         self._build()
         for t in self.tasks:
             for x in t.deps:
@@ -186,7 +191,7 @@ class _Replay:
     def _new(self, kind: str, res: str, dur: float, deps: list, unit: int = -1, step: int = 0, phase: str = "",
              loads: dict[str, float] | None = None) -> _Task:
         if self.d.cpu_mode:
-            if res in ("h2d", "d2h", "coll"):
+            if res in ("h2d", "d2h", "coll", "stream"):
                 res = "compute"  # CPU training: no streams, the rank's thread does everything in order
             if res in ("compute", "cpu"):
                 loads = {**(loads or {}), "cores": 0.0 if kind in self.d.zero else dur}
@@ -380,7 +385,7 @@ class _Replay:
                     fetch(u - 1, done[k - 1] if u < L else None)  # one layer ahead, behind this delivery
                     deps = [r] + ([fetched.pop(u)] if u in fetched else [])
                     done[k] = self._compute("backward", d.layer_bwd[pol], deps, u, s, state)
-                    if last and u in self.on_device:
+                    if last and (u in self.on_device or u in self.streamed):
                         self._device_reduce(u, s, done[k], state, parity=True)
                     elif last:
                         self._send(u, s, done[k], state)
@@ -395,17 +400,24 @@ class _Replay:
                         self._send(0, s, e, state)
             self.end_backward[s] = self._new("host", "host", 0.0, [self.cursor])
             self.cursor = self.end_backward[s]
+            reduced = state.pop("device_reduced", [])
             if self.on_device:
                 # after the backward, on the compute stream: AdamW of every device-updated shard and the
                 # all-gathers; with clipping it waits for the global norm, i.e. for every gradient transfer of the step
-                deps = state.pop("device_reduced", []) + ([state["last_d2h"]] if d.clip else [])
+                deps = reduced + ([state["last_d2h"]] if d.clip else [])
                 self._compute("backward", sum(d.device_update[u] for u in self.on_device), deps, 0, s, state)
+            for u in sorted(self.streamed):
+                # on streams of their own, in forward order, after the norm (every gradient transfer of the step):
+                # the link's both directions shared with the next forward's deliveries
+                nbytes = d.streamed_bytes[u]
+                self.updated[(s, u)] = self._gpu("streamed", "stream", d.streamed[u], [state["last_d2h"]], unit=u,
+                                                 step=s, loads=self._dma(nbytes))
             self.final[s] = []
             if d.clip:
                 # the norm is known once the whole backward is over (the GPUs reduce it after the last layer's
                 # backward, device-updated layers included): no update before, even with every held gradient in
                 norm = [self.backward_last[s]]
-                for u in (u for u in range(len(d.units)) if u not in self.on_device):
+                for u in (u for u in range(len(d.units)) if u not in self.on_device and u not in self.streamed):
                     f = _Task("final", "cpu", 0.0 if "final" in d.zero else d.update[u], norm, unit=u, step=s)
                     f.base = f.dur
                     f.loads = {"dram": d.update_bytes[u], **({"cores": f.dur} if d.cpu_mode else {})}

@@ -38,24 +38,31 @@ class Refusals:
     smallest_cap: float | None = None
 
     def check_minimum(self, window: int, chunk: int, loss_chunks: list[int]) -> None:
-        """Refuse a job whose leanest policy (or the user's fixed choices) cannot fit."""
+        """Refuse a job whose leanest policy (or the user's fixed choices) fits on no route: a job that fits on
+        one (the embedding and head updated on the GPU stage no head-sized gradient in host memory) is planned."""
         j, errors = self.job, []
-        lean = self.base(
-            "replicated" if j.world == 1 else self.routes()[0][0],
-            self.routes()[0][1],
-            self.fixed.get("window", 2),
-            chunk,
-            min(loss_chunks),
-            {},
-            self.routes()[0][2],
-            min(self.fixed.get("device_layers") or 0, j.layers),
-        )
+        leans = [
+            self.base(
+                "replicated" if j.world == 1 else delivery,
+                grad,
+                self.fixed.get("window", 2),
+                chunk,
+                min(loss_chunks),
+                {},
+                edge,
+                min(self.fixed.get("device_layers") or 0, j.layers),
+            )
+            for delivery, grad, edge in self.routes()
+        ]
         cap_error = self.cap_over_card()
         if cap_error is not None:
             raise Infeasible([cap_error])
-        why = self.fits(lean)
-        if why is None:
+        if any(self.fits(pol) is None for pol in leans):
             return
+        # described: the first route whose host memory fits (HBM binds), else the leanest in host memory, so
+        # that the shortfall a host RAM refusal states is what the job needs on its best route
+        host_ok = [pol for pol in leans if self.mem(pol)["host_bytes"] <= j.host_limit_bytes]
+        lean = host_ok[0] if host_ok else min(leans, key=lambda pol: self.mem(pol)["host_bytes"])
         m = self.mem(lean)
         if m["host_bytes"] > j.host_limit_bytes:
             parts = ", ".join(f"{k} {v / GIB:.1f}" for k, v in m["host_parts"].items() if v)

@@ -134,14 +134,25 @@ class RouteSearch:
                 "delivery", "sharded" if j.interconnect in ("nvlink", "pcie-p2p") else "replicated"
             )
         )
-        edge = "gpu" if self.cfg.policy.edge_update == "gpu" else "host"
         n_dev = self.cfg.policy.device_layers or 0
-        if (edge == "gpu" or n_dev) and j.world > 1:
-            grad = "gpu"
-        pol = self.base(delivery, grad, window, chunk, loss_chunk, {}, edge, n_dev)
-        why_not = self.fits(pol)
-        if why_not is not None:
-            raise Infeasible([self.hbm_error(pol, self.mem(pol))])
+        # the embedding and head on the host unless configured otherwise; left to the planner, on the GPUs where
+        # only that fits (their update there holds no gradient and stages no head-sized slot in host memory)
+        edges = ["gpu"] if self.cfg.policy.edge_update == "gpu" else ["host"]
+        if self.cfg.policy.edge_update == "auto" and j.on_gpu:
+            edges.append("gpu")
+        for edge in edges:
+            route = "gpu" if (edge == "gpu" or n_dev) and j.world > 1 else grad
+            pol = self.base(delivery, route, window, chunk, loss_chunk, {}, edge, n_dev)
+            if self.fits(pol) is None:
+                break
+        else:
+            pol = self.base(delivery, "gpu" if (edges[0] == "gpu" or n_dev) and j.world > 1 else grad, window,
+                            chunk, loss_chunk, {}, edges[0], n_dev)
+            m = self.mem(pol)
+            if m["host_bytes"] > j.host_limit_bytes:
+                raise Infeasible([{"loc": "model", "msg": f"host RAM too small: {self.fits(pol)}; use a smaller "
+                                   "model, fewer ranks, or a host with more RAM"}])
+            raise Infeasible([self.hbm_error(pol, m)])
         why = [
             "No calibration: this plan checks memory only and predicts no times (a job's first run on the host "
             "calibrates it at the job's shape, as `slidedp plan` does without --no-calibration; cached for the "

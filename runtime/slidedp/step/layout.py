@@ -141,6 +141,16 @@ class HostLayout:
         return (0 if keep_state else state) + parts["gradient_staging"] + parts["held_gradient"]
 
 
+# Elements per chunk of a layer streamed through the GPU after the norm (slidedp.step.streamed_update):
+# 4 x 4 B x 16M = 256 MiB per buffer set, two sets.
+STREAM_CHUNK = 1 << 24
+
+
+def chunk_elements(shard_lens: list[int]) -> int:
+    """Elements per streamed chunk: STREAM_CHUNK, or less where no unit's shard is that long."""
+    return max(1, min(STREAM_CHUNK, max(shard_lens, default=1)))
+
+
 def held_in_bf16(world: int, precision: str, grad_accum: int, layers: int) -> tuple[int, ...]:
     """The units whose held gradient is exactly a bf16 tensor: the decoder layers with one rank, bf16 layers and
     no gradient accumulation (an accumulated or rank-summed gradient is an fp32 sum, and the embedding's and

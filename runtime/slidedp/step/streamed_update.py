@@ -28,16 +28,9 @@ import torch.distributed as dist
 from slidedp.config import OptimizerConfig, ScheduleConfig
 from slidedp.step.collectives import reduce_scatter
 from slidedp.step.host_state import HostState
+from slidedp.step.layout import chunk_elements
 from slidedp.step.optimizer import clip_coefficient, clips, lr_at
 from slidedp.step.routes import Routes, ShardMap, sum_of_squares
-
-# Elements per chunk streamed through the GPU: 4 x 4 B x 16M = 256 MiB per buffer set, two sets.
-STREAM_CHUNK = 1 << 24
-
-
-def chunk_elements(shard_lens: list[int]) -> int:
-    """Elements per streamed chunk: STREAM_CHUNK, or less where no unit's shard is that long."""
-    return max(1, min(STREAM_CHUNK, max(shard_lens, default=1)))
 
 
 class StreamedUpdate:
