@@ -69,7 +69,8 @@ def parse_shorthand(text: str) -> tuple[PolicyConfig, float]:
     `auto` in any field leaves that choice to AutoPolicy. activations: keep, checkpoint, offload,
     auto, or keepN / offN (the first N layers keep / offload their activations, the rest are checkpointed). clip:
     max_grad_norm (0: none; an optimizer setting, not part of the policy). resident: leading layers whose weights
-    stay on the GPUs, a count or auto. cast and staging_slots, omitted: AutoPolicy's choice in a form with `auto`
+    stay on the GPUs, a count or auto. cast, staging_slots and streamed_layers, omitted: AutoPolicy's choice in a
+    form with `auto`
     elsewhere (as in a job config), else the cast on the host and the default slots for the window. Unlike a job
     config, whose defaults are auto and null, the other omitted fields are fixed: every layer checkpointed, nothing
     resident, every update on the host."""
@@ -103,11 +104,14 @@ def parse_shorthand(text: str) -> tuple[PolicyConfig, float]:
         "staging_slots": count("staging_slots", slots, staging_slots(WINDOW)),
         "streamed_layers": count("streamed_layers", streamed, 0),
     }
-    if "auto" in parts:  # a request for AutoPolicy: the cast and the slot count are its choice too, unless given
+    if "auto" in parts:  # a request for AutoPolicy: the cast, the slot count and the streamed layers are its
+        # choice too, unless given
         if slots == "":
             request["staging_slots"] = None
         if cast == "":
             request["delivery_cast"] = "auto"
+        if streamed == "":
+            request["streamed_layers"] = None
     acts = acts or "checkpoint"
     for prefix, key, other in (("keep", "keep_layers", "offload_layers"), ("off", "offload_layers", "keep_layers")):
         if acts.startswith(prefix) and acts[len(prefix):].isdigit():

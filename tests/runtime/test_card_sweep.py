@@ -18,7 +18,8 @@ CARD_GIB = 150754820096 / GIB  # the fixture's H200
 
 
 def _cfg(**raw):
-    base = {"model": "qwen3-8b", "data": {"path": "x.jsonl"}, "gpus": 2, "micro_batch_size": 8, "seq_len": 2048}
+    base = {"model": "qwen3-8b", "data": {"path": "x.jsonl"}, "gpus": 2, "micro_batch_size": 8, "seq_len": 2048,
+            "optimizer": {"max_grad_norm": 0.0}}  # the figures below are of unclipped jobs
     base.update(raw)
     return JobConfig.from_dict(base)
 
@@ -64,7 +65,8 @@ def test_step_time_never_rises_as_memory_grows(swept):
 def test_a_size_that_cannot_hold_the_job_says_why_and_names_the_smallest_that_can(swept):
     rows = swept["card_sweep"]
     refused = [r for r in rows if not r["fits"]]
-    assert [r["hbm_gib"] for r in refused] == [16, 24]
+    # 24 GiB holds it with gradients reduced on the host (no reduce-scatter shard on the GPU): sharded/host
+    assert [r["hbm_gib"] for r in refused] == [16]
     first_fit = min(r["hbm_gib"] for r in rows if r["fits"])
     for r in refused:
         assert r["step_time_s"] is None and r["tokens_per_s"] is None and r["policy"] is None

@@ -28,6 +28,7 @@ def _job(topo, **raw):
         "gpus": 2,
         "micro_batch_size": 8,
         "seq_len": 2048,
+        "optimizer": {"max_grad_norm": 0.0},  # the figures below are of unclipped jobs unless a test clips
     }
     base.update(raw)
     return cm.Job.from_config(JobConfig.from_dict(base), topo)

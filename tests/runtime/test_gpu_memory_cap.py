@@ -23,7 +23,8 @@ def nvlink_bs4(x2):
 
 
 def _cfg(**raw):
-    base = {"model": "qwen3-8b", "data": {"path": "x.jsonl"}, "gpus": 2, "micro_batch_size": 4, "seq_len": 2048}
+    base = {"model": "qwen3-8b", "data": {"path": "x.jsonl"}, "gpus": 2, "micro_batch_size": 4, "seq_len": 2048,
+            "optimizer": {"max_grad_norm": 0.0}}  # the figures below are of unclipped jobs
     base.update(raw)
     return JobConfig.from_dict(base)
 
@@ -139,7 +140,7 @@ def test_a_host_state_that_leaves_no_room_for_the_rank_processes_is_refused_nami
         topo = json.load(fh)["topology"]
     assert topo["host_ram"]["limit_bytes"] == 128 * GIB
     base = {"model": "qwen3-8b", "data": {"path": "x.jsonl"}, "gpus": 1, "micro_batch_size": 1, "seq_len": 2048,
-            "gpu_memory_gib": 24, "cpu_threads": 16}
+            "gpu_memory_gib": 24, "cpu_threads": 16, "optimizer": {"max_grad_norm": 0.0}}
     plan = ap.plan_job(JobConfig.from_dict({**base, "policy": {"delivery_cast": "host"}}), topo, None)
     assert not plan["feasible"]
     err = plan["errors"][0]
@@ -163,7 +164,7 @@ def _capped_4b() -> tuple[dict, dict]:
     with open(cal_path) as fh:
         cal = json.load(fh)
     return cal, {"model": "qwen3-4b", "data": {"path": "x.jsonl"}, "gpus": 1, "micro_batch_size": 4,
-                 "seq_len": 2048, "gpu_memory_gib": 24, "cpu_threads": 16}
+                 "seq_len": 2048, "gpu_memory_gib": 24, "cpu_threads": 16, "optimizer": {"max_grad_norm": 0.0}}
 
 
 def test_delivery_cast_auto_takes_the_faster_cast_measured_under_a_cap():
@@ -182,7 +183,8 @@ def test_delivery_cast_auto_takes_the_cast_that_fits_host_ram_and_the_run_resolv
     from slidedp.policy import parse_shorthand, resolve
 
     base = {"model": "qwen3-8b", "data": {"path": "x.jsonl"}, "gpus": 1, "micro_batch_size": 1, "seq_len": 2048,
-            "gpu_memory_gib": 24, "cpu_threads": 16, "policy": {"delivery_cast": "auto"}}
+            "gpu_memory_gib": 24, "cpu_threads": 16, "policy": {"delivery_cast": "auto"},
+            "optimizer": {"max_grad_norm": 0.0}}
     cfg = JobConfig.from_dict(base)
     plan = ap.plan_job(cfg, _one_gpu_topology(), None)
     assert plan["feasible"] and plan["delivery_cast_choice"]["chosen"] == "gpu"

@@ -26,7 +26,7 @@ def _fitting(plan):
 def test_qwen3_8b_on_two_h200s_keeps_the_margin_within_two_percent_of_the_fastest(x2, link):
     topo, cal = x2
     cfg = JobConfig.from_dict({"model": "qwen3-8b", "data": {"path": "x.jsonl"}, "gpus": 2, "micro_batch_size": 8,
-                               "seq_len": 2048})
+                               "seq_len": 2048, "optimizer": {"max_grad_norm": 0.0}})
     plan = ap.plan_job(cfg, topo[link], cal[f"qwen3-8b_bs8_{link}"])
     assert plan["feasible"], plan["errors"]
     room = plan["headroom"]
@@ -46,7 +46,8 @@ def test_where_no_plan_within_two_percent_keeps_the_margin_the_fastest_is_kept(o
     topo, cals = one_h200
     cal = cals["calibration_qwen3-4b_bs4"]
     cfg = JobConfig.from_dict({"model": "qwen3-4b", "data": {"path": "x.jsonl"}, "gpus": 1, "micro_batch_size": 4,
-                               "seq_len": 2048, "gpu_memory_gib": 32, "policy": {"delivery_cast": "host"}})
+                               "seq_len": 2048, "gpu_memory_gib": 32, "policy": {"delivery_cast": "host"},
+                               "optimizer": {"max_grad_norm": 0.0}})
     plan = ap.plan_job(cfg, topo, cal)
     assert plan["feasible"], plan["errors"]
     room = plan["headroom"]

@@ -54,7 +54,7 @@ def test_fixed_names_each_key_the_user_set_and_the_planner_treats_the_same_keys_
     assert cfg.policy.fixed() == fixed
     job = Job.from_config(cfg, topo["nvlink"])
     planner = ap._Planner(cfg, job, None, ActivationSizes.of(job, None))
-    assert planner.user == fixed
+    assert planner.fixed == fixed
 
 
 # (the config key, the ExecutionPolicy field resolve fills from it)
@@ -97,6 +97,7 @@ SHORTHANDS = [
         edge_update: host
         device_layers: 0
         staging_slots: 8
+        streamed_layers: 0
      """),
     ("auto:auto", """
         activations: checkpoint
@@ -116,6 +117,7 @@ SHORTHANDS = [
         edge_update: host
         device_layers: 0
         staging_slots: 8
+        streamed_layers: 0
      """),
     ("replicated:host:off18:1.0:0:gpu", """
         delivery: replicated
@@ -128,6 +130,7 @@ SHORTHANDS = [
         edge_update: host
         device_layers: 0
         staging_slots: 8
+        streamed_layers: 0
      """),
     ("auto:auto:keep:0:auto:host:gpu:auto:12", """
         activations: keep
@@ -162,8 +165,8 @@ def test_a_bench_rows_chosen_is_the_policys_summary():
     pol = ExecutionPolicy.mix(8, keep=2, offload=3, resident=1, delivery="sharded", grad_reduce="gpu",
                               device_layers=2, edge_update="gpu", delivery_cast="gpu", window=4)
     assert pol.summary() == {"delivery": "sharded", "grad_reduce": "gpu", "window": 4, "delivery_cast": "gpu",
-                             "edge_update": "gpu", "device_layers": 2, "keep_layers": 2, "offload_layers": 3,
-                             "resident_layers": 2}
+                             "edge_update": "gpu", "device_layers": 2, "streamed_layers": 0, "keep_layers": 2,
+                             "offload_layers": 3, "resident_layers": 2}
 
 
 @pytest.mark.parametrize("cast,sized", [("auto", "host"), ("host", "host"), ("gpu", "gpu")])

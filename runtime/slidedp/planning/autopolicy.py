@@ -237,11 +237,6 @@ class _Planner(RouteSearch, KnobSearch, StreamedSearch, PlanJson, MixSearch, Ref
         # predictions by policy; they do not depend on the HBM budget, so the card sweep's planners share them
         self.sims: dict[ExecutionPolicy, dict[str, Any]] = {} if sims is None else sims
 
-    @property
-    def user(self) -> dict[str, Any]:
-        """`fixed` under its former name, as tests/runtime/test_policy_fixed.py reads it."""
-        return self.fixed
-
     # ------------------------------------------------------------------ memory
     def mem(self, pol: ExecutionPolicy) -> dict[str, Any]:
         return memory(self.job, pol, self.acts, offload_backlog(self.job, pol, self.rates))

@@ -59,10 +59,20 @@ class Refusals:
             raise Infeasible([cap_error])
         if any(self.fits(pol) is None for pol in leans):
             return
-        # described: the first route whose host memory fits (HBM binds), else the leanest in host memory, so
-        # that the shortfall a host RAM refusal states is what the job needs on its best route
-        host_ok = [pol for pol in leans if self.mem(pol)["host_bytes"] <= j.host_limit_bytes]
-        lean = host_ok[0] if host_ok else min(leans, key=lambda pol: self.mem(pol)["host_bytes"])
+        # described: the route that comes closest, so that what the refusal states (a shortfall of host RAM, the
+        # smallest cap, the most layers that may keep) is what the job needs on its best route: the leanest in
+        # GPU memory of those whose host state fits, else the leanest in host memory; but a first route short
+        # of host RAM only by the bf16 copy the GPU cast drops is described as it is, naming the cast
+        host_fits = [pol for pol in leans if self.mem(pol)["host_bytes"] <= j.host_limit_bytes]
+        first = self.mem(leans[0])
+        short = first["host_bytes"] - j.host_limit_bytes
+        first_cast = j.precision == "bf16" and leans[0].delivery_cast == "host"
+        if short > 0 and first_cast and first["host_parts"].get("delivery_copy", 0.0) >= short:
+            lean = leans[0]
+        elif host_fits:
+            lean = min(host_fits, key=lambda pol: self.mem(pol)["hbm_peak_bytes"])
+        else:
+            lean = min(leans, key=lambda pol: self.mem(pol)["host_bytes"])
         m = self.mem(lean)
         if m["host_bytes"] > j.host_limit_bytes:
             parts = ", ".join(f"{k} {v / GIB:.1f}" for k, v in m["host_parts"].items() if v)

@@ -134,11 +134,11 @@ class RouteSearch:
                 "delivery", "sharded" if j.interconnect in ("nvlink", "pcie-p2p") else "replicated"
             )
         )
-        n_dev = self.cfg.policy.device_layers or 0
+        n_dev = self.fixed.get("device_layers", 0)
         # the embedding and head on the host unless configured otherwise; left to the planner, on the GPUs where
         # only that fits (their update there holds no gradient and stages no head-sized slot in host memory)
-        edges = ["gpu"] if self.cfg.policy.edge_update == "gpu" else ["host"]
-        if self.cfg.policy.edge_update == "auto" and j.on_gpu:
+        edges = [self.fixed.get("edge_update", "host")]
+        if "edge_update" not in self.fixed and j.on_gpu:
             edges.append("gpu")
         for edge in edges:
             route = "gpu" if (edge == "gpu" or n_dev) and j.world > 1 else grad
