@@ -7,8 +7,9 @@
 
 Which rows are shown is declared in docs/results/scenarios.json: per scenario, the result file (JSON lines of
 docs/interfaces.md §9), the SlideDP row (by its policy string), the peer rows (by their spec), the calibration the
-run planned with (its `created_at` is the date shown, unless the scenario gives the run's own `date`), the machine
-kind and the command as it ran. Every figure comes from the rows: step s is the row's `step_s` (median step after
+run planned with (its `created_at` is the date shown, unless the scenario gives the run's own `date`; a run whose
+calibration stayed on the machine gives its `date` and the model's `layers` instead), the machine kind and the
+command as it ran. Every figure comes from the rows: step s is the row's `step_s` (median step after
 the warm-up), tokens/s is the tokens of one step (GPUs × micro-batch × seq) over it, peak HBM is `hbm_peak_gib`,
 "SlideDP vs this" is this row's step time over SlideDP's (SlideDP's tokens/s over this row's), and first step s is
 the row's `time_to_first_step_s` (from the train() call to the first step's record; rows from before it was
@@ -160,6 +161,11 @@ def slidedp_label(row: dict, layers: int | None) -> str:
     keep = int(chosen.get("keep_layers") or 0)
     parts.append("every layer keeps activations" if keep and keep == layers
                  else f"first {keep} layers keep activations" if keep else "every layer checkpointed")
+    streamed = int(chosen.get("streamed_layers") or 0)
+    if streamed:
+        fields = row["policy"].split(":")
+        asked = " (as asked)" if len(fields) > 9 and fields[9].isdigit() else ""
+        parts.append(f"last {streamed} layers' update after the norm streamed through the GPU{asked}")
     if chosen.get("delivery_cast") == "gpu":
         parts.append("fp32 master cast on the GPU")
     if clip_of(row):
@@ -194,7 +200,9 @@ def resolve(scenario: dict, results: Path) -> dict:
     rows = read_rows(results, rel)
     check_command(scenario["command"], rows, rel)
     base = one_row(rows, scenario["slidedp"], rel)
-    cal = calibration(results, scenario["calibration"], base)
+    # a run whose calibration stayed on the machine names the model's layer count and its date instead
+    cal = calibration(results, scenario["calibration"], base) if scenario.get("calibration") else \
+        {"shape": {"layers": scenario["layers"]}}
     picked = [base] + [one_row(rows, spec, rel) for spec in scenario["peers"]]
     tokens = base["gpus"] * base["mbs"] * base["seq"]
     systems = []

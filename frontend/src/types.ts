@@ -159,6 +159,8 @@ export interface ExecutionPolicy {
   delivery_cast: "host" | "gpu";
   edge_update: "host" | "gpu";
   device_layers: number;
+  /** Absent in plans made before it existed: 0. */
+  streamed_layers?: number;
   activations: ("keep" | "checkpoint" | "offload")[];
   resident: boolean[];
   window: number;

@@ -91,6 +91,8 @@ export function decisions(plan: PlanAnswer): Decision[] {
   if (t !== null && alt?.predicted.step_time_s != null) upd.push(`: ${s(Math.max(0, alt.predicted.step_time_s - t))} a step faster than ${onGpu ? "updating everything on the host" : "updating on the GPUs"} (${s(alt.predicted.step_time_s)}).`);
   else if (!onGpu && t !== null && /device AdamW rate/.test(plan.why ?? "")) upd.push(": updating on the GPUs was not timed, as the calibration has no rate for the GPUs' AdamW.");
   else upd.push(".");
+  const streamed = pol.streamed_layers ?? 0;
+  if (streamed > 0) upd.push(" After the gradient norm the GPUs also update ", [`the last ${streamed} layers`, "streamed_layers"], ", streaming their state from host memory and back, while the host CPU updates the others.");
   out.push({ topic: "update", parts: upd.filter((p) => p !== "") });
 
   // the bf16 cast
