@@ -213,6 +213,31 @@ export interface Marginal {
   T_s_per_GB: Record<string, number>;
 }
 
+/** A plan's `clipping` (docs/interfaces.md §5): the chosen step against the same policy priced without clipping
+ *  (`unclipped_change`: what that pricing changed, e.g. streamed_layers 0), the update's split between the host and
+ *  the GPUs, and where the gradients wait for the norm. Times are null without a calibration. */
+export interface ClippingCost {
+  max_grad_norm: number;
+  step_time_s: number | null;
+  unclipped_step_time_s: number | null;
+  cost_s: number | null;
+  cost_fraction: number | null;
+  unclipped_change: Record<string, unknown>;
+  unclipped_fits: boolean | null;
+  layers: number;
+  host_layers: number;
+  device_layers: number;
+  streamed_layers: number;
+  edge_update: "host" | "gpu";
+  host_params: number;
+  device_params: number;
+  streamed_params: number;
+  held_gradient_gib: number;
+  held_bf16_gib: number;
+  gpu_waiting_gib: number;
+  gpu_waiting_bf16: boolean;
+}
+
 /** A shipped hardware profile's headline figures, as GET /api/profiles lists them (a declared host to plan for). */
 export interface ProfileSummary {
   name: string;
@@ -248,6 +273,8 @@ export interface Plan {
   job?: Record<string, unknown>;
   /** The best plan at other memory sizes per GPU (docs/interfaces.md §5); [] for CPU jobs. */
   card_sweep?: CardSweepRow[];
+  /** With clipping (max_grad_norm > 0) only: what it costs this plan, who updates what, where gradients wait. */
+  clipping?: ClippingCost;
   host?: string;
   stage?: "planned" | "resolved";
   validation?: FieldErrorItem[];

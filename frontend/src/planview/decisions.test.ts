@@ -4,12 +4,15 @@
 import { describe, expect, it } from "vitest";
 import bs4 from "../fixtures/plan-8b-bs4.json";
 import bs8 from "../fixtures/plan-8b-bs8.json";
+// Qwen3-4B, micro-batch 4, clipping at 1.0 on the declared 1x-rtx5090-128g host: AutoPolicy streams 24 layers
+import clipped from "../fixtures/plan-4b-clipped.json";
 import type { PlanAnswer } from "../plan";
 import { decisions, sentence } from "./decisions";
 import { explain } from "../glossary";
 
 const p4 = bs4 as unknown as PlanAnswer;
 const p8 = bs8 as unknown as PlanAnswer;
+const pc = clipped as unknown as PlanAnswer;
 const said = (p: PlanAnswer) => Object.fromEntries(decisions(p).map((d) => [d.topic, sentence(d)]));
 
 describe("decisions", () => {
@@ -36,8 +39,27 @@ describe("decisions", () => {
     expect(Object.keys(s4)).toEqual(["route", "activations", "update", "cast", "staging", "bound"]);
   });
 
+  it("says what clipping costs, who updates what after the norm and where gradients wait", () => {
+    const c = said(pc);
+    expect(c.clipping).toBe(
+      "Clipping at 1.0 costs +0.82 s (+27%) a step (3.93 s against 3.11 s for this policy without clipping, its streamed layers updated on the host): the host updates 8 of 36 layers, the GPUs 4 layers and the embedding and head, 24 stream through the GPU after the norm; gradients wait: 1.5 GiB in host memory (bf16), 4.5 GiB on the GPU (bf16).",
+    );
+    expect(Object.keys(c)).toEqual(["route", "activations", "update", "clipping", "cast", "headroom", "staging", "bound"]);
+    // the figures are the plan's own: its step time, and its section's unclipped pricing
+    expect(pc.clipping?.step_time_s).toBe(pc.predicted?.step_time_s);
+    // without clipping the plan has no section, and nothing is said
+    expect(p8.clipping).toBeUndefined();
+    expect(said(p8).clipping).toBeUndefined();
+  });
+
+  it("says a clipped plan without times is not timed, and an fp32 hold as such", () => {
+    const base = pc.clipping!;
+    const untimed = { ...pc, clipping: { ...base, step_time_s: null, unclipped_step_time_s: null, cost_s: null, cost_fraction: null, edge_update: "host" as const, device_layers: 0, streamed_layers: 0, held_bf16_gib: 0, gpu_waiting_gib: 0 } };
+    expect(said(untimed).clipping).toBe("Clipping at 1.0 is not timed, as no calibration prices the plan: the host updates 8 of 36 layers and the embedding and head; gradients wait: 1.5 GiB in host memory (fp32).");
+  });
+
   it("uses no symbol and gives every term hover text from the glossary", () => {
-    for (const p of [p4, p8]) {
+    for (const p of [p4, p8, pc]) {
       for (const d of decisions(p)) {
         expect(sentence(d)).not.toMatch(/τ|tau|T_j|k_bytes|\bk\b/);
         for (const part of d.parts) if (typeof part !== "string") expect(explain(part[1]), part[1]).toBeTruthy();

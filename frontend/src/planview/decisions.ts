@@ -1,16 +1,16 @@
 // The plan's decisions in a user's words: one sentence per choice (route, activations, where the update runs,
-// the bf16 cast, gradient staging slots, what binds the step), each with its reason in numbers read from the plan
+// what clipping costs and where gradients wait for its norm, the bf16 cast, gradient staging slots, what binds the step), each with its reason in numbers read from the plan
 // JSON (docs/interfaces.md §5); and a refusal's ways out (`ways_out`). Every policy term is hover text from the
 // glossary, so no sentence leans on a name the page never explained.
 import { h } from "../dom";
 import { explain } from "../glossary";
-import type { Candidate } from "../types";
+import type { Candidate, ClippingCost } from "../types";
 import type { PlanAnswer } from "../plan";
 
 /** A sentence as parts: plain text, or [shown words, glossary key] for a term with hover text. */
 export type Part = string | [string, string];
 export interface Decision {
-  topic: "route" | "activations" | "update" | "cast" | "headroom" | "staging" | "bound";
+  topic: "route" | "activations" | "update" | "clipping" | "cast" | "headroom" | "staging" | "bound";
   parts: Part[];
 }
 
@@ -95,6 +95,10 @@ export function decisions(plan: PlanAnswer): Decision[] {
   if (streamed > 0) upd.push(" After the gradient norm the GPUs also update ", [`the last ${streamed} layers`, "streamed_layers"], ", streaming their state from host memory and back, while the host CPU updates the others.");
   out.push({ topic: "update", parts: upd.filter((p) => p !== "") });
 
+  // what clipping costs, who updates what after the norm, where the gradients wait for it (the plan's `clipping`)
+  const clip = clipping(plan.clipping, world);
+  if (clip) out.push({ topic: "clipping", parts: clip });
+
   // the bf16 cast
   const choice = (plan as { delivery_cast_choice?: { chosen: string; host: CastRow; gpu: CastRow } }).delivery_cast_choice;
   const where = pol.delivery_cast === "gpu" ? "on the GPUs from the fp32 master sent to them" : "on the host, by the CPU update";
@@ -128,6 +132,38 @@ export function decisions(plan: PlanAnswer): Decision[] {
   if (t !== null && top && top[1] > 0.01 * t) {
     out.push({ topic: "bound", parts: ["What limits the step most: ", [top[0].replace(/_/g, " "), "exposed"], ` (${s(top[1])} of the ${s(t)} step is waiting on it, beyond what overlap hides).`] });
   }
+  return out;
+}
+
+const gib = (x: number) => (x >= 0.1 ? `${x.toFixed(1)} GiB` : `${(x * 1024).toFixed(1)} MiB`);
+const signed = (x: number, text: string) => `${x < 0 ? "−" : "+"}${text}`;
+
+/** The clipping sentence: "Clipping at 1.0 costs +0.82 s (+27%) a step (…): the host updates 8 of 36 layers, the
+ *  GPUs 4 layers and the embedding and head, 24 stream through the GPU after the norm; gradients wait: 1.5 GiB in
+ *  host memory (bf16), 4.5 GiB on the GPU (bf16)." null without the section (a job without clipping). */
+function clipping(c: ClippingCost | undefined, world: number): Part[] | null {
+  if (!c) return null;
+  const gpu = world > 1 ? "the GPUs" : "the GPU";
+  const norm = Number.isInteger(c.max_grad_norm) ? c.max_grad_norm.toFixed(1) : String(c.max_grad_norm);
+  const out: Part[] = [[`Clipping at ${norm}`, "clip_threshold"]];
+  if (c.cost_s !== null && c.cost_fraction !== null && c.step_time_s !== null && c.unclipped_step_time_s !== null) {
+    const change = Object.keys(c.unclipped_change ?? {}).length ? ", its streamed layers updated on the host" : "";
+    out.push(` costs ${signed(c.cost_s, s(Math.abs(c.cost_s)))} (${signed(c.cost_fraction, `${Math.abs(100 * c.cost_fraction).toFixed(0)}%`)}) a step (${s(c.step_time_s)} against ${s(c.unclipped_step_time_s)} for this policy without clipping${change})`);
+  } else out.push(" is not timed, as no calibration prices the plan");
+  out.push(`: the host updates ${c.host_layers} of ${c.layers} layers`);
+  if (c.edge_update !== "gpu") out.push(" and the embedding and head");
+  if (c.device_layers || c.edge_update === "gpu") {
+    out.push(", the GPUs ");
+    if (c.device_layers) out.push([`${c.device_layers} layer${c.device_layers === 1 ? "" : "s"}`, "device_layers"]);
+    if (c.device_layers && c.edge_update === "gpu") out.push(" and ");
+    if (c.edge_update === "gpu") out.push(["the embedding and head", "edge_update.gpu"]);
+  }
+  if (c.streamed_layers) out.push(", ", [`${c.streamed_layers} stream through ${gpu}`, "streamed_layers"], " after the norm");
+  const held = c.held_gradient_gib;
+  const kind = held <= 0 ? "" : c.held_bf16_gib >= held ? " (bf16)" : c.held_bf16_gib > 0 ? ` (${gib(c.held_bf16_gib)} of it bf16)` : " (fp32)";
+  out.push(`; gradients wait: ${held > 0 ? `${gib(held)} in host memory${kind}` : "none in host memory"}`);
+  if (c.gpu_waiting_gib > 0) out.push(`, ${gib(c.gpu_waiting_gib)} on ${world > 1 ? "each GPU" : "the GPU"} (${c.gpu_waiting_bf16 ? "bf16" : "fp32"})`);
+  out.push(".");
   return out;
 }
 

@@ -1,4 +1,5 @@
-"""The plan AutoPolicy makes, typed: `Plan` and its parts (`Prediction`, `Candidate`, `JobSummary`), each frozen.
+"""The plan AutoPolicy makes, typed: `Plan` and its parts (`Prediction`, `Candidate`, `JobSummary`, `Clipping`),
+each frozen.
 
 The planning modules pass and read these; the plan JSON (docs/interfaces.md §5) is what `Plan.to_dict()` writes and
 `Plan.from_dict()` reads, at the edges only: `plan_job`'s answer (the CLI, the web service, a run's plan record),
@@ -164,6 +165,38 @@ class JobSummary(_Section):
     activation_sizes: str | None = None
 
 
+@dataclasses.dataclass(frozen=True)
+class Clipping(_Section):
+    """What exact clipping (max_grad_norm > 0) costs the chosen plan and where its update runs (the plan's
+    `clipping`, planning/clip_cost.py): the chosen step, the same policy priced without clipping (`unclipped_change`:
+    what was changed for that, e.g. {"streamed_layers": 0}) and the difference; the update's split between the host
+    CPU and the GPUs (device layers and the embedding and head updated there, streamed layers streamed through them
+    after the norm); where the gradients wait for the norm (in host memory, held_gradient; on each GPU, the streamed
+    layers'). Times are None without them."""
+
+    WHERE: ClassVar[str] = "the plan's clipping"
+
+    max_grad_norm: float
+    step_time_s: float | None = None
+    unclipped_step_time_s: float | None = None
+    cost_s: float | None = None
+    cost_fraction: float | None = None
+    unclipped_change: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    unclipped_fits: bool | None = None
+    layers: int = 0
+    host_layers: int = 0
+    device_layers: int = 0
+    streamed_layers: int = 0
+    edge_update: str = "host"
+    host_params: int = 0
+    device_params: int = 0
+    streamed_params: int = 0
+    held_gradient_gib: float = 0.0
+    held_bf16_gib: float = 0.0
+    gpu_waiting_gib: float = 0.0
+    gpu_waiting_bf16: bool = False
+
+
 def _candidates(value: Any) -> tuple[Candidate, ...]:
     return tuple(Candidate.from_dict(c) for c in _list(value, "candidates"))
 
@@ -186,7 +219,8 @@ class Plan(_Section):
 
     WHERE: ClassVar[str] = "the plan"
     NESTED: ClassVar[dict[str, Any]] = {"predicted": Prediction.from_dict, "candidates": _candidates,
-                                        "errors": _errors, "job": JobSummary.from_dict}
+                                        "errors": _errors, "job": JobSummary.from_dict,
+                                        "clipping": Clipping.from_dict}
 
     feasible: bool
     policy: Mapping[str, Any] | None = None  # the ExecutionPolicy JSON; None when refused
@@ -207,6 +241,7 @@ class Plan(_Section):
     declared: Mapping[str, Any] | None = dataclasses.field(default=None, metadata=_OMIT)
     basis: Mapping[str, Any] | None = dataclasses.field(default=None, metadata=_OMIT)
     replanned: str | None = dataclasses.field(default=None, metadata=_OMIT)
+    clipping: Clipping | None = dataclasses.field(default=None, metadata=_OMIT)  # with max_grad_norm > 0 only
 
     def check(self) -> None:
         if self.feasible and not isinstance(self.policy, Mapping):

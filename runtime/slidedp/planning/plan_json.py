@@ -10,6 +10,7 @@ import dataclasses
 from typing import Any
 
 from slidedp.planning.bound import bound
+from slidedp.planning.clip_cost import clipping_cost
 from slidedp.planning.cost_model import GIB, PHASES, Rates, predict
 from slidedp.planning.job import HBM_BUDGET_FRACTION, Job
 from slidedp.planning.memory_model import ALLOCATOR_SLACK, ActivationSizes
@@ -119,7 +120,8 @@ class PlanJson:
         self, pol: ExecutionPolicy, candidates: list[Candidate], marginal: dict | None, why: list[str] | None = None
     ) -> Plan:
         """The plan of a feasible job: the chosen policy with its prediction and exposure, the candidates (those
-        the model cannot tell apart once), why (explain's unless given) and the marginal costs."""
+        the model cannot tell apart once), why (explain's unless given), the marginal costs and, with clipping,
+        what it costs (planning/clip_cost.py)."""
         pred = self.predicted(pol, exposure=bool(self.rates))
         seen, unique = set(), []
         for c in sorted(candidates, key=lambda c: (not c.fits, c.predicted.step_time_s or 0.0)):
@@ -149,6 +151,7 @@ class PlanJson:
             why=" ".join(why),
             marginal=marginal,
             job=self.job_summary(),
+            clipping=clipping_cost(self, pol, pred),  # what clipping costs this plan: one more pricing
         )
 
     def explain(self, pol: ExecutionPolicy, pred: Prediction, cands: list[Candidate],

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from slidedp.planning.clip_cost import clipping_words
 from slidedp.planning.plan import Candidate, Plan
 
 
@@ -82,6 +83,8 @@ def format_plan(plan: Plan | dict[str, Any]) -> str:
     else:
         note = plan.calibration_note if plan.calibration_note is not None else "no calibration"
         lines.append(f"predicted: no step time ({note})")
+    if plan.clipping is not None:  # where the update runs, where gradients wait, what clipping costs
+        lines.append(clipping_words(plan.clipping))
     if plan.candidates:
         lines.append("")
         lines.append(
