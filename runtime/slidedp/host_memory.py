@@ -87,11 +87,12 @@ def host_state_bytes(cfg: JobConfig, model_cfg: dict[str, Any]) -> tuple[int, in
     layers, world = len(units) - 2, cfg.world_size
     base = resolve(cfg.policy, layers, world, None)
     options = [base]
-    if cfg.policy.edge_update == "auto":  # the embedding and head updated on the GPUs stage no gradient
+    fixed = cfg.policy.fixed()  # what the user fixed; the rest is AutoPolicy's to choose
+    if "edge_update" not in fixed:  # the embedding and head updated on the GPUs stage no gradient
         options.append(dataclasses.replace(base, edge_update="gpu", grad_reduce="gpu").for_world(world))
     # the cast on the GPUs keeps no bf16 copy on the host; auto takes it only where it casts bf16 on GPUs (in fp32
     # or on the CPU auto is the host cast, whose copy the layout then counts)
-    if cfg.policy.delivery_cast == "auto" and cfg.precision == "bf16" and cfg.gpus > 0:
+    if "delivery_cast" not in fixed and cfg.precision == "bf16" and cfg.gpus > 0:
         options += [dataclasses.replace(pol, delivery_cast="gpu") for pol in options]
     clip = cfg.optimizer.max_grad_norm > 0
     parts = min((plan_layout(units, world, pol, cfg.precision, clip, directory="", grad_accum=cfg.grad_accum).parts()

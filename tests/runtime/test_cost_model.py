@@ -131,9 +131,9 @@ def test_the_host_update_is_priced_at_its_rate_beside_the_issuing_thread(x2):
     slow["update_in_step"] = {"threads": at, "cast": True, "alone_s_per_1e9": cpu["update_s_per_1e9"][-1],
                               "beside_load_s_per_1e9": 1.5 * cpu["update_s_per_1e9"][-1]}
     one, scaled = cm.Rates(base, job), cm.Rates(slow, job)
-    assert scaled.update_s(10**8) == pytest.approx(1.5 * one.update_s(10**8))
-    told = scaled.host_update_summary()  # what the plan shows its reader
-    assert told["in_step_factor"] == pytest.approx(1.5) and one.host_update_summary()["in_step_factor"] == 1.0
+    assert scaled.update_s(10**8, "host") == pytest.approx(1.5 * one.update_s(10**8, "host"))
+    told = scaled.host_update_summary("host")  # what the plan shows its reader
+    assert told["in_step_factor"] == pytest.approx(1.5) and one.host_update_summary("host")["in_step_factor"] == 1.0
     assert told["s_per_1e9"] == pytest.approx(1.5 * told["cpu_s_per_1e9"])
     pol = ExecutionPolicy.default(job.layers, delivery="sharded", grad_reduce="gpu")
     before = cm.predict(job, pol, one, exposure=True)

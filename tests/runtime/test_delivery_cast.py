@@ -101,6 +101,6 @@ def test_the_cost_model_counts_the_cast_where_it_runs():
     base = dict(units=[10, 20, 10], hidden=8, vocab=16, tied=False, arch="qwen3", micro_batch=1, seq=8,
                 grad_accum=1, world=2, on_gpu=True, precision="bf16", clip=False, cpu_threads=4, cores=8,
                 hbm_bytes=1 << 30, host_limit_bytes=1 << 30, host_limit_source="test", interconnect="nvlink")
-    host, gpu = Job(**base), Job(**base, delivery_cast="gpu")
-    assert (host.delivered_bytes, host.update_dram_bytes) == (2, 34)
-    assert (gpu.delivered_bytes, gpu.update_dram_bytes) == (4, 28)
+    job = Job(**base)
+    assert (job.delivered_bytes("host"), job.update_dram_bytes("host")) == (2, 34)
+    assert (job.delivered_bytes("gpu"), job.update_dram_bytes("gpu")) == (4, 28)

@@ -118,7 +118,9 @@ def _cast_choice(cfg: Any, topology: dict[str, Any], calibration: dict[str, Any]
     or cannot be priced). `delivery_cast_choice` says what each cast would have given."""
     if cfg.precision != "bf16" or cfg.gpus == 0:
         return _plan(_with_cast(cfg, "host"), topology, calibration, sweep, timed)
-    plans = {cast: _plan(_with_cast(cfg, cast), topology, calibration, timed=timed) for cast in ("host", "gpu")}
+    job = _sized(cfg, topology)  # one job for both casts: the cast is the policy's, priced by each plan
+    plans = {cast: _plan(_with_cast(cfg, cast), topology, calibration, timed=timed, job=job)
+             for cast in ("host", "gpu")}
 
     def moved_edges(plan: Plan) -> bool:  # memory alone put the embedding and head on the GPU to fit
         return plan.step_time_s is None and "edge_update" not in cfg.policy.fixed() and plan.policy[
@@ -135,7 +137,7 @@ def _cast_choice(cfg: Any, topology: dict[str, Any], calibration: dict[str, Any]
     else:  # neither fits: a refusal for host RAM is the GPU cast's, the leaner there (the host's would name the
         # bf16 copy the GPU cast drops, and may advise that cast); any other is the host's
         chosen = "gpu" if any("host RAM too small" in e["msg"] for e in host.errors) else "host"
-    plan = _plan(_with_cast(cfg, chosen), topology, calibration, sweep) if sweep else plans[chosen]
+    plan = _plan(_with_cast(cfg, chosen), topology, calibration, sweep, job=job) if sweep else plans[chosen]
     return dataclasses.replace(plan, delivery_cast_choice={
         "chosen": chosen,
         **{cast: {"fits": p.feasible, "step_time_s": p.step_time_s,
@@ -144,13 +146,22 @@ def _cast_choice(cfg: Any, topology: dict[str, Any], calibration: dict[str, Any]
     })
 
 
-def _plan(cfg: Any, topology: dict[str, Any], calibration: dict[str, Any] | None,
-          sweep: bool = False, timed: bool = True) -> Plan:
-    """One cast's plan; `timed` False plans by memory alone (the calibration then sizes activations only)."""
+def _sized(cfg: Any, topology: dict[str, Any]) -> Job | Plan:
+    """The job as the planner sees it (no policy choice in it: every cast is priced from it), or the refusal of a
+    model that cannot be sized."""
     try:
-        job = Job.from_config(cfg, topology)
+        return Job.from_config(cfg, topology)
     except (KeyError, OSError, ValueError, TypeError) as exc:
         return refusal([{"loc": "model", "msg": f"cannot size the model: {exc}"}], "missing")
+
+
+def _plan(cfg: Any, topology: dict[str, Any], calibration: dict[str, Any] | None,
+          sweep: bool = False, timed: bool = True, job: Job | Plan | None = None) -> Plan:
+    """One cast's plan (the cast is cfg's policy's); `timed` False plans by memory alone (the calibration then
+    sizes activations only). `job`: the job _sized already (the same for every cast), else sized here."""
+    job = _sized(cfg, topology) if job is None else job
+    if isinstance(job, Plan):
+        return job
     if cfg.gpus > len(topology.get("gpus", [])):
         n = len(topology.get("gpus", []))
         host = f"the declared host {topology['declared']['profile']}" if topology.get("declared") else "this host"
@@ -188,7 +199,7 @@ def _plan(cfg: Any, topology: dict[str, Any], calibration: dict[str, Any] | None
         note = "the calibration lacks figures every route needs: memory fit only, no step times"
     plan = dataclasses.replace(
         plan,
-        host_update=planner.rates.host_update_summary() if planner.rates else None,
+        host_update=planner.rates.host_update_summary(plan.policy["delivery_cast"]) if planner.rates else None,
         calibration=_kind(calibration) if planner.rates else "missing",
         calibration_note=note,
     )

@@ -24,7 +24,7 @@ from slidedp.planning.job import UPDATE_DRAM_BYTES as UPDATE_DRAM_BYTES
 from slidedp.planning.job import Job
 from slidedp.planning.memory_model import ActivationSizes
 from slidedp.planning.shape import shape_matches
-from slidedp.policy import ExecutionPolicy
+from slidedp.policy import DELIVERY_CASTS, ExecutionPolicy
 from slidedp.step.layout import held_in_bf16
 
 PHASES = ("data", "forward", "backward", "update_tail", "delivery_wait")
@@ -47,7 +47,9 @@ def _interp(xs: list[float], ys: list[float], x: float) -> float:
 
 
 class Rates:
-    """Calibration figures turned into seconds for this job (raises Uncalibrated for a missing figure)."""
+    """Calibration figures turned into seconds for this job (raises Uncalibrated for a missing figure). The job
+    holds no policy choice: what depends on the delivery cast (the host update's rate) is held for each cast and
+    asked for with the cast of the policy being priced, so one Rates prices every policy of the job."""
 
     def __init__(self, calibration: dict[str, Any], job: Job):
         if not calibration:
@@ -61,17 +63,24 @@ class Rates:
         self.c, self.job = calibration, job
         cpu = calibration["cpu"]
         self.threads = [float(t) for t in cpu["threads"]]
-        # the update as the job runs it: AdamW and the bf16 cast, or AdamW alone when the GPU casts
-        key = "update_s_per_1e9" if job.host_cast or job.precision != "bf16" else "adamw_s_per_1e9"
+        # the update as each delivery cast runs it: AdamW and the bf16 cast, or AdamW alone when the GPU casts
         self.in_step = self.in_step_factor(calibration)
-        self.update_per_param = [v / 1e9 * self.in_step for v in cpu[key]]
+        self.update_per_param = {
+            cast: [v / 1e9 * self.in_step for v in cpu[self._update_table(cast)]] for cast in DELIVERY_CASTS
+        }
         self.copy_bps = [v * 1e9 for v in cpu["copy_GBps"]]
 
-    def host_update_summary(self) -> dict[str, float]:
-        """The host update rate the plan charges, for the plan's reader: per 1e9 params at the rank's threads,
-        the `cpu` figure it comes from and the factor update_in_step applied to it."""
+    def _update_table(self, cast: str) -> str:
+        """The `cpu` table of the host update under delivery_cast `cast`: with the bf16 cast, or AdamW alone
+        where the GPUs make the bf16 weights."""
+        j = self.job
+        return "update_s_per_1e9" if j.host_cast(cast) or j.precision != "bf16" else "adamw_s_per_1e9"
+
+    def host_update_summary(self, cast: str) -> dict[str, float]:
+        """The host update rate the plan charges under delivery_cast `cast`, for the plan's reader: per 1e9 params
+        at the rank's threads, the `cpu` figure it comes from and the factor update_in_step applied to it."""
         t = self.job.cpu_threads
-        charged = self._cpu(self.update_per_param, t) * 1e9
+        charged = self._cpu(self.update_per_param[cast], t) * 1e9
         return {"threads": t, "s_per_1e9": charged, "cpu_s_per_1e9": charged / self.in_step,
                 "in_step_factor": self.in_step}
 
@@ -90,12 +99,13 @@ class Rates:
     def _cpu(self, table: list[float], threads: float) -> float:
         return _interp(self.threads, table, threads)
 
-    def update_s(self, numel: int) -> float:
-        """Every rank's shard of one unit: ranks run in parallel, each with cpu_threads threads, but they share
-        host memory, so the whole unit takes at least what all their threads together need."""
-        j = self.job
-        one_rank = numel / j.world * self._cpu(self.update_per_param, j.cpu_threads)
-        together = numel * self._cpu(self.update_per_param, min(j.world * j.cpu_threads, j.cores))
+    def update_s(self, numel: int, cast: str) -> float:
+        """Every rank's shard of one unit under delivery_cast `cast`: ranks run in parallel, each with cpu_threads
+        threads, but they share host memory, so the whole unit takes at least what all their threads together
+        need."""
+        j, table = self.job, self.update_per_param[cast]
+        one_rank = numel / j.world * self._cpu(table, j.cpu_threads)
+        together = numel * self._cpu(table, min(j.world * j.cpu_threads, j.cores))
         return max(one_rank, together)
 
     def copy_s(self, traffic: float) -> float:
@@ -132,13 +142,14 @@ class Rates:
             return big["s"] * nbytes / big["bytes"]
         return _interp(xs, [r["s"] for r in rows], nbytes)
 
-    def device_update_s(self, numel: int) -> float:
+    def device_update_s(self, numel: int, cast: str) -> float:
         """One rank's device-side update of its 1/N of a unit (policy.edge_update: gpu): fused AdamW and the copy
-        into the unit's buffer, on the GPU at the calibrated rate; on the CPU in the rank's own threads."""
+        into the unit's buffer, on the GPU at the calibrated rate; on the CPU in the rank's own threads, as the
+        host update runs under delivery_cast `cast`."""
         j = self.job
         shard = numel / j.world
         if not j.on_gpu:
-            return shard * self._cpu(self.update_per_param, j.cpu_threads)
+            return shard * self._cpu(self.update_per_param[cast], j.cpu_threads)
         rate = (self.c.get("device_update") or {}).get("adamw_cast_s_per_1e9")
         if not rate:
             raise Uncalibrated("the device AdamW rate (device_update: calibrated before edge_update existed)")
@@ -168,8 +179,9 @@ class Rates:
 
 # ---------------------------------------------------------------------------- time
 def durations(job: Job, pol: ExecutionPolicy, rates: Rates, zero: frozenset = frozenset()) -> overlap.Durations:
-    """Seconds of every piece of the step under this policy."""
-    N, p = job.world, job.pbytes
+    """Seconds of every piece of the step under this policy (the delivery cast's bytes and host update rate
+    are the policy's)."""
+    N, p, cast = job.world, job.pbytes, pol.delivery_cast
     sharded = pol.delivery == "sharded" and N > 1
     gpu_reduce = pol.grad_reduce == "gpu" and N > 1
     gbytes = 4  # gradients travel and are reduced in fp32
@@ -177,18 +189,18 @@ def durations(job: Job, pol: ExecutionPolicy, rates: Rates, zero: frozenset = fr
     fwd, bwd = rates.layer_s()
     if "recompute" in zero:
         bwd = dict(bwd, checkpoint=bwd["keep"])
-    deliver_bytes = [job.padded(u) * job.delivered_bytes / (N if sharded else 1) for u in range(n_units)]
+    deliver_bytes = [job.padded(u) * job.delivered_bytes(cast) / (N if sharded else 1) for u in range(n_units)]
     grad_bytes = [job.padded(u) * gbytes / (N if gpu_reduce else 1) for u in range(n_units)]
     coll_bytes = [float(job.padded(u) * p) for u in range(n_units)]
-    update = [rates.update_s(job.units[u]) for u in range(n_units)]
-    upd_bytes = [float(job.units[u] * job.update_dram_bytes) for u in range(n_units)]
+    update = [rates.update_s(job.units[u], cast) for u in range(n_units)]
+    upd_bytes = [float(job.units[u] * job.update_dram_bytes(cast)) for u in range(n_units)]
     # units updated on the GPUs (edge_update gpu, device_layers): reduce-scattered (fp32) and updated on the
     # device, then all-gathered into their buffers; no delivery, no gradient copy, no host update
     on_device = pol.device_units(job.layers)
     device_update = [0.0] * n_units
     for u in on_device:
         gather = rates.collective_s("all_gather", coll_bytes[u]) if N > 1 else 0.0
-        device_update[u] = rates.device_update_s(job.units[u]) + gather
+        device_update[u] = rates.device_update_s(job.units[u], cast) + gather
         deliver_bytes[u] = grad_bytes[u] = update[u] = upd_bytes[u] = 0.0
     # layers streamed through the GPUs after the norm (policy.streamed_layers): their gradient stays on the
     # device (reduce-scattered there with several ranks) and their update is this rank's shard of the master and
@@ -199,9 +211,10 @@ def durations(job: Job, pol: ExecutionPolicy, rates: Rates, zero: frozenset = fr
     streamed_bytes = [0.0] * n_units
     for u in streamed:
         shard = job.units[u] / N
-        out_bytes = shard * (12 + (2 if job.precision == "bf16" and pol.delivery_cast == "host" else 0))
+        out_bytes = shard * (12 + (2 if job.host_cast(cast) else 0))
         streamed_s[u] = max(rates.transfer_s("h2d", shard * 12, pol.chunk_mb),
-                            rates.transfer_s("d2h", out_bytes, pol.chunk_mb)) + rates.device_update_s(job.units[u])
+                            rates.transfer_s("d2h", out_bytes, pol.chunk_mb)) + rates.device_update_s(job.units[u],
+                                                                                                      cast)
         streamed_bytes[u] = shard * 12 + out_bytes
         grad_bytes[u] = update[u] = upd_bytes[u] = 0.0
     on_device = on_device | streamed  # from here on: units that send nothing to the host

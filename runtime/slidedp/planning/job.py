@@ -2,7 +2,9 @@
 
 `Job.from_config(cfg, topology)` derives it from a JobConfig and a topology (planning/topology.py). The memory
 model (what a policy holds), the cost model (what it costs in time) and the calibration matching (shape.py) all
-read it, so it lives apart from each of them. Imports no torch.
+read it, so it lives apart from each of them. It holds no policy choice: what depends on one (the delivery cast's
+bytes per parameter) is asked of it with the choice of the ExecutionPolicy being priced, so one Job prices every
+policy. Imports no torch.
 """
 
 from __future__ import annotations
@@ -54,7 +56,8 @@ def rank_threads(cfg: Any, cores: int) -> int:
 
 @dataclass
 class Job:
-    """The workload, as the planner sees it (derived from a JobConfig and a topology)."""
+    """The workload and its hardware, as the planner sees them (derived from a JobConfig and a topology); no policy
+    choice, which the ExecutionPolicy priced carries."""
 
     units: list[int]  # parameters per unit: embedding, decoder layers 1..L, final norm + lm_head
     hidden: int
@@ -75,7 +78,6 @@ class Job:
     host_limit_source: str
     interconnect: str  # nvlink | pcie-p2p | pcie-host | none
     model_cfg: dict[str, Any] = field(repr=False, default_factory=dict)
-    delivery_cast: str = "host"  # policy.delivery_cast: where bf16 weights are made from the fp32 master
     hbm_cap_bytes: int | None = None  # the job's gpu_memory_gib: what it may use of each GPU, context included
 
     @classmethod
@@ -112,10 +114,6 @@ class Job:
             host_limit_source=source,
             interconnect=job_interconnect(topology, cfg.gpus) if cfg.gpus else "none",
             model_cfg=mc,
-            # a cast the user did not fix ("auto", the default) is planned both ways by autopolicy.plan_job, which
-            # sizes each cast; a job sized outside it (a declared calibration's figures) counts the host cast,
-            # auto's choice without times
-            delivery_cast=cfg.policy.fixed().get("delivery_cast", "host") if hasattr(cfg, "policy") else "host",
             hbm_cap_bytes=int(cfg.gpu_memory_gib * GIB) if getattr(cfg, "gpu_memory_gib", None) else None,
         )
 
@@ -131,19 +129,19 @@ class Job:
     def pbytes(self) -> int:
         return 2 if self.precision == "bf16" else 4
 
-    @property
-    def host_cast(self) -> bool:
-        """bf16 precision with the bf16 copy made on the host by the update."""
-        return self.precision == "bf16" and self.delivery_cast == "host"
+    def host_cast(self, cast: str) -> bool:
+        """bf16 precision with the bf16 copy made on the host by the update, under the policy's delivery_cast
+        `cast` (host or gpu)."""
+        return self.precision == "bf16" and cast == "host"
 
-    @property
-    def delivered_bytes(self) -> int:
-        """Bytes per parameter crossing PCIe host->GPU: the bf16 copy, or the fp32 master cast on the GPU."""
-        return 2 if self.host_cast else 4
+    def delivered_bytes(self, cast: str) -> int:
+        """Bytes per parameter crossing PCIe host->GPU under delivery_cast `cast`: the bf16 copy, or the fp32
+        master cast on the GPU."""
+        return 2 if self.host_cast(cast) else 4
 
-    @property
-    def update_dram_bytes(self) -> int:
-        return UPDATE_DRAM_BYTES["bf16" if self.host_cast else "fp32"]
+    def update_dram_bytes(self, cast: str) -> int:
+        """Host DRAM bytes per parameter of one host update under delivery_cast `cast` (UPDATE_DRAM_BYTES)."""
+        return UPDATE_DRAM_BYTES["bf16" if self.host_cast(cast) else "fp32"]
 
     @property
     def tokens_per_micro_batch(self) -> int:

@@ -304,6 +304,7 @@ def declared_calibration(cfg: Any, profile: dict[str, Any], model_cfg: dict[str,
                                              "without --profile"])
     topo = declared_topology(profile)
     job = Job.from_config(cfg, topo, model_cfg)
+    cast = record_cast(cfg)
     g, h = profile["gpus"], profile["host"]
     world = cfg.world_size
     hbm_bps = g["hbm_gbps"] * 1e9 * HBM_EFFICIENCY
@@ -324,8 +325,8 @@ def declared_calibration(cfg: Any, profile: dict[str, Any], model_cfg: dict[str,
         "declared": declared_marker(profile),
     }
     record["cpu"] = _cpu(job, dram_bps)
-    record["update_in_step"] = _update_in_step(record["cpu"], job)
-    record["host_dram"] = {"capacity_GBps": dram_bps / 1e9, "update_bytes_per_param": job.update_dram_bytes}
+    record["update_in_step"] = _update_in_step(record["cpu"], job, cast)
+    record["host_dram"] = {"capacity_GBps": dram_bps / 1e9, "update_bytes_per_param": job.update_dram_bytes(cast)}
     record["transfers"] = _transfers(oneway, world, dram_bps / 1e9)
     record["device_update"] = {"adamw_cast_s_per_1e9": DEVICE_UPDATE_BYTES * 1e9 / hbm_bps}
     record["unit"] = _unit(job, g, hbm_bps)
@@ -337,6 +338,16 @@ def declared_calibration(cfg: Any, profile: dict[str, Any], model_cfg: dict[str,
     record["collectives"] = _collectives(oneway, world, g["p2p"]) if world > 1 else None
     record["provenance"] = provenance(job)
     return record
+
+
+def record_cast(cfg: Any) -> str:
+    """The delivery cast the record's host update figures (update_in_step, host_dram) are derived for, as a measured
+    calibration's are measured with one: the cast the config's policy fixes (PolicyConfig.fixed()), else the
+    host's. The record serves every cast: `cpu` holds both casts' update rates (update_s_per_1e9 with the bf16
+    cast, adamw_s_per_1e9 without), and update_in_step's factor over its own table is the same for either, so
+    AutoPolicy prices both casts of a job from one record."""
+    policy = getattr(cfg, "policy", None)
+    return policy.fixed().get("delivery_cast", "host") if policy is not None else "host"
 
 
 def _digest(profile: dict[str, Any], cfg: Any, job: Job) -> str:
@@ -368,12 +379,13 @@ def _cpu(job: Job, dram_bps: float) -> dict[str, Any]:
     }
 
 
-def _update_in_step(cpu: dict[str, Any], job: Job) -> dict[str, Any]:
+def _update_in_step(cpu: dict[str, Any], job: Job, cast: str) -> dict[str, Any]:
+    """The host update beside the issuing thread, as calibration measures it, under delivery_cast `cast`."""
     t = job.cpu_threads
-    table = cpu["update_s_per_1e9"] if job.host_cast or job.precision != "bf16" else cpu["adamw_s_per_1e9"]
+    table = cpu["update_s_per_1e9"] if job.host_cast(cast) or job.precision != "bf16" else cpu["adamw_s_per_1e9"]
     alone = table[cpu["threads"].index(t)]
     return {"threads": t, "alone_s_per_1e9": alone, "beside_load_s_per_1e9": alone * UPDATE_IN_STEP_FACTOR,
-            "cast": job.host_cast}
+            "cast": job.host_cast(cast)}
 
 
 def _transfers(oneway: float, world: int, dram_gbps: float) -> dict[str, Any]:

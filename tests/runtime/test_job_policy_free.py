@@ -1,0 +1,72 @@
+"""The job holds no policy choice: the delivery cast (where the bf16 weights are made from the fp32 master) is the
+ExecutionPolicy's, so one Job and one Rates price both casts, each as the planner priced it when it sized a job for
+that cast alone. On the two-H200 machine's figures (tests/runtime/fixtures/h200x2_*.json) and the one-H200's."""
+
+import dataclasses
+
+import pytest
+from slidedp.config import JobConfig, PolicyConfig
+from slidedp.planning import cost_model as cm
+from slidedp.planning.job import Job
+from slidedp.policy import ExecutionPolicy
+
+
+def _cfg(**raw) -> JobConfig:
+    base = {"model": "qwen3-8b", "data": {"path": "x.jsonl"}, "gpus": 2, "micro_batch_size": 8, "seq_len": 2048}
+    base.update(raw)
+    return JobConfig.from_dict(base)
+
+
+# Predicted step (s) of Qwen3-8B at micro-batch 8 on the NVLink pair under each cast's default policy, by
+# (max_grad_norm, cast): what the cost model gave a job sized with that cast fixed in its config, before the cast
+# left the job (the planner at 3533ce9).
+NVLINK_STEP_S = {(0.0, "host"): 4.829529888815151, (0.0, "gpu"): 4.4068490305599965,
+                 (1.0, "host"): 5.682185893991554, (1.0, "gpu"): 5.213255622064997}
+# The same on the one-H200 machine with 2 device layers, the embedding and head on the GPU, 3 layers streamed and
+# 4 kept, 2 offloaded, 10 resident (Qwen3-8B at micro-batch 8).
+ONE_GPU_STEP_S = {(0.0, "host"): 2.557782639066721, (0.0, "gpu"): 2.6304397465515694,
+                  (1.0, "host"): 3.6290833289203617, (1.0, "gpu"): 3.768990015843984}
+
+
+def test_the_job_has_no_policy_field():
+    policy = {f.name for f in dataclasses.fields(PolicyConfig)}
+    assert not policy & {f.name for f in dataclasses.fields(Job)}
+
+
+@pytest.mark.parametrize("clip", [0.0, 1.0])
+def test_one_job_prices_each_cast_by_the_policy(x2, clip):
+    topo, cal = x2
+    job = Job.from_config(_cfg(optimizer={"max_grad_norm": clip}), topo["nvlink"])  # the cast left to AutoPolicy
+    rates = cm.Rates(cal["qwen3-8b_bs8_nvlink"], job)
+    cpu = cal["qwen3-8b_bs8_nvlink"]["cpu"]
+    by_cast = {}
+    for cast in ("host", "gpu"):
+        pol = ExecutionPolicy.default(job.layers, delivery_cast=cast)
+        d = cm.durations(job, pol, rates)
+        # the bf16 copy crosses PCIe, or the fp32 master cast on the GPUs
+        assert d.deliver_bytes[1] == job.padded(1) * (2 if cast == "host" else 4)
+        # the host update with the bf16 cast, or AdamW alone
+        table = cpu["update_s_per_1e9"] if cast == "host" else cpu["adamw_s_per_1e9"]
+        charged = rates.host_update_summary(cast)["cpu_s_per_1e9"]
+        assert charged == pytest.approx(cm._interp(cpu["threads"], table, job.cpu_threads), rel=1e-12)
+        by_cast[cast] = d
+        step = cm.predict(job, pol, rates)["step_time_s"]
+        assert step == pytest.approx(NVLINK_STEP_S[(clip, cast)], rel=1e-9)
+    # 6 B/param of host DRAM traffic the bf16 copy costs the update (34 against 28)
+    diff = by_cast["host"].update_bytes[1] - by_cast["gpu"].update_bytes[1]
+    assert diff == pytest.approx(6.0 * job.units[1])
+
+
+@pytest.mark.parametrize("clip", [0.0, 1.0])
+def test_device_and_streamed_layers_are_priced_by_the_policys_cast(one_h200, clip):
+    topo, cals = one_h200
+    job = Job.from_config(_cfg(gpus=1, optimizer={"max_grad_norm": clip}), topo)
+    rates = cm.Rates(cals["calibration_qwen3-8b_bs8"], job)
+    for cast in ("host", "gpu"):
+        pol = ExecutionPolicy.mix(job.layers, 4, 2, 10, delivery_cast=cast, edge_update="gpu", device_layers=2,
+                                  streamed_layers=3)
+        d = cm.durations(job, pol, rates)
+        u = max(pol.streamed_units())  # a streamed layer sends its bf16 copy back only where the host keeps one
+        assert d.streamed_bytes[u] == pytest.approx(job.units[u] * (26 if cast == "host" else 24))
+        step = cm.predict(job, pol, rates)["step_time_s"]
+        assert step == pytest.approx(ONE_GPU_STEP_S[(clip, cast)], rel=1e-9)
