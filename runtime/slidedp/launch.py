@@ -241,9 +241,11 @@ def train(config: dict | JobConfig, on_step: Callable[[dict], None] | None = Non
     from slidedp.step.host_state import unlink
 
     cfg = config if isinstance(config, JobConfig) else JobConfig.from_dict(config)
+    detected = detect_early(cfg, predict_explicit)  # the host detected on a thread of its own from here on
     _check_request(cfg)
     startup = Startup(on_stage, on_log, t0=called)
-    adapter, policy, plan, layout = _plan(cfg, startup, on_log, plan, predict_explicit)
+    policy, plan, layout = _plan(cfg, startup, on_log, plan, detected, predict_explicit)
+    adapter = _ModelOnDemand(cfg.model, layout.unit_numels)
     ckpt_root = os.path.join(cfg.output_dir, "checkpoints")
     resume_from, init_source = _start_point(cfg, layout, ckpt_root, on_log)
     reuse = (state_cache is not None and resume_from is None and init_source is None
@@ -344,23 +346,51 @@ def _check_request(cfg: JobConfig) -> None:
     os.makedirs(cfg.output_dir, exist_ok=True)
 
 
-def _plan(cfg: JobConfig, startup: Startup, on_log, plan: dict | None, predict_explicit: bool):
-    """The planning stage: the model's config read while the host is detected, the policy resolved, segments of
-    killed runs removed, the host state laid out. (adapter, policy, plan, layout)."""
+def _plan(cfg: JobConfig, startup: Startup, on_log, plan: dict | None, detected, predict_explicit: bool):
+    """The planning stage: the model's shape read (a preset's figures or config.json, slidedp.model_shape: no
+    transformers, no model built), the host's detection (`detected`: resolve.detect_early's, started before the
+    request's checks) waited for, the policy resolved, segments of killed runs removed, the host state laid out.
+    (policy, plan, layout)."""
+    from slidedp.model_shape import read_shape
     from slidedp.step.host_state import cleanup_orphans
-    from slidedp.step.model_adapter import ModelAdapter, load_hf_config
 
     startup.enter("planning")
-    detected = detect_early(cfg, predict_explicit)  # beside reading the model's config, which imports transformers
-    adapter = ModelAdapter(load_hf_config(cfg.model))
+    shape = read_shape(cfg.model)
     startup.mark("model_config")
-    policy, plan = resolve_policy(cfg, adapter.num_layers, on_log, plan, startup=startup, detected=detected,
+    policy, plan = resolve_policy(cfg, shape.num_layers, on_log, plan, startup=startup, detected=detected,
                                   predict_explicit=predict_explicit)
     removed = cleanup_orphans()
     startup.mark("removing_orphans")
     if removed:
         _log(on_log, f"removed {len(removed)} shared-memory segments left by a killed run")
-    return adapter, policy, plan, host_layout(cfg, [u.numel for u in adapter.units], policy)
+    return policy, plan, host_layout(cfg, list(shape.unit_numels), policy)
+
+
+class _ModelOnDemand:
+    """The launcher's ModelAdapter (transformers' model on the meta device: unit layout, parameter names, initial
+    weights), built the first time the host state is filled or exported from it, which for a run from step 0 is
+    once its ranks are spawned, so that importing transformers here overlaps their start instead of delaying the
+    plan. Its units must hold the parameters the plan and the host layout were made for (slidedp.model_shape);
+    a model that differs is refused before any weight is written."""
+
+    def __init__(self, model: str, unit_numels: list[int]):
+        self.model, self.unit_numels = model, list(unit_numels)
+        self._adapter = None
+
+    def get(self):
+        if self._adapter is None:
+            from slidedp.step.model_adapter import ModelAdapter, load_hf_config
+
+            adapter = ModelAdapter(load_hf_config(self.model))
+            built = [u.numel for u in adapter.units]
+            if built != self.unit_numels:
+                raise RuntimeError(f"model {self.model!r}: transformers builds {len(built)} units of "
+                                   f"{sum(built):,} parameters ({built[:3]}...), its config was read as "
+                                   f"{len(self.unit_numels)} units of {sum(self.unit_numels):,} "
+                                   f"({self.unit_numels[:3]}...): slidedp.model_shape does not read this config "
+                                   "as transformers does")
+            self._adapter = adapter
+        return self._adapter
 
 
 def _start_point(cfg: JobConfig, layout: HostLayout, ckpt_root: str, on_log) -> tuple[str | None, str | None]:
@@ -415,7 +445,7 @@ def _allocate(cfg: JobConfig, layout: HostLayout, reuse: bool):
         raise
 
 
-def _fill_or_load(run: _Run, adapter, resume_from: str | None, init_source: str | None,
+def _fill_or_load(run: _Run, adapter: _ModelOnDemand, resume_from: str | None, init_source: str | None,
                   reuse: bool) -> tuple[int, dict | None]:
     """The host state made whole: a resumed checkpoint loaded, or (a run from step 0) the ranks spawned first and
     the state filled beside their start, from init_from's weights, a kept state or the model. (start step, data
@@ -446,13 +476,15 @@ def _fill_or_load(run: _Run, adapter, resume_from: str | None, init_source: str 
             _log(on_log, "host state kept from the previous run (benchmark): weights and moments as it left them")
         else:
             run.startup.enter("loading_weights" if is_model_path(cfg.model) else "building_host_state")
-            _init_host_state(cfg, adapter, state, run.startup.progress)
+            model = adapter.get()  # transformers imported beside the ranks' start
+            run.startup.mark("meta_model")
+            _init_host_state(cfg, model, state, run.startup.progress)
         if os.path.exists(run.metrics_path):
             os.unlink(run.metrics_path)
         stale = ckpt.clear(run.ckpt_root)  # a fresh run must never be resumed from an earlier run's state
         if stale:
             _log(on_log, f"removed {len(stale)} checkpoints of an earlier run in {run.ckpt_root} (resume is false)")
-    for u in range(len(adapter.units)):
+    for u in range(len(run.spec.layout.unit_numels)):
         for r in range(cfg.world_size):
             state.board.set_updated(u, r, start_step)
     _log(on_log, f"host state: {run.spec.layout.total / 1e6:.1f} M params, {state.state_bytes() / 2**30:.2f} GiB "
@@ -463,7 +495,7 @@ def _fill_or_load(run: _Run, adapter, resume_from: str | None, init_source: str 
     return start_step, data_state
 
 
-def _save_and_export(run: _Run, adapter, start_step: int, last: int, last_data_state: dict | None,
+def _save_and_export(run: _Run, adapter: _ModelOnDemand, start_step: int, last: int, last_data_state: dict | None,
                      room) -> tuple[str, str | None, list[dict]]:
     """After the ranks: a stop asked with save writes the last step's checkpoint (unless one is there); a
     completed run exports final/. (status, final_dir, exported files)."""
@@ -479,7 +511,7 @@ def _save_and_export(run: _Run, adapter, start_step: int, last: int, last_data_s
             _log(on_log, f"stopped after step {last}; checkpoint written to {path}")
     final_dir, files = None, []
     if status == "completed" and cfg.export:
-        exported = _export_or_keep(cfg, adapter, state, run.ckpt_root, last, last_data_state, on_log, room)
+        exported = _export_or_keep(cfg, adapter.get(), state, run.ckpt_root, last, last_data_state, on_log, room)
         final_dir, files = exported["final_dir"], exported["files"]
         _log(on_log, f"exported a Hugging Face model to {final_dir}")
     return status, final_dir, files
