@@ -247,10 +247,16 @@ class _Planner(RouteSearch, KnobSearch, StreamedSearch, PlanJson, MixSearch, Ref
         self.fixed = cfg.policy.fixed()
         # predictions by policy; they do not depend on the HBM budget, so the card sweep's planners share them
         self.sims: dict[ExecutionPolicy, dict[str, Any]] = {} if sims is None else sims
+        self.mems: dict[ExecutionPolicy, tuple[Rates | None, dict[str, Any]]] = {}  # mem's, with the rates used
 
     # ------------------------------------------------------------------ memory
     def mem(self, pol: ExecutionPolicy) -> dict[str, Any]:
-        return memory(self.job, pol, self.acts, offload_backlog(self.job, pol, self.rates))
+        """The memory model's figures of the policy, once per policy while the rates stay (read, never changed)."""
+        hit = self.mems.get(pol)
+        if hit is None or hit[0] is not self.rates:
+            hit = self.mems[pol] = (self.rates, memory(self.job, pol, self.acts,
+                                                       offload_backlog(self.job, pol, self.rates)))
+        return hit[1]
 
     def fits(self, pol: ExecutionPolicy) -> str | None:
         """None when the policy fits; else what does not, by how much."""
