@@ -61,7 +61,7 @@ class DeviceUpdate:
             lo, hi = self.shards.own_range(u)
             for dev, host in ((self.master[u], self.state.master_unit(u)), (self.exp_avg[u], self.state.exp_avg_unit(u)),
                               (self.exp_avg_sq[u], self.state.exp_avg_sq_unit(u))):
-                dev[: hi - lo].copy_(host[lo:hi])
+                self._copy(dev[: hi - lo], host[lo:hi], host[lo:hi])
             self._fill(u)
 
     def write_back(self) -> None:
@@ -70,11 +70,17 @@ class DeviceUpdate:
             lo, hi = self.shards.own_range(u)
             if hi <= lo:
                 continue
-            self.state.master_unit(u)[lo:hi].copy_(self.master[u][: hi - lo])
-            self.state.exp_avg_unit(u)[lo:hi].copy_(self.exp_avg[u][: hi - lo])
-            self.state.exp_avg_sq_unit(u)[lo:hi].copy_(self.exp_avg_sq[u][: hi - lo])
+            for host, dev in ((self.state.master_unit(u), self.master[u]), (self.state.exp_avg_unit(u), self.exp_avg[u]),
+                              (self.state.exp_avg_sq_unit(u), self.exp_avg_sq[u])):
+                self._copy(host[lo:hi], dev[: hi - lo], host[lo:hi])
             if self.state.delivery is not self.state.master:
                 self.state.delivery_unit(u)[lo:hi].copy_(self.state.master_unit(u)[lo:hi])
+
+    def _copy(self, dst: torch.Tensor, src: torch.Tensor, host: torch.Tensor) -> None:
+        """dst := src between the GPU and the host state, in pieces that never straddle the edge of a page-locked
+        range (`host` is the host side; HostState.dma_pieces)."""
+        for a, b in self.state.dma_pieces(host):
+            dst[a:b].copy_(src[a:b])
 
     def _fill(self, u: int) -> None:
         """The unit's buffer := the rounded master, from every rank's shard (compute stream)."""

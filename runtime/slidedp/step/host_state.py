@@ -73,6 +73,14 @@ def pin_ranges(unit_offsets: list[int], nbytes: int, page: int | None = None,
     return ranges
 
 
+def split_at(base: int, numel: int, size: int, edges) -> list[tuple[int, int]]:
+    """[0, numel) split into element ranges at every address in `edges` inside the `size`-byte elements from
+    `base`; [(0, numel)] when none falls inside."""
+    cuts = sorted((e - base) // size for e in edges if base < e < base + numel * size)
+    bounds = [0, *cuts, numel]
+    return [(a, b) for a, b in zip(bounds, bounds[1:]) if b > a]
+
+
 MADV_POPULATE_READ = 22  # Linux 5.14+: map a range's pages now, as read faults would
 MADV_POPULATE_WRITE = 23  # ... as write faults would: a hole of a shared file gets its zeroed pages allocated
 
@@ -333,6 +341,7 @@ class HostState:
         self.held16 = _map(layout, "held16", held["held16"], torch.bfloat16, create) if held["held16"] else None
         self.board = Board(layout, create)
         self._registered: list[tuple[torch.Tensor, list[int]]] = []  # (tensor, the base address of each range)
+        self._edges: set[int] = set()  # the addresses where a registered range starts or ends (dma_pieces)
         # Fresh segments are truncated to nothing and extended (_map), so the AdamW moments already read as zeros:
         # writing zeros would touch 8 B/param for nothing. A kept state (keep_state) keeps its moments.
         self.fresh = fresh
@@ -393,6 +402,7 @@ class HostState:
         else:
             ranges = pin_ranges([o * size for o in starts], nbytes)
         self._registered.append((t, _register(t.data_ptr(), ranges, max(1, threads), advice)))
+        self._edges.update(t.data_ptr() + b for r in ranges for b in r)
 
     def pin_units(self, units: list[int], kinds: tuple[str, ...], threads: int = PIN_THREADS) -> None:
         """Page-lock the given units' part of each kind ("master", "exp_avg", "exp_avg_sq") for async DMA, once
@@ -415,6 +425,7 @@ class HostState:
             starts = [o * size - start for o in offsets[first : last + 1]]
             ranges = [(start + a, start + b) for a, b in pin_ranges([max(0, o) for o in starts], end - start)]
             self._registered.append((t, _register(t.data_ptr(), ranges, max(1, threads), MADV_POPULATE_WRITE)))
+            self._edges.update(t.data_ptr() + b for r in ranges for b in r)
 
     def unpin(self) -> None:
         """Unregister every range pin registered (nothing without CUDA)."""
@@ -424,6 +435,14 @@ class HostState:
                 for ptr in ptrs:
                     cudart.cudaHostUnregister(ptr)
             self._registered.clear()
+            self._edges.clear()
+
+    def dma_pieces(self, view: torch.Tensor) -> list[tuple[int, int]]:
+        """Element ranges [a, b) that cover a contiguous view of this state, each wholly inside one page-locked
+        range or wholly outside every one: a CUDA copy must not straddle a registration's edge (it fails with
+        cudaErrorInvalidValue). pin_units registers a streamed unit's part from the page it starts on, which may
+        hold the end of a unit the GPUs update (slidedp.step.device_update copies that unit in pieces)."""
+        return split_at(view.data_ptr(), view.numel(), view.element_size(), self._edges)
 
     # ------------------------------------------------------------------ views
     def _unit(self, flat: torch.Tensor, u: int) -> torch.Tensor:
