@@ -71,11 +71,11 @@ def job_config(model: str, gpus: int, mbs: int, seq: int, steps: int, policy: st
 def plan_one(cfg: dict) -> dict:
     """What train() would plan for this policy (calibrating first where the cache lacks this shape)."""
     from slidedp.config import JobConfig
+    from slidedp.model_shape import read_shape
     from slidedp.planning.resolve import resolve_policy
-    from slidedp.step.model_adapter import ModelAdapter, load_hf_config
 
     job = JobConfig.from_dict(cfg)
-    policy, plan = resolve_policy(job, ModelAdapter(load_hf_config(job.model)).num_layers,
+    policy, plan = resolve_policy(job, read_shape(job.model).num_layers,
                                   on_log=lambda line: print("   ", line, flush=True), predict_explicit=True)
     pred = plan.get("predicted") or {}
     return {"chosen": policy.summary(), "predicted_step_s": pred.get("step_time_s"),

@@ -207,3 +207,28 @@ def test_train_imports_transformers_only_once_its_ranks_are_spawned(tmp_path):
     assert out["seen"]["starting_ranks"] is True, out
     assert list(out["parts"]["building_host_state"]) == ["meta_model"], out
     assert "model_config" in out["parts"]["planning"], out
+
+
+_BENCH_PLAN = """
+import json, sys
+from slidedp import bench
+cfg = bench.job_config("tiny-qwen3", 0, 1, 32, 1, "auto:auto:auto:0:auto", sys.argv[1] + "/data.jsonl", sys.argv[1], 1)
+row = bench.plan_one(cfg)
+print(json.dumps({"transformers": sorted(m for m in sys.modules if m.split(".")[0] == "transformers"),
+                  "predicted": row["predicted_step_s"]}))
+"""
+
+
+@pytest.mark.timeout(300)
+def test_bench_plan_only_reads_the_shape_not_a_model(tmp_path):
+    """`slidedp bench --plan-only` plans each policy from the model's shape: from a cached calibration it imports
+    no transformers (it built a meta model for the layer count before)."""
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "CUDA_VISIBLE_DEVICES": "", "SLIDEDP_CACHE_DIR": str(tmp_path / "c")}
+    runs = []
+    for _ in range(2):  # the first measures this host (a model, in this process) and caches the calibration
+        done = subprocess.run([sys.executable, "-c", _BENCH_PLAN, str(tmp_path / "out")], env=env,
+                              capture_output=True, text=True, timeout=240)
+        assert done.returncode == 0, done.stderr[-3000:]
+        runs.append(json.loads(done.stdout.strip().splitlines()[-1]))
+    assert runs[1]["transformers"] == []
+    assert runs[1]["predicted"] and runs[1]["predicted"] == runs[0]["predicted"]
