@@ -2,6 +2,7 @@
 
     .venv/bin/python scripts/prediction_check.py                 # the rows used to study the model (development)
     .venv/bin/python scripts/prediction_check.py --set heldout   # the held-out rows (tests/runtime/test_prediction_heldout.py)
+    .venv/bin/python scripts/prediction_check.py --set check     # rows measured after the split (s17, s18): checked only
     .venv/bin/python scripts/prediction_check.py --set all --json out.json
     .venv/bin/python scripts/prediction_check.py --write-fixture tests/runtime/fixtures/h200x1_heldout_steps.json
 
@@ -16,6 +17,11 @@ Qwen3-4B micro-batch-4 rows) are planned with the last earlier calibration of th
 The split, fixed before the model was changed: the held-out rows are those of sessions s7, s9 and s12 (each with its
 own calibration: Qwen3-1.7B at micro-batch 4 and 8, Qwen3-4B at 8, Qwen3-8B at 1 under 24 GiB with the cast on the
 GPU); every other row is for development. The held-out rows are not read while the model is changed.
+
+The check rows (`--set check`): sessions measured on the same machine after that split (s17, s18: the clipped step,
+the streamed update), reported beside the others and fitted to nothing. s18 kept no calibration; its rows are
+planned with the newest earlier session's calibration of their shape (Qwen3-4B micro-batch 4: s17; Qwen3-8B
+micro-batch 8: s8), and say so.
 
 Per row: measured and predicted step, the error, and the step cut as the engine measures it (forward: step start to
 the end of the first micro-batch's forward; backward: the rest) with the host updater's busy time, measured against
@@ -36,6 +42,7 @@ TOPOLOGY = os.path.join(ROOT, "tests", "runtime", "fixtures", "h200x1_qwen3-1.7b
 HELD_OUT_SESSIONS = ("s7", "s9", "s12")
 ONE_GPU_SESSIONS = ("s4", "s5", "s6", "s7", "s8", "s9", "s10", "s11", "s12", "s13", "s14", "s15", "s16")
 STAND_IN = "s10"  # the last calibration of Qwen3-4B at micro-batch 4 kept on the one-GPU machine
+CHECK_SESSIONS = ("s17", "s18")  # measured after the held-out split: checked, never fitted to
 
 sys.path.insert(0, os.path.join(ROOT, "runtime"))
 
@@ -60,6 +67,12 @@ def calibration_for(row: dict, path: str) -> tuple[str, dict, bool] | None:
     while os.path.relpath(own[-1], RESULTS) != session_of(path):
         own.append(os.path.dirname(own[-1]))
     places = [(f, False) for f in own] + [(os.path.join(RESULTS, STAND_IN), True)]
+    if session_of(path) in CHECK_SESSIONS:  # the newest earlier one-GPU session's calibration of the shape
+        n = int(session_of(path)[1:])
+        earlier = [s for s in (*ONE_GPU_SESSIONS, *CHECK_SESSIONS) if int(s[1:]) < n]
+        places = [(f, False) for f in own] + [
+            (d, True) for s in sorted(earlier, key=lambda s: -int(s[1:]))
+            for d in sorted(glob.glob(os.path.join(RESULTS, s, "**", ""), recursive=True))]
     for where, stand_in in places:
         for name, cal in calibrations_of(where):
             s = cal.get("shape") or {}
@@ -76,10 +89,10 @@ def measured_rows(which: str) -> list[dict]:
     rows = []
     for path in sorted(glob.glob(os.path.join(RESULTS, "**", "*.jsonl"), recursive=True)):
         session = session_of(path)
-        if session not in ONE_GPU_SESSIONS:
+        if session not in ONE_GPU_SESSIONS + CHECK_SESSIONS:
             continue
-        held = session in HELD_OUT_SESSIONS
-        if (which == "dev" and held) or (which == "heldout" and not held):
+        kind = "heldout" if session in HELD_OUT_SESSIONS else "check" if session in CHECK_SESSIONS else "dev"
+        if which != "all" and which != kind:
             continue
         with open(path) as fh:
             for i, line in enumerate(fh):
@@ -107,7 +120,7 @@ def job_config(row: dict) -> dict:
         "delivery_cast": ch.get("delivery_cast", "host"), "edge_update": ch.get("edge_update", "host"),
         "device_layers": ch.get("device_layers", 0), "activations": "auto", "keep_layers": ch["keep_layers"],
         "offload_layers": ch["offload_layers"], "resident_units": ch["resident_layers"],
-        "staging_slots": request.get("staging_slots"),
+        "staging_slots": request.staging_slots, "streamed_layers": ch.get("streamed_layers", 0),
     }
     cfg = {"model": row["model"], "data": {"path": "x.jsonl"}, "gpus": 1, "micro_batch_size": row["mbs"],
            "seq_len": row["seq"], "cpu_threads": 16, "precision": "bf16",
@@ -203,7 +216,7 @@ def write_fixture(path: str) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--set", choices=("dev", "heldout", "all"), default="dev")
+    ap.add_argument("--set", choices=("dev", "heldout", "check", "all"), default="dev")
     ap.add_argument("--json", help="write the per-row results here")
     ap.add_argument("--write-fixture", metavar="PATH", help="write the held-out rows as the test reads them, and stop")
     args = ap.parse_args()
