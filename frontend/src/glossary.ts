@@ -151,6 +151,10 @@ export const POLICY_TERMS: Readonly<Record<string, Term>> = {
     label: "streamed layers",
     text: "With clipping: the last decoder layers whose update after the gradient norm runs on the GPUs — their gradients wait in GPU memory, their fp32 weights and AdamW moments cross PCIe in and back out (12 bytes per parameter each way) — while the CPU updates the other layers. The host keeps the only copy of the state.",
   },
+  compiled_layers: {
+    label: "compiled layers",
+    text: "Whether the decoder layers run through torch.compile on the GPUs (one compiled graph serves every layer; norms, rotary embeddings and casts fused around the matrix products) instead of eager PyTorch. The first step pays the compile.",
+  },
   activations: { label: "activations", text: "Where each decoder layer keeps what its backward pass needs, per layer (runs like “keep ×23” mean 23 layers in a row)." },
   "activations.keep": { label: "keep", text: "Activations stay in GPU memory until backward: fastest, most GPU memory." },
   "activations.checkpoint": { label: "checkpoint (recompute)", text: "Only the layer's input is saved; backward recomputes the forward first: least memory, extra compute." },

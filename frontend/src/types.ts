@@ -161,6 +161,8 @@ export interface ExecutionPolicy {
   device_layers: number;
   /** Absent in plans made before it existed: 0. */
   streamed_layers?: number;
+  /** Absent in plans made before it existed: false. */
+  compiled_layers?: boolean;
   activations: ("keep" | "checkpoint" | "offload")[];
   resident: boolean[];
   window: number;

@@ -248,6 +248,14 @@ class PolicyConfig:
         ge=4,
         le=MAX_LAYERS,
     )
+    compiled_layers: bool = _f(
+        False,
+        doc="Run each decoder layer's forward through torch.compile (inductor) on CUDA ranks instead of eager "
+        "PyTorch: one graph per input shape serves every layer and window slot (the weights are its inputs), its "
+        "backward is compiled with it, so norms, RoPE and casts are fused around the GEMMs. The first step pays the "
+        "compile (tens of seconds). The same numbers as eager up to kernel rounding; kept, checkpointed and "
+        "offloaded layers alike. On CPU ranks the layers stay eager. false (default): eager.",
+    )
 
     @classmethod
     def default(cls, name: str) -> Any:

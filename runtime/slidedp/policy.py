@@ -58,7 +58,8 @@ class PolicyError(ValueError):
 SHORTHAND_CHOICES = ("delivery", "grad_reduce", "activations", "resident_units", "delivery_cast", "edge_update",
                      "device_layers", "staging_slots", "streamed_layers")
 SHORTHAND = ("delivery:grad_reduce[:activations[:clip[:resident[:cast[:edge_update[:device_layers"
-             "[:staging_slots[:streamed_layers]]]]]]]]")
+             "[:staging_slots[:streamed_layers[:layers]]]]]]]]]")
+LAYER_MODES = ("eager", "compiled")  # the shorthand's last field: compiled_layers false / true
 
 
 def parse_shorthand(text: str) -> tuple[PolicyConfig, float]:
@@ -71,14 +72,15 @@ def parse_shorthand(text: str) -> tuple[PolicyConfig, float]:
     max_grad_norm (0: none; an optimizer setting, not part of the policy). resident: leading layers whose weights
     stay on the GPUs, a count or auto. cast, staging_slots and streamed_layers, omitted: AutoPolicy's choice in a
     form with `auto`
-    elsewhere (as in a job config), else the cast on the host and the default slots for the window. Unlike a job
+    elsewhere (as in a job config), else the cast on the host and the default slots for the window. layers: eager
+    (default) or compiled (compiled_layers). Unlike a job
     config, whose defaults are auto and null, the other omitted fields are fixed: every layer checkpointed, nothing
     resident, every update on the host."""
     parts = text.split(":")
-    if not 2 <= len(parts) <= 10:
+    if not 2 <= len(parts) <= 11:
         raise PolicyError(f"policy {text!r}: expected {SHORTHAND}")
-    parts += [""] * (10 - len(parts))
-    delivery, grad, acts, clip, resident, cast, edge, device_layers, slots, streamed = parts
+    parts += [""] * (11 - len(parts))
+    delivery, grad, acts, clip, resident, cast, edge, device_layers, slots, streamed, layers = parts
 
     def choice(name: str, value: str, allowed: tuple[str, ...]) -> str:
         if value not in allowed:
@@ -103,6 +105,7 @@ def parse_shorthand(text: str) -> tuple[PolicyConfig, float]:
         "device_layers": count("device_layers", device_layers, 0),
         "staging_slots": count("staging_slots", slots, staging_slots(WINDOW)),
         "streamed_layers": count("streamed_layers", streamed, 0),
+        "compiled_layers": choice("layers", layers or "eager", LAYER_MODES) == "compiled",
     }
     if "auto" in parts:  # a request for AutoPolicy: the cast, the slot count and the streamed layers are its
         # choice too, unless given
@@ -146,6 +149,8 @@ class ExecutionPolicy:
     delivery_cast: where the bf16 weights are made from the fp32 master (host: a bf16 copy in host memory).
     staging_slots: gradient staging slots per rank in host memory (page-locked): how far the backward may run
         ahead of the host update, in units; at least window + 1.
+    compiled_layers: the decoder layers' forward (and so their backward) runs through one torch.compile'd graph
+        per shape on CUDA ranks (slidedp.step.compiled) instead of eager PyTorch.
     """
 
     delivery: str
@@ -160,6 +165,7 @@ class ExecutionPolicy:
     delivery_cast: str = "host"
     staging_slots: int = 0  # 0: the default for the window (staging_slots(window))
     streamed_layers: int = 0
+    compiled_layers: bool = False
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "activations", tuple(self.activations))
@@ -192,6 +198,8 @@ class ExecutionPolicy:
                 or not 0 <= streamed <= self.layers - self.device_layers:
             raise PolicyError(f"streamed_layers must be in 0..{self.layers - self.device_layers} (the layers above "
                               f"the {self.device_layers} device_layers), got {streamed!r}")
+        if not isinstance(self.compiled_layers, bool):
+            raise PolicyError(f"compiled_layers must be true or false, got {self.compiled_layers!r}")
         # A layer updated on the GPUs keeps its bf16 weights there: the engine never re-delivers it.
         n = self.device_layers
         object.__setattr__(self, "resident", tuple(r or i < n for i, r in enumerate(self.resident)))
@@ -303,8 +311,10 @@ class ExecutionPolicy:
         if (self.window, self.chunk_mb, self.loss_chunk_tokens) != (WINDOW, CHUNK_MB, LOSS_CHUNK_TOKENS):
             raise PolicyError("window, chunk_mb and loss_chunk_tokens other than the defaults have no shorthand")
         slots = "" if self.staging_slots == staging_slots(self.window) else f":{self.staging_slots}"
-        if self.streamed_layers:
+        if self.streamed_layers or self.compiled_layers:
             slots = f":{self.staging_slots}:{self.streamed_layers}"
+        if self.compiled_layers:
+            slots += ":compiled"
         return (f"{self.delivery}:{self.grad_reduce}:{form}:0:{resident}:{self.delivery_cast}:{self.edge_update}:"
                 f"{self.device_layers}{slots}")
 
@@ -347,6 +357,6 @@ def resolve(requested: PolicyConfig, layers: int, world: int,
     return ExecutionPolicy(
         delivery=delivery, grad_reduce=grad, activations=acts, resident=resident, edge_update=edge,
         device_layers=device_layers, streamed_layers=streamed, window=window, staging_slots=slots,
-        delivery_cast=choice("delivery_cast", "host"),
+        compiled_layers=bool(choice("compiled_layers", False)), delivery_cast=choice("delivery_cast", "host"),
         chunk_mb=int(choice("chunk_mb", CHUNK_MB)), loss_chunk_tokens=int(choice("loss_chunk_tokens", LOSS_CHUNK_TOKENS)),
     ).for_world(world)

@@ -89,7 +89,7 @@ def test_bench_shorthand_refuses_what_it_cannot_mean():
     for bad, named in [("sharded", "delivery:grad_reduce"), ("sideways:gpu", "delivery"),
                        ("sharded:gpu:keepsome", "activations"), ("sharded:gpu:keep:-1", "clip"),
                        ("sharded:gpu:keep:nan", "clip"), ("sharded:gpu:keep:0:two", "resident"),
-                       ("sharded:gpu:keep:0:0:gpu:gpu:x", "device_layers"), ("a:b:c:d:e:f:g:h:i:j:k", "expected")]:
+                       ("sharded:gpu:keep:0:0:gpu:gpu:x", "device_layers"), ("a:b:c:d:e:f:g:h:i:j:k:l", "expected")]:
         with pytest.raises(PolicyError, match=named):
             parse_shorthand(bad)
     with pytest.raises(PolicyError, match="AutoPolicy"):

@@ -332,6 +332,8 @@ class _Planner(RouteSearch, KnobSearch, StreamedSearch, PlanJson, MixSearch, Ref
             staging_slots=self.fixed.get("staging_slots", 0),  # 0: the window's default, or the slot sweep's pick
             # at most the layers above the device layers (resolve's rule)
             streamed_layers=min(streamed, self.job.layers - min(device_layers, self.job.layers)),
+            # the config's, carried into the plan as it is: not priced yet (the cost model times eager layers)
+            compiled_layers=bool(self.fixed.get("compiled_layers", False)),
         )
 
     # ------------------------------------------------------------------ the search

@@ -135,6 +135,7 @@ class MixSearch:
             device_layers=pol.device_layers,
             staging_slots=pol.staging_slots,
             streamed_layers=pol.streamed_layers,
+            compiled_layers=pol.compiled_layers,
         )
 
     def marginal(self, pol: ExecutionPolicy, free: list[str]) -> dict[str, Any]:

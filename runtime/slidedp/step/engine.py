@@ -34,6 +34,7 @@ from slidedp.schedule import eval_schedule, step_schedule
 from slidedp.step import trace
 from slidedp.step.activations import SavedActivations
 from slidedp.step.collectives import all_gather
+from slidedp.step.compiled import layer_function
 from slidedp.step.device_update import DeviceUpdate
 from slidedp.step.devices import Streams
 from slidedp.step.host_state import HostState
@@ -108,6 +109,9 @@ class RankEngine:
                 opt=cfg.optimizer, sched=cfg.schedule, total_steps=cfg.steps, device=device,
                 hold_bf16=bool(held_in_bf16(world, cfg.precision, cfg.grad_accum, self.L)))
         self.rotary = adapter.rotary(device)
+        # the decoder layers' forward: eager, or through torch.compile with policy.compiled_layers on a device that
+        # has a backend (slidedp.step.compiled)
+        self.layer_fn = layer_function(adapter, policy.compiled_layers, device)
         max_layer = max(self.shards.padded[1 : self.head_unit], default=0)
         # Layer gradients land in a flat buffer per parity (bf16 in bf16 precision), then go out in fp32 (g32;
         # the embedding and head leave from their own fp32 accumulators, so g32 is sized for a layer). The
@@ -206,14 +210,14 @@ class RankEngine:
         if policy == "checkpoint":
             with torch.no_grad():
                 params = self.adapter.param_views(self.adapter.units[u], buf)
-                out = self.adapter.layer_forward(params, h, ctx)
+                out = self.layer_fn(params, h, ctx)
             return out, ("checkpoint", h)
         saved = SavedActivations(u, buf, self._lookup, offload=(policy == "offload"), streams=self.streams,
                                  counters=self.routes.bytes)
         h_in = h.detach().requires_grad_(True)
         leaves = self._leaves(u, buf, None)
         with torch.enable_grad(), saved.hooks():
-            out = self.adapter.layer_forward(leaves, h_in, ctx)
+            out = self.layer_fn(leaves, h_in, ctx)
         saved.end_forward()
         return out.detach(), ("graph", out, h_in, leaves, saved)
 
@@ -247,7 +251,7 @@ class RankEngine:
             h_in = saved[1].detach().requires_grad_(True)
             leaves = self._leaves(u, buf, gflat)
             with torch.enable_grad():
-                out = self.adapter.layer_forward(leaves, h_in, ctx)
+                out = self.layer_fn(leaves, h_in, ctx)
             torch.autograd.backward(out, grad_out)
         else:
             _, out, h_in, leaves, acts = saved
@@ -330,7 +334,7 @@ class RankEngine:
                 ctx["position_embeddings"] = self.rotary(h, ctx["position_ids"])
                 for u in range(1, self.head_unit):
                     buf = self.window.get(k)
-                    h = self.adapter.layer_forward(self.adapter.param_views(self.adapter.units[u], buf), h, ctx)
+                    h = self.layer_fn(self.adapter.param_views(self.adapter.units[u], buf), h, ctx)
                     self.window.release(k)
                     k += 1
                 if m == 0:

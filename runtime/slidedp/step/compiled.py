@@ -1,0 +1,77 @@
+"""Regional compilation of the decoder layer (policy.compiled_layers).
+
+The engine runs every decoder layer through one template module called with parameters that are views of a
+window buffer (ModelAdapter.layer_forward). `CompiledLayer` wraps that call in `torch.compile` with the parameters
+as inputs of the compiled function, so one graph per input shape and grad mode serves every layer and every window
+slot: a second layer, with other parameter tensors of the same shapes, hits the same cache entry instead of
+recompiling. Autograd runs through the compiled graph's own backward, so the engine's three paths stay as they
+are: a checkpointed layer's forward without a graph (the inference graph), its recompute with leaves and an
+explicit backward, and kept or offloaded layers whose saved tensors pass through the saved-tensor hooks of
+slidedp.step.activations (the hooks see the compiled graph's saved tensors: weights by reference, activations
+copied out and back).
+
+Backend: inductor on CUDA; on the CPU the layers stay eager, unless the environment variable
+SLIDEDP_COMPILE_BACKEND names a backend (an internal switch: the CPU tests use "aot_eager", which traces and runs
+the same graphs, forward and backward, without generating kernels).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import torch
+
+BACKEND_ENV = "SLIDEDP_COMPILE_BACKEND"
+# Graphs one compiled layer may hold: grad and no-grad (checkpointed forward, evaluation) times the micro-batch
+# shapes of a job (a last ragged batch, evaluation, a packed batch's mask): a handful. Past it dynamo would fall
+# back to eager for good, silently slower, so the limit is well above what a job needs.
+RECOMPILE_LIMIT = 32
+
+
+def compile_backend(device: torch.device) -> str | None:
+    """The torch.compile backend the layers of a rank on `device` run through; None: eager."""
+    forced = os.environ.get(BACKEND_ENV, "").strip()
+    if forced:
+        return forced
+    return "inductor" if torch.device(device).type == "cuda" else None
+
+
+def _raise_limits() -> None:
+    cfg = torch._dynamo.config
+    for name in ("recompile_limit", "cache_size_limit"):  # the newer name and the older one
+        if hasattr(cfg, name) and getattr(cfg, name) < RECOMPILE_LIMIT:
+            setattr(cfg, name, RECOMPILE_LIMIT)
+    if hasattr(cfg, "accumulated_recompile_limit") and cfg.accumulated_recompile_limit < 4 * RECOMPILE_LIMIT:
+        cfg.accumulated_recompile_limit = 4 * RECOMPILE_LIMIT
+
+
+class CompiledLayer:
+    """adapter.layer_forward through torch.compile: call it as layer_forward(params, h, ctx)."""
+
+    def __init__(self, adapter: Any, backend: str):
+        _raise_limits()
+        self.adapter, self.backend = adapter, backend
+        self._fn = torch.compile(self._eager, backend=backend, dynamic=False)
+
+    def _eager(self, params: dict[str, torch.Tensor], h: torch.Tensor, attention_mask: Any,
+               position_embeddings: tuple, position_ids: torch.Tensor) -> torch.Tensor:
+        return self.adapter.layer_forward(params, h, {"attention_mask": attention_mask,
+                                                      "position_embeddings": position_embeddings,
+                                                      "position_ids": position_ids})
+
+    def __call__(self, params: dict[str, torch.Tensor], h: torch.Tensor, ctx: dict[str, Any]) -> torch.Tensor:
+        return self._fn(params, h, ctx.get("attention_mask"), ctx["position_embeddings"], ctx["position_ids"])
+
+
+def layer_function(adapter: Any, compiled: bool, device: torch.device):
+    """What the engine calls for a decoder layer: the adapter's compiled layer when `compiled` and the device has
+    a backend (one per adapter, made on first use), else its eager layer_forward."""
+    backend = compile_backend(device) if compiled else None
+    if backend is None:
+        return adapter.layer_forward
+    cached = getattr(adapter, "_compiled_layer", None)
+    if cached is None or cached.backend != backend:
+        cached = CompiledLayer(adapter, backend)
+        adapter._compiled_layer = cached
+    return cached
