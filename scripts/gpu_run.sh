@@ -88,6 +88,9 @@
 #   layers  one decoder layer of Qwen3-8B and of Llama 3.2 3B at seq 2048 (micro-batch 8) and 4096 (4), as the engine runs it
 #           (scripts/layer_profile.py): per phase (kept forward, its backward, checkpointed forward, recompute) the
 #           kernel time by class, the launch gaps and TFLOP/s against the 782 TFLOP/s GEMM peak -> $OUT/layers.json
+#   clayers one decoder layer of Qwen3-8B at seq 2048, micro-batch 8, eager then through the engine's compiled layer
+#           (policy.compiled_layers: torch.compile, inductor), the same per-phase figures for both, the compile's
+#           first-iteration time, graph and graph-break counts, and the speed-up per phase -> $OUT/layers-compiled.json
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export PYTHONPATH=$PWD/runtime:$PWD PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -264,6 +267,8 @@ print(f'with NCCL and one all-reduce: {(t - f1) / 2**30:.3f} GiB (allocator rese
            --out "$OUT/bench-ds.jsonl" 2>&1 | quiet 20 ;;
     layers) timeout 180 python3 scripts/layer_profile.py --model qwen3-8b --model llama3.2-3b --seq 2048 --seq 4096 \
               --out "$OUT/layers.json" 2>&1 | quiet 48 ;;
+    clayers) timeout ${CLAYERS_S:-200} python3 scripts/layer_profile.py --model qwen3-8b --seq 2048 --mbs 8 \
+              --compiled --out "$OUT/layers-compiled.json" 2>&1 | quiet 40 ;;
     *) echo "unknown part '$part': the parts are listed at the top of scripts/gpu_run.sh" >&2; exit 2 ;;
   esac
 done

@@ -6,7 +6,11 @@
 One layer of a preset (random init, no download) runs as the step engine runs it: its parameters are views of one
 flat bf16 buffer, the rotary embedding is computed once outside the layer, and each phase goes through
 RankEngine's own `_layer_forward` / `_layer_backward` (borrowed by a class holding only what those two read), so
-the profile sees the engine's graph, saved-tensor hooks and gradient buffers. Phases, each timed alone:
+the profile sees the engine's graph, saved-tensor hooks and gradient buffers. With --compiled each layer is
+profiled twice: eager, then through the engine's compiled layer (slidedp.step.compiled: policy.compiled_layers;
+inductor on CUDA, aot_eager on the CPU), whose run sits under the eager run's "compiled" key with the same
+figures, plus what the compile took (`compile`: the first iteration's seconds, dynamo's graph and graph-break
+counts) and `speedup` (eager wall / compiled wall per phase). Phases, each timed alone:
 
 * `forward`: a kept layer's forward (autograd graph and activations kept);
 * `backward`: the backward of that forward, into the layer's flat gradient buffer;
@@ -17,7 +21,8 @@ After --warmup untimed iterations, --iters iterations are timed without the prof
 --iters more under torch.profiler; every figure is a per-iteration mean. Each device kernel is classified by its
 name, the aten ops that launched it and the layer part it ran for (module hooks and a wrapped
 apply_rotary_pos_emb label the forward ops; a backward op takes the label of the forward op whose autograd node
-it runs). `gaps_ms` is the profiled phase's wall time less the union of its kernels' busy time: launch latency
+it runs; a compiled layer has no layer-part labels, as module hooks would change its graph: its fused Triton
+kernels are classed by the ops in their names, `fused` when those span several classes). `gaps_ms` is the profiled phase's wall time less the union of its kernels' busy time: launch latency
 and host-side stalls. On the CPU the "kernels" are the aten ops' own (self) time.
 
 FLOPs are the layer's GEMMs (q, k, v, o, gate, up, down: 2 per multiply-add) and attention (QK^T and PV, causal:
@@ -37,12 +42,13 @@ from dataclasses import dataclass
 from types import SimpleNamespace
 
 import torch
+from slidedp.step.compiled import layer_function
 from slidedp.step.devices import Streams
 from slidedp.step.engine import RankEngine
 from slidedp.step.model_adapter import ModelAdapter, load_hf_config
 
 PHASES = ("forward", "backward", "checkpoint_forward", "recompute")
-CLASSES = ("gemm", "attention", "norm", "activation", "rope", "cast", "copy", "reduction", "other")
+CLASSES = ("gemm", "attention", "norm", "activation", "rope", "cast", "copy", "reduction", "fused", "other")
 # FLOPs of a phase in units of the layer's forward FLOPs
 PHASE_FORWARDS = {"forward": 1, "backward": 2, "checkpoint_forward": 1, "recompute": 3}
 DEFAULT_MODELS = ("qwen3-8b", "llama3.2-3b")
@@ -82,6 +88,26 @@ METADATA_OPS = frozenset({
 })
 
 
+# Fused Triton kernels (inductor's, named triton_<kind>_fused_<op>_<op>..._<n>): the ops in the name that mark
+# a class, checked in this order; a kernel whose ops mark none of them but a cast is a cast, else it is `fused`.
+TRITON_RULES = (
+    ("norm", ("rsqrt",)),
+    ("activation", ("silu", "sigmoid")),
+    ("rope", ("neg", "cos", "sin")),
+)
+
+
+def classify_triton(name: str) -> str:
+    """The class of one generated Triton kernel from the ops its name lists."""
+    ops = set(name.lower().split("fused_", 1)[-1].split("_"))
+    for cls, marks in TRITON_RULES:
+        if ops & set(marks):
+            return cls
+    if ops <= {"to", "copy", "", *{str(i) for i in range(100)}}:
+        return "cast"
+    return "fused"
+
+
 def classify(name: str, ops: tuple[str, ...] = (), label: str | None = None) -> str:
     """The class of one kernel from its name, the aten ops above it (innermost first) and its layer part.
 
@@ -91,6 +117,8 @@ def classify(name: str, ops: tuple[str, ...] = (), label: str | None = None) -> 
     product and the norms' elementwise kernels have generic names); then a copy, a reduction, or other.
     """
     low = name.lower()
+    if low.startswith("triton_"):
+        return classify_triton(low)
     for cls, fragments in NAME_RULES:
         if any(f in low for f in fragments):
             return cls
@@ -119,8 +147,9 @@ class EngineLayerCalls:
     _layer_forward = RankEngine._layer_forward
     _layer_backward = RankEngine._layer_backward
 
-    def __init__(self, adapter: ModelAdapter, buf: torch.Tensor, device: torch.device):
+    def __init__(self, adapter: ModelAdapter, buf: torch.Tensor, device: torch.device, compiled: bool = False):
         self.adapter, self.buf = adapter, buf
+        self.layer_fn = layer_function(adapter, compiled, device)  # the engine's: eager, or its compiled layer
         self.activations = ["keep"]
         self.streams = Streams(device)
         self.routes = SimpleNamespace(bytes=None)  # byte counters: only offload counts (not profiled here)
@@ -452,16 +481,44 @@ def phase_summary(kernels: list[Kernel], iters: int, wall_s: float, profiled_wal
 
 
 def profile_layer(model: str, mbs: int, seq: int, device: torch.device, dtype: torch.dtype, iters: int,
-                  warmup: int, peak_tflops: float) -> dict:
+                  warmup: int, peak_tflops: float, compiled: bool = False) -> dict:
+    """One layer's phases, eager; with `compiled`, the same layer through the engine's compiled layer too (under
+    "compiled", with the compile's figures and "speedup": eager wall / compiled wall per phase)."""
     layer = build_layer(model, mbs, seq, device, dtype)
+    run = _profile_phases(layer, mbs, seq, device, iters, warmup, peak_tflops, labels=True)
+    if compiled:
+        from torch._dynamo.utils import counters
+
+        torch._dynamo.reset()
+        counters.clear()
+        layer.engine.layer_fn = layer_function(layer.adapter, True, device)
+        comp = _profile_phases(layer, mbs, seq, device, iters, warmup, peak_tflops, labels=False)
+        comp["compile"] = {
+            "backend": layer.engine.layer_fn.backend,
+            "first_iteration_s": comp.pop("first_iteration_s"),
+            "unique_graphs": int(counters["stats"]["unique_graphs"]),  # 2: the grad and the no-grad graph
+            "frames_compiled": int(counters["frames"]["ok"]),
+            "graph_breaks": int(sum(counters["graph_break"].values())),
+        }
+        comp["speedup"] = {p: run["phases"][p]["wall_ms"] / comp["phases"][p]["wall_ms"] for p in PHASES}
+        run["compiled"] = comp
+    return run
+
+
+def _profile_phases(layer: Layer, mbs: int, seq: int, device: torch.device, iters: int, warmup: int,
+                    peak_tflops: float, labels: bool) -> dict:
     clock = PhaseClock(device)
-    for _ in range(warmup):
+    t0 = time.perf_counter()
+    run_iteration(layer, clock)  # the first warm-up iteration (at least one): library set-up, or the compile
+    first_s = time.perf_counter() - t0
+    for _ in range(warmup - 1):
         run_iteration(layer, clock)
     timed = [run_iteration(layer, clock) for _ in range(iters)]
     activities = [torch.profiler.ProfilerActivity.CPU]
     if clock.cuda:
         activities.append(torch.profiler.ProfilerActivity.CUDA)
-    with part_labels(layer.adapter), torch.profiler.profile(activities=activities) as prof:
+    with part_labels(layer.adapter) if labels else contextlib.nullcontext(), \
+            torch.profiler.profile(activities=activities) as prof:
         profiled = [run_iteration(layer, clock) for _ in range(iters)]
     kernels = device_kernels(prof, clock.cuda)
     windows = phase_windows(prof)
@@ -473,7 +530,8 @@ def profile_layer(model: str, mbs: int, seq: int, device: torch.device, dtype: t
         phases[phase] = phase_summary(
             mine, iters, sum(t[phase] for t in timed) / iters, sum(t[phase] for t in profiled) / iters,
             phase_flops(shapes, mbs, seq, phase), peak_tflops, disjoint=not clock.cuda)
-    return {"mbs": mbs, "seq": seq, "tokens": mbs * seq, "shapes": shapes, "phases": phases}
+    return {"mbs": mbs, "seq": seq, "tokens": mbs * seq, "shapes": shapes, "phases": phases,
+            "first_iteration_s": first_s}
 
 
 # ---------------------------------------------------------------------------------------------- output
@@ -481,11 +539,12 @@ def _fmt_tflops(x: float | None) -> str:
     return "-" if x is None else f"{x:.0f}" if x >= 10 else f"{x:.2g}"[:6]
 
 
-def print_table(model: str, run: dict, out=sys.stdout) -> None:
-    """Milliseconds per phase: wall (unprofiled), profiled wall, kernels' busy union, gaps, then each class."""
+def print_table(model: str, run: dict, out=sys.stdout, title: str = "") -> None:
+    """Milliseconds per phase: wall (unprofiled), profiled wall, kernels' busy union, gaps, then each class; a
+    compiled run after its eager one."""
     s = run["shapes"]
-    print(f"\n{model}  seq {run['seq']}  micro-batch {run['mbs']}  ({run['tokens']} tokens; hidden {s['hidden']}, "
-          f"ffn {s['ffn']}, heads {s['heads']}/{s['kv_heads']} x {s['head_dim']})", file=out)
+    print(f"\n{model}{title}  seq {run['seq']}  micro-batch {run['mbs']}  ({run['tokens']} tokens; hidden "
+          f"{s['hidden']}, ffn {s['ffn']}, heads {s['heads']}/{s['kv_heads']} x {s['head_dim']})", file=out)
     print(f"{'phase ms':<19}{'wall':>8}{'TF/s':>7}{'prof':>8}{'busy':>8}{'gaps':>7}"
           + "".join(f"{c[:6]:>8}" for c in CLASSES), file=out)
     for phase, r in run["phases"].items():
@@ -497,6 +556,13 @@ def print_table(model: str, run: dict, out=sys.stdout) -> None:
         print(f"  {phase:<19} gemm {_fmt_tflops(g['tflops'])} TF/s (ideal {r['ideal_ms']['gemm']:.2f} ms), "
               f"attention {_fmt_tflops(a['tflops'])} TF/s (ideal {r['ideal_ms']['attention']:.2f} ms), "
               f"{r['kernels']:.0f} kernels", file=out)
+    if "compile" in run:
+        c = run["compile"]
+        print(f"  {c['backend']}: first iteration {c['first_iteration_s']:.1f} s, {c['unique_graphs']} graphs, "
+              f"{c['graph_breaks']} graph breaks; speedup "
+              + ", ".join(f"{p} {x:.2f}x" for p, x in run["speedup"].items()), file=out)
+    if "compiled" in run:
+        print_table(model, run["compiled"], out, title="  compiled")
 
 
 def default_mbs(seq: int) -> int:
@@ -516,6 +582,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--dtype", choices=("bf16", "fp32"), default="bf16")
     ap.add_argument("--peak-tflops", type=float, default=782.0,
                     help="dense bf16 GEMM peak the ideal times use (default 782: measured on the H200)")
+    ap.add_argument("--compiled", action="store_true",
+                    help="profile each layer through the engine's compiled layer too (policy.compiled_layers), "
+                    "after its eager run: under the run's 'compiled' key")
     ap.add_argument("--out", help="JSON file for the results")
     return ap.parse_args(argv)
 
@@ -526,12 +595,13 @@ def main(argv: list[str] | None = None) -> dict:
     dtype = torch.bfloat16 if args.dtype == "bf16" else torch.float32
     result = {"device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
               "torch": torch.__version__, "dtype": args.dtype, "iters": args.iters, "warmup": args.warmup,
-              "peak_tflops": args.peak_tflops, "models": {}}
+              "peak_tflops": args.peak_tflops, "compiled": args.compiled, "models": {}}
     for model in args.model or DEFAULT_MODELS:
         runs = result["models"].setdefault(model, {})
         for seq in args.seq or DEFAULT_SEQS:
             mbs = args.mbs or default_mbs(seq)
-            run = profile_layer(model, mbs, seq, device, dtype, args.iters, args.warmup, args.peak_tflops)
+            run = profile_layer(model, mbs, seq, device, dtype, args.iters, args.warmup, args.peak_tflops,
+                                args.compiled)
             runs[str(seq)] = run
             print_table(model, run)
             if device.type == "cuda":

@@ -254,7 +254,8 @@ class PolicyConfig:
         "PyTorch: one graph per input shape serves every layer and window slot (the weights are its inputs), its "
         "backward is compiled with it, so norms, RoPE and casts are fused around the GEMMs. The first step pays the "
         "compile (tens of seconds). The same numbers as eager up to kernel rounding; kept, checkpointed and "
-        "offloaded layers alike. On CPU ranks the layers stay eager. false (default): eager.",
+        "offloaded layers alike. On CPU ranks the same graphs run without generated kernels (aot_eager): the "
+        "same numbers, no speed-up. false (default): eager.",
     )
 
     @classmethod

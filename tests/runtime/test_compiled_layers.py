@@ -1,8 +1,8 @@
 """policy.compiled_layers: the decoder layers through torch.compile train to the numbers of the eager layers.
 
-On the CPU the layers stay eager unless SLIDEDP_COMPILE_BACKEND names a backend: these tests use "aot_eager",
-which traces the layer with dynamo and runs AOTAutograd's forward and backward graphs (the same capture inductor
-compiles on CUDA) without generating kernels, so the numbers must agree with eager to float rounding.
+On the CPU the compiled layers use the "aot_eager" backend, which traces the layer with dynamo and runs
+AOTAutograd's forward and backward graphs (the same capture inductor compiles on CUDA) without generating kernels,
+so the numbers must agree with eager to float rounding.
 """
 
 from __future__ import annotations
@@ -52,7 +52,6 @@ MIX = {"activations": "auto", "keep_layers": 1, "offload_layers": 1}
 
 def test_compiled_layers_train_to_the_eager_numbers_without_recompiling(workdir, monkeypatch, capfd):
     eager = _train(workdir, "eager", MIX)
-    monkeypatch.setenv("SLIDEDP_COMPILE_BACKEND", "aot_eager")
     monkeypatch.setenv("TORCH_LOGS", "recompiles,graph_breaks")
     capfd.readouterr()
     compiled = _train(workdir, "compiled", {**MIX, "compiled_layers": True})
@@ -88,6 +87,7 @@ def test_compiled_layer_one_graph_per_grad_mode_for_every_layer():
     counters.clear()
     adapter = ModelAdapter(load_hf_config("tiny-qwen3"))
     assert layer_function(adapter, False, torch.device("cpu")) == adapter.layer_forward
+    assert layer_function(adapter, True, torch.device("cpu")).backend == "aot_eager"  # the CPU's: no kernels made
     layer = CompiledLayer(adapter, "aot_eager")
     spec = adapter.units[1]
     gen = torch.Generator().manual_seed(0)
@@ -141,3 +141,40 @@ def test_compiled_layers_key_parses_resolves_and_reaches_the_plan():
     pol = ExecutionPolicy.from_shorthand("replicated:host:keep1:0:0:host:host:0:8:0:compiled", layers=4)
     assert pol.compiled_layers and ExecutionPolicy.from_shorthand(pol.shorthand(), layers=4) == pol
     assert ExecutionPolicy.default(4).shorthand().count(":") == 7
+
+
+def test_layer_profile_compiled_reports_the_same_phases_through_the_compiled_layer(tmp_path):
+    """scripts/layer_profile.py --compiled: the eager run as before, and under "compiled" the same figures of the
+    layer through the engine's compiled layer (the CPU's aot_eager capture): every GEMM of every phase, two graphs
+    (grad and no-grad), no graph break, and the per-phase speed-up."""
+    import json
+
+    from scripts import layer_profile
+
+    out = tmp_path / "layers.json"
+    layer_profile.main(["--model", "tiny-qwen3", "--seq", "32", "--mbs", "1", "--iters", "1", "--warmup", "1",
+                        "--device", "cpu", "--compiled", "--out", str(out)])
+    written = json.loads(out.read_text(encoding="utf-8"))
+    assert written["compiled"] is True
+    run = written["models"]["tiny-qwen3"]["32"]
+    comp = run["compiled"]
+    assert comp["compile"]["backend"] == "aot_eager" and comp["compile"]["first_iteration_s"] > 0
+    assert (comp["compile"]["unique_graphs"], comp["compile"]["graph_breaks"]) == (2, 0)
+    assert set(comp["phases"]) == set(run["phases"]) == set(layer_profile.PHASES)
+    for phase, r in comp["phases"].items():
+        assert r["classes"]["gemm"]["count"] == 7 * layer_profile.PHASE_FORWARDS[phase], phase
+        assert r["flops"] == run["phases"][phase]["flops"] and r["wall_ms"] > 0, phase
+        assert comp["speedup"][phase] == pytest.approx(run["phases"][phase]["wall_ms"] / r["wall_ms"])
+
+
+@pytest.mark.parametrize(("name", "cls"), [
+    ("triton_red_fused__to_copy_add_mean_mul_pow_rsqrt_1", "norm"),
+    ("triton_poi_fused_mul_sigmoid_2", "activation"),
+    ("triton_poi_fused_add_cat_mul_neg_slice_3", "rope"),
+    ("triton_poi_fused__to_copy_0", "cast"),
+    ("triton_poi_fused_add_mul_4", "fused"),
+])
+def test_generated_triton_kernels_are_classed_by_the_ops_in_their_names(name, cls):
+    from scripts import layer_profile
+
+    assert layer_profile.classify(name) == cls

@@ -10,31 +10,28 @@ explicit backward, and kept or offloaded layers whose saved tensors pass through
 slidedp.step.activations (the hooks see the compiled graph's saved tensors: weights by reference, activations
 copied out and back).
 
-Backend: inductor on CUDA; on the CPU the layers stay eager, unless the environment variable
-SLIDEDP_COMPILE_BACKEND names a backend (an internal switch: the CPU tests use "aot_eager", which traces and runs
-the same graphs, forward and backward, without generating kernels).
+Backend: inductor on CUDA. On the CPU, CPU_BACKEND: "aot_eager", which captures the same graphs (dynamo, then
+AOTAutograd's forward and backward) and runs them without generating kernels: the same numbers as eager and no
+speed-up, so that CPU ranks (and the CPU tests) run the capture the GPUs compile.
 """
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 import torch
 
-BACKEND_ENV = "SLIDEDP_COMPILE_BACKEND"
+CUDA_BACKEND = "inductor"
+CPU_BACKEND = "aot_eager"
 # Graphs one compiled layer may hold: grad and no-grad (checkpointed forward, evaluation) times the micro-batch
 # shapes of a job (a last ragged batch, evaluation, a packed batch's mask): a handful. Past it dynamo would fall
 # back to eager for good, silently slower, so the limit is well above what a job needs.
 RECOMPILE_LIMIT = 32
 
 
-def compile_backend(device: torch.device) -> str | None:
-    """The torch.compile backend the layers of a rank on `device` run through; None: eager."""
-    forced = os.environ.get(BACKEND_ENV, "").strip()
-    if forced:
-        return forced
-    return "inductor" if torch.device(device).type == "cuda" else None
+def compile_backend(device: torch.device) -> str:
+    """The torch.compile backend of the layers of a rank on `device`."""
+    return CUDA_BACKEND if torch.device(device).type == "cuda" else CPU_BACKEND
 
 
 def _raise_limits() -> None:
@@ -65,11 +62,11 @@ class CompiledLayer:
 
 
 def layer_function(adapter: Any, compiled: bool, device: torch.device):
-    """What the engine calls for a decoder layer: the adapter's compiled layer when `compiled` and the device has
-    a backend (one per adapter, made on first use), else its eager layer_forward."""
-    backend = compile_backend(device) if compiled else None
-    if backend is None:
+    """What the engine calls for a decoder layer: with `compiled`, the adapter's compiled layer for the device's
+    backend (one per adapter, made on first use), else its eager layer_forward."""
+    if not compiled:
         return adapter.layer_forward
+    backend = compile_backend(device)
     cached = getattr(adapter, "_compiled_layer", None)
     if cached is None or cached.backend != backend:
         cached = CompiledLayer(adapter, backend)
