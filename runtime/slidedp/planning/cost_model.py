@@ -163,6 +163,15 @@ class Rates:
         pcie = (self.c.get("transfers") or {}).get("bidir_GBps")
         return (dram * 1e9 if dram else None), (pcie * 1e9 if pcie else None)
 
+    def direction_capacity(self, direction: str) -> float | None:
+        """One direction of one GPU's link in bytes/s: the fastest this calibration measured that direction at
+        (no copy alone goes faster, so only copies sharing the direction are slowed by it); None off the GPU or
+        when not measured."""
+        t = self.c.get("transfers") or {}
+        if not self.job.on_gpu or not t.get(f"{direction}_GBps"):
+            return None
+        return max(t[f"{direction}_GBps"]) * 1e9
+
     # compute -----------------------------------------------------------------
     def layer_s(self) -> tuple[dict[str, float], dict[str, float]]:
         u = self.c["unit"]
@@ -209,6 +218,7 @@ def durations(job: Job, pol: ExecutionPolicy, rates: Rates, zero: frozenset = fr
     streamed = pol.streamed_units()
     streamed_s = [0.0] * n_units
     streamed_bytes = [0.0] * n_units
+    streamed_in = [0.0] * n_units
     for u in streamed:
         shard = job.units[u] / N
         out_bytes = shard * (12 + (2 if job.host_cast(cast) else 0))
@@ -216,6 +226,7 @@ def durations(job: Job, pol: ExecutionPolicy, rates: Rates, zero: frozenset = fr
                             rates.transfer_s("d2h", out_bytes, pol.chunk_mb)) + rates.device_update_s(job.units[u],
                                                                                                       cast)
         streamed_bytes[u] = shard * 12 + out_bytes
+        streamed_in[u] = shard * 12
         grad_bytes[u] = update[u] = upd_bytes[u] = 0.0
     on_device = on_device | streamed  # from here on: units that send nothing to the host
     # the host route sums N copies of each shard as it lands (one copy and N-1 adds of fp32), then reads the sum
@@ -272,6 +283,7 @@ def durations(job: Job, pol: ExecutionPolicy, rates: Rates, zero: frozenset = fr
         device_update=device_update,
         streamed=streamed_s,
         streamed_bytes=streamed_bytes,
+        streamed_in_bytes=streamed_in,
         act_d2h=rates.transfer_s("d2h", act_bytes, pol.chunk_mb) if "offload" in pol.activations else 0.0,
         act_h2d=rates.transfer_s("h2d", act_bytes, pol.chunk_mb) if "offload" in pol.activations else 0.0,
         act_bytes=act_bytes,
@@ -283,6 +295,8 @@ def durations(job: Job, pol: ExecutionPolicy, rates: Rates, zero: frozenset = fr
         coll_bytes=coll_bytes,
         dram_capacity=dram,
         pcie_capacity=pcie,
+        h2d_capacity=rates.direction_capacity("h2d"),
+        d2h_capacity=rates.direction_capacity("d2h"),
         cpu_mode=not job.on_gpu,
         zero=zero,
     )

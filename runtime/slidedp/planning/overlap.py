@@ -17,7 +17,8 @@ durations from calibration instead of real work, on the resources that run concu
 
 Ranks are symmetric, so one rank is replayed; its transfers stand for N identical ones when they share host
 memory. Shared bandwidth is modelled as pools with a capacity: host DRAM (CPU update, host reduction and every
-rank's PCIe copies) and each GPU's PCIe link (both directions at once). A task that overlaps others in a pool
+rank's PCIe copies) and each GPU's PCIe link (both directions at once, and each direction alone: the streamed
+update's copies in share the host->GPU direction with the deliveries, at one direction's bandwidth). A task that overlaps others in a pool
 whose total demand exceeds the capacity is slowed by demand / capacity (proportional sharing, which reproduces
 the measured AdamW-vs-DMA contention); the replay is repeated with the slowed durations until it settles. In CPU
 training (no streams: the rank's thread computes and copies in order) the rank's cores are a pool too: its
@@ -136,8 +137,12 @@ class Durations:
     # the link, and the bytes it moves over the link (and host DRAM); 0 for every other unit
     streamed: list[float] = field(default_factory=list)
     streamed_bytes: list[float] = field(default_factory=list)
+    streamed_in_bytes: list[float] = field(default_factory=list)  # of streamed_bytes, host->GPU (the rest GPU->host)
     dram_capacity: float | None = None  # bytes/s
     pcie_capacity: float | None = None  # bytes/s, both directions of one GPU's link
+    # bytes/s of one direction of one GPU's link (host->GPU, GPU->host): what one direction's copies share
+    h2d_capacity: float | None = None
+    d2h_capacity: float | None = None
     cpu_mode: bool = False  # CPU training: one thread does compute, copies and collectives in order
     zero: frozenset = frozenset()  # kinds made free (to measure exposure)
 
@@ -213,9 +218,15 @@ class _Replay:
         if deps:
             self.cursor = self._new("host", "host", 0.0, [self.cursor, *deps])
 
-    def _dma(self, nbytes: float, ranks: int | None = None) -> dict[str, float]:
-        # Every rank moves the same bytes at the same time: host DRAM sees all of them, a PCIe link one rank's.
-        return {"dram": nbytes * (ranks or self.d.world), "pcie": nbytes}
+    def _dma(self, nbytes: float, ranks: int | None = None, h2d: float = 0.0, d2h: float = 0.0) -> dict[str, float]:
+        # Every rank moves the same bytes at the same time: host DRAM sees all of them, a PCIe link one rank's;
+        # of those, `h2d` bytes go host->GPU and `d2h` GPU->host, each direction a pool of its own as well
+        loads = {"dram": nbytes * (ranks or self.d.world), "pcie": nbytes}
+        if h2d:
+            loads["h2d"] = h2d
+        if d2h:
+            loads["d2h"] = d2h
+        return loads
 
     # ------------------------------------------------------------------ the engine's program
     def _deliver(self, u: int, s: int, free: _Task | None) -> _Task:
@@ -223,7 +234,8 @@ class _Replay:
         if s > 0:
             self._host_wait([self.updated[(s - 1, u)]])
         t = self._gpu(
-            "deliver", "h2d", d.deliver[u], [free], unit=u, step=s, loads=self._dma(d.deliver_bytes[u])
+            "deliver", "h2d", d.deliver[u], [free], unit=u, step=s,
+            loads=self._dma(d.deliver_bytes[u], h2d=d.deliver_bytes[u])
         )
         if d.sharded:
             loads = {k: v * d.coll_bytes[u] for k, v in d.collective_loads.items()}
@@ -245,7 +257,8 @@ class _Replay:
                 self._gpu("reduce_scatter", "coll", d.reduce_scatter[u], [src], unit=u, step=s, loads=loads)
             ]
         out = self._gpu(
-            "grad_out", "d2h", d.grad_d2h[u], deps, unit=u, step=s, loads=self._dma(d.grad_bytes[u])
+            "grad_out", "d2h", d.grad_d2h[u], deps, unit=u, step=s,
+            loads=self._dma(d.grad_bytes[u], d2h=d.grad_bytes[u])
         )
         state["gdone"][state["parity"]] = out
         state["last_d2h"] = out
@@ -346,7 +359,8 @@ class _Replay:
                 if u >= 1 and u in sent:
                     deps = [sent.pop(u)] + ([after] if after is not None else [])
                     fetched[u] = self._gpu(
-                        "fetch", "h2d", d.act_h2d, deps, unit=u, step=s, loads=self._dma(d.act_bytes)
+                        "fetch", "h2d", d.act_h2d, deps, unit=u, step=s,
+                        loads=self._dma(d.act_bytes, h2d=d.act_bytes)
                     )
 
             for m in range(M):
@@ -362,7 +376,8 @@ class _Replay:
                     done[k] = self._compute("forward", d.layer_fwd[pol], [get(k)], u, s, state)
                     if pol == "offload":
                         sent[u] = self._gpu(
-                            "act_out", "d2h", d.act_d2h, [done[k]], unit=u, step=s, loads=self._dma(d.act_bytes)
+                            "act_out", "d2h", d.act_d2h, [done[k]], unit=u, step=s,
+                            loads=self._dma(d.act_bytes, d2h=d.act_bytes)
                         )
                     k += 1
                 fetch(L)  # the first layer back comes home under the loss head
@@ -408,10 +423,11 @@ class _Replay:
                 self._compute("backward", sum(d.device_update[u] for u in self.on_device), deps, 0, s, state)
             for u in sorted(self.streamed):
                 # on streams of their own, in forward order, after the norm (every gradient transfer of the step):
-                # the link's both directions shared with the next forward's deliveries
-                nbytes = d.streamed_bytes[u]
+                # the link's both directions shared with the next forward's deliveries; the chunks coming in share
+                # the host->GPU direction with those deliveries, the results going out the other one
+                nbytes, inb = d.streamed_bytes[u], d.streamed_in_bytes[u]
                 self.updated[(s, u)] = self._gpu("streamed", "stream", d.streamed[u], [state["last_d2h"]], unit=u,
-                                                 step=s, loads=self._dma(nbytes))
+                                                 step=s, loads=self._dma(nbytes, h2d=inb, d2h=nbytes - inb))
             self.final[s] = []
             if d.clip:
                 # the norm is known once the whole backward is over (the GPUs reduce it after the last layer's
@@ -583,16 +599,25 @@ def _slowdowns(users: dict[str, list[tuple[_Task, float]]], capacity: dict[str, 
     return factors
 
 
+def capacities(d: Durations) -> dict[str, float]:
+    """The shared pools of a replay and their capacities: host DRAM and the GPU link in bytes/s (the link both
+    ways at once, and each direction alone: a copy in and a copy out run side by side, two copies in share one
+    direction), the rank's cores in CPU training."""
+    capacity = {k: v for k, v in (("dram", d.dram_capacity), ("pcie", d.pcie_capacity), ("h2d", d.h2d_capacity),
+                                  ("d2h", d.d2h_capacity)) if v}
+    if "host_dram" in d.zero:
+        capacity = {}
+    if d.cpu_mode:  # the rank's compute and its updater share the rank's cores
+        capacity["cores"] = 1.0
+    return capacity
+
+
 # ---------------------------------------------------------------------------- the replay's outcome
 def replay(d: Durations, iterations: int = 3) -> Outcome:
     """Replay two steps, slowing shared-bandwidth work until the schedule settles; measure the second (every
     micro-batch of it: planning/long_step.py extends a long step from two short replays instead)."""
     rep = _Replay(d)
-    capacity = {k: v for k, v in (("dram", d.dram_capacity), ("pcie", d.pcie_capacity)) if v}
-    if "host_dram" in d.zero:
-        capacity = {}
-    if d.cpu_mode:  # the rank's compute and its updater share the rank's cores
-        capacity["cores"] = 1.0
+    capacity = capacities(d)
     rep.run()
     users = _pool_users(rep.tasks, capacity)
     # only a task that loads a pool is ever slowed: every other keeps its base duration (the update below gives
