@@ -6,7 +6,7 @@ direction. After the norm each streamed layer's fp32 master and moments come in 
 (12 B/param) while the next forward's deliveries come in too: the chunks in and the deliveries split one
 direction. Counted only in the both-ways pool (100 GB/s), the stream and the deliveries looked as if they had
 almost twice the inbound bandwidth they have, and the planner underpredicted the streamed rows (docs/notebook/
-clipping-2026-12-04.md, 2026-12-05)."""
+clipping-2026-12-04.md, its later section)."""
 
 import json
 import os
