@@ -38,6 +38,7 @@ class DeviceUpdate:
         self.state, self.shards, self.routes, self.buffers = state, shards, routes, buffers
         self.opt, self.sched, self.total_steps = opt, sched, total_steps
         self.device = device
+        self._step_t = torch.zeros((), dtype=torch.float32, device=device)
         self.world, self.rank = shards.world, shards.rank
         self.streams = routes.streams
         z = {u: shards.shard_len(u) for u in self.units}
@@ -140,7 +141,10 @@ class DeviceUpdate:
             # a non-finite norm skips the step's update, as the host updater does, without a device sync: the
             # fused kernel leaves weights and moments untouched when found_inf is 1
             found_inf = skip.to(torch.float32).reshape(())
-        step_t = torch.tensor(float(step), device=self.device)
+        # the step count in a device tensor of this update's own, filled on the stream that reads it: a tensor made
+        # from a Python number would be copied from pageable memory, which waits for the stream to drain
+        step_t = self._step_t
+        step_t.fill_(float(step))
         for u in self.units:
             g = self._reduced.pop(u)
             if coef is not None:

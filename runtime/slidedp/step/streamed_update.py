@@ -41,6 +41,7 @@ class StreamedUpdate:
         self.state, self.shards, self.routes = state, shards, routes
         self.opt, self.sched, self.total_steps = opt, sched, total_steps
         self.device = device
+        self._step_t = torch.zeros((), dtype=torch.float32, device=device)
         self.world, self.rank = shards.world, shards.rank
         self.streams = routes.streams
         s = self.streams
@@ -109,7 +110,10 @@ class StreamedUpdate:
                 coef, skip = clip_coefficient(self._global_sumsq.sqrt(), self.opt.max_grad_norm)
                 coef = coef.to(torch.float32)
                 found_inf = skip.to(torch.float32).reshape(())  # the fused kernel then leaves the state alone
-            step_t = torch.tensor(float(step), device=self.device)
+            # the step count in a device tensor of this update's own, filled on the stream that reads it: a tensor made
+            # from a Python number would be copied from pageable memory, which waits for the stream to drain
+            step_t = self._step_t
+            step_t.fill_(float(step))
         done: dict[int, object] = {}
         i = 0
         for u in self.units:
