@@ -178,3 +178,21 @@ def test_generated_triton_kernels_are_classed_by_the_ops_in_their_names(name, cl
     from scripts import layer_profile
 
     assert layer_profile.classify(name) == cls
+
+
+def test_a_plan_with_compiled_layers_says_its_compute_is_priced_eager():
+    """The planner times layers as the calibration measured them (eager): a plan that runs them compiled says its
+    prediction is high by what compiling saves, and the first step's compile; a plan without says nothing of it."""
+    from slidedp.planning import autopolicy as ap
+    from slidedp.planning import profiles
+
+    prof = profiles.load("1x-l40s-256g")
+    said = {}
+    for compiled in (False, True):
+        cfg = JobConfig.from_dict({"model": "qwen3-8b", "data": {"path": "x.jsonl"}, "gpus": 1,
+                                   "micro_batch_size": 2, "seq_len": 2048,
+                                   "policy": {"compiled_layers": compiled}})
+        plan = ap.plan_for(cfg, profiles.declared_topology(prof), profiles.declared_calibration(cfg, prof))
+        assert plan.policy["compiled_layers"] is compiled
+        said[compiled] = "Compiled layers (as asked)" in plan.why and "priced as the calibration timed it" in plan.why
+    assert said == {False: False, True: True}

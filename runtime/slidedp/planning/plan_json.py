@@ -195,6 +195,11 @@ class PlanJson:
             why.append(
                 "Exact clipping: updates wait for the global norm (step ~ backward + max(forward, update))."
             )
+        if pol.compiled_layers:
+            why.append(
+                "Compiled layers (as asked): the layers' compute is priced as the calibration timed it, eager, so "
+                "this prediction is high by what compiling saves, and the first step pays the compile once."
+            )
         knobs = [k for k in ("window", "chunk_mb", "loss_chunk_tokens") if k not in self.fixed]
         if knobs:
             why.append("Planner-chosen " + ", ".join(f"{k}={getattr(pol, k)}" for k in knobs) + ".")
