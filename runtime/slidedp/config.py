@@ -248,14 +248,15 @@ class PolicyConfig:
         ge=4,
         le=MAX_LAYERS,
     )
-    compiled_layers: bool = _f(
-        False,
+    compiled_layers: Optional[bool] = _f(
+        None,
         doc="Run each decoder layer's forward through torch.compile (inductor) on CUDA ranks instead of eager "
         "PyTorch: one graph per input shape serves every layer and window slot (the weights are its inputs), its "
         "backward is compiled with it, so norms, RoPE and casts are fused around the GEMMs. The first step pays the "
         "compile (tens of seconds). The same numbers as eager up to kernel rounding; kept, checkpointed and "
         "offloaded layers alike. On CPU ranks the same graphs run without generated kernels (aot_eager): the "
-        "same numbers, no speed-up. false (default): eager.",
+        "same numbers, no speed-up. false: eager. None (default): the planner's choice, which is eager until it "
+        "prices compiled layers (its calibration times eager layers).",
     )
 
     @classmethod

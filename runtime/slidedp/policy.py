@@ -105,7 +105,8 @@ def parse_shorthand(text: str) -> tuple[PolicyConfig, float]:
         "device_layers": count("device_layers", device_layers, 0),
         "staging_slots": count("staging_slots", slots, staging_slots(WINDOW)),
         "streamed_layers": count("streamed_layers", streamed, 0),
-        "compiled_layers": choice("layers", layers or "eager", LAYER_MODES) == "compiled",
+        # omitted: the planner's choice (eager until it prices compiled layers), as in a job config
+        "compiled_layers": None if layers == "" else choice("layers", layers, LAYER_MODES) == "compiled",
     }
     if "auto" in parts:  # a request for AutoPolicy: the cast, the slot count and the streamed layers are its
         # choice too, unless given

@@ -116,10 +116,12 @@ def test_compiled_layer_one_graph_per_grad_mode_for_every_layer():
 
 def test_compiled_layers_key_parses_resolves_and_reaches_the_plan():
     base = {"model": "tiny-qwen3", "data": {"path": "x.jsonl"}}
-    assert JobConfig.from_dict(base).policy.compiled_layers is False
+    assert JobConfig.from_dict(base).policy.compiled_layers is None  # the planner's choice: eager for now
+    assert JobConfig.from_dict(base).policy.fixed() == {}
     cfg = JobConfig.from_dict({**base, "policy": {"compiled_layers": True}})
     assert cfg.policy.compiled_layers is True and cfg.policy.fixed() == {"compiled_layers": True}
-    for bad in ("yes", 1, None):
+    assert JobConfig.from_dict({**base, "policy": {"compiled_layers": False}}).policy.fixed() == {"compiled_layers": False}
+    for bad in ("yes", 1):
         with pytest.raises(ConfigError, match=r"policy\.compiled_layers"):
             JobConfig.from_dict({**base, "policy": {"compiled_layers": bad}})
     pol = resolve(cfg.policy, layers=4, world=1)
@@ -134,7 +136,8 @@ def test_compiled_layers_key_parses_resolves_and_reaches_the_plan():
     with pytest.raises(PolicyError, match="compiled_layers"):
         ExecutionPolicy.default(4, compiled_layers="yes")
     # bench's shorthand: an eleventh field, eager (default) or compiled
-    assert parse_shorthand("sharded:gpu")[0].compiled_layers is False
+    assert parse_shorthand("sharded:gpu")[0].compiled_layers is None  # omitted: the planner's choice (eager)
+    assert parse_shorthand("sharded:gpu:keep1:0:0:host:host:0:8:0:eager")[0].compiled_layers is False
     assert parse_shorthand("sharded:gpu:keep1:0:0:host:host:0:8:0:compiled")[0].compiled_layers is True
     with pytest.raises(PolicyError, match="layers must be one of eager, compiled"):
         parse_shorthand("sharded:gpu:keep1:0:0:host:host:0:8:0:fast")
