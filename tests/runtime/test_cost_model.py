@@ -211,3 +211,24 @@ def test_staging_holds_only_the_gradients_the_host_updates(x2, gpus, route, edge
     assert layout.slot_numel == per_slot
     if edge == "gpu":
         assert layout.slot_numel <= numels[1]  # a decoder layer, whatever the head's size
+
+
+def test_the_engine_cut_counts_the_device_update_as_backward(x2):
+    """The engine records backward_end again after the device update (step.engine._end_backward), so its backward
+    holds that update and its forward starts after it; the spans must cut the step the same way. Cut at the
+    embedding's backward instead, the device update (Qwen3-8B bs8 on one H200, s19: 26-45 ms) was in the forward
+    span and the backward span was shorter than the busy backward it holds."""
+    topo, cal = x2
+    job = _job(topo["nvlink"])
+    rates = cm.Rates({**cal["qwen3-8b_bs8_nvlink"], "device_update": {"adamw_cast_s_per_1e9": 0.0095}}, job)
+    for device_layers in (8, 36):
+        pol = ExecutionPolicy.mix(job.layers, 14, 0, 9, edge_update="gpu", device_layers=device_layers,
+                                  delivery="sharded", grad_reduce="gpu")
+        update = sum(cm.durations(job, pol, rates).device_update)
+        p = cm.predict(job, pol, rates)
+        assert update > 0.02
+        assert sum(p["spans"].values()) == pytest.approx(p["step_time_s"], rel=1e-9)
+        # each span holds its own busy work (the device update is the backward's) and no more than its waits
+        assert p["spans"]["backward"] >= p["phases"]["backward"] - 1e-9
+        assert p["spans"]["forward"] >= p["phases"]["forward"] - 1e-9
+        assert p["spans"]["forward"] < p["phases"]["forward"] + update

@@ -179,6 +179,7 @@ class _Replay:
         self.end_backward: dict[int, _Task] = {}
         self.backward_last: dict[int, _Task] = {}
         self.forward_first: dict[int, _Task] = {}  # each step's first micro-batch's last forward task
+        self.device_updated: dict[int, _Task] = {}  # each step's device update on the compute stream, if any
         self.cursor: _Task | None = None
         # units updated on the device (policy.edge_update gpu, policy.device_layers)
         self.on_device = {u for u, t in enumerate(d.device_update) if t > 0}
@@ -420,7 +421,8 @@ class _Replay:
                 # after the backward, on the compute stream: AdamW of every device-updated shard and the
                 # all-gathers; with clipping it waits for the global norm, i.e. for every gradient transfer of the step
                 deps = reduced + ([state["last_d2h"]] if d.clip else [])
-                self._compute("backward", sum(d.device_update[u] for u in self.on_device), deps, 0, s, state)
+                self.device_updated[s] = self._compute("backward", sum(d.device_update[u] for u in self.on_device),
+                                                       deps, 0, s, state)
             for u in sorted(self.streamed):
                 # on streams of their own, in forward order, after the norm (every gradient transfer of the step):
                 # the link's both directions shared with the next forward's deliveries; the chunks coming in share
@@ -656,7 +658,10 @@ def _measure(rep: _Replay) -> Outcome:
         lo, hi = max(t.start, b0), min(t.end, b1)
         if hi > lo and t.res != "host":
             busy[t.res] = busy.get(t.res, 0.0) + (hi - lo)
-    fwd = max(0.0, rep.forward_first[1].end - b0)
+    # the engine's cut: its backward ends after the device update (engine._end_backward records backward_end again
+    # once it is issued), so the step it cuts starts there too, not at the embedding's backward
+    start = rep.device_updated[0].end if 0 in rep.device_updated else b0
+    fwd = max(0.0, rep.forward_first[1].end - start)
     spans = {"forward": fwd, "backward": period - fwd}
     return Outcome(step_time_s=period, phases=phases, busy=busy, tasks=len(rep.tasks), spans=spans,
                    replayed=len(rep.tasks))
