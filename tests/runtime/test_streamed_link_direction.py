@@ -14,7 +14,7 @@ import os
 import pytest
 from slidedp.config import JobConfig
 from slidedp.planning import cost_model as cm
-from slidedp.planning import overlap
+from slidedp.planning import overlap, pools
 from slidedp.planning.job import Job
 from slidedp.policy import ExecutionPolicy
 
@@ -37,7 +37,7 @@ def test_each_direction_of_the_link_is_a_pool_at_its_measured_bandwidth(one_h200
     job, cal, pol = _streamed_job(one_h200)
     d = cm.durations(job, pol, cm.Rates(cal, job))
     t = cal["transfers"]
-    caps = overlap.capacities(d)
+    caps = pools.capacities(d)
     assert caps["h2d"] == max(t["h2d_GBps"]) * GB
     assert caps["d2h"] == max(t["d2h_GBps"]) * GB
     assert caps["pcie"] == t["bidir_GBps"] * GB
@@ -83,11 +83,11 @@ def test_a_delivery_during_a_streamed_layer_slows_both_by_the_inbound_direction(
     deliver.order = 1
     tasks = [stream, deliver]
     caps = {"pcie": 100 * GB, "h2d": 55 * GB, "d2h": 55 * GB}
-    f = overlap._slowdowns(overlap._pool_users(tasks, caps), caps)
+    f = pools.slowdowns(pools.pool_users(tasks, caps), caps)
     assert f[1] == pytest.approx(100 / 55)
     assert f[0] == pytest.approx((50 * 24 + 50 * 8) / 24 / 55)
     both_ways = {"pcie": 100 * GB}
-    old = overlap._slowdowns(overlap._pool_users(tasks, both_ways), both_ways)
+    old = pools.slowdowns(pools.pool_users(tasks, both_ways), both_ways)
     assert old[1] == pytest.approx(1.5)
     assert old[0] == pytest.approx((100 * 24 + 50 * 8) / 24 / 100)
 
@@ -101,9 +101,9 @@ def test_copies_of_one_direction_alone_are_never_slowed_by_it(one_h200):
     d = cm.durations(job, pol, cm.Rates(cal, job))
     rep = overlap._Replay(d)
     rep.run()
-    caps = {k: v for k, v in overlap.capacities(d).items() if k in ("h2d", "d2h")}
+    caps = {k: v for k, v in pools.capacities(d).items() if k in ("h2d", "d2h")}
     assert caps
-    assert all(f <= 1.0 for f in overlap._slowdowns(overlap._pool_users(rep.tasks, caps), caps).values())
+    assert all(f <= 1.0 for f in pools.slowdowns(pools.pool_users(rep.tasks, caps), caps).values())
 
 
 def test_the_streamed_rows_of_one_h200_within_ten_percent():

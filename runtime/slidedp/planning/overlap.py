@@ -18,9 +18,10 @@ durations from calibration instead of real work, on the resources that run concu
 Ranks are symmetric, so one rank is replayed; its transfers stand for N identical ones when they share host
 memory. Shared bandwidth is modelled as pools with a capacity: host DRAM (CPU update, host reduction and every
 rank's PCIe copies) and each GPU's PCIe link (both directions at once, and each direction alone: the streamed
-update's copies in share the host->GPU direction with the deliveries, at one direction's bandwidth). A task that overlaps others in a pool
-whose total demand exceeds the capacity is slowed by demand / capacity (proportional sharing, which reproduces
-the measured AdamW-vs-DMA contention); the replay is repeated with the slowed durations until it settles. In CPU
+update's copies in share the host->GPU direction with the deliveries, at one direction's bandwidth; planning/
+pools.py). A task that overlaps others in a pool whose total demand exceeds the capacity is slowed by demand /
+capacity (proportional sharing, which reproduces the measured AdamW-vs-DMA contention); the replay is repeated
+with the slowed durations until it settles. In CPU
 training (no streams: the rank's thread computes and copies in order) the rank's cores are a pool too: its
 compute and its updater each use all of them, so while both run each goes at half speed.
 
@@ -38,6 +39,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from slidedp.planning.pools import capacities, pool_users, slowdowns
 from slidedp.schedule import step_schedule, window_plan
 
 IN_ORDER = ("host", "compute", "h2d", "d2h", "coll", "stream")
@@ -219,10 +221,11 @@ class _Replay:
         if deps:
             self.cursor = self._new("host", "host", 0.0, [self.cursor, *deps])
 
-    def _dma(self, nbytes: float, ranks: int | None = None, h2d: float = 0.0, d2h: float = 0.0) -> dict[str, float]:
-        # Every rank moves the same bytes at the same time: host DRAM sees all of them, a PCIe link one rank's;
-        # of those, `h2d` bytes go host->GPU and `d2h` GPU->host, each direction a pool of its own as well
-        loads = {"dram": nbytes * (ranks or self.d.world), "pcie": nbytes}
+    def _dma(self, h2d: float = 0.0, d2h: float = 0.0) -> dict[str, float]:
+        # Every rank moves the same bytes at the same time: host DRAM sees all of them, a PCIe link one rank's
+        # (both directions together), and `h2d` bytes go host->GPU and `d2h` GPU->host, each direction a pool too
+        nbytes = h2d + d2h
+        loads = {"dram": nbytes * self.d.world, "pcie": nbytes}
         if h2d:
             loads["h2d"] = h2d
         if d2h:
@@ -236,7 +239,7 @@ class _Replay:
             self._host_wait([self.updated[(s - 1, u)]])
         t = self._gpu(
             "deliver", "h2d", d.deliver[u], [free], unit=u, step=s,
-            loads=self._dma(d.deliver_bytes[u], h2d=d.deliver_bytes[u])
+            loads=self._dma(h2d=d.deliver_bytes[u])
         )
         if d.sharded:
             loads = {k: v * d.coll_bytes[u] for k, v in d.collective_loads.items()}
@@ -259,7 +262,7 @@ class _Replay:
             ]
         out = self._gpu(
             "grad_out", "d2h", d.grad_d2h[u], deps, unit=u, step=s,
-            loads=self._dma(d.grad_bytes[u], d2h=d.grad_bytes[u])
+            loads=self._dma(d2h=d.grad_bytes[u])
         )
         state["gdone"][state["parity"]] = out
         state["last_d2h"] = out
@@ -361,7 +364,7 @@ class _Replay:
                     deps = [sent.pop(u)] + ([after] if after is not None else [])
                     fetched[u] = self._gpu(
                         "fetch", "h2d", d.act_h2d, deps, unit=u, step=s,
-                        loads=self._dma(d.act_bytes, h2d=d.act_bytes)
+                        loads=self._dma(h2d=d.act_bytes)
                     )
 
             for m in range(M):
@@ -378,7 +381,7 @@ class _Replay:
                     if pol == "offload":
                         sent[u] = self._gpu(
                             "act_out", "d2h", d.act_d2h, [done[k]], unit=u, step=s,
-                            loads=self._dma(d.act_bytes, d2h=d.act_bytes)
+                            loads=self._dma(d2h=d.act_bytes)
                         )
                     k += 1
                 fetch(L)  # the first layer back comes home under the loss head
@@ -429,7 +432,7 @@ class _Replay:
                 # the host->GPU direction with those deliveries, the results going out the other one
                 nbytes, inb = d.streamed_bytes[u], d.streamed_in_bytes[u]
                 self.updated[(s, u)] = self._gpu("streamed", "stream", d.streamed[u], [state["last_d2h"]], unit=u,
-                                                 step=s, loads=self._dma(nbytes, h2d=inb, d2h=nbytes - inb))
+                                                 step=s, loads=self._dma(h2d=inb, d2h=nbytes - inb))
             self.final[s] = []
             if d.clip:
                 # the norm is known once the whole backward is over (the GPUs reduce it after the last layer's
@@ -562,58 +565,6 @@ def _place(t: _Task, prev: _Task | None, deps: list[_Task]) -> None:
         x.waiting -= 1
 
 
-# ---------------------------------------------------------------------------- shared bandwidth
-def _pool_users(tasks: list[_Task], capacity: dict[str, float]) -> dict[str, list[tuple[_Task, float]]]:
-    """Per pool, the tasks that load it and their demand when alone (bytes / base seconds), in task order: the
-    same in every pass of a replay, as loads and base durations do not change."""
-    return {pool: [(t, t.loads[pool] / t.base) for t in tasks if t.loads.get(pool) and t.base > 0]
-            for pool in capacity}
-
-
-def _slowdowns(users: dict[str, list[tuple[_Task, float]]], capacity: dict[str, float]) -> dict[int, float]:
-    """Per task, how much slower it runs than alone: total demand on its pools while it runs / capacity.
-
-    Demands are each task's rate when alone (bytes / base seconds); sharing is proportional to them. `users`:
-    _pool_users of the replay.
-    """
-    factors: dict[int, float] = {}
-    for pool, cap in capacity.items():
-        running = [(t, rate) for t, rate in users[pool] if t.end > t.start]
-        if not running:
-            continue
-        # piecewise-constant total demand, integrated with a sweep
-        edges: dict[float, float] = {}
-        for t, rate in running:
-            edges[t.start] = edges.get(t.start, 0.0) + rate
-            edges[t.end] = edges.get(t.end, 0.0) - rate
-        times = sorted(edges)
-        level, acc, cum = 0.0, 0.0, [0.0]
-        for i in range(1, len(times)):
-            level += edges[times[i - 1]]
-            acc += level * (times[i] - times[i - 1])
-            cum.append(acc)
-        # every task starts and ends on an edge, where the integral is that edge's entry of cum
-        at = {x: c for x, c in zip(times, cum)}
-        for t, _ in running:
-            f = (at[t.end] - at[t.start]) / (t.end - t.start) / cap
-            if f > factors.get(t.order, 1.0):
-                factors[t.order] = f
-    return factors
-
-
-def capacities(d: Durations) -> dict[str, float]:
-    """The shared pools of a replay and their capacities: host DRAM and the GPU link in bytes/s (the link both
-    ways at once, and each direction alone: a copy in and a copy out run side by side, two copies in share one
-    direction), the rank's cores in CPU training."""
-    capacity = {k: v for k, v in (("dram", d.dram_capacity), ("pcie", d.pcie_capacity), ("h2d", d.h2d_capacity),
-                                  ("d2h", d.d2h_capacity)) if v}
-    if "host_dram" in d.zero:
-        capacity = {}
-    if d.cpu_mode:  # the rank's compute and its updater share the rank's cores
-        capacity["cores"] = 1.0
-    return capacity
-
-
 # ---------------------------------------------------------------------------- the replay's outcome
 def replay(d: Durations, iterations: int = 3) -> Outcome:
     """Replay two steps, slowing shared-bandwidth work until the schedule settles; measure the second (every
@@ -621,12 +572,12 @@ def replay(d: Durations, iterations: int = 3) -> Outcome:
     rep = _Replay(d)
     capacity = capacities(d)
     rep.run()
-    users = _pool_users(rep.tasks, capacity)
+    users = pool_users(rep.tasks, capacity)
     # only a task that loads a pool is ever slowed: every other keeps its base duration (the update below gives
     # base * 1.0 for it), so the updates walk the pools' users alone
     shared = sorted({t.order: t for pool in users.values() for t, _ in pool}.items())
     for _ in range(iterations if capacity else 0):
-        factors = _slowdowns(users, capacity)
+        factors = slowdowns(users, capacity)
         changed = 0.0
         for _, t in shared:
             f = factors.get(t.order, 1.0)
