@@ -24,7 +24,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from slidedp.planning.cost_model import GIB, Rates, Uncalibrated
+from slidedp.planning.cost_model import GIB, Rates
 from slidedp.planning.memory_model import gpu_parts
 from slidedp.planning.plan import Clipping, Prediction
 from slidedp.policy import ExecutionPolicy
@@ -51,11 +51,8 @@ def clipping_cost(planner: Any, pol: ExecutionPolicy, pred: Prediction) -> Clipp
         # the same planner on the same job, max_grad_norm 0: one pricing of one policy
         cfg0 = dataclasses.replace(cfg, optimizer=dataclasses.replace(cfg.optimizer, max_grad_norm=0.0))
         job0 = dataclasses.replace(job, clip=False)
-        try:
-            plain = type(planner)(cfg0, job0, Rates(planner.rates.c, job0), planner.acts)
-            unclipped, fits = plain.time(other), plain.fits(other) is None
-        except Uncalibrated:  # cannot happen where the clipped policy was priced; said as no time rather than fail
-            unclipped, fits = None, None
+        plain = type(planner)(cfg0, job0, Rates(planner.rates.c, job0), planner.acts)
+        unclipped, fits = plain.time(other), plain.fits(other) is None
     cost = step - unclipped if step is not None and unclipped is not None else None
     L, N = job.layers, job.world
     on_device, streamed = pol.device_units(L), pol.streamed_units()

@@ -66,15 +66,9 @@ class Rates:
         # the update as each delivery cast runs it: AdamW and the bf16 cast, or AdamW alone when the GPU casts
         self.in_step = self.in_step_factor(calibration)
         self.update_per_param = {
-            cast: [v / 1e9 * self.in_step for v in cpu[self._update_table(cast)]] for cast in DELIVERY_CASTS
+            cast: [v / 1e9 * self.in_step for v in cpu[job.update_table(cast)]] for cast in DELIVERY_CASTS
         }
         self.copy_bps = [v * 1e9 for v in cpu["copy_GBps"]]
-
-    def _update_table(self, cast: str) -> str:
-        """The `cpu` table of the host update under delivery_cast `cast`: with the bf16 cast, or AdamW alone
-        where the GPUs make the bf16 weights."""
-        j = self.job
-        return "update_s_per_1e9" if j.host_cast(cast) or j.precision != "bf16" else "adamw_s_per_1e9"
 
     def host_update_summary(self, cast: str) -> dict[str, float]:
         """The host update rate the plan charges under delivery_cast `cast`, for the plan's reader: per 1e9 params

@@ -139,6 +139,11 @@ class Job:
         master cast on the GPU."""
         return 2 if self.host_cast(cast) else 4
 
+    def update_table(self, cast: str) -> str:
+        """The calibration's `cpu` table of one host update under delivery_cast `cast`: AdamW with the bf16 cast
+        (update_s_per_1e9), or AdamW alone (adamw_s_per_1e9) where the GPUs make the bf16 weights."""
+        return "update_s_per_1e9" if self.host_cast(cast) or self.precision != "bf16" else "adamw_s_per_1e9"
+
     def update_dram_bytes(self, cast: str) -> int:
         """Host DRAM bytes per parameter of one host update under delivery_cast `cast` (UPDATE_DRAM_BYTES)."""
         return UPDATE_DRAM_BYTES["bf16" if self.host_cast(cast) else "fp32"]

@@ -382,7 +382,7 @@ def _cpu(job: Job, dram_bps: float) -> dict[str, Any]:
 def _update_in_step(cpu: dict[str, Any], job: Job, cast: str) -> dict[str, Any]:
     """The host update beside the issuing thread, as calibration measures it, under delivery_cast `cast`."""
     t = job.cpu_threads
-    table = cpu["update_s_per_1e9"] if job.host_cast(cast) or job.precision != "bf16" else cpu["adamw_s_per_1e9"]
+    table = cpu[job.update_table(cast)]
     alone = table[cpu["threads"].index(t)]
     return {"threads": t, "alone_s_per_1e9": alone, "beside_load_s_per_1e9": alone * UPDATE_IN_STEP_FACTOR,
             "cast": job.host_cast(cast)}
