@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from slidedp.config import ConfigError, JobConfig, is_model_path
 from slidedp.health import HealthMonitor, finite_json
+from slidedp.model_shape import ModelOnDemand, read_shape
 from slidedp.planning.resolve import detect_early, resolve_policy
 from slidedp.policy import ExecutionPolicy
 from slidedp.ranks import Launch
@@ -245,7 +246,7 @@ def train(config: dict | JobConfig, on_step: Callable[[dict], None] | None = Non
     _check_request(cfg)
     startup = Startup(on_stage, on_log, t0=called)
     policy, plan, layout = _plan(cfg, startup, on_log, plan, detected, predict_explicit)
-    adapter = _ModelOnDemand(cfg.model, layout.unit_numels)
+    adapter = ModelOnDemand(cfg.model, layout.unit_numels)
     ckpt_root = os.path.join(cfg.output_dir, "checkpoints")
     resume_from, init_source = _start_point(cfg, layout, ckpt_root, on_log)
     reuse = (state_cache is not None and resume_from is None and init_source is None
@@ -351,7 +352,6 @@ def _plan(cfg: JobConfig, startup: Startup, on_log, plan: dict | None, detected,
     transformers, no model built), the host's detection (`detected`: resolve.detect_early's, started before the
     request's checks) waited for, the policy resolved, segments of killed runs removed, the host state laid out.
     (policy, plan, layout)."""
-    from slidedp.model_shape import read_shape
     from slidedp.step.host_state import cleanup_orphans
 
     startup.enter("planning")
@@ -364,33 +364,6 @@ def _plan(cfg: JobConfig, startup: Startup, on_log, plan: dict | None, detected,
     if removed:
         _log(on_log, f"removed {len(removed)} shared-memory segments left by a killed run")
     return policy, plan, host_layout(cfg, list(shape.unit_numels), policy)
-
-
-class _ModelOnDemand:
-    """The launcher's ModelAdapter (transformers' model on the meta device: unit layout, parameter names, initial
-    weights), built the first time the host state is filled or exported from it, which for a run from step 0 is
-    once its ranks are spawned, so that importing transformers here overlaps their start instead of delaying the
-    plan. Its units must hold the parameters the plan and the host layout were made for (slidedp.model_shape);
-    a model that differs is refused before any weight is written."""
-
-    def __init__(self, model: str, unit_numels: list[int]):
-        self.model, self.unit_numels = model, list(unit_numels)
-        self._adapter = None
-
-    def get(self):
-        if self._adapter is None:
-            from slidedp.step.model_adapter import ModelAdapter, load_hf_config
-
-            adapter = ModelAdapter(load_hf_config(self.model))
-            built = [u.numel for u in adapter.units]
-            if built != self.unit_numels:
-                raise RuntimeError(f"model {self.model!r}: transformers builds {len(built)} units of "
-                                   f"{sum(built):,} parameters ({built[:3]}...), its config was read as "
-                                   f"{len(self.unit_numels)} units of {sum(self.unit_numels):,} "
-                                   f"({self.unit_numels[:3]}...): slidedp.model_shape does not read this config "
-                                   "as transformers does")
-            self._adapter = adapter
-        return self._adapter
 
 
 def _start_point(cfg: JobConfig, layout: HostLayout, ckpt_root: str, on_log) -> tuple[str | None, str | None]:
@@ -445,7 +418,7 @@ def _allocate(cfg: JobConfig, layout: HostLayout, reuse: bool):
         raise
 
 
-def _fill_or_load(run: _Run, adapter: _ModelOnDemand, resume_from: str | None, init_source: str | None,
+def _fill_or_load(run: _Run, adapter: ModelOnDemand, resume_from: str | None, init_source: str | None,
                   reuse: bool) -> tuple[int, dict | None]:
     """The host state made whole: a resumed checkpoint loaded, or (a run from step 0) the ranks spawned first and
     the state filled beside their start, from init_from's weights, a kept state or the model. (start step, data
@@ -495,7 +468,7 @@ def _fill_or_load(run: _Run, adapter: _ModelOnDemand, resume_from: str | None, i
     return start_step, data_state
 
 
-def _save_and_export(run: _Run, adapter: _ModelOnDemand, start_step: int, last: int, last_data_state: dict | None,
+def _save_and_export(run: _Run, adapter: ModelOnDemand, start_step: int, last: int, last_data_state: dict | None,
                      room) -> tuple[str, str | None, list[dict]]:
     """After the ranks: a stop asked with save writes the last step's checkpoint (unless one is there); a
     completed run exports final/. (status, final_dir, exported files)."""

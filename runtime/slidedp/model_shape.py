@@ -113,3 +113,30 @@ def shape_of(config: dict[str, Any], where: str = "the model's config") -> Model
     tied = bool(c.get("tie_word_embeddings"))
     units = (v * h,) + (layer,) * layers + (h + (0 if tied else v * h),)
     return ModelShape(mt, layers, h, v, f, nh, nkv, hd, tied, units)
+
+
+class ModelOnDemand:
+    """The launcher's ModelAdapter (slidedp.launch) (transformers' model on the meta device: unit layout, parameter names, initial
+    weights), built the first time the host state is filled or exported from it, which for a run from step 0 is
+    once its ranks are spawned, so that importing transformers here overlaps their start instead of delaying the
+    plan. Its units must hold the parameters the plan and the host layout were made for (slidedp.model_shape);
+    a model that differs is refused before any weight is written."""
+
+    def __init__(self, model: str, unit_numels: list[int]):
+        self.model, self.unit_numels = model, list(unit_numels)
+        self._adapter = None
+
+    def get(self):
+        if self._adapter is None:
+            from slidedp.step.model_adapter import ModelAdapter, load_hf_config
+
+            adapter = ModelAdapter(load_hf_config(self.model))
+            built = [u.numel for u in adapter.units]
+            if built != self.unit_numels:
+                raise RuntimeError(f"model {self.model!r}: transformers builds {len(built)} units of "
+                                   f"{sum(built):,} parameters ({built[:3]}...), its config was read as "
+                                   f"{len(self.unit_numels)} units of {sum(self.unit_numels):,} "
+                                   f"({self.unit_numels[:3]}...): slidedp.model_shape does not read this config "
+                                   "as transformers does")
+            self._adapter = adapter
+        return self._adapter

@@ -12,7 +12,7 @@ import subprocess
 import sys
 
 import pytest
-from slidedp.model_shape import SHAPE_DEFAULTS, read_shape
+from slidedp.model_shape import SHAPE_DEFAULTS, ModelOnDemand, read_shape
 from slidedp.presets import PRESETS, unit_param_counts
 from slidedp.step.model_adapter import ModelAdapter, load_hf_config
 
@@ -167,11 +167,9 @@ def test_trains_planning_stage_imports_no_transformers(model, policy, tmp_path):
 
 
 def test_a_shape_that_disagrees_with_the_built_model_is_refused():
-    from slidedp import launch
-
     units = list(read_shape("tiny-qwen3").unit_numels)
-    assert launch._ModelOnDemand("tiny-qwen3", units).get().num_layers == 4
-    wrong = launch._ModelOnDemand("tiny-qwen3", units[:1] + [units[1] + 1] + units[2:])
+    assert ModelOnDemand("tiny-qwen3", units).get().num_layers == 4
+    wrong = ModelOnDemand("tiny-qwen3", units[:1] + [units[1] + 1] + units[2:])
     with pytest.raises(RuntimeError, match="does not read this config as transformers does"):
         wrong.get()
 
