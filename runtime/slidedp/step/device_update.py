@@ -22,9 +22,8 @@ resume and export read one authoritative host state as always; `load()` reads th
 from __future__ import annotations
 
 import torch
-import torch.distributed as dist
 from slidedp.config import OptimizerConfig, ScheduleConfig
-from slidedp.step.collectives import all_gather, reduce_scatter
+from slidedp.step.collectives import all_gather
 from slidedp.step.host_state import HostState
 from slidedp.step.optimizer import clip_coefficient, clips, lr_at
 from slidedp.step.routes import Routes, ShardMap, sum_of_squares
@@ -102,10 +101,7 @@ class DeviceUpdate:
         with s.on(s.d2h):
             s.d2h.wait_stream(s.compute)
             if self.world > 1:
-                sl = self.shards.shard_len(u)
-                reduce_scatter(self.grad[u], grad[: self.shards.padded[u]], op=dist.ReduceOp.SUM,
-                                           group=self.routes.grad_group)
-                self.routes.bytes.collective += (self.shards.padded[u] - sl) * 4
+                self.routes.reduce_scatter_unit(u, self.grad[u], grad)
                 shard = self.grad[u]
             elif u in self.grad:
                 shard = self.grad[u]

@@ -162,6 +162,15 @@ class Routes:
         reduce, and copies its gradient out as the host route does)."""
         return self.grad_reduce == "gpu" and self.shards.world > 1
 
+    def reduce_scatter_unit(self, u: int, shard: torch.Tensor, grad: torch.Tensor, async_op: bool = False):
+        """Unit u's gradient (grad[:padded]) summed over the ranks of the gradient group, this rank's part into
+        shard[:shard_len]; counts the bytes the other ranks' parts bring. The work handle with async_op."""
+        sl = self.shards.shard_len(u)
+        work = reduce_scatter(shard[:sl], grad[: self.shards.padded[u]], op=dist.ReduceOp.SUM, group=self.grad_group,
+                              async_op=async_op)
+        self.bytes.collective += (self.shards.padded[u] - sl) * grad.element_size()
+        return work
+
     def return_gradient(self, u: int, grad: torch.Tensor, shard_buf: torch.Tensor, staging: torch.Tensor,
                         done_event) -> None:
         """Send unit u's gradient (grad[:padded], reduce dtype, ready on the compute stream) to the host.
@@ -173,10 +182,7 @@ class Routes:
         s = self.streams
         n, esize = self.shards.numels[u], grad.element_size()
         if self.reduces_on_gpus:
-            sl = self.shards.shard_len(u)
-            work = reduce_scatter(shard_buf[:sl], grad[: self.shards.padded[u]], op=dist.ReduceOp.SUM,
-                                              group=self.grad_group, async_op=True)
-            self.bytes.collective += (self.shards.padded[u] - sl) * esize
+            work = self.reduce_scatter_unit(u, shard_buf, grad, async_op=True)
             lo, hi = self.shards.own_range(u)
             with s.on(s.d2h):
                 work.wait()

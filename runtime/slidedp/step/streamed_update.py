@@ -24,9 +24,7 @@ alternating.
 from __future__ import annotations
 
 import torch
-import torch.distributed as dist
 from slidedp.config import OptimizerConfig, ScheduleConfig
-from slidedp.step.collectives import reduce_scatter
 from slidedp.step.host_state import HostState
 from slidedp.step.layout import chunk_elements
 from slidedp.step.optimizer import clip_coefficient, clips, lr_at
@@ -77,10 +75,7 @@ class StreamedUpdate:
         with s.on(s.d2h):
             s.d2h.wait_stream(s.compute)
             if self.world > 1:  # an fp32 sum, held in fp32 (held_in_bf16 is for one rank only)
-                sl = self.shards.shard_len(u)
-                reduce_scatter(self.grad[u], grad[: self.shards.padded[u]], op=dist.ReduceOp.SUM,
-                               group=self.routes.grad_group)
-                self.routes.bytes.collective += (self.shards.padded[u] - sl) * 4
+                self.routes.reduce_scatter_unit(u, self.grad[u], grad)
                 if hi > lo:
                     self.routes.sumsq += sum_of_squares(self.grad[u][: hi - lo])
             else:
