@@ -10,8 +10,10 @@ shorthand of slidedp.policy: parse_shorthand reads it into a PolicyConfig, whose
 AutoPolicy's choice, and so are the cast and staging slots a form with `auto` omits; other omitted fields keep every
 unit's update on the host, unlike a job config's auto defaults), and a form without `auto` is an ExecutionPolicy
 (ExecutionPolicy.from_shorthand, .shorthand()): its omitted cast is the host's.
-Each peer is `fsdp2[:keep[:clip]]` (FSDP2 GPU-resident, every decoder layer checkpointed but the first `keep`;
-`none`: no checkpointing) or `fsdp2-offload[:keep[:clip]]` (FSDP2 + CPUOffloadPolicy), see slidedp.peers.fsdp2;
+Each peer is `fsdp2[:keep[:clip[:layers]]]` (FSDP2 GPU-resident, every decoder layer checkpointed but the first
+`keep`; `none`: no checkpointing; layers: `eager` (default) or `compiled`, each decoder layer through torch.compile
+as `policy.compiled_layers` does) or `fsdp2-offload[:keep[:clip[:layers]]]` (FSDP2 + CPUOffloadPolicy), see
+slidedp.peers.fsdp2;
 or `ds-zero2[:clip]` / `ds-zero3[:clip]` (DeepSpeed ZeRO-Offload: optimizer, or optimizer and parameters, on the
 CPU with DeepSpeedCPUAdam), see slidedp.peers.deepspeed_zero.
 Data are token ids written to a temporary jsonl: `random` ids, or `pattern` (each row repeats
@@ -31,7 +33,7 @@ import statistics
 import tempfile
 import time
 
-from slidedp.policy import parse_shorthand
+from slidedp.policy import LAYER_MODES, parse_shorthand
 
 
 def _rows(kind: str, rows: int, seq: int, vocab: int) -> list[list[int]]:
@@ -100,16 +102,24 @@ def run_one(model: str, gpus: int, mbs: int, seq: int, steps: int, policy: str, 
             "bound_s": ((plan.get("predicted") or {}).get("bound") or {}).get("step_time_s")}
 
 
+PEER_SPECS = ("fsdp2[:keep[:clip[:layers]]], fsdp2-offload[:keep[:clip[:layers]]] (layers: eager or compiled), "
+              "ds-zero2[:clip] or ds-zero3[:clip]")
+
+
 def parse_peer(spec: str) -> dict:
-    """A peer spec: fsdp2[:keep[:clip]], fsdp2-offload[:keep[:clip]], ds-zero2[:clip] or ds-zero3[:clip]."""
+    """A peer spec: fsdp2[:keep[:clip[:layers]]], fsdp2-offload[:keep[:clip[:layers]]], ds-zero2[:clip] or
+    ds-zero3[:clip] (layers: eager or compiled)."""
     parts = spec.split(":")
-    if parts[0] in ("fsdp2", "fsdp2-offload") and len(parts) <= 3:
+    if parts[0] in ("fsdp2", "fsdp2-offload") and len(parts) <= 4:
         keep = None if len(parts) > 1 and parts[1] == "none" else int(parts[1]) if len(parts) > 1 else 0
-        return {"name": parts[0], "keep": keep, "clip": float(parts[2]) if len(parts) > 2 else 0.0}
+        layers = parts[3] if len(parts) > 3 else "eager"
+        if layers not in LAYER_MODES:
+            raise ValueError(f"peer {spec!r}: layers must be one of {', '.join(LAYER_MODES)}, got {layers!r}")
+        return {"name": parts[0], "keep": keep, "clip": float(parts[2]) if len(parts) > 2 else 0.0,
+                "compiled_layers": layers == "compiled"}
     if parts[0] in ("ds-zero2", "ds-zero3") and len(parts) <= 2:
         return {"name": parts[0], "clip": float(parts[1]) if len(parts) > 1 else 0.0}
-    raise ValueError(f"peer {spec!r}: expected fsdp2[:keep[:clip]], fsdp2-offload[:keep[:clip]], "
-                     "ds-zero2[:clip] or ds-zero3[:clip]")
+    raise ValueError(f"peer {spec!r}: expected {PEER_SPECS}")
 
 
 def run_peer(spec: str, model: str, gpus: int, mbs: int, seq: int, steps: int, warmup: int, threads: int | None,
@@ -122,7 +132,7 @@ def run_peer(spec: str, model: str, gpus: int, mbs: int, seq: int, steps: int, w
 
         row = run_fsdp2(model, gpus, mbs, seq, steps, warmup, offload=peer["name"] == "fsdp2-offload",
                         keep_layers=peer["keep"], threads=threads, ranks=ranks, lr=lr, max_grad_norm=peer["clip"],
-                        data_rows=rows, gpu_memory_gib=gpu_memory_gib)
+                        data_rows=rows, gpu_memory_gib=gpu_memory_gib, compiled_layers=peer["compiled_layers"])
     else:
         from slidedp.peers.deepspeed_zero import run_deepspeed
 
@@ -181,9 +191,8 @@ def build_parser() -> argparse.ArgumentParser:
                    "[:cast[:edge_update[:device_layers[:staging_slots]]]]]]] (`auto` for AutoPolicy's choice); "
                    "empty: peers only (default: %(default)s)")
     p.add_argument("--peers", default="",
-                   help="comma-separated peer specs run after the policies: fsdp2[:keep[:clip]], "
-                   "fsdp2-offload[:keep[:clip]], ds-zero2[:clip] or ds-zero3[:clip], e.g. fsdp2:8,fsdp2-offload:0 "
-                   "(default: none)")
+                   help=f"comma-separated peer specs run after the policies: {PEER_SPECS}, e.g. "
+                   "fsdp2:8,fsdp2-offload:0,fsdp2:8:0:compiled (default: none)")
     p.add_argument("--data", choices=("random", "pattern"), default="random",
                    help="token ids to train on: random ids, or pattern (rows repeating a short random motif, so a "
                    "random-init model's loss visibly falls) (default: %(default)s)")

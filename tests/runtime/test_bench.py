@@ -52,3 +52,21 @@ def test_policy_strings_name_activation_mixes_and_the_cast():
     assert parse_shorthand("sharded:gpu:checkpoint:0:36:gpu:gpu")[0].device_layers == 0
     assert parse_shorthand("auto:auto:auto:0:auto:host:auto:auto")[0].device_layers is None
     assert parse_shorthand("sharded:gpu:keep18:0:auto:host:gpu:9")[0].device_layers == 9
+
+
+def test_peer_specs_take_eager_or_compiled_layers():
+    assert bench.parse_peer("fsdp2:0:1.0:compiled") == {"name": "fsdp2", "keep": 0, "clip": 1.0,
+                                                         "compiled_layers": True}
+    assert bench.parse_peer("fsdp2-offload:none:0:eager")["compiled_layers"] is False
+    assert bench.parse_peer("fsdp2:8")["compiled_layers"] is False  # omitted: eager
+    with pytest.raises(ValueError, match=r"peer 'fsdp2:0:1.0:fast': layers must be one of eager, compiled"):
+        bench.parse_peer("fsdp2:0:1.0:fast")
+    with pytest.raises(ValueError, match=r"fsdp2\[:keep\[:clip\[:layers\]\]\]"):
+        bench.parse_peer("fsdp2:0:1.0:compiled:extra")
+
+
+def test_bench_rejects_a_bad_peer_layers_field_before_training(tmp_path):
+    with pytest.raises(ValueError, match="eager, compiled"):
+        bench.main(["--model", "tiny-qwen3", "--gpus", "0", "--policies", "", "--peers", "fsdp2:0:1.0:fast",
+                    "--out", str(tmp_path / "x.jsonl")])
+    assert not (tmp_path / "x.jsonl").exists()

@@ -25,6 +25,13 @@ def offload():
     return fsdp2.run_fsdp2(**SHAPE, offload=True, keep_layers=None, threads=1, lr=LR, data_rows=rows)
 
 
+@pytest.fixture(scope="module")
+def compiled():
+    """The resident form with every decoder layer's forward through torch.compile (aot_eager on the CPU)."""
+    return fsdp2.run_fsdp2(**SHAPE, offload=False, keep_layers=0, threads=1, lr=LR, max_grad_norm=1e9,
+                           compiled_layers=True)
+
+
 def _check_row(row: dict, peer: str) -> None:
     assert "error" not in row, row.get("error")
     assert row["peer"] == peer and row["world"] == 2 and row["threads"] == 1
@@ -55,6 +62,50 @@ def test_offload_and_recompute_leave_the_training_unchanged(resident, offload):
     # Same init, same rows: where AdamW runs and what is recomputed change no number. At lr 1e-2 one update
     # moves the next loss by ~4e-3 relative, so a step that went missing or differed would show.
     assert offload["losses"] == pytest.approx(resident["losses"], rel=1e-5)
+
+
+def test_compiled_layers_train_as_the_eager_ones(resident, compiled):
+    # aot_eager runs the captured graphs without generating kernels: the numbers of eager, step after step
+    _check_row(compiled, "fsdp2")
+    assert compiled["compiled_layers"] is True and resident["compiled_layers"] is False
+    assert compiled["compiled_graphs"] == 1 and "compiled_graphs" not in resident  # one graph for every layer
+    assert compiled["losses"] == pytest.approx(resident["losses"], rel=1e-6)
+    assert compiled["grad_norms"] == pytest.approx(resident["grad_norms"], rel=1e-6)
+
+
+def test_one_compiled_graph_serves_every_layer_and_its_recompute():
+    # 36 distinct layer modules (a qwen3-8b's count), the last 28 checkpointed: every forward and every recompute
+    # runs the one graph, none falls back to eager after a recompile limit
+    import torch
+    from slidedp.step.model_adapter import load_hf_config
+    from torch._dynamo.backends.debugging import aot_eager
+    from transformers import AutoModelForCausalLM
+
+    graphs, runs = [], [0]
+
+    def counting(gm, inputs):
+        graphs.append(gm)
+        compiled = aot_eager(gm, inputs)
+
+        def run(*args):
+            runs[0] += 1
+            return compiled(*args)
+
+        return run
+
+    cfg = load_hf_config("tiny-qwen3")
+    cfg.num_hidden_layers, cfg.layer_types = 36, [cfg.layer_types[0]] * 36
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(cfg).train()
+    torch._dynamo.reset()
+    try:
+        fsdp2.compile_layers(model.model.layers, counting)
+        fsdp2.apply_checkpointing(model.model.layers, keep_layers=8)
+        ids = torch.randint(0, TINY_VOCAB, (2, 16))
+        model(input_ids=ids, labels=ids).loss.backward()
+    finally:
+        torch._dynamo.reset()
+    assert len(graphs) == 1 and runs[0] == 36 + 28
 
 
 def test_rank_failure_is_a_row_with_the_rank_log():

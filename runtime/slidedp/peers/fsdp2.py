@@ -2,6 +2,7 @@
 
     PYTHONPATH=runtime python3 -m slidedp.peers.fsdp2 --model qwen3-8b --gpus 2 --mbs 8 --seq 2048 --keep-layers 8
     PYTHONPATH=runtime python3 -m slidedp.peers.fsdp2 --model qwen3-8b --gpus 2 --mbs 4 --offload --threads 16
+    PYTHONPATH=runtime python3 -m slidedp.peers.fsdp2 --model qwen3-8b --gpus 2 --mbs 8 --keep-layers 8 --compiled-layers
     PYTHONPATH=runtime python3 -m slidedp.peers.fsdp2 --model tiny-qwen3 --gpus 0 --ranks 2 --seq 32 --steps 4
     PYTHONPATH=runtime python3 -m slidedp.cli bench --model qwen3-8b --gpus 2 --peers ...   (next to SlideDP)
 
@@ -17,6 +18,9 @@ The peer runs at its best, because a comparison against a handicapped peer says 
 - Activations are checkpointed only where needed to fit: `--keep-layers K` keeps the first K decoder layers'
   activations and recomputes the rest (K=0: every layer recomputed; omitted: nothing recomputed). Recompute is
   cheaper where backward starts soonest, so the kept layers are the first ones, whose activations live longest.
+- `--compiled-layers` runs every decoder layer's forward (and so its backward) through torch.compile, as SlideDP's
+  `policy.compiled_layers` does: the backend of slidedp.step.compiled (inductor on CUDA, aot_eager on the CPU, the
+  same numbers as eager), one graph that every layer shares (see compile_layers). Off by default, as in SlideDP.
 - CPU threads are set explicitly per rank (`--threads`, else cores // world) and reported: a launcher that leaves
   OMP_NUM_THREADS=1 makes a CPU optimizer several times slower.
 - AdamW uses SlideDP's defaults (betas 0.9/0.95, eps 1e-8, no weight decay) and the same clipping mode: with
@@ -48,19 +52,22 @@ from slidedp.peers.launch import (
     timed_steps,
 )
 
-__all__ = ["apply_checkpointing", "global_rows", "random_rows", "run_fsdp2"]
+__all__ = ["apply_checkpointing", "compile_layers", "global_rows", "random_rows", "run_fsdp2"]
 
 
 def run_fsdp2(model: str, gpus: int, mbs: int, seq: int, steps: int, warmup: int, *, offload: bool,
               keep_layers: int | None, threads: int | None, ranks: int = 0, lr: float = 1e-5,
               max_grad_norm: float = 0.0, data_rows: list[list[int]] | None = None,
-              timeout_s: float = 1800.0, gpu_memory_gib: float | None = None) -> dict:
+              timeout_s: float = 1800.0, gpu_memory_gib: float | None = None,
+              compiled_layers: bool = False) -> dict:
     """Run the FSDP2 peer in `world` fresh rank processes and return its bench row.
 
     world = gpus (one process per GPU, NCCL), or `ranks` gloo processes on the CPU when gpus == 0. `steps` counts
     every timed step; the first `warmup` are left out of the median. Rank r trains on rows
     [(step * world + r) * mbs, ... + mbs) of `data_rows` (wrapping around), or of random ids from a fixed seed.
     A rank failure is a row with "error" ("OOM" for torch.OutOfMemoryError), never an exception.
+    `compiled_layers`: each decoder layer's forward through torch.compile (compile_layers); the row says which,
+    and a compiled row's `compiled_graphs` counts the graphs rank 0 compiled for them.
     """
     world = gpus if gpus > 0 else ranks
     if world < 1:
@@ -72,7 +79,7 @@ def run_fsdp2(model: str, gpus: int, mbs: int, seq: int, steps: int, warmup: int
         "peer": "fsdp2-offload" if offload else "fsdp2", "model": model, "gpus": gpus, "world": world,
         "mbs": mbs, "seq": seq, "steps": steps, "warmup": warmup, "offload": offload,
         "keep_layers": keep_layers, "threads": threads, "lr": lr, "max_grad_norm": max_grad_norm,
-        "gpu_memory_gib": gpu_memory_gib,
+        "gpu_memory_gib": gpu_memory_gib, "compiled_layers": bool(compiled_layers),
     }
     return run_ranks("slidedp.peers.fsdp2", row, world, timeout_s, data_rows=data_rows)
 
@@ -99,6 +106,27 @@ def apply_checkpointing(layers, keep_layers: int | None) -> None:
         layer.forward = checkpointed(layer.forward)
 
 
+def compile_layers(layers, backend) -> None:
+    """Each decoder layer's forward through torch.compile (`backend`: slidedp.step.compiled.compile_backend's).
+
+    The layer's forward is compiled, not its __call__, and before apply_checkpointing wraps it: FSDP2's
+    unshard/reshard hooks (on __call__) and the checkpoint (around the compiled forward) stay eager, and the graph
+    holds the layer's compute only, as in SlideDP's compiled layer. The other orders were tried: compiling the
+    checkpointed forward or the whole module puts the checkpoint inside the graph, where a side effect of the
+    layer's forward (a context variable transformers sets) breaks the graph and leaves the checkpointed layers
+    eager. The layers are distinct modules, but dynamo caches by code object and takes a module's parameters as
+    graph inputs (inline_inbuilt_nn_modules), so one graph serves every layer and its recompute in backward; the
+    recompile limit is raised as SlideDP's is all the same, so that no layer can fall back to eager silently.
+    """
+    import torch
+
+    from slidedp.step.compiled import _raise_limits
+
+    _raise_limits()
+    for layer in layers:
+        layer.forward = torch.compile(layer.forward, backend=backend, dynamic=False)
+
+
 def _train(a: dict, link) -> dict:
     rank, world = link.rank, link.world
     check_model(a["model"])
@@ -107,6 +135,7 @@ def _train(a: dict, link) -> dict:
     from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
     from transformers import AutoModelForCausalLM
 
+    from slidedp.step.compiled import compile_backend
     from slidedp.step.model_adapter import load_hf_config
 
     cuda = a["gpus"] > 0
@@ -119,6 +148,8 @@ def _train(a: dict, link) -> dict:
         model = AutoModelForCausalLM.from_config(cfg)
     model.train()
     layers = model.model.layers
+    if a.get("compiled_layers"):
+        compile_layers(layers, compile_backend(device))
     apply_checkpointing(layers, a["keep_layers"])
     shard: dict[str, Any] = {"mesh": mesh,
                              "mp_policy": MixedPrecisionPolicy(param_dtype=torch.bfloat16,
@@ -152,7 +183,13 @@ def _train(a: dict, link) -> dict:
     grad_norms = None
     if norms:
         grad_norms = [float(n.full_tensor() if hasattr(n, "full_tensor") else n) for n in norms]
-    return {**out, "params": params, "grad_norms": grad_norms}
+    # graphs dynamo made for the layers: 1 where every layer and recompute shares one, more where some recompiled
+    extra = {}
+    if a.get("compiled_layers"):
+        from torch._dynamo.utils import counters
+
+        extra["compiled_graphs"] = int(counters["stats"]["unique_graphs"])
+    return {**out, "params": params, "grad_norms": grad_norms, "extra": extra}
 
 
 def rank(a: dict, link) -> dict:
@@ -175,6 +212,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--offload", action="store_true", help="CPUOffloadPolicy with fused CPU AdamW")
     p.add_argument("--keep-layers", type=int, default=None,
                    help="checkpoint every decoder layer but the first K (0: all); omitted: no checkpointing")
+    p.add_argument("--compiled-layers", action="store_true",
+                   help="each decoder layer's forward through torch.compile (inductor on CUDA, aot_eager on the CPU)")
     p.add_argument("--threads", type=int, default=None, help="CPU threads per rank (default cores // world)")
     p.add_argument("--lr", type=float, default=1e-5)
     p.add_argument("--max-grad-norm", type=float, default=0.0, help="> 0: exact global-norm clipping")
@@ -182,7 +221,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     row = run_fsdp2(args.model, args.gpus, args.mbs, args.seq, args.steps, args.warmup, offload=args.offload,
                     keep_layers=args.keep_layers, threads=args.threads, ranks=args.ranks, lr=args.lr,
-                    max_grad_norm=args.max_grad_norm, timeout_s=args.timeout)
+                    max_grad_norm=args.max_grad_norm, timeout_s=args.timeout, compiled_layers=args.compiled_layers)
     print(json.dumps(row))
     return 0 if "error" not in row else 1
 
