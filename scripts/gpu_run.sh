@@ -91,6 +91,11 @@
 #   clayers one decoder layer of Qwen3-8B at seq 2048, micro-batch 8, eager then through the engine's compiled layer
 #           (policy.compiled_layers: torch.compile, inductor), the same per-phase figures for both, the compile's
 #           first-iteration time, graph and graph-break counts, and the speed-up per phase -> $OUT/layers-compiled.json
+#   comp8   Qwen3-8B, seq 2048, micro-batch 8, the whole card: AutoPolicy with eager layers, AutoPolicy choosing the
+#           layers (compiled where calibration timed them faster), the same clipped at 1.0; FSDP2 GPU-resident (every
+#           layer checkpointed) eager and compiled beside -> $OUT/comp8.jsonl (COMP_STEPS, 8 steps)
+#   comp3   the same for the Llama 3.2 3B preset (every layer kept by FSDP2 where it fits: COMP3_PEER_KEEP, none)
+#           -> $OUT/comp3.jsonl
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export PYTHONPATH=$PWD/runtime:$PWD PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -269,6 +274,14 @@ print(f'with NCCL and one all-reduce: {(t - f1) / 2**30:.3f} GiB (allocator rese
               --out "$OUT/layers.json" 2>&1 | quiet 48 ;;
     clayers) timeout ${CLAYERS_S:-200} python3 scripts/layer_profile.py --model qwen3-8b --seq 2048 --mbs 8 \
               --compiled --out "$OUT/layers-compiled.json" 2>&1 | quiet 40 ;;
+    comp8) A=auto:auto:auto; R=auto:auto:auto:auto:auto:auto
+           timeout ${COMP_S:-560} python3 -m slidedp.cli bench --model qwen3-8b --seq 2048 --gpus 1 --mbs 8 \
+             --steps ${COMP_STEPS:-8} --threads 16 --policies "$A:0:$R:eager,$A:0:$R:auto,$A:1.0:$R:auto" \
+             --peers fsdp2:0,fsdp2:0:0:compiled --out "$OUT/comp8.jsonl" 2>&1 | quiet 30 ;;
+    comp3) A=auto:auto:auto; R=auto:auto:auto:auto:auto:auto; K=${COMP3_PEER_KEEP:-none}
+           timeout ${COMP_S:-560} python3 -m slidedp.cli bench --model llama3.2-3b --seq 2048 --gpus 1 --mbs 8 \
+             --steps ${COMP_STEPS:-8} --threads 16 --policies "$A:0:$R:eager,$A:0:$R:auto" \
+             --peers fsdp2:$K,fsdp2:$K:0:compiled --out "$OUT/comp3.jsonl" 2>&1 | quiet 30 ;;
     *) echo "unknown part '$part': the parts are listed at the top of scripts/gpu_run.sh" >&2; exit 2 ;;
   esac
 done

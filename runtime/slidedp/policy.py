@@ -72,8 +72,8 @@ def parse_shorthand(text: str) -> tuple[PolicyConfig, float]:
     max_grad_norm (0: none; an optimizer setting, not part of the policy). resident: leading layers whose weights
     stay on the GPUs, a count or auto. cast, staging_slots and streamed_layers, omitted: AutoPolicy's choice in a
     form with `auto`
-    elsewhere (as in a job config), else the cast on the host and the default slots for the window. layers: eager
-    (default) or compiled (compiled_layers). Unlike a job
+    elsewhere (as in a job config), else the cast on the host and the default slots for the window. layers: eager,
+    compiled (compiled_layers) or auto (the planner's choice, as when omitted). Unlike a job
     config, whose defaults are auto and null, the other omitted fields are fixed: every layer checkpointed, nothing
     resident, every update on the host."""
     parts = text.split(":")
@@ -105,8 +105,9 @@ def parse_shorthand(text: str) -> tuple[PolicyConfig, float]:
         "device_layers": count("device_layers", device_layers, 0),
         "staging_slots": count("staging_slots", slots, staging_slots(WINDOW)),
         "streamed_layers": count("streamed_layers", streamed, 0),
-        # omitted: the planner's choice (eager until it prices compiled layers), as in a job config
-        "compiled_layers": None if layers == "" else choice("layers", layers, LAYER_MODES) == "compiled",
+        # omitted or auto: the planner's choice (planning/compiled_choice.py), as in a job config
+        "compiled_layers": (None if layers in ("", "auto")
+                            else choice("layers", layers, LAYER_MODES) == "compiled"),
     }
     if "auto" in parts:  # a request for AutoPolicy: the cast, the slot count and the streamed layers are its
         # choice too, unless given

@@ -184,8 +184,8 @@ def test_generated_triton_kernels_are_classed_by_the_ops_in_their_names(name, cl
 
 
 def test_a_plan_with_compiled_layers_says_its_compute_is_priced_eager():
-    """The planner times layers as the calibration measured them (eager): a plan that runs them compiled says its
-    prediction is high by what compiling saves, and the first step's compile; a plan without says nothing of it."""
+    """Where the calibration has no compiled layer (a declared host's figures), a plan that runs them compiled says
+    its prediction is priced with eager layers; a plan without says nothing of it."""
     from slidedp.planning import autopolicy as ap
     from slidedp.planning import profiles
 
@@ -197,5 +197,6 @@ def test_a_plan_with_compiled_layers_says_its_compute_is_priced_eager():
                                    "policy": {"compiled_layers": compiled}})
         plan = ap.plan_for(cfg, profiles.declared_topology(prof), profiles.declared_calibration(cfg, prof))
         assert plan.policy["compiled_layers"] is compiled
-        said[compiled] = "Compiled layers (as asked)" in plan.why and "priced as the calibration timed it" in plan.why
+        said[compiled] = ("Compiled layers (as configured): a declared host's figures time eager layers only, so "
+                          "the step is priced with eager layers" in plan.why)
     assert said == {False: False, True: True}

@@ -180,11 +180,12 @@ def test_bench_still_routes_fsdp2_specs(peer_calls):
     assert kwargs["max_grad_norm"] == 1.0
 
 
-@pytest.mark.parametrize("spec", ["deepspeed", "ds-zero1", "ds-zero3-offload", "ds-zero2:1.0:4", "fsdp2:0:1:2"])
+@pytest.mark.parametrize("spec", ["deepspeed", "ds-zero1", "ds-zero3-offload", "ds-zero2:1.0:4", "fsdp2:0:1:eager:2"])
 def test_bench_refuses_unknown_peer_specs_naming_the_accepted_forms(peer_calls, spec):
     with pytest.raises(ValueError) as err:
         bench.run_peer(spec, "qwen3-8b", 2, 4, 16, 6, 2, 8, 1e-5, [[0] * 16])
-    for form in ("fsdp2[:keep[:clip]]", "fsdp2-offload[:keep[:clip]]", "ds-zero2[:clip]", "ds-zero3[:clip]"):
+    for form in ("fsdp2[:keep[:clip[:layers]]]", "fsdp2-offload[:keep[:clip[:layers]]]", "ds-zero2[:clip]",
+                 "ds-zero3[:clip]"):
         assert form in str(err.value)
     assert peer_calls == []
 

@@ -33,6 +33,7 @@ from slidedp.planning.basis import calibration_identity as calibration_identity
 from slidedp.planning.basis import plan_basis
 from slidedp.planning.basis import topology_facts as topology_facts
 from slidedp.planning.card_sweep import card_sweep
+from slidedp.planning.compiled_choice import CompiledChoice, choose_compiled
 from slidedp.planning.cost_model import GIB, Job, Rates, Uncalibrated, offload_backlog, predict
 from slidedp.planning.knobs import CHUNKS_MB as CHUNKS_MB
 from slidedp.planning.knobs import LOSS_CHUNKS as LOSS_CHUNKS
@@ -187,7 +188,9 @@ def _plan(cfg: Any, topology: dict[str, Any], calibration: dict[str, Any] | None
                 note = declared_note(calibration["declared"])
         except (Uncalibrated, KeyError, TypeError) as exc:
             note = f"calibration unusable ({exc}): memory fit only, no step times"
-    planner = _Planner(cfg, job, rates, ActivationSizes.of(job, calibration))
+    # compiled layers or eager, decided before the search (the activation sizes depend on it)
+    compiled = choose_compiled(cfg.policy.fixed(), calibration if rates else None, job.on_gpu)
+    planner = _Planner(cfg, job, rates, ActivationSizes.of(job, calibration, compiled.compiled), compiled=compiled)
     try:
         plan = planner.run()
     except Infeasible as exc:
@@ -242,9 +245,11 @@ class _Planner(RouteSearch, KnobSearch, StreamedSearch, PlanJson, MixSearch, Ref
     search come from the mixins, each in its module."""
 
     def __init__(self, cfg: Any, job: Job, rates: Rates | None, acts: ActivationSizes,
-                 sims: dict[ExecutionPolicy, dict[str, Any]] | None = None):
+                 sims: dict[ExecutionPolicy, dict[str, Any]] | None = None, compiled: CompiledChoice | None = None):
         self.cfg, self.job, self.rates, self.acts = cfg, job, rates, acts
         self.fixed = cfg.policy.fixed()
+        # compiled_layers of every policy the search makes (planning/compiled_choice.py)
+        self.compiled = compiled or choose_compiled(self.fixed, None, job.on_gpu)
         # predictions by policy; they do not depend on the HBM budget, so the card sweep's planners share them
         self.sims: dict[ExecutionPolicy, dict[str, Any]] = {} if sims is None else sims
         self.mems: dict[ExecutionPolicy, tuple[Rates | None, dict[str, Any]]] = {}  # mem's, with the rates used
@@ -332,8 +337,7 @@ class _Planner(RouteSearch, KnobSearch, StreamedSearch, PlanJson, MixSearch, Ref
             staging_slots=self.fixed.get("staging_slots", 0),  # 0: the window's default, or the slot sweep's pick
             # at most the layers above the device layers (resolve's rule)
             streamed_layers=min(streamed, self.job.layers - min(device_layers, self.job.layers)),
-            # the config's, carried into the plan as it is: not priced yet (the cost model times eager layers)
-            compiled_layers=bool(self.fixed.get("compiled_layers", False)),
+            compiled_layers=self.compiled.compiled,
         )
 
     # ------------------------------------------------------------------ the search
@@ -438,7 +442,7 @@ class _Planner(RouteSearch, KnobSearch, StreamedSearch, PlanJson, MixSearch, Ref
         """The policy the same search chooses for `job` (this job with another memory per GPU) and its
         prediction, without the plan's write-up; Infeasible when nothing fits. The predictions made so far are
         shared, as they do not depend on the memory."""
-        other = _Planner(self.cfg, job, self.rates, self.acts, self.sims)
+        other = _Planner(self.cfg, job, self.rates, self.acts, self.sims, self.compiled)
         start = other.start_knobs()
         other.check_minimum(start.window, start.chunk_mb, start.loss_chunks)
         pol = other.choose(start)[0] if other.rates else None

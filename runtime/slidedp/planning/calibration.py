@@ -16,6 +16,8 @@ What is measured (docs/interfaces.md §5 has the JSON):
   unit         one decoder layer of the job's model (transformers' own class) at the job's (micro-batch, seq):
                forward and backward keeping activations, forward without graph and recompute+backward
                (checkpoint), and the bytes each keeps for backward
+  unit_compiled  on CUDA, the same figures for the layer through the engine's compiled layer
+               (policy.compiled_layers), with the compile's first-call seconds and graph counts
   embedding, loss_head   the embedding and the chunked final norm + lm_head + cross-entropy (time per token,
                per chunk, and the peak memory per token of a chunk)
   pinned_alloc_s_per_gib
@@ -73,6 +75,8 @@ from slidedp.version import __version__ as slidedp_version
 # memory that the kernel may back with huge pages: the engine's update ran ~20% slower than version 3 said.
 # 5: update_in_step, the host update beside a thread issuing a decoder layer's forward and backward, unit by unit
 # on cold buffers: the updater ran 20-40% slower in steps than the `cpu` rates alone.
+# 6: unit_compiled, the decoder layer through the engine's compiled layer (policy.compiled_layers) on CUDA, without
+# which AutoPolicy cannot price compiled layers.
 # (SCHEMA_VERSION lives in shape.py, which the API reads without torch.)
 
 
@@ -104,6 +108,8 @@ def calibrate(
             out["device_update"] = device_update(device, dtype, quick)
         parts = ModelParts(mc, device, dtype)
         out["unit"] = parts.decoder_layer(cfg.micro_batch_size, cfg.seq_len, reps=3 if quick else 8)
+        if cuda:
+            out["unit_compiled"] = compiled_unit(parts, cfg, reps=3 if quick else 8)
         out["embedding"] = parts.embedding(cfg.micro_batch_size, cfg.seq_len, reps=3 if quick else 8)
         out["loss_head"] = parts.loss_head(
             cfg.policy.loss_chunk_tokens, cfg.micro_batch_size * cfg.seq_len, reps=3 if quick else 6
@@ -125,6 +131,16 @@ def calibrate(
         )
     out["elapsed_s"] = time.perf_counter() - t_start
     return out
+
+
+def compiled_unit(parts: ModelParts, cfg: JobConfig, reps: int) -> dict[str, Any]:
+    """The decoder layer under policy.compiled_layers, or why it could not be measured: a compile that fails here
+    (no compiler for this GPU, a graph inductor cannot build) is recorded, and the planner then never chooses
+    compiled layers and says why (planning/compiled_choice.py)."""
+    try:
+        return parts.compiled_layer(cfg.micro_batch_size, cfg.seq_len, reps)
+    except Exception as exc:  # any failure of the compile stack: the record keeps its text
+        return {"error": f"{type(exc).__name__}: {str(exc).strip().splitlines()[0][:300] if str(exc).strip() else ''}"}
 
 
 def load_or_calibrate(

@@ -19,6 +19,7 @@ import math
 from typing import Any
 
 from slidedp.planning import long_step, overlap
+from slidedp.planning.compiled_choice import measured
 from slidedp.planning.job import GIB as GIB
 from slidedp.planning.job import UPDATE_DRAM_BYTES as UPDATE_DRAM_BYTES
 from slidedp.planning.job import Job
@@ -167,8 +168,10 @@ class Rates:
         return max(t[f"{direction}_GBps"]) * 1e9
 
     # compute -----------------------------------------------------------------
-    def layer_s(self) -> tuple[dict[str, float], dict[str, float]]:
-        u = self.c["unit"]
+    def layer_s(self, compiled: bool = False) -> tuple[dict[str, float], dict[str, float]]:
+        """(forward, backward) seconds of one decoder layer by activation policy; `compiled`: the layer through
+        policy.compiled_layers where calibration timed it (planning/compiled_choice.py), else the eager layer."""
+        u = (measured(self.c) if compiled else None) or self.c["unit"]
         fwd = {"keep": u["fwd_keep_s"], "offload": u["fwd_keep_s"], "checkpoint": u["fwd_checkpoint_s"]}
         bwd = {"keep": u["bwd_keep_s"], "offload": u["bwd_keep_s"], "checkpoint": u["bwd_checkpoint_s"]}
         return fwd, bwd
@@ -189,7 +192,7 @@ def durations(job: Job, pol: ExecutionPolicy, rates: Rates, zero: frozenset = fr
     gpu_reduce = pol.grad_reduce == "gpu" and N > 1
     gbytes = 4  # gradients travel and are reduced in fp32
     n_units = len(job.units)
-    fwd, bwd = rates.layer_s()
+    fwd, bwd = rates.layer_s(pol.compiled_layers)
     if "recompute" in zero:
         bwd = dict(bwd, checkpoint=bwd["keep"])
     deliver_bytes = [job.padded(u) * job.delivered_bytes(cast) / (N if sharded else 1) for u in range(n_units)]
@@ -248,7 +251,7 @@ def durations(job: Job, pol: ExecutionPolicy, rates: Rates, zero: frozenset = fr
     # Without P2P a collective crosses host memory: every rank writes its part there and reads the others'.
     through_host = job.on_gpu and job.interconnect == "pcie-host"
     coll_loads = {"dram": 2.0 * (N - 1) / N * N, "pcie": 2.0 * (N - 1) / N} if through_host else {}
-    act_bytes = ActivationSizes.of(job, rates.c).keep
+    act_bytes = ActivationSizes.of(job, rates.c, pol.compiled_layers).keep
     return overlap.Durations(
         world=N,
         units=list(job.units),
@@ -325,8 +328,8 @@ def offload_backlog(job: Job, pol: ExecutionPolicy, rates: Rates | None) -> int 
     """How many offloaded layers' activations wait on the GPU for the d2h stream at once (None: all of them)."""
     if rates is None or "offload" not in pol.activations:
         return None
-    fwd, _ = rates.layer_s()
-    out = rates.transfer_s("d2h", ActivationSizes.of(job, rates.c).keep, pol.chunk_mb)
+    fwd, _ = rates.layer_s(pol.compiled_layers)
+    out = rates.transfer_s("d2h", ActivationSizes.of(job, rates.c, pol.compiled_layers).keep, pol.chunk_mb)
     drained = fwd["keep"] / max(out, 1e-12)  # layers' copies finished while one more layer runs forward
     if drained >= 1.0:
         return 1  # each layer's copy is done before the next layer's is queued

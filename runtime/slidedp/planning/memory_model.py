@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from slidedp.planning.compiled_choice import measured
 from slidedp.planning.job import Job
 from slidedp.planning.shape import shape_matches
 from slidedp.policy import ExecutionPolicy
@@ -42,8 +43,11 @@ class ActivationSizes:
     measured: bool
 
     @classmethod
-    def of(cls, job: Job, calibration: dict[str, Any] | None) -> ActivationSizes:
+    def of(cls, job: Job, calibration: dict[str, Any] | None, compiled: bool = False) -> ActivationSizes:
+        """`compiled`: a layer's saved bytes as the compiled layer keeps them, where calibration measured it."""
         unit = (calibration or {}).get("unit") if shape_matches(job, calibration) else None
+        if unit and compiled:
+            unit = measured(calibration) or unit
         head = (calibration or {}).get("loss_head") if unit else None
         # per token of a chunk: logits, their fp32 copy, the saved log-softmax, the fp32 gradient and its cast
         est_tok = job.vocab * (2 * job.pbytes + 12)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import statistics
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -94,6 +95,86 @@ class ModelParts:
             "saved_keep_bytes": saved,
             "saved_checkpoint_bytes": x.numel() * x.element_size(),  # the layer's input, recomputed from
             "saved_source": "saved-tensor hooks (parameters excluded)",
+        }
+
+    def compiled_layer(self, mb: int, seq: int, reps: int) -> dict[str, Any]:
+        """The decoder layer as the engine runs it under policy.compiled_layers (slidedp.step.compiled): the
+        adapter's layer through its compiled function, parameters as views of one flat buffer with their gradients
+        accumulated into a flat gradient buffer, at the job's shape. The same figures as decoder_layer, plus what
+        the first call of each graph took (`compile_s`: the compile, paid once by the job's first step; the
+        compile cache on this host makes a later job's cheaper) and dynamo's graph and graph-break counts. The
+        engine's graph, so the compile cache this warms is the job's."""
+        from slidedp.step.compiled import compile_backend, layer_function
+        from slidedp.step.model_adapter import ModelAdapter
+
+        self.config.use_cache = False  # as the engine's config (load_hf_config): no KV cache in the graph
+        adapter = ModelAdapter(self.config)
+        spec = adapter.units[1]
+        host = torch.empty(spec.numel, dtype=torch.float32)
+        adapter.init_unit(spec, host, seed=0)
+        buf = host.to(device=self.device, dtype=self.dtype)
+        gflat = torch.zeros(spec.numel, device=self.device, dtype=self.dtype)
+        layer_fn = layer_function(adapter, True, self.device)
+        x, pos, pe = self._inputs(mb, seq)
+        ctx = {"position_ids": pos, "attention_mask": None, "position_embeddings": pe}
+        grad = torch.randn_like(x) * 1e-3
+
+        def leaves() -> dict[str, torch.Tensor]:  # the engine's _leaves: views of buf, gradients into gflat
+            out = {}
+            for p in spec.params:
+                leaf = buf[p.offset : p.offset + p.numel].view(p.shape).detach().requires_grad_(True)
+                leaf.grad = gflat[p.offset : p.offset + p.numel].view(p.shape)
+                out[p.name] = leaf
+            return out
+
+        def fwd_graph() -> torch.Tensor:
+            return layer_fn(leaves(), x.detach().requires_grad_(True), ctx)
+
+        state: dict[str, Any] = {}
+
+        def keep_fwd() -> None:
+            state["out"] = fwd_graph()
+
+        def keep_bwd() -> None:
+            torch.autograd.backward(state.pop("out"), grad)
+
+        def ckpt_fwd() -> None:
+            with torch.no_grad():
+                layer_fn(adapter.param_views(spec, buf), x, ctx)
+
+        def ckpt_bwd() -> None:  # recompute with a graph, then backward (slidedp.step.engine)
+            torch.autograd.backward(fwd_graph(), grad)
+
+        graphs, breaks = _dynamo_counts()
+        t0 = time.perf_counter()
+        keep_fwd()
+        keep_bwd()
+        ckpt_fwd()
+        if self.cuda:
+            torch.cuda.synchronize(self.device)
+        compile_s = time.perf_counter() - t0
+        graphs, breaks = (after - before for after, before in zip(_dynamo_counts(), (graphs, breaks)))
+        fwd_keep = self._alternating(keep_fwd, keep_bwd, reps)
+        fwd_ckpt = self._median(ckpt_fwd, reps)
+        bwd_ckpt = self._median(ckpt_bwd, reps)
+        saved = self._saved_bytes(fwd_graph, [buf.untyped_storage().data_ptr(), gflat.untyped_storage().data_ptr()])
+        return {
+            "params": spec.numel,
+            "micro_batch": mb,
+            "seq": seq,
+            "tokens": mb * seq,
+            "backend": compile_backend(self.device),
+            "fwd_keep_s": fwd_keep[0],
+            "bwd_keep_s": fwd_keep[1],
+            "fwd_checkpoint_s": fwd_ckpt,
+            "bwd_checkpoint_s": bwd_ckpt,
+            "recompute_s": max(0.0, bwd_ckpt - fwd_keep[1]),
+            "saved_keep_bytes": saved,
+            "saved_checkpoint_bytes": x.numel() * x.element_size(),
+            "saved_source": "saved-tensor hooks (parameters excluded)",
+            "compile_s": compile_s,
+            "graphs": graphs,
+            "graph_breaks": breaks,
         }
 
     def issue_loop(self, mb: int, seq: int) -> Callable[[Any], None]:
@@ -207,3 +288,11 @@ class ModelParts:
                 peak_fixed_bytes=max(0.0, peaks[1] - per_tok_b * sizes[1]),
             )
         return out
+
+
+
+def _dynamo_counts() -> tuple[int, int]:
+    """(graphs compiled, graph breaks) that dynamo has counted in this process so far."""
+    from torch._dynamo.utils import counters
+
+    return int(counters["stats"]["unique_graphs"]), int(sum(counters["graph_break"].values()))

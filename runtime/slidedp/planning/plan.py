@@ -242,6 +242,7 @@ class Plan(_Section):
     basis: Mapping[str, Any] | None = dataclasses.field(default=None, metadata=_OMIT)
     replanned: str | None = dataclasses.field(default=None, metadata=_OMIT)
     clipping: Clipping | None = dataclasses.field(default=None, metadata=_OMIT)  # with max_grad_norm > 0 only
+    compiled_layers: Mapping[str, Any] | None = dataclasses.field(default=None, metadata=_OMIT)
 
     def check(self) -> None:
         if self.feasible and not isinstance(self.policy, Mapping):

@@ -85,6 +85,8 @@ def format_plan(plan: Plan | dict[str, Any]) -> str:
         lines.append(f"predicted: no step time ({note})")
     if plan.clipping is not None:  # where the update runs, where gradients wait, what clipping costs
         lines.append(clipping_words(plan.clipping))
+    if plan.compiled_layers:  # compiled or eager layers, and why (planning/compiled_choice.py)
+        lines.append(compiled_words(plan.compiled_layers))
     if plan.candidates:
         lines.append("")
         lines.append(
@@ -155,3 +157,12 @@ def shortlist(cands: list[Candidate], n: int) -> list[Candidate]:
 def _variant(c: Candidate) -> tuple:
     p = c.policy
     return p["delivery"], p["grad_reduce"], p["edge_update"], p["device_layers"], c.fits
+
+
+def compiled_words(c: dict[str, Any]) -> str:
+    """The plan's compiled_layers in one line."""
+    who = "configured" if c["by"] == "config" else "planner's choice"
+    head = f"layers: {'compiled' if c['chosen'] else 'eager'} ({who}): {c['reason']}"
+    if c["chosen"] and c.get("compile_s") is not None:
+        head += f"; the first step compiles them (~{c['compile_s']:.0f} s, once)"
+    return head
