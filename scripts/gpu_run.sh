@@ -96,6 +96,9 @@
 #           layer checkpointed) eager and compiled beside -> $OUT/comp8.jsonl (COMP_STEPS, 8 steps)
 #   comp3   the same for the Llama 3.2 3B preset (every layer kept by FSDP2 where it fits: COMP3_PEER_KEEP, none)
 #           -> $OUT/comp3.jsonl
+#   sust    a Qwen3-8B layer's kept forward + backward at 8 x 2048 back to back for SUST_S (15) seconds, eager then
+#           compiled, with the SM clock, power and temperature once a second (scripts/probe_layer_sustained.py): does
+#           the layer slow down over a step's length? -> $OUT/sustained.jsonl
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export PYTHONPATH=$PWD/runtime:$PWD PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -282,6 +285,8 @@ print(f'with NCCL and one all-reduce: {(t - f1) / 2**30:.3f} GiB (allocator rese
            timeout ${COMP_S:-560} python3 -m slidedp.cli bench --model llama3.2-3b --seq 2048 --gpus 1 --mbs 8 \
              --steps ${COMP_STEPS:-8} --threads 16 --policies "$A:0:$R:eager,$A:0:$R:auto" \
              --peers fsdp2:$K,fsdp2:$K:0:compiled --out "$OUT/comp3.jsonl" 2>&1 | quiet 30 ;;
+    sust) for c in "" --compiled; do timeout 120 python3 scripts/probe_layer_sustained.py --model qwen3-8b --mbs 8 \
+            --seq 2048 --seconds ${SUST_S:-15} $c --out "$OUT/sustained.jsonl" 2>&1 | quiet 16; done ;;
     *) echo "unknown part '$part': the parts are listed at the top of scripts/gpu_run.sh" >&2; exit 2 ;;
   esac
 done

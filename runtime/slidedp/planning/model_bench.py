@@ -9,11 +9,28 @@ import os
 import statistics
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from slidedp.planning.microbench import median_time, settled, settled_median
+
+
+@dataclass
+class LayerCalls:
+    """One decoder layer's calls as calibration times them: a kept layer's forward and its backward (in pairs), a
+    checkpointed layer's forward without a graph and its recompute + backward; a forward with a graph (for the
+    saved bytes); the layer's parameter count, the storages its parameters live in, its input's bytes."""
+
+    keep_fwd: Callable[[], None]
+    keep_bwd: Callable[[], None]
+    ckpt_fwd: Callable[[], None]
+    ckpt_bwd: Callable[[], None]
+    fwd_graph: Callable[[], torch.Tensor]
+    params: int
+    param_ptrs: list[int]
+    input_bytes: int
 
 
 class ModelParts:
@@ -53,83 +70,54 @@ class ModelParts:
         rotary = self.rotary_cls(self.config).to(self.device)
         return x, pos, rotary(x, pos)
 
-    def decoder_layer(self, mb: int, seq: int, reps: int) -> dict[str, Any]:
-        layer = self.layer_cls(self.config, layer_idx=0).to(device=self.device, dtype=self.dtype)
+    def layer_calls(self, mb: int, seq: int, compiled: bool = False) -> LayerCalls:
+        """One decoder layer's four calls at (mb, seq): eager, transformers' layer module as it is; `compiled`,
+        the layer as the engine runs it under policy.compiled_layers (slidedp.step.compiled: the adapter's layer
+        through its compiled function, parameters as views of one flat buffer with their gradients accumulated
+        into a flat gradient buffer; the engine's graph, so the compile cache a first call fills is the job's)."""
         x, pos, pe = self._inputs(mb, seq)
         grad = torch.randn_like(x) * 1e-3
+        if compiled:
+            from slidedp.step.compiled import layer_function
+            from slidedp.step.model_adapter import ModelAdapter
 
-        def fwd_graph() -> torch.Tensor:
-            h = x.detach().requires_grad_(True)
-            out = layer(h, position_ids=pos, position_embeddings=pe)
-            return out[0] if isinstance(out, tuple) else out
+            self.config.use_cache = False  # as the engine's config (load_hf_config): no KV cache in the graph
+            adapter = ModelAdapter(self.config)
+            spec = adapter.units[1]
+            host = torch.empty(spec.numel, dtype=torch.float32)
+            adapter.init_unit(spec, host, seed=0)
+            buf = host.to(device=self.device, dtype=self.dtype)
+            gflat = torch.zeros(spec.numel, device=self.device, dtype=self.dtype)
+            layer_fn = layer_function(adapter, True, self.device)
+            ctx = {"position_ids": pos, "attention_mask": None, "position_embeddings": pe}
 
-        state: dict[str, Any] = {}
+            def leaves() -> dict[str, torch.Tensor]:  # the engine's _leaves: views of buf, gradients into gflat
+                out = {}
+                for p in spec.params:
+                    leaf = buf[p.offset : p.offset + p.numel].view(p.shape).detach().requires_grad_(True)
+                    leaf.grad = gflat[p.offset : p.offset + p.numel].view(p.shape)
+                    out[p.name] = leaf
+                return out
 
-        def keep_fwd() -> None:
-            state["out"] = fwd_graph()
+            def fwd_graph() -> torch.Tensor:
+                return layer_fn(leaves(), x.detach().requires_grad_(True), ctx)
 
-        def keep_bwd() -> None:
-            state.pop("out").backward(grad)
+            def no_graph() -> None:
+                layer_fn(adapter.param_views(spec, buf), x, ctx)
 
-        def ckpt_fwd() -> None:
-            with torch.no_grad():
+            params, ptrs = spec.numel, [buf.untyped_storage().data_ptr(), gflat.untyped_storage().data_ptr()]
+        else:
+            layer = self.layer_cls(self.config, layer_idx=0).to(device=self.device, dtype=self.dtype)
+
+            def fwd_graph() -> torch.Tensor:
+                out = layer(x.detach().requires_grad_(True), position_ids=pos, position_embeddings=pe)
+                return out[0] if isinstance(out, tuple) else out
+
+            def no_graph() -> None:
                 fwd_graph()
 
-        def ckpt_bwd() -> None:  # recompute with a graph, then backward (slidedp.step.engine)
-            fwd_graph().backward(grad)
-
-        fwd_keep = self._alternating(keep_fwd, keep_bwd, reps)
-        fwd_ckpt = self._median(ckpt_fwd, reps)
-        bwd_ckpt = self._median(ckpt_bwd, reps)
-        saved = self._saved_bytes(fwd_graph, [p.untyped_storage().data_ptr() for p in layer.parameters()])
-        return {
-            "params": sum(p.numel() for p in layer.parameters()),
-            "micro_batch": mb,
-            "seq": seq,
-            "tokens": mb * seq,
-            "fwd_keep_s": fwd_keep[0],
-            "bwd_keep_s": fwd_keep[1],
-            "fwd_checkpoint_s": fwd_ckpt,
-            "bwd_checkpoint_s": bwd_ckpt,
-            "recompute_s": max(0.0, bwd_ckpt - fwd_keep[1]),  # what checkpointing adds to a layer's backward
-            "saved_keep_bytes": saved,
-            "saved_checkpoint_bytes": x.numel() * x.element_size(),  # the layer's input, recomputed from
-            "saved_source": "saved-tensor hooks (parameters excluded)",
-        }
-
-    def compiled_layer(self, mb: int, seq: int, reps: int) -> dict[str, Any]:
-        """The decoder layer as the engine runs it under policy.compiled_layers (slidedp.step.compiled): the
-        adapter's layer through its compiled function, parameters as views of one flat buffer with their gradients
-        accumulated into a flat gradient buffer, at the job's shape. The same figures as decoder_layer, plus what
-        the first call of each graph took (`compile_s`: the compile, paid once by the job's first step; the
-        compile cache on this host makes a later job's cheaper) and dynamo's graph and graph-break counts. The
-        engine's graph, so the compile cache this warms is the job's."""
-        from slidedp.step.compiled import compile_backend, layer_function
-        from slidedp.step.model_adapter import ModelAdapter
-
-        self.config.use_cache = False  # as the engine's config (load_hf_config): no KV cache in the graph
-        adapter = ModelAdapter(self.config)
-        spec = adapter.units[1]
-        host = torch.empty(spec.numel, dtype=torch.float32)
-        adapter.init_unit(spec, host, seed=0)
-        buf = host.to(device=self.device, dtype=self.dtype)
-        gflat = torch.zeros(spec.numel, device=self.device, dtype=self.dtype)
-        layer_fn = layer_function(adapter, True, self.device)
-        x, pos, pe = self._inputs(mb, seq)
-        ctx = {"position_ids": pos, "attention_mask": None, "position_embeddings": pe}
-        grad = torch.randn_like(x) * 1e-3
-
-        def leaves() -> dict[str, torch.Tensor]:  # the engine's _leaves: views of buf, gradients into gflat
-            out = {}
-            for p in spec.params:
-                leaf = buf[p.offset : p.offset + p.numel].view(p.shape).detach().requires_grad_(True)
-                leaf.grad = gflat[p.offset : p.offset + p.numel].view(p.shape)
-                out[p.name] = leaf
-            return out
-
-        def fwd_graph() -> torch.Tensor:
-            return layer_fn(leaves(), x.detach().requires_grad_(True), ctx)
-
+            params = sum(p.numel() for p in layer.parameters())
+            ptrs = [p.untyped_storage().data_ptr() for p in layer.parameters()]
         state: dict[str, Any] = {}
 
         def keep_fwd() -> None:
@@ -140,42 +128,55 @@ class ModelParts:
 
         def ckpt_fwd() -> None:
             with torch.no_grad():
-                layer_fn(adapter.param_views(spec, buf), x, ctx)
+                no_graph()
 
         def ckpt_bwd() -> None:  # recompute with a graph, then backward (slidedp.step.engine)
             torch.autograd.backward(fwd_graph(), grad)
 
-        graphs, breaks = _dynamo_counts()
-        t0 = time.perf_counter()
-        keep_fwd()
-        keep_bwd()
-        ckpt_fwd()
-        if self.cuda:
-            torch.cuda.synchronize(self.device)
-        compile_s = time.perf_counter() - t0
-        graphs, breaks = (after - before for after, before in zip(_dynamo_counts(), (graphs, breaks)))
-        fwd_keep = self._alternating(keep_fwd, keep_bwd, reps)
-        fwd_ckpt = self._median(ckpt_fwd, reps)
-        bwd_ckpt = self._median(ckpt_bwd, reps)
-        saved = self._saved_bytes(fwd_graph, [buf.untyped_storage().data_ptr(), gflat.untyped_storage().data_ptr()])
+        return LayerCalls(keep_fwd, keep_bwd, ckpt_fwd, ckpt_bwd, fwd_graph, params, ptrs,
+                          x.numel() * x.element_size())
+
+    def _figures(self, calls: LayerCalls, mb: int, seq: int, reps: int) -> dict[str, Any]:
+        fwd_keep = self._alternating(calls.keep_fwd, calls.keep_bwd, reps)
+        fwd_ckpt = self._median(calls.ckpt_fwd, reps)
+        bwd_ckpt = self._median(calls.ckpt_bwd, reps)
         return {
-            "params": spec.numel,
+            "params": calls.params,
             "micro_batch": mb,
             "seq": seq,
             "tokens": mb * seq,
-            "backend": compile_backend(self.device),
             "fwd_keep_s": fwd_keep[0],
             "bwd_keep_s": fwd_keep[1],
             "fwd_checkpoint_s": fwd_ckpt,
             "bwd_checkpoint_s": bwd_ckpt,
-            "recompute_s": max(0.0, bwd_ckpt - fwd_keep[1]),
-            "saved_keep_bytes": saved,
-            "saved_checkpoint_bytes": x.numel() * x.element_size(),
+            "recompute_s": max(0.0, bwd_ckpt - fwd_keep[1]),  # what checkpointing adds to a layer's backward
+            "saved_keep_bytes": self._saved_bytes(calls.fwd_graph, calls.param_ptrs),
+            "saved_checkpoint_bytes": calls.input_bytes,  # the layer's input, recomputed from
             "saved_source": "saved-tensor hooks (parameters excluded)",
-            "compile_s": compile_s,
-            "graphs": graphs,
-            "graph_breaks": breaks,
         }
+
+    def decoder_layer(self, mb: int, seq: int, reps: int) -> dict[str, Any]:
+        """The eager layer's figures (calibration's `unit`)."""
+        return self._figures(self.layer_calls(mb, seq), mb, seq, reps)
+
+    def compiled_layer(self, mb: int, seq: int, reps: int) -> dict[str, Any]:
+        """The compiled layer's figures (calibration's `unit_compiled`): decoder_layer's, plus what the first call
+        of each graph took (`compile_s`: the compile, paid once by the job's first step; the compile cache on this
+        host makes a later job's cheaper) and dynamo's graph and graph-break counts."""
+        from slidedp.step.compiled import compile_backend
+
+        calls = self.layer_calls(mb, seq, compiled=True)
+        graphs, breaks = _dynamo_counts()
+        t0 = time.perf_counter()
+        calls.keep_fwd()
+        calls.keep_bwd()
+        calls.ckpt_fwd()
+        if self.cuda:
+            torch.cuda.synchronize(self.device)
+        compile_s = time.perf_counter() - t0
+        graphs, breaks = (after - before for after, before in zip(_dynamo_counts(), (graphs, breaks)))
+        return {**self._figures(calls, mb, seq, reps), "backend": compile_backend(self.device),
+                "compile_s": compile_s, "graphs": graphs, "graph_breaks": breaks}
 
     def issue_loop(self, mb: int, seq: int) -> Callable[[Any], None]:
         """A load for timing the host update inside a step: run(stop) issues one decoder layer's forward and
