@@ -17,6 +17,7 @@ speed-up, so that CPU ranks (and the CPU tests) run the capture the GPUs compile
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 import torch
@@ -72,3 +73,41 @@ def layer_function(adapter: Any, compiled: bool, device: torch.device):
         cached = CompiledLayer(adapter, backend)
         adapter._compiled_layer = cached
     return cached
+
+
+def warm(adapter: Any, device: torch.device, dtype: torch.dtype, micro_batch: int, seq: int) -> None:
+    """Compile the adapter's layer for the job's micro-batch shape before the first step needs it: the graph that
+    records autograd (with its backward, run once) and the no-grad one of a checkpointed layer, on inputs made as
+    the engine makes them (parameters as views of one flat buffer in the compute dtype, the hidden states, int64
+    position ids and the rotary embedding of them, no attention mask), so the step's calls find them compiled.
+    The kept layer's forward runs under saved-tensor hooks in the engine (slidedp.step.activations) and the
+    recompute's without: both are warmed. A rank calls it while the launcher still fills the host state, which
+    hides the compile behind that fill. Where the job's data brings an attention mask (packed documents), the
+    first step compiles that graph itself."""
+    fn = layer_function(adapter, True, device)
+    spec = adapter.units[1]
+    buf = torch.zeros(spec.numel, device=device, dtype=dtype)
+    gflat = torch.zeros_like(buf)
+    h = torch.zeros(micro_batch, seq, adapter.hidden, device=device, dtype=dtype)
+    pos = torch.arange(seq, device=device).expand(micro_batch, seq).contiguous()
+    ctx = {"position_ids": pos, "attention_mask": None, "position_embeddings": adapter.rotary(device)(h, pos)}
+
+    def leaves() -> dict[str, torch.Tensor]:
+        out = {}
+        for p in spec.params:
+            leaf = buf[p.offset : p.offset + p.numel].view(p.shape).detach().requires_grad_(True)
+            leaf.grad = gflat[p.offset : p.offset + p.numel].view(p.shape)
+            out[p.name] = leaf
+        return out
+
+    for hooked in (True, False):
+        with torch.enable_grad(), (torch.autograd.graph.saved_tensors_hooks(lambda t: t, lambda t: t) if hooked
+                                   else contextlib.nullcontext()):
+            out = fn(leaves(), h.detach().requires_grad_(True), ctx)
+        torch.autograd.backward(out, torch.zeros_like(out))
+    with torch.no_grad():
+        fn(adapter.param_views(spec, buf), h, ctx)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        del buf, gflat, h, out
+        torch.cuda.empty_cache()  # the engine allocates its window next: nothing of this stays cached

@@ -193,6 +193,13 @@ def _ready(link, args: RankArgs, marks: _Marks, queue, loading: _Loading, device
     # The gradient staging is no part of what the launcher fills: it is page-locked while the fill runs.
     state.pin_staging()
     marks.done("page_lock_staging")
+    if args.spec.policy.compiled_layers:  # the layers' compile, while the launcher still fills the host state
+        from slidedp.step.compiled import warm
+
+        adapter, _ = loading.result()
+        warm(adapter, device, torch.bfloat16 if cfg.precision == "bf16" else torch.float32, cfg.micro_batch_size,
+             cfg.seq_len)
+        marks.done("compile_layers")
     # Everything above overlaps the launcher's filling of the host state; nothing below may read it before the
     # launcher says it is whole. The state is page-locked only then, and the launcher pages the moments in only once
     # every rank has said it is done (Board.set_pinned): for Qwen3-8B on the GPU machine page-locking took 17-25 s
