@@ -115,7 +115,7 @@ def test_autopolicy_chooses_compiled_layers_and_prices_them(h200):
     assert c["compiled_layer_s"] < c["eager_layer_s"]
     assert "Compiled layers (the planner's choice)" in chosen["why"]
     text = format_plan(ap.plan_for(cfg(), topo, fast))
-    assert "layers: compiled (planner's choice)" in text and "compiles them (~17 s, once)" in text
+    assert "layers: compiled (planner's choice)" in text and "compile them at start (~17 s, once" in text
     # the same with clipping: compiled too
     assert ap.plan_job(cfg(clip=1.0), topo, fast)["policy"]["compiled_layers"] is True
 

@@ -8,8 +8,9 @@ and checkpointed (forward without a graph, then recompute and backward). Otherwi
 measurement or where the compile failed (the record keeps why), and where compiling does not pay.
 
 The compiled figures price the step (cost_model.Rates.layer_s, memory_model.ActivationSizes: the compiled graph
-saves other tensors for backward); the compile itself is paid once, by the first step, and is the plan's
-`compiled_layers.compile_s` as calibration measured it (a warm compile cache on the host makes it shorter).
+saves other tensors for backward); the compile itself is paid once, by each rank at its start while the launcher
+fills the host state (slidedp.step.compiled.warm), and is the plan's `compiled_layers.compile_s` as calibration
+measured it (a warm compile cache on the host makes it shorter).
 
 Imports no torch.
 """
@@ -58,12 +59,12 @@ class CompiledChoice:
         who = "as configured" if self.by == "config" else "the planner's choice"
         if self.compiled and self.compiled_layer_s is not None:
             return (f"Compiled layers ({who}): a layer's forward and backward take {self.compiled_layer_s * 1e3:.1f} "
-                    f"ms against {self.eager_layer_s * 1e3:.1f} ms eager, as calibrated; the first step compiles "
-                    f"them once ({self.compile_s:.0f} s when calibration compiled it; less with the compile cache "
-                    "warm).")
+                    f"ms against {self.eager_layer_s * 1e3:.1f} ms eager, as calibrated; each rank compiles them "
+                    f"once at its start, beside the host state's fill ({self.compile_s:.0f} s when calibration "
+                    "compiled them; less with the compile cache warm).")
         if self.compiled:
             return (f"Compiled layers ({who}): {self.reason}, so the step is priced with eager layers and is "
-                    "likely high by what compiling saves; the first step pays the compile once.")
+                    "likely high by what compiling saves; each rank compiles them once at its start.")
         return f"Eager layers ({who}): {self.reason}."
 
 

@@ -164,5 +164,5 @@ def compiled_words(c: dict[str, Any]) -> str:
     who = "configured" if c["by"] == "config" else "planner's choice"
     head = f"layers: {'compiled' if c['chosen'] else 'eager'} ({who}): {c['reason']}"
     if c["chosen"] and c.get("compile_s") is not None:
-        head += f"; the first step compiles them (~{c['compile_s']:.0f} s, once)"
+        head += f"; the ranks compile them at start (~{c['compile_s']:.0f} s, once, beside the host state's fill)"
     return head
