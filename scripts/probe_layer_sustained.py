@@ -19,6 +19,7 @@ import threading
 import time
 
 import torch
+from slidedp.planning.microbench import median_time
 from slidedp.planning.model_bench import ModelParts
 from slidedp.presets import model_config_dict
 
@@ -60,12 +61,7 @@ def pairs(model: str, mbs: int, seq: int, seconds: float, compiled: bool) -> dic
     times, stamps = [], []
     t0 = time.perf_counter()
     while time.perf_counter() - t0 < seconds:
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        run()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b) / 1e3)
+        times.append(median_time(run, 1, True, warmup=0))  # one pair, timed with CUDA events
         stamps.append(time.perf_counter() - t0)
     stop.set()
     sampler.join()

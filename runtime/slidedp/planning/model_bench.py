@@ -91,16 +91,8 @@ class ModelParts:
             layer_fn = layer_function(adapter, True, self.device)
             ctx = {"position_ids": pos, "attention_mask": None, "position_embeddings": pe}
 
-            def leaves() -> dict[str, torch.Tensor]:  # the engine's _leaves: views of buf, gradients into gflat
-                out = {}
-                for p in spec.params:
-                    leaf = buf[p.offset : p.offset + p.numel].view(p.shape).detach().requires_grad_(True)
-                    leaf.grad = gflat[p.offset : p.offset + p.numel].view(p.shape)
-                    out[p.name] = leaf
-                return out
-
-            def fwd_graph() -> torch.Tensor:
-                return layer_fn(leaves(), x.detach().requires_grad_(True), ctx)
+            def fwd_graph() -> torch.Tensor:  # the engine's leaves: views of buf, gradients into gflat
+                return layer_fn(adapter.param_leaves(spec, buf, gflat), x.detach().requires_grad_(True), ctx)
 
             def no_graph() -> None:
                 layer_fn(adapter.param_views(spec, buf), x, ctx)

@@ -92,18 +92,10 @@ def warm(adapter: Any, device: torch.device, dtype: torch.dtype, micro_batch: in
     pos = torch.arange(seq, device=device).expand(micro_batch, seq).contiguous()
     ctx = {"position_ids": pos, "attention_mask": None, "position_embeddings": adapter.rotary(device)(h, pos)}
 
-    def leaves() -> dict[str, torch.Tensor]:
-        out = {}
-        for p in spec.params:
-            leaf = buf[p.offset : p.offset + p.numel].view(p.shape).detach().requires_grad_(True)
-            leaf.grad = gflat[p.offset : p.offset + p.numel].view(p.shape)
-            out[p.name] = leaf
-        return out
-
     for hooked in (True, False):
         with torch.enable_grad(), (torch.autograd.graph.saved_tensors_hooks(lambda t: t, lambda t: t) if hooked
                                    else contextlib.nullcontext()):
-            out = fn(leaves(), h.detach().requires_grad_(True), ctx)
+            out = fn(adapter.param_leaves(spec, buf, gflat), h.detach().requires_grad_(True), ctx)
         torch.autograd.backward(out, torch.zeros_like(out))
     with torch.no_grad():
         fn(adapter.param_views(spec, buf), h, ctx)

@@ -197,13 +197,7 @@ class RankEngine:
 
     # ------------------------------------------------------------------ units
     def _leaves(self, u: int, buf: torch.Tensor, grad_flat: torch.Tensor | None) -> dict[str, torch.Tensor]:
-        out = {}
-        for p in self.adapter.units[u].params:
-            leaf = buf[p.offset : p.offset + p.numel].view(p.shape).detach().requires_grad_(True)
-            if grad_flat is not None:
-                leaf.grad = grad_flat[p.offset : p.offset + p.numel].view(p.shape)
-            out[p.name] = leaf
-        return out
+        return self.adapter.param_leaves(self.adapter.units[u], buf, grad_flat)
 
     def _layer_forward(self, u: int, buf: torch.Tensor, h: torch.Tensor, ctx: dict) -> tuple:
         policy = self.activations[u - 1]

@@ -153,6 +153,18 @@ class ModelAdapter:
     def param_views(self, spec: UnitSpec, buf: torch.Tensor) -> dict[str, torch.Tensor]:
         return {p.name: buf[p.offset : p.offset + p.numel].view(p.shape) for p in spec.params}
 
+    def param_leaves(self, spec: UnitSpec, buf: torch.Tensor,
+                     grad_flat: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+        """The unit's parameters as autograd leaves viewing `buf`, their gradients accumulated into views of
+        `grad_flat` where given (else set later, by the backward's caller)."""
+        out = {}
+        for p in spec.params:
+            leaf = buf[p.offset : p.offset + p.numel].view(p.shape).detach().requires_grad_(True)
+            if grad_flat is not None:
+                leaf.grad = grad_flat[p.offset : p.offset + p.numel].view(p.shape)
+            out[p.name] = leaf
+        return out
+
     def rotary(self, device: torch.device) -> nn.Module:
         """A real rotary-embedding module on the device (it has buffers, no parameters)."""
         rot = type(self.meta_model.model.rotary_emb)(config=self.config)
