@@ -153,7 +153,7 @@ export const POLICY_TERMS: Readonly<Record<string, Term>> = {
   },
   compiled_layers: {
     label: "compiled layers",
-    text: "Whether the decoder layers run through torch.compile on the GPUs (one compiled graph serves every layer; norms, rotary embeddings and casts fused around the matrix products) instead of eager PyTorch. The first step pays the compile.",
+    text: "Whether the decoder layers run through torch.compile on the GPUs (one compiled graph serves every layer; norms, rotary embeddings and casts fused around the matrix products) instead of eager PyTorch. Each GPU compiles them once as the job starts. Left unset, the planner compiles them where calibration timed a compiled layer faster than an eager one.",
   },
   activations: { label: "activations", text: "Where each decoder layer keeps what its backward pass needs, per layer (runs like “keep ×23” mean 23 layers in a row)." },
   "activations.keep": { label: "keep", text: "Activations stay in GPU memory until backward: fastest, most GPU memory." },

@@ -240,6 +240,16 @@ export interface ClippingCost {
   gpu_waiting_bf16: boolean;
 }
 
+/** The plan's `compiled_layers`: whether the layers run through torch.compile, who decided, the calibrated times. */
+export interface CompiledLayers {
+  chosen: boolean;
+  by: "planner" | "config";
+  eager_layer_s: number | null;
+  compiled_layer_s: number | null;
+  compile_s: number | null;
+  reason: string;
+}
+
 /** A shipped hardware profile's headline figures, as GET /api/profiles lists them (a declared host to plan for). */
 export interface ProfileSummary {
   name: string;
@@ -277,6 +287,8 @@ export interface Plan {
   card_sweep?: CardSweepRow[];
   /** With clipping (max_grad_norm > 0) only: what it costs this plan, who updates what, where gradients wait. */
   clipping?: ClippingCost;
+  /** Compiled or eager decoder layers, who chose and why (docs/interfaces.md §5); absent where they can only be eager. */
+  compiled_layers?: CompiledLayers;
   host?: string;
   stage?: "planned" | "resolved";
   validation?: FieldErrorItem[];

@@ -1,16 +1,16 @@
 // The plan's decisions in a user's words: one sentence per choice (route, activations, where the update runs,
-// what clipping costs and where gradients wait for its norm, the bf16 cast, gradient staging slots, what binds the step), each with its reason in numbers read from the plan
+// what clipping costs and where gradients wait for its norm, compiled or eager layers, the bf16 cast, gradient staging slots, what binds the step), each with its reason in numbers read from the plan
 // JSON (docs/interfaces.md §5); and a refusal's ways out (`ways_out`). Every policy term is hover text from the
 // glossary, so no sentence leans on a name the page never explained.
 import { h } from "../dom";
 import { explain } from "../glossary";
-import type { Candidate, ClippingCost } from "../types";
+import type { Candidate, ClippingCost, CompiledLayers } from "../types";
 import type { PlanAnswer } from "../plan";
 
 /** A sentence as parts: plain text, or [shown words, glossary key] for a term with hover text. */
 export type Part = string | [string, string];
 export interface Decision {
-  topic: "route" | "activations" | "update" | "clipping" | "cast" | "headroom" | "staging" | "bound";
+  topic: "route" | "activations" | "update" | "clipping" | "layers" | "cast" | "headroom" | "staging" | "bound";
   parts: Part[];
 }
 
@@ -99,6 +99,10 @@ export function decisions(plan: PlanAnswer): Decision[] {
   const clip = clipping(plan.clipping, world);
   if (clip) out.push({ topic: "clipping", parts: clip });
 
+  // compiled or eager layers (the plan's `compiled_layers`)
+  const layers = compiledLayers(plan.compiled_layers);
+  if (layers) out.push({ topic: "layers", parts: layers });
+
   // the bf16 cast
   const choice = (plan as { delivery_cast_choice?: { chosen: string; host: CastRow; gpu: CastRow } }).delivery_cast_choice;
   const where = pol.delivery_cast === "gpu" ? "on the GPUs from the fp32 master sent to them" : "on the host, by the CPU update";
@@ -132,6 +136,21 @@ export function decisions(plan: PlanAnswer): Decision[] {
   if (t !== null && top && top[1] > 0.01 * t) {
     out.push({ topic: "bound", parts: ["What limits the step most: ", [top[0].replace(/_/g, " "), "exposed"], ` (${s(top[1])} of the ${s(t)} step is waiting on it, beyond what overlap hides).`] });
   }
+  return out;
+}
+
+/** The layers sentence: "The decoder layers run compiled (…): a layer's forward and backward take 32.8 ms against
+ *  43.3 ms eager, as calibrated; each GPU compiles them once as the job starts (about 17 s)." null without the
+ *  section (layers that can only be eager). */
+function compiledLayers(c: CompiledLayers | undefined): Part[] | null {
+  if (!c) return null;
+  const who = c.by === "config" ? ", as the job's policy sets it" : "";
+  if (!c.chosen) return ["The decoder layers run eager (", ["compiled layers", "compiled_layers"], ` off${who}): ${c.reason}.`];
+  const out: Part[] = ["The decoder layers run compiled (", ["compiled layers", "compiled_layers"], `${who})`];
+  if (c.compiled_layer_s !== null && c.eager_layer_s !== null) {
+    out.push(`: a layer's forward and backward take ${ms(c.compiled_layer_s)} against ${ms(c.eager_layer_s)} eager, as calibrated`);
+    out.push(c.compile_s !== null ? `; each GPU compiles them once as the job starts (about ${c.compile_s.toFixed(0)} s, while the host memory is filled).` : ".");
+  } else out.push(`: ${c.reason}, so the predicted step times eager layers.`);
   return out;
 }
 
