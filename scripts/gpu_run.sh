@@ -105,6 +105,7 @@ OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 # Calibrations come back under $OUT; those committed under docs/results/calibration (none while the schema is new) seed the cache, named for
 # this host, so a later command plans without measuring again.
 export SLIDEDP_CACHE_DIR=$OUT/calibration; mkdir -p "$SLIDEDP_CACHE_DIR"
+export TORCHINDUCTOR_CACHE_DIR=${TORCHINDUCTOR_CACHE_DIR:-/tmp/slidedp-compiled}  # compiled kernels stay on the machine
 for f in docs/results/calibration/*.json; do
   [ -e "$f" ] || continue
   key=$(basename "$f" .json); key=${key: -16}

@@ -3,6 +3,8 @@ the host state): the engine's own calls that follow — a kept layer under its s
 checkpointed layer's forward without a graph and its recompute — find every graph compiled, so the first step
 compiles nothing. Guards are the same for every backend, so the CPU's aot_eager shows what inductor would do."""
 
+import os
+
 import pytest
 import torch
 from slidedp.step.compiled import layer_function, warm
@@ -47,3 +49,20 @@ def test_without_warm_the_same_calls_compile():
     for policy in ("keep", "checkpoint"):
         layer_profile._backward(layer, layer_profile._forward(layer, policy))
     assert graphs() > before
+
+
+def test_the_compile_cache_lives_beside_the_calibrations(tmp_path, monkeypatch):
+    """Compiled kernels are kept with this host's calibrations (a workbench's own folder), not under /tmp where a
+    reboot loses them; a TORCHINDUCTOR_CACHE_DIR the user set is kept."""
+    from slidedp.step.model_adapter import ModelAdapter, load_hf_config
+
+    monkeypatch.setenv("SLIDEDP_CACHE_DIR", str(tmp_path / "cal"))
+    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
+    adapter = ModelAdapter(load_hf_config(MODEL))
+    layer_function(adapter, False, torch.device("cpu"))
+    assert "TORCHINDUCTOR_CACHE_DIR" not in os.environ  # eager layers compile nothing
+    layer_function(adapter, True, torch.device("cpu"))
+    assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == str(tmp_path / "cal" / "compiled")
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "mine"))
+    layer_function(adapter, True, torch.device("cpu"))
+    assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == str(tmp_path / "mine")
