@@ -35,7 +35,7 @@ GB = 10**9
 
 def job_config(model: str, data: str, out_dir: str, gpus: int = 1, seq: int = 2048, steps: int = 2,
                gpu_memory_gib: float | None = None, cpu_threads: int | None = None,
-               delivery_cast: str | None = None) -> dict:
+               delivery_cast: str | None = None, compiled_layers: bool | None = None) -> dict:
     """The measured job: one micro-batch of seq tokens per step, no export, no checkpoints, the policy planned."""
     cfg = {"model": model, "data": {"path": data, "format": "tokens", "shuffle": False}, "seq_len": seq,
            "micro_batch_size": 1, "steps": steps, "gpus": gpus, "precision": "bf16", "output_dir": out_dir,
@@ -46,6 +46,8 @@ def job_config(model: str, data: str, out_dir: str, gpus: int = 1, seq: int = 20
         cfg["cpu_threads"] = cpu_threads
     if delivery_cast:
         cfg["policy"] = {"delivery_cast": delivery_cast}
+    if compiled_layers is not None:
+        cfg.setdefault("policy", {})["compiled_layers"] = compiled_layers
     return cfg
 
 
@@ -182,6 +184,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cpu-threads", type=int, default=None, help="the job's cpu_threads")
     ap.add_argument("--delivery-cast", choices=("host", "gpu"), default=None,
                     help="the job's policy.delivery_cast (gpu: no bf16 copy in host memory, 2 B/param less)")
+    ap.add_argument("--compiled-layers", choices=("auto", "true", "false"), default="auto",
+                    help="the job's policy.compiled_layers (auto: the planner's choice)")
     ap.add_argument("--out", default=None, help="output_dir of the run (default: a temporary folder)")
     ap.add_argument("--write-hf", metavar="DIR", default=None,
                     help="write --model (a preset) as a Hugging Face directory of bf16 safetensors, then exit")
@@ -210,7 +214,8 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="slidedp-first-step-") as tmp:
         data = write_tokens(os.path.join(tmp, "tokens.jsonl"), max(4, args.steps * max(1, args.gpus)), args.seq, vocab)
         cfg = job_config(args.model, data, args.out or os.path.join(tmp, "out"), args.gpus, args.seq, args.steps,
-                         args.gpu_memory_gib, args.cpu_threads, args.delivery_cast)
+                         args.gpu_memory_gib, args.cpu_threads, args.delivery_cast,
+                         None if args.compiled_layers == "auto" else args.compiled_layers == "true")
         row = time_first_step(cfg, on_log=lambda line: print("   ", line, flush=True))
     for stage, seconds in (row["startup_s"] or {}).items():
         print(f"{stage:>22}  {seconds:8.2f} s")
