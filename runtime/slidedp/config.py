@@ -244,7 +244,9 @@ class PolicyConfig:
         doc="Gradient staging slots per rank in page-locked host memory, each the size of the largest unit updated "
         "on the host: how many units the backward may run ahead of the host update. More let the host update "
         "keep working through the next forward, at one unit of host RAM each (and the time to page-lock it at "
-        "start). At least 4 and window + 1. None (default): AutoPolicy chooses, else max(8, window + 1).",
+        "start). At least 4 and window + 1. None (default): AutoPolicy chooses: max(8, window + 1), more where "
+        "they make the step faster, fewer (down to 4) where only fewer let the host state fit its RAM; without a plan "
+        "max(8, window + 1).",
         ge=4,
         le=MAX_LAYERS,
     )

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 from e2e_support import screenshot, start_workbench
+from slidedp.planning.shape import SCHEMA_VERSION
 
 pytestmark = [pytest.mark.e2e]
 
@@ -243,7 +244,7 @@ def test_hosts_page_summarises_calibrations_and_draws_the_measured_rates(page, w
     first = records.filter(has_text="micro-batch 8 × 2,048 tokens").first.inner_text()
     assert "hidden 4,096, 36 layers, 32 attention heads (8 KV heads), vocabulary 151,936" in first
     assert "measured 2026-11-29 00:00 UTC on 2 GPUs over NVLink" in first
-    assert "calibration schema 1 (this runtime writes 5); slidedp version not recorded" in first
+    assert f"calibration schema 1 (this runtime writes {SCHEMA_VERSION}); slidedp version not recorded" in first
     assert "host → GPU: 54.7 GB/s one GPU alone, 53.2 GB/s per GPU with all copying at once" in first
     assert (
         "GPU copies through host memory: 136 GB/s alone, 81 GB/s while the CPU update runs (40% less)"

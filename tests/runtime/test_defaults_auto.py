@@ -55,7 +55,11 @@ def test_the_host_cast_asked_for_is_refused_naming_the_cast_as_the_way_out(one_h
     fits = ap.plan_job(_cfg(policy={"delivery_cast": "host"}), topo, cals["calibration_qwen3-8b_bs8"])
     assert fits["feasible"] and fits["policy"]["edge_update"] == "gpu", fits["errors"]
     assert fits["predicted"]["host_ram_gib"] <= 128.0
-    plan = ap.plan_job(_cfg(policy={"delivery_cast": "host", "edge_update": "host"}), topo,
+    # ...nor with the staging slots at their default (which this test fixes: with fewer, it is planned)
+    fewer = ap.plan_job(_cfg(policy={"delivery_cast": "host", "edge_update": "host"}), topo,
+                        cals["calibration_qwen3-8b_bs8"])
+    assert fewer["feasible"] and fewer["policy"]["staging_slots"] < 8, fewer["errors"]
+    plan = ap.plan_job(_cfg(policy={"delivery_cast": "host", "edge_update": "host", "staging_slots": 8}), topo,
                        cals["calibration_qwen3-8b_bs8"])
     assert not plan["feasible"]
     assert plan["errors"][0]["loc"] == "policy.delivery_cast"
@@ -66,11 +70,11 @@ def test_the_host_cast_asked_for_is_refused_naming_the_cast_as_the_way_out(one_h
 
 
 def test_a_job_neither_cast_fits_is_not_told_to_move_the_cast(one_h200):
-    """With 100 GiB of host RAM neither cast fits: the refusal is the leaner cast's on its leanest route (102.3 GiB
-    with the embedding and head updated on the GPU, not the 130.3 GiB of the bf16 copy and head-sized gradient
-    slots on the host) and does not advise the cast that was tried."""
+    """With 100 GiB of host RAM and the default 8 staging slots (fixed here) neither cast fits: the refusal is the
+    leaner cast's on its leanest route (102.3 GiB with the embedding and head updated on the GPU, not the 130.3 GiB
+    of the bf16 copy and head-sized gradient slots on the host) and does not advise the cast that was tried."""
     topo, cals = one_h200
-    plan = ap.plan_job(_cfg(host_ram_gib=100), topo, cals["calibration_qwen3-8b_bs8"])
+    plan = ap.plan_job(_cfg(host_ram_gib=100, policy={"staging_slots": 8}), topo, cals["calibration_qwen3-8b_bs8"])
     assert not plan["feasible"]
     assert plan["delivery_cast_choice"]["chosen"] == "gpu"
     assert not plan["delivery_cast_choice"]["host"]["fits"] and not plan["delivery_cast_choice"]["gpu"]["fits"]

@@ -135,14 +135,18 @@ def test_a_resume_may_change_the_cap():
 def test_a_host_state_that_leaves_no_room_for_the_rank_processes_is_refused_naming_the_cast():
     """Regression: Qwen3-8B with the bf16 copy made on the host was planned at 125.3 GiB of a 128 GiB host (the
     shared state alone) and its rank was killed by the kernel at the first step; a rank's own memory (CUDA runtime,
-    torch: 3.4-4.35 GiB measured) now counts, and the refusal names the setting that saves the most."""
+    torch: 3.4-4.35 GiB measured) now counts, and the refusal names the setting that saves the most (with the
+    default staging slots, fixed here: with fewer it fits, and is planned so where they are left to the planner)."""
     with open(os.path.join(FIX, "h200x1_qwen3-1.7b.json")) as fh:
         topo = json.load(fh)["topology"]
     assert topo["host_ram"]["limit_bytes"] == 128 * GIB
     base = {"model": "qwen3-8b", "data": {"path": "x.jsonl"}, "gpus": 1, "micro_batch_size": 1, "seq_len": 2048,
             "gpu_memory_gib": 24, "cpu_threads": 16, "optimizer": {"max_grad_norm": 0.0}}
-    plan = ap.plan_job(JobConfig.from_dict({**base, "policy": {"delivery_cast": "host"}}), topo, None)
+    plan = ap.plan_job(JobConfig.from_dict({**base, "policy": {"delivery_cast": "host", "staging_slots": 8}}), topo,
+                       None)
     assert not plan["feasible"]
+    fewer = ap.plan_job(JobConfig.from_dict({**base, "policy": {"delivery_cast": "host"}}), topo, None)
+    assert fewer["feasible"] and fewer["policy"]["staging_slots"] < 8
     err = plan["errors"][0]
     assert err["loc"] == "policy.delivery_cast" and "host RAM too small" in err["msg"], err
     assert "rank_processes" in err["msg"] and "set policy.delivery_cast to gpu" in err["msg"]

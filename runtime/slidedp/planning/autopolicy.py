@@ -103,9 +103,21 @@ def _name_the_cap_that_fits(plan: Plan, ways: list[dict[str, Any]]) -> Plan:
 
 def _planned(cfg: Any, topology: dict[str, Any], calibration: dict[str, Any] | None, sweep: bool = False,
              timed: bool = True) -> Plan:
+    """The plan of the job; where it is refused on GPUs and the staging slots are the planner's, the same
+    planning again with fewer gradient staging slots than the window's default wherever the default leaves the
+    host short of RAM (_Planner.staging_that_fits): the plan that fits with them, or the refusal at the fewest
+    slots, whose shortfall is then what the job really lacks. A job that fits with the default keeps it."""
+    plan = _planned_once(cfg, topology, calibration, sweep, timed, fewer_slots=False)
+    if plan.feasible or cfg.gpus == 0 or "staging_slots" in cfg.policy.fixed():
+        return plan
+    return _planned_once(cfg, topology, calibration, sweep, timed, fewer_slots=True)
+
+
+def _planned_once(cfg: Any, topology: dict[str, Any], calibration: dict[str, Any] | None, sweep: bool,
+                  timed: bool, fewer_slots: bool) -> Plan:
     if "delivery_cast" not in cfg.policy.fixed():  # the cast left to AutoPolicy: the job planned both ways
-        return _cast_choice(cfg, topology, calibration, sweep, timed)
-    return _plan(cfg, topology, calibration, sweep, timed)
+        return _cast_choice(cfg, topology, calibration, sweep, timed, fewer_slots)
+    return _plan(cfg, topology, calibration, sweep, timed, fewer_slots=fewer_slots)
 
 
 def _with_cast(cfg: Any, cast: str) -> Any:
@@ -113,14 +125,14 @@ def _with_cast(cfg: Any, cast: str) -> Any:
 
 
 def _cast_choice(cfg: Any, topology: dict[str, Any], calibration: dict[str, Any] | None,
-                 sweep: bool, timed: bool = True) -> Plan:
+                 sweep: bool, timed: bool = True, fewer_slots: bool = False) -> Plan:
     """policy.delivery_cast auto: the job planned with the bf16 cast on the host and on the GPUs, and the faster
     plan that fits taken (the host's on a tie, without times, in fp32 or on the CPU, where the cast changes nothing
     or cannot be priced). `delivery_cast_choice` says what each cast would have given."""
     if cfg.precision != "bf16" or cfg.gpus == 0:
-        return _plan(_with_cast(cfg, "host"), topology, calibration, sweep, timed)
+        return _plan(_with_cast(cfg, "host"), topology, calibration, sweep, timed, fewer_slots=fewer_slots)
     job = _sized(cfg, topology)  # one job for both casts: the cast is the policy's, priced by each plan
-    plans = {cast: _plan(_with_cast(cfg, cast), topology, calibration, timed=timed, job=job)
+    plans = {cast: _plan(_with_cast(cfg, cast), topology, calibration, timed=timed, job=job, fewer_slots=fewer_slots)
              for cast in ("host", "gpu")}
 
     def moved_edges(plan: Plan) -> bool:  # memory alone put the embedding and head on the GPU to fit
@@ -138,7 +150,8 @@ def _cast_choice(cfg: Any, topology: dict[str, Any], calibration: dict[str, Any]
     else:  # neither fits: a refusal for host RAM is the GPU cast's, the leaner there (the host's would name the
         # bf16 copy the GPU cast drops, and may advise that cast); any other is the host's
         chosen = "gpu" if any("host RAM too small" in e["msg"] for e in host.errors) else "host"
-    plan = _plan(_with_cast(cfg, chosen), topology, calibration, sweep, job=job) if sweep else plans[chosen]
+    plan = (_plan(_with_cast(cfg, chosen), topology, calibration, sweep, job=job, fewer_slots=fewer_slots)
+            if sweep else plans[chosen])
     return dataclasses.replace(plan, delivery_cast_choice={
         "chosen": chosen,
         **{cast: {"fits": p.feasible, "step_time_s": p.step_time_s,
@@ -157,7 +170,7 @@ def _sized(cfg: Any, topology: dict[str, Any]) -> Job | Plan:
 
 
 def _plan(cfg: Any, topology: dict[str, Any], calibration: dict[str, Any] | None,
-          sweep: bool = False, timed: bool = True, job: Job | Plan | None = None) -> Plan:
+          sweep: bool = False, timed: bool = True, job: Job | Plan | None = None, fewer_slots: bool = False) -> Plan:
     """One cast's plan (the cast is cfg's policy's); `timed` False plans by memory alone (the calibration then
     sizes activations only). `job`: the job _sized already (the same for every cast), else sized here."""
     job = _sized(cfg, topology) if job is None else job
@@ -190,7 +203,8 @@ def _plan(cfg: Any, topology: dict[str, Any], calibration: dict[str, Any] | None
             note = f"calibration unusable ({exc}): memory fit only, no step times"
     # compiled layers or eager, decided before the search (the activation sizes depend on it)
     compiled = choose_compiled(cfg.policy.fixed(), calibration if rates else None, job.on_gpu)
-    planner = _Planner(cfg, job, rates, ActivationSizes.of(job, calibration, compiled.compiled), compiled=compiled)
+    acts = ActivationSizes.of(job, calibration, compiled.compiled)
+    planner = _Planner(cfg, job, rates, acts, compiled=compiled, fewer_slots=fewer_slots)
     try:
         plan = planner.run()
     except Infeasible as exc:
@@ -239,14 +253,21 @@ def _declared(plan: Plan, topology: dict[str, Any]) -> Plan:
     return dataclasses.replace(plan, declared=topology["declared"], job=job)
 
 
+# The fewest gradient staging slots a plan takes of itself (a job config may not ask for fewer either:
+# policy.staging_slots is at least 4).
+FEWEST_SLOTS = 4
+
+
 class _Planner(RouteSearch, KnobSearch, StreamedSearch, PlanJson, MixSearch, Refusals):
     """One job's search: the job, its rates (None: memory only), the activation sizes and the settings the user
     fixed (`fixed`: the config's PolicyConfig.fixed(), the one answer to what the user fixed); the parts of the
     search come from the mixins, each in its module."""
 
     def __init__(self, cfg: Any, job: Job, rates: Rates | None, acts: ActivationSizes,
-                 sims: dict[ExecutionPolicy, dict[str, Any]] | None = None, compiled: CompiledChoice | None = None):
+                 sims: dict[ExecutionPolicy, dict[str, Any]] | None = None, compiled: CompiledChoice | None = None,
+                 fewer_slots: bool = False):
         self.cfg, self.job, self.rates, self.acts = cfg, job, rates, acts
+        self.fewer_slots = fewer_slots  # staging_that_fits may take fewer staging slots than the default
         self.fixed = cfg.policy.fixed()
         # compiled_layers of every policy the search makes (planning/compiled_choice.py)
         self.compiled = compiled or choose_compiled(self.fixed, None, job.on_gpu)
@@ -321,7 +342,7 @@ class _Planner(RouteSearch, KnobSearch, StreamedSearch, PlanJson, MixSearch, Ref
         fixed = self.fixed_mix()
         streamed = self.fixed.get("streamed_layers", 0) if streamed_layers is None else streamed_layers
         n = {k: fixed.get(k, mix.get(k, 0)) for k in ("keep", "offload", "resident")}
-        return ExecutionPolicy.mix(
+        return self.staging_that_fits(ExecutionPolicy.mix(
             self.job.layers,
             n["keep"],
             n["offload"],
@@ -338,7 +359,35 @@ class _Planner(RouteSearch, KnobSearch, StreamedSearch, PlanJson, MixSearch, Ref
             # at most the layers above the device layers (resolve's rule)
             streamed_layers=min(streamed, self.job.layers - min(device_layers, self.job.layers)),
             compiled_layers=self.compiled.compiled,
-        )
+        ))
+
+    def fewest_staging(self, pol: ExecutionPolicy) -> ExecutionPolicy:
+        """The policy with the fewest staging slots the planner would give it (its leanest in host RAM), or the
+        user's count."""
+        if "staging_slots" in self.fixed or not self.job.on_gpu or not self.fewer_slots:
+            return pol
+        return dataclasses.replace(pol, staging_slots=min(pol.staging_slots, max(FEWEST_SLOTS, pol.window + 1)))
+
+    def staging_that_fits(self, pol: ExecutionPolicy) -> ExecutionPolicy:
+        """With fewer_slots (the second search of a job the first refused for host RAM), the policy with fewer
+        gradient staging slots than the window's default where the default leaves the host short of RAM and fewer
+        fit (each slot is the largest unit's gradient, page-locked, per rank: 2.3 GiB
+        for Qwen3-8B's head): the most slots, down to FEWEST_SLOTS or window + 1, that fit. Fewer slots let the
+        backward run less far ahead of the host update, which the step's pricing sees; a count the user fixed is
+        kept, and where even the fewest do not fit the policy is returned as it was (its refusal says why)."""
+        if "staging_slots" in self.fixed or not self.job.on_gpu or not self.fewer_slots:
+            return pol
+        limit = self.job.host_limit_bytes
+        fewest = max(FEWEST_SLOTS, pol.window + 1)
+        if pol.staging_slots <= fewest or self.mem(pol)["host_bytes"] <= limit:
+            return pol
+        lean = dataclasses.replace(pol, staging_slots=fewest)
+        low = self.mem(lean)["host_bytes"]
+        if low > limit:
+            return pol
+        per_slot = (self.mem(pol)["host_bytes"] - low) / (pol.staging_slots - fewest)
+        n = min(pol.staging_slots - 1, fewest + int((limit - low) // per_slot)) if per_slot > 0 else fewest
+        return dataclasses.replace(pol, staging_slots=n)
 
     # ------------------------------------------------------------------ the search
     def run(self) -> Plan:
@@ -442,7 +491,7 @@ class _Planner(RouteSearch, KnobSearch, StreamedSearch, PlanJson, MixSearch, Ref
         """The policy the same search chooses for `job` (this job with another memory per GPU) and its
         prediction, without the plan's write-up; Infeasible when nothing fits. The predictions made so far are
         shared, as they do not depend on the memory."""
-        other = _Planner(self.cfg, job, self.rates, self.acts, self.sims, self.compiled)
+        other = _Planner(self.cfg, job, self.rates, self.acts, self.sims, self.compiled, self.fewer_slots)
         start = other.start_knobs()
         other.check_minimum(start.window, start.chunk_mb, start.loss_chunks)
         pol = other.choose(start)[0] if other.rates else None

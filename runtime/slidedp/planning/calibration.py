@@ -47,6 +47,7 @@ from typing import Any
 
 import torch
 
+from slidedp.cache_paths import calibration_dir
 from slidedp.config import JobConfig
 from slidedp.planning.host_identity import host_digest, measured_on
 from slidedp.planning.microbench import (
@@ -194,9 +195,7 @@ def merge_collectives(calibration: dict, collectives: dict) -> dict:
 
 # ---------------------------------------------------------------------------- cache
 def cache_dir() -> str:
-    return os.environ.get("SLIDEDP_CACHE_DIR") or os.path.join(
-        os.path.expanduser("~"), ".cache", "slidedp", "calibration"
-    )
+    return calibration_dir()
 
 
 def calibration_key(cfg: JobConfig, topology: dict[str, Any]) -> str:

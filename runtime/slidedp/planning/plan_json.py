@@ -16,7 +16,7 @@ from slidedp.planning.job import HBM_BUDGET_FRACTION, Job
 from slidedp.planning.memory_model import ALLOCATOR_SLACK, ActivationSizes
 from slidedp.planning.plan import Candidate, JobSummary, Plan, Prediction
 from slidedp.planning.report import shortlist
-from slidedp.policy import ExecutionPolicy
+from slidedp.policy import ExecutionPolicy, staging_slots
 
 
 def policy_out(pol: ExecutionPolicy) -> dict[str, Any]:
@@ -208,4 +208,8 @@ class PlanJson:
         knobs = [k for k in ("window", "chunk_mb", "loss_chunk_tokens") if k not in self.fixed]
         if knobs:
             why.append("Planner-chosen " + ", ".join(f"{k}={getattr(pol, k)}" for k in knobs) + ".")
+        if "staging_slots" not in self.fixed and pol.staging_slots < staging_slots(pol.window):
+            why.append(f"Staging: {pol.staging_slots} gradient slots instead of the default "
+                       f"{staging_slots(pol.window)}, so the host state fits its RAM (each slot holds the largest "
+                       "unit's gradient).")
         return why

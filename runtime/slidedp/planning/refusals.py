@@ -42,7 +42,7 @@ class Refusals:
         one (the embedding and head updated on the GPU stage no head-sized gradient in host memory) is planned."""
         j, errors = self.job, []
         leans = [
-            self.base(
+            self.fewest_staging(self.base(
                 "replicated" if j.world == 1 else delivery,
                 grad,
                 self.fixed.get("window", 2),
@@ -51,7 +51,7 @@ class Refusals:
                 {},
                 edge,
                 min(self.fixed.get("device_layers") or 0, j.layers),
-            )
+            ))
             for delivery, grad, edge in self.routes()
         ]
         cap_error = self.cap_over_card()

@@ -22,6 +22,7 @@ import os
 from typing import Any
 
 import torch
+from slidedp.cache_paths import compiled_dir
 
 CUDA_BACKEND = "inductor"
 CPU_BACKEND = "aot_eager"
@@ -63,22 +64,13 @@ class CompiledLayer:
         return self._fn(params, h, ctx.get("attention_mask"), ctx["position_embeddings"], ctx["position_ids"])
 
 
-def compile_cache_dir() -> str:
-    """Where the compiled layers' kernels are kept between processes: a folder beside this host's calibrations
-    (slidedp.planning.calibration.cache_dir: a workbench's own, or the user's cache), so calibration's compile warms
-    the job's, and a reboot (the compiler's default is a folder under /tmp) does not lose them."""
-    from slidedp.planning.calibration import cache_dir
-
-    return os.path.join(cache_dir(), "compiled")
-
-
 def layer_function(adapter: Any, compiled: bool, device: torch.device):
     """What the engine calls for a decoder layer: with `compiled`, the adapter's compiled layer for the device's
     backend (one per adapter, made on first use), else its eager layer_forward. The compiler's cache goes to
-    compile_cache_dir() unless TORCHINDUCTOR_CACHE_DIR names one."""
+    slidedp.cache_paths.compiled_dir() unless TORCHINDUCTOR_CACHE_DIR names one."""
     if not compiled:
         return adapter.layer_forward
-    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", compile_cache_dir())
+    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", compiled_dir())
     backend = compile_backend(device)
     cached = getattr(adapter, "_compiled_layer", None)
     if cached is None or cached.backend != backend:
