@@ -168,6 +168,9 @@ def slidedp_label(row: dict, layers: int | None) -> str:
         parts.append(f"last {streamed} layers' update after the norm streamed through the GPU{asked}")
     if chosen.get("delivery_cast") == "gpu":
         parts.append("fp32 master cast on the GPU")
+    # compiled layers: as run (`chosen`), or, in rows from before it was recorded there, the ranks' compile
+    if chosen.get("compiled_layers") or "compile_layers" in (row.get("rank_startup_s") or {}):
+        parts.append("compiled layers")
     if clip_of(row):
         parts.append(f"clipping at {clip_of(row)}")
     auto = " AutoPolicy" if row["policy"].startswith("auto") else ""
@@ -180,7 +183,7 @@ def peer_label(row: dict) -> str:
         name = "FSDP2 + CPUOffloadPolicy" if peer == "fsdp2-offload" else "FSDP2 GPU-resident"
         acts = ("no checkpointing" if keep is None else "every layer checkpointed" if keep == 0
                 else f"first {keep} layers not checkpointed")
-        parts = [name, acts]
+        parts = [name, acts] + (["compiled layers"] if row.get("compiled_layers") else [])
         if peer == "fsdp2-offload":
             parts.insert(1, f"fused CPU AdamW ({row.get('threads')} threads)")
     elif peer.startswith("ds-zero"):

@@ -291,7 +291,8 @@ class ExecutionPolicy:
                 "delivery_cast": self.delivery_cast, "edge_update": self.edge_update,
                 "device_layers": self.device_layers, "streamed_layers": self.streamed_layers,
                 "keep_layers": counts["keep"],
-                "offload_layers": counts["offload"], "resident_layers": sum(self.resident)}
+                "offload_layers": counts["offload"], "resident_layers": sum(self.resident),
+                "compiled_layers": self.compiled_layers}
 
     def shorthand(self) -> str:
         """Bench's colon form of this policy (clip written as 0), which from_shorthand reads back to an equal
