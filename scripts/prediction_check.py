@@ -43,7 +43,7 @@ TOPOLOGY = os.path.join(ROOT, "tests", "runtime", "fixtures", "h200x1_qwen3-1.7b
 HELD_OUT_SESSIONS = ("s7", "s9", "s12")
 ONE_GPU_SESSIONS = ("s4", "s5", "s6", "s7", "s8", "s9", "s10", "s11", "s12", "s13", "s14", "s15", "s16")
 STAND_IN = "s10"  # the last calibration of Qwen3-4B at micro-batch 4 kept on the one-GPU machine
-CHECK_SESSIONS = ("s17", "s18", "s19")  # measured after the held-out split: checked, never fitted to
+CHECK_SESSIONS = ("s17", "s18", "s19", "s20")  # measured after the held-out split: checked, never fitted to
 
 sys.path.insert(0, os.path.join(ROOT, "runtime"))
 
@@ -83,7 +83,7 @@ def calibration_for(row: dict, path: str) -> tuple[str, dict, bool] | None:
 
 
 def _hidden(model: str) -> int | None:
-    return {"qwen3-1.7b": 2048, "qwen3-4b": 2560, "qwen3-8b": 4096}.get(model)
+    return {"qwen3-1.7b": 2048, "qwen3-4b": 2560, "qwen3-8b": 4096, "llama3.2-3b": 3072}.get(model)
 
 
 def measured_rows(which: str) -> list[dict]:
@@ -122,6 +122,8 @@ def job_config(row: dict) -> dict:
         "device_layers": ch.get("device_layers", 0), "activations": "auto", "keep_layers": ch["keep_layers"],
         "offload_layers": ch["offload_layers"], "resident_units": ch["resident_layers"],
         "staging_slots": request.staging_slots, "streamed_layers": ch.get("streamed_layers", 0),
+        # as run: `chosen` records it; rows from before it did show it by the ranks' compile at start
+        "compiled_layers": bool(ch.get("compiled_layers") or "compile_layers" in (row.get("rank_startup_s") or {})),
     }
     cfg = {"model": row["model"], "data": {"path": "x.jsonl"}, "gpus": 1, "micro_batch_size": row["mbs"],
            "seq_len": row["seq"], "cpu_threads": 16, "precision": "bf16",
