@@ -16,6 +16,9 @@ import torch
 
 from slidedp.planning.microbench import median_time, settled, settled_median
 
+# Seconds a layer runs under load before calibration times it on a GPU (ModelParts._sustain)
+SUSTAIN_S = 2.0
+
 
 @dataclass
 class LayerCalls:
@@ -129,6 +132,7 @@ class ModelParts:
                           x.numel() * x.element_size())
 
     def _figures(self, calls: LayerCalls, mb: int, seq: int, reps: int) -> dict[str, Any]:
+        sustained = self._sustain(calls) if self.cuda else None
         fwd_keep = self._alternating(calls.keep_fwd, calls.keep_bwd, reps)
         fwd_ckpt = self._median(calls.ckpt_fwd, reps)
         bwd_ckpt = self._median(calls.ckpt_bwd, reps)
@@ -145,7 +149,20 @@ class ModelParts:
             "saved_keep_bytes": self._saved_bytes(calls.fwd_graph, calls.param_ptrs),
             "saved_checkpoint_bytes": calls.input_bytes,  # the layer's input, recomputed from
             "saved_source": "saved-tensor hooks (parameters excluded)",
+            **({"sustained_s": sustained} if sustained is not None else {}),
         }
+
+    def _sustain(self, calls: LayerCalls) -> float:
+        """Run the kept layer's forward and backward back to back for SUSTAIN_S before timing it, so the figures
+        are taken at the clock a step's layers run at: a GPU at its power cap settles a few hundred MHz below its
+        idle boost within a second or two (one H200 at 700 W: a Qwen3-8B layer 2.7% slower after 15 s than in a
+        burst, scripts/probe_layer_sustained.py). Returns the seconds it ran."""
+        t0 = time.perf_counter()
+        while time.perf_counter() - t0 < SUSTAIN_S:
+            calls.keep_fwd()
+            calls.keep_bwd()
+            torch.cuda.synchronize(self.device)
+        return time.perf_counter() - t0
 
     def decoder_layer(self, mb: int, seq: int, reps: int) -> dict[str, Any]:
         """The eager layer's figures (calibration's `unit`)."""
