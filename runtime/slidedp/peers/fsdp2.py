@@ -120,9 +120,9 @@ def compile_layers(layers, backend) -> None:
     """
     import torch
 
-    from slidedp.step.compiled import _raise_limits
+    from slidedp.step.compiled import raise_limits
 
-    _raise_limits()
+    raise_limits()
     for layer in layers:
         layer.forward = torch.compile(layer.forward, backend=backend, dynamic=False)
 

@@ -362,8 +362,8 @@ class _Planner(RouteSearch, KnobSearch, StreamedSearch, PlanJson, MixSearch, Ref
         ))
 
     def fewest_staging(self, pol: ExecutionPolicy) -> ExecutionPolicy:
-        """The policy with the fewest staging slots the planner would give it (its leanest in host RAM), or the
-        user's count."""
+        """With fewer_slots, the policy with the fewest staging slots the planner would give it (its leanest in
+        host RAM: FEWEST_SLOTS or window + 1); otherwise, or where the user fixed the count, the policy as it is."""
         if "staging_slots" in self.fixed or not self.job.on_gpu or not self.fewer_slots:
             return pol
         return dataclasses.replace(pol, staging_slots=min(pol.staging_slots, max(FEWEST_SLOTS, pol.window + 1)))
@@ -375,16 +375,14 @@ class _Planner(RouteSearch, KnobSearch, StreamedSearch, PlanJson, MixSearch, Ref
         for Qwen3-8B's head): the most slots, down to FEWEST_SLOTS or window + 1, that fit. Fewer slots let the
         backward run less far ahead of the host update, which the step's pricing sees; a count the user fixed is
         kept, and where even the fewest do not fit the policy is returned as it was (its refusal says why)."""
-        if "staging_slots" in self.fixed or not self.job.on_gpu or not self.fewer_slots:
-            return pol
         limit = self.job.host_limit_bytes
-        fewest = max(FEWEST_SLOTS, pol.window + 1)
-        if pol.staging_slots <= fewest or self.mem(pol)["host_bytes"] <= limit:
+        lean = self.fewest_staging(pol)
+        if lean == pol or self.mem(pol)["host_bytes"] <= limit:
             return pol
-        lean = dataclasses.replace(pol, staging_slots=fewest)
         low = self.mem(lean)["host_bytes"]
         if low > limit:
             return pol
+        fewest = lean.staging_slots
         per_slot = (self.mem(pol)["host_bytes"] - low) / (pol.staging_slots - fewest)
         n = min(pol.staging_slots - 1, fewest + int((limit - low) // per_slot)) if per_slot > 0 else fewest
         return dataclasses.replace(pol, staging_slots=n)

@@ -141,7 +141,8 @@ def compiled_unit(parts: ModelParts, cfg: JobConfig, reps: int) -> dict[str, Any
     try:
         return parts.compiled_layer(cfg.micro_batch_size, cfg.seq_len, reps)
     except Exception as exc:  # any failure of the compile stack: the record keeps its text
-        return {"error": f"{type(exc).__name__}: {str(exc).strip().splitlines()[0][:300] if str(exc).strip() else ''}"}
+        first = (str(exc).strip().splitlines() or [""])[0]
+        return {"error": f"{type(exc).__name__}: {first[:300]}"}
 
 
 def load_or_calibrate(

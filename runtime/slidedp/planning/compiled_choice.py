@@ -48,6 +48,14 @@ class CompiledChoice:
     eager_layer_s: float | None = None  # a kept layer's forward + backward, eager
     compiled_layer_s: float | None = None  # the same, compiled
     compile_s: float | None = None
+    failed: bool = False  # the compile failed when calibrating (the reason says how)
+
+    @property
+    def worth_saying(self) -> bool:
+        """Whether a plan says how its layers run: when they are compiled, when calibration timed both kinds, or
+        when the compile failed; not for a job whose layers could only be eager (CPU ranks, no calibration, one
+        that predates the measurement)."""
+        return self.compiled or self.compiled_layer_s is not None or self.failed
 
     def to_dict(self) -> dict[str, Any]:
         """The plan's `compiled_layers` (docs/interfaces.md §5)."""
@@ -72,33 +80,26 @@ def choose_compiled(fixed: dict[str, Any], calibration: dict[str, Any] | None, o
     """compiled_layers for a job: the config's when it sets it, else the rule above. `calibration` None: the plan
     has no times (its layers then stay eager unless configured)."""
     unit = measured(calibration) if on_gpu else None
-    eager = (calibration or {}).get("unit")
-    figures: dict[str, Any] = {}
-    if unit and eager:
-        figures = {"eager_layer_s": _paths(eager)[0], "compiled_layer_s": _paths(unit)[0],
-                   "compile_s": unit.get("compile_s")}
+    failed = ((calibration or {}).get("unit_compiled") or {}).get("error") if on_gpu else None
+    figures: dict[str, Any] = {"failed": bool(failed)}
+    pays = False
     if not on_gpu:
         why = "on CPU ranks a compiled layer runs the same kernels as an eager one"
     elif calibration is None:
         why = "no calibration to time them"
     elif unit is None:
-        failed = ((calibration or {}).get("unit_compiled") or {}).get("error")
-        if failed:
-            why = f"the compile failed when calibrating ({failed})"
-        elif calibration.get("declared"):
-            why = "a declared host's figures time eager layers only"
-        else:
-            why = "the calibration did not time compiled layers (it predates them)"
+        why = (f"the compile failed when calibrating ({failed})" if failed
+               else "a declared host's figures time eager layers only" if calibration.get("declared")
+               else "the calibration did not time compiled layers (it predates them)")
     else:
-        kept_e, ckpt_e = _paths(eager)
-        kept_c, ckpt_c = _paths(unit)
+        (kept_e, ckpt_e), (kept_c, ckpt_c) = _paths(calibration["unit"]), _paths(unit)
+        figures.update(eager_layer_s=kept_e, compiled_layer_s=kept_c, compile_s=unit.get("compile_s"))
         gain = min(1 - kept_c / kept_e, 1 - ckpt_c / ckpt_e)
+        pays = gain >= COMPILED_MIN_GAIN
         why = (f"compiling makes a layer {gain:.0%} faster (kept {kept_e * 1e3:.1f} -> {kept_c * 1e3:.1f} ms, "
                f"checkpointed {ckpt_e * 1e3:.1f} -> {ckpt_c * 1e3:.1f} ms)")
-        if "compiled_layers" not in fixed:
-            return CompiledChoice(gain >= COMPILED_MIN_GAIN, "planner",
-                                  why if gain >= COMPILED_MIN_GAIN else why + f", under the {COMPILED_MIN_GAIN:.0%} "
-                                  "it takes to choose them", **figures)
+        if not pays and "compiled_layers" not in fixed:
+            why += f", under the {COMPILED_MIN_GAIN:.0%} it takes to choose them"
     if "compiled_layers" in fixed:
         return CompiledChoice(bool(fixed["compiled_layers"]), "config", why, **figures)
-    return CompiledChoice(False, "planner", why, **figures)
+    return CompiledChoice(pays, "planner", why, **figures)

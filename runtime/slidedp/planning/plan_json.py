@@ -152,15 +152,8 @@ class PlanJson:
             marginal=marginal,
             job=self.job_summary(),
             clipping=clipping_cost(self, pol, pred),  # what clipping costs this plan: one more pricing
-            compiled_layers=self.compiled.to_dict() if self.compiled_worth_saying() else None,
+            compiled_layers=self.compiled.to_dict() if self.compiled.worth_saying else None,
         )
-
-    def compiled_worth_saying(self) -> bool:
-        """Whether the plan says how its layers run (planning/compiled_choice.py): when they are compiled, when
-        calibration timed both kinds, or when the compile failed; not for a job whose layers could only be
-        eager (CPU ranks, no calibration, one that predates the measurement)."""
-        c = self.compiled
-        return c.compiled or c.compiled_layer_s is not None or c.reason.startswith("the compile failed")
 
     def explain(self, pol: ExecutionPolicy, pred: Prediction, cands: list[Candidate],
                 marginal: dict | None) -> list[str]:
@@ -203,7 +196,7 @@ class PlanJson:
             why.append(
                 "Exact clipping: updates wait for the global norm (step ~ backward + max(forward, update))."
             )
-        if self.compiled_worth_saying():
+        if self.compiled.worth_saying:
             why.append(self.compiled.words())
         knobs = [k for k in ("window", "chunk_mb", "loss_chunk_tokens") if k not in self.fixed]
         if knobs:

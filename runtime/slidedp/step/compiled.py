@@ -37,7 +37,8 @@ def compile_backend(device: torch.device) -> str:
     return CUDA_BACKEND if torch.device(device).type == "cuda" else CPU_BACKEND
 
 
-def _raise_limits() -> None:
+def raise_limits() -> None:
+    """dynamo's recompile limits raised to RECOMPILE_LIMIT where lower (for SlideDP's and the FSDP2 peer's layers)."""
     cfg = torch._dynamo.config
     for name in ("recompile_limit", "cache_size_limit"):  # the newer name and the older one
         if hasattr(cfg, name) and getattr(cfg, name) < RECOMPILE_LIMIT:
@@ -50,7 +51,7 @@ class CompiledLayer:
     """adapter.layer_forward through torch.compile: call it as layer_forward(params, h, ctx)."""
 
     def __init__(self, adapter: Any, backend: str):
-        _raise_limits()
+        raise_limits()
         self.adapter, self.backend = adapter, backend
         self._fn = torch.compile(self._eager, backend=backend, dynamic=False)
 
