@@ -13,7 +13,7 @@ import os
 import queue as queue_mod
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from slidedp.config import ConfigError, JobConfig, is_model_path
@@ -26,55 +26,12 @@ from slidedp.run_spec import RunSpec
 from slidedp.startup import Startup
 from slidedp.step.layout import HostLayout, plan_layout
 from slidedp.trackers import Trackers, requested
+from slidedp.train_result import ExportFailed, TrainError, TrainResult, UnhealthyRun
+
+__all__ = ["ExportFailed", "StateCache", "TrainError", "TrainResult", "UnhealthyRun", "host_layout", "train"]
 
 if TYPE_CHECKING:
     from slidedp.step.host_fill import MomentPager
-
-
-class TrainError(RuntimeError):
-    """A rank failed; the message carries its traceback."""
-
-
-class UnhealthyRun(TrainError):
-    """The run diverged (a non-finite loss or gradient norm), or raised a health warning with on_warning: stop.
-    The message is the reason; nothing was written from the state after `step`."""
-
-    def __init__(self, message: str, step: int | None = None):
-        super().__init__(message)
-        self.step = step
-
-    def __reduce__(self):
-        return (type(self), (str(self), self.step))
-
-
-class ExportFailed(TrainError):
-    """Every step was trained but the Hugging Face export failed (a full disk, most often).
-
-    checkpoint: the complete checkpoint of the last step that holds the trained state (`slidedp export
-    --checkpoint PATH` retries the export from it), or None when none could be kept; export_error: the
-    slidedp.persist.export.ExportError (needed_bytes, free_bytes, directory)."""
-
-    def __init__(self, message: str, checkpoint: str | None, export_error: BaseException):
-        super().__init__(message)
-        self.checkpoint = checkpoint
-        self.export_error = export_error
-
-    def __reduce__(self):
-        return (type(self), (str(self), self.checkpoint, self.export_error))
-
-
-@dataclass
-class TrainResult:
-    status: str  # "completed" | "stopped"
-    steps_done: int
-    metrics: list[dict] = field(default_factory=list)
-    output_dir: str = ""
-    final_dir: str | None = None
-    checkpoint_dir: str | None = None
-    policy: ExecutionPolicy | None = None  # the policy the ranks ran with
-    plan: dict = field(default_factory=dict)  # AutoPolicy's plan it was resolved from ({}: nothing was planned)
-    exported_files: list[dict] = field(default_factory=list)  # [{"name", "bytes"}] written into final_dir
-    warnings: list[dict] = field(default_factory=list)  # health warnings raised: [{"step", "kind", "message"}]
 
 
 def _log(on_log: Callable[[str], None] | None, line: str) -> None:
@@ -245,28 +202,37 @@ def train(config: dict | JobConfig, on_step: Callable[[dict], None] | None = Non
     detected = detect_early(cfg, predict_explicit)  # the host detected on a thread of its own from here on
     _check_request(cfg)
     startup = Startup(on_stage, on_log, t0=called)
-    policy, plan, layout = _plan(cfg, startup, on_log, plan, detected, predict_explicit)
-    adapter = ModelOnDemand(cfg.model, layout.unit_numels)
-    ckpt_root = os.path.join(cfg.output_dir, "checkpoints")
-    resume_from, init_source = _start_point(cfg, layout, ckpt_root, on_log)
-    reuse = (state_cache is not None and resume_from is None and init_source is None
-             and state_cache.fits(layout))
-    if state_cache is not None:
-        if reuse:
-            layout = dataclasses.replace(layout, run=state_cache.layout.run)
-        else:
-            state_cache.close()  # free the old state before the new one is touched: both may not fit in RAM
-    if should_stop is not None and should_stop():  # asked while starting: nothing is allocated yet
-        _log(on_log, "stopped before the host state was allocated")
-        return TrainResult("stopped", 0, [], cfg.output_dir, None, None, policy, plan)
-    startup.mark("checks")
-    state, room = _allocate(cfg, layout, reuse)
+    # The ranks are spawned as soon as the host is measured (resolve_policy's `measured`): their interpreters and
+    # imports overlap the planning, the checks and the allocation; they are sent the run once it exists.
+    ranks = Launch("slidedp.step.rank:run", cfg.world_size, prefix="slidedp-pg-")
+    try:
+        policy, plan, layout = _plan(cfg, startup, on_log, plan, detected, predict_explicit,
+                                     measured=lambda: (ranks.spawn(), startup.mark("spawning_ranks")))
+        adapter = ModelOnDemand(cfg.model, layout.unit_numels)
+        ckpt_root = os.path.join(cfg.output_dir, "checkpoints")
+        resume_from, init_source = _start_point(cfg, layout, ckpt_root, on_log)
+        reuse = (state_cache is not None and resume_from is None and init_source is None
+                 and state_cache.fits(layout))
+        if state_cache is not None:
+            if reuse:
+                layout = dataclasses.replace(layout, run=state_cache.layout.run)
+            else:
+                state_cache.close()  # free the old state before the new one is touched: both may not fit in RAM
+        if should_stop is not None and should_stop():  # asked while starting: nothing is allocated yet
+            _log(on_log, "stopped before the host state was allocated")
+            ranks.close()
+            return TrainResult("stopped", 0, [], cfg.output_dir, None, None, policy, plan)
+        startup.mark("checks")
+        state, room = _allocate(cfg, layout, reuse)
+    except BaseException:
+        ranks.close()
+        raise
     startup.mark("allocating_host_state")
     if state_cache is not None:
         state_cache.layout = layout
     # the run as every rank receives it, typed (slidedp.run_spec): no rank parses the config again
     spec = RunSpec(cfg, policy, layout, _metrics_prediction(plan), _cpu_threads(cfg))
-    run = _Run(spec, state, ckpt_root, os.path.join(cfg.output_dir, "metrics.jsonl"), startup, on_log)
+    run = _Run(spec, state, ckpt_root, os.path.join(cfg.output_dir, "metrics.jsonl"), startup, on_log, ranks)
     trackers: Trackers | None = None
     ended = "failed"  # how the trackers' run ends, unless a return below says otherwise
     try:
@@ -307,8 +273,7 @@ def train(config: dict | JobConfig, on_step: Callable[[dict], None] | None = Non
     finally:
         if run.pager is not None:  # before the state is unmapped
             run.pager.close()
-        if run.ranks is not None:  # ends the ranks still running (killed after 10 s)
-            run.ranks.close()
+        run.ranks.close()  # ends the ranks still running (killed after 10 s)
         unlink(layout, keep_state=state_cache is not None)
         if room is not None:
             room.release()
@@ -326,7 +291,7 @@ class _Run:
     metrics_path: str
     startup: Startup
     on_log: Callable[[str], None] | None
-    ranks: Launch | None = None
+    ranks: Launch  # spawned while the plan was made; sent the run by _fill_or_load
     pager: MomentPager | None = None
 
 
@@ -347,10 +312,11 @@ def _check_request(cfg: JobConfig) -> None:
     os.makedirs(cfg.output_dir, exist_ok=True)
 
 
-def _plan(cfg: JobConfig, startup: Startup, on_log, plan: dict | None, detected, predict_explicit: bool):
+def _plan(cfg: JobConfig, startup: Startup, on_log, plan: dict | None, detected, predict_explicit: bool,
+          measured: Callable[[], Any]):
     """The planning stage: the model's shape read (a preset's figures or config.json, slidedp.model_shape: no
     transformers, no model built), the host's detection (`detected`: resolve.detect_early's, started before the
-    request's checks) waited for, the policy resolved, segments of killed runs removed, the host state laid out.
+    request's checks) waited for, the ranks spawned once the host is measured (`measured`), the policy resolved, segments of killed runs removed, the host state laid out.
     (policy, plan, layout)."""
     from slidedp.step.host_state import cleanup_orphans
 
@@ -358,7 +324,7 @@ def _plan(cfg: JobConfig, startup: Startup, on_log, plan: dict | None, detected,
     shape = read_shape(cfg.model)
     startup.mark("model_config")
     policy, plan = resolve_policy(cfg, shape.num_layers, on_log, plan, startup=startup, detected=detected,
-                                  predict_explicit=predict_explicit)
+                                  predict_explicit=predict_explicit, measured=measured)
     removed = cleanup_orphans()
     startup.mark("removing_orphans")
     if removed:
@@ -420,8 +386,8 @@ def _allocate(cfg: JobConfig, layout: HostLayout, reuse: bool):
 
 def _fill_or_load(run: _Run, adapter: ModelOnDemand, resume_from: str | None, init_source: str | None,
                   reuse: bool) -> tuple[int, dict | None]:
-    """The host state made whole: a resumed checkpoint loaded, or (a run from step 0) the ranks spawned first and
-    the state filled beside their start, from init_from's weights, a kept state or the model. (start step, data
+    """The host state made whole: a resumed checkpoint loaded, or (a run from step 0) the ranks sent the run first
+    and the state filled beside their start, from init_from's weights, a kept state or the model. (start step, data
     position)."""
     from slidedp.persist import checkpoint as ckpt
     from slidedp.step.rank import RankArgs
@@ -429,18 +395,17 @@ def _fill_or_load(run: _Run, adapter: ModelOnDemand, resume_from: str | None, in
     cfg, state, policy, on_log = run.spec.config, run.state, run.spec.policy, run.on_log
     start_step, data_state = 0, None
     t0 = time.perf_counter()
-    run.ranks = Launch("slidedp.step.rank:run", cfg.world_size, prefix="slidedp-pg-")
     if resume_from is not None:
         run.startup.enter("loading_checkpoint")
         start_step, data_state = ckpt.load(resume_from, cfg, state)
         _rewind_metrics(run.metrics_path, start_step)
         _log(on_log, f"resumed from step {start_step} ({resume_from})")
     else:
-        # A run from step 0 starts its ranks now: their imports, CUDA and process group, attaching and page-locking
-        # the host state overlap its filling, and each waits for Board.HOST_READY before it reads the state. A
-        # resumed run learns its step and data position from the checkpoint first.
+        # A run from step 0 sends its ranks (spawned while the plan was made) the run now: their CUDA and process
+        # group, attaching and page-locking the host state overlap its filling, and each waits for Board.HOST_READY
+        # before it reads the state. A resumed run learns its step and data position from the checkpoint first.
         run.ranks.start(RankArgs(run.spec, 0, None))
-        run.startup.mark("spawning_ranks")
+        run.startup.mark("sending_the_run")
         if init_source is not None:  # that run's weights; moments zero, step 0, the data from the start
             run.startup.enter("loading_checkpoint")
             source_step = ckpt.load_weights(init_source, state, zero_moments=not state.fresh)
@@ -509,7 +474,7 @@ def _run_ranks(run: _Run, start_step: int, data_state: dict | None, records: lis
         _log(on_log, "stopped before training began")
         return None, None
     startup.enter("starting_ranks")
-    if not ranks.procs:
+    if not ranks.args_sent:  # a resumed run: its step and data position came from the checkpoint
         ranks.start(RankArgs(spec, start_step, data_state))
     state.board.set(state.board.HOST_READY, 1)
     if pager is not None:

@@ -7,6 +7,11 @@ launch's private directory (0700, with an auth key); a function that returns a v
 function that raises sends "error" with the traceback (and whether it ran out of memory). The process group's
 rendezvous is a file in the same directory (`rank_link.init_file`): no port is opened.
 
+`spawn()` starts the ranks before their args exist: each connects, imports TARGET's module (and calls its
+`prepare()`, where the module has one: work to start while it waits, returning at once) and waits for the args that
+`start(args)` then sends over its connection. train() spawns its ranks so while it makes the plan the args carry; a launcher that ends without
+sending them ends the ranks waiting (they exit quietly).
+
 Why fresh interpreters: CUDA does not survive fork, `multiprocessing`'s spawn re-imports the caller's main module
 (a script without a main guard runs twice), and a fresh process is measured as a user would run it. The launcher
 imports no torch: a web worker's job process or a bench command stays free of CUDA, and the host memory the ranks
@@ -85,6 +90,8 @@ class Launch:
         self._address = os.path.join(self.dir, "ranks.sock")
         self._listener = Listener(self._address, family="AF_UNIX", authkey=self._authkey)
         self._conns: list = []
+        self._spawned = False
+        self.args_sent = False  # start() has given the ranks their args
         self._lock = threading.Lock()
         threading.Thread(target=self._accept, daemon=True).start()
 
@@ -98,12 +105,34 @@ class Launch:
     def pids(self) -> list[int]:
         return [p.pid for p in self.procs]
 
-    def start(self, args: Any) -> None:
-        """Start the ranks; each calls the target with `args` (anything picklable)."""
+    def spawn(self) -> None:
+        """Start the ranks now, without their args: each imports its target's module and waits for `start`."""
+        if self.procs:
+            raise RuntimeError("the ranks of this launch are started already")
+        self._popen(self._write_spec(None))
+        self._spawned = True
+
+    def start(self, args: Any, connect_timeout_s: float = 300.0) -> None:
+        """Start the ranks; each calls the target with `args` (anything picklable). Ranks started by `spawn` get
+        `args` over their connection, once every one has connected (RankFailed when one exits first, or when
+        they have not all connected within connect_timeout_s)."""
+        if self.args_sent:
+            raise RuntimeError("the ranks of this launch have their args already")
+        if self._spawned:
+            for conn in self._connected(connect_timeout_s):
+                conn.send(args)
+        else:
+            self._popen(self._write_spec(args))
+        self.args_sent = True
+
+    def _write_spec(self, args: Any) -> str:
         spec = os.path.join(self.dir, "spec.pkl")
         with open(spec, "wb") as fh:
-            pickle.dump({"args": args, "address": self._address, "authkey": self._authkey,
-                         "init_file": self.init_file, "dir": self.dir}, fh)
+            pickle.dump({"args": args, "later": args is None, "address": self._address,
+                         "authkey": self._authkey, "init_file": self.init_file, "dir": self.dir}, fh)
+        return spec
+
+    def _popen(self, spec: str) -> None:
         for r in range(self.world):
             out = open(os.path.join(self.dir, f"rank{r}.log"), "wb") if self.log else None  # noqa: SIM115
             try:
@@ -114,6 +143,24 @@ class Launch:
             finally:
                 if out is not None:
                     out.close()
+
+    def _connected(self, timeout_s: float) -> list:
+        """Every rank's connection, once all `world` have connected."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            with self._lock:
+                conns = list(self._conns)
+            if len(conns) >= self.world:
+                return conns
+            ended = [(r, p.returncode) for r, p in enumerate(self.procs) if p.poll() is not None]
+            if ended:
+                r, code = ended[0]
+                raise RankFailed(f"rank {r} exited with code {code} before it was given its work"
+                                 + self._tail_note(r), rank=r)
+            if time.monotonic() > deadline:
+                raise RankFailed(f"{self.world - len(conns)} of {self.world} ranks did not connect in "
+                                 f"{timeout_s:.0f} s" + self._tail_note(0))
+            time.sleep(0.01)
 
     def get(self, timeout: float) -> tuple[str, int, Any]:
         """The next message from any rank; queue.Empty when none came within `timeout` seconds."""
@@ -234,6 +281,7 @@ class RankLink:
     init_file: str
     dir: str
     conn: Any
+    waited_s: float | None = None  # spawned before its args: seconds from its target's import to their arrival
 
     def send(self, kind: str, payload: Any = None) -> None:
         self.conn.send((kind, self.rank, payload))
@@ -290,10 +338,13 @@ def _main(argv: list[str]) -> None:
         spec = pickle.load(fh)
     conn = Client(spec["address"], family="AF_UNIX", authkey=spec["authkey"])
     link = RankLink(rank, world, spec["init_file"], spec["dir"], conn)
+    module, function = target.split(":", 1)
+    args = spec["args"]
+    if spec.get("later"):  # spawned: import (and prepare) while the launcher still makes the args
+        args = _wait_for_args(module, link)
     code = 0
     try:
-        module, function = target.split(":", 1)
-        result = getattr(importlib.import_module(module), function)(spec["args"], link)
+        result = getattr(importlib.import_module(module), function)(args, link)
         if result is not None:
             link.send("result", result)
     except BaseException as exc:  # noqa: BLE001 - every failure is reported, then the rank ends
@@ -315,6 +366,26 @@ def _main(argv: list[str]) -> None:
     # finalization has begun CPython ends such a thread with pthread_exit, whose unwind through a noexcept C++
     # destructor calls std::terminate. What the rank leaves behind is sent or on disk; the OS ends the rest.
     os._exit(code)
+
+
+def _wait_for_args(module: str, link: RankLink) -> Any:
+    """A spawned rank's wait: its target's module imported, its `prepare()` called (if any), then the args read
+    from the launcher. A launcher that closes the connection first (its planning failed, or it
+    was stopped) ends this rank quietly."""
+    try:
+        mod = importlib.import_module(module)
+    except Exception:  # noqa: BLE001 - _main imports it again once the args came, and reports the error then
+        mod = None
+    prepare = getattr(mod, "prepare", None)
+    if prepare is not None:
+        prepare()
+    t0 = time.perf_counter()
+    try:
+        args = link.conn.recv()
+    except (EOFError, OSError):
+        os._exit(0)
+    link.waited_s = time.perf_counter() - t0
+    return args
 
 
 if __name__ == "__main__":

@@ -4,7 +4,9 @@ with it). Real processes on the loopback, a gloo group through the file:// rende
 from __future__ import annotations
 
 import ast
+import contextlib
 import os
+import queue
 import stat
 import time
 from pathlib import Path
@@ -84,6 +86,55 @@ def test_the_rank_command_line_names_its_target():
                 break
             time.sleep(0.05)
     assert argv[1:4] == [b"-m", b"slidedp.ranks", b"tests.runtime.rank_targets:sleeps"]
+
+
+def test_spawned_ranks_wait_for_their_args_and_then_run_as_started_ones():
+    with Launch("tests.runtime.rank_targets:identity", 2) as ranks:
+        ranks.spawn()
+        assert len(ranks.pids) == 2 and not ranks.args_sent
+        time.sleep(0.5)  # the ranks are up and waiting: nothing is answered before the args come
+        with pytest.raises(queue.Empty):
+            ranks.get(timeout=0.5)
+        ranks.start({"offset": 1})
+        results = ranks.results(timeout_s=120)
+        with pytest.raises(RuntimeError, match="have their args already"):
+            ranks.start({"offset": 1})
+    assert [r["sum"] for r in results] == [3.0, 3.0]  # 1 + 2 over the group
+
+
+def test_spawned_ranks_end_when_their_launcher_dies_before_sending_args(tmp_path):
+    """A launcher killed while it plans (no close, no args) leaves no rank waiting for ever."""
+    import subprocess
+    import sys
+
+    import psutil
+
+    script = ("import os, sys, time\n"
+              "from slidedp.ranks import Launch\n"
+              "ranks = Launch('tests.runtime.rank_targets:identity', 2)\n"
+              "ranks.spawn()\n"
+              "print(' '.join(map(str, ranks.pids)), flush=True)\n"
+              "time.sleep(1.0)\n"
+              "os._exit(0)\n")
+    root = Path(__file__).resolve().parents[2]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(root / "runtime"), str(root)]))
+    out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120,
+                         check=True)
+    ranks = []
+    for pid in out.stdout.split():
+        with contextlib.suppress(psutil.NoSuchProcess):
+            ranks.append(psutil.Process(int(pid)))
+    _, alive = psutil.wait_procs(ranks, timeout=60)
+    assert alive == []
+
+
+def test_a_spawned_rank_that_dies_before_its_args_is_an_error_for_start():
+    with Launch("tests.runtime.rank_targets:sleeps", 2) as ranks:
+        ranks.spawn()
+        ranks.procs[1].kill()
+        ranks.procs[1].wait()
+        with pytest.raises(RankFailed, match="rank 1 exited with code -9 before it was given its work"):
+            ranks.start({"seconds": 1}, connect_timeout_s=60)
 
 
 def test_bad_launches_are_refused_before_anything_starts():

@@ -10,6 +10,7 @@ import time
 
 import psutil
 import pytest
+from slidedp.config import ConfigError
 from slidedp.launch import train
 from slidedp.startup import Startup
 
@@ -47,8 +48,8 @@ def test_train_reports_its_start_up_stages_in_order_with_their_durations(tmp_pat
         result.metrics[1]
     assert any(line.startswith("start-up took ") for line in lines)
     parts = result.metrics[0]["rank_startup_s"]  # rank 0's own start-up, part by part
-    assert list(parts) == ["process_and_imports", "device", "process_group", "attach", "page_lock_staging",
-                           "waiting_for_host_state", "page_lock", "model_and_data", "engine"]
+    assert list(parts) == ["process_and_imports", "waiting_for_plan", "device", "process_group", "attach",
+                           "page_lock_staging", "waiting_for_host_state", "page_lock", "model_and_data", "engine"]
     assert all(v >= 0 for v in parts.values()) and "rank_startup_s" not in result.metrics[1]
     assert parts["process_and_imports"] > 0.1  # a fresh interpreter imports torch
     assert any(line.startswith("rank 0 start-up: process and imports ") for line in lines)
@@ -56,8 +57,9 @@ def test_train_reports_its_start_up_stages_in_order_with_their_durations(tmp_pat
     # `calibrating`, the stage then running).
     marked = result.metrics[0]["startup_parts_s"]
     names = [p for stage in ("planning", "calibrating") for p in marked.get(stage, {})]
-    assert names == ["model_config", "detecting_host", "calibration", "plan", "removing_orphans", "checks",
-                     "allocating_host_state", "spawning_ranks"], marked
+    # The ranks are spawned once the host is measured, before the plan is made: they start beside it.
+    assert names == ["model_config", "detecting_host", "calibration", "spawning_ranks", "plan", "removing_orphans",
+                     "checks", "allocating_host_state", "sending_the_run"], marked
     assert all(v >= 0 for parts in marked.values() for v in parts.values())
     assert sum(marked["planning"].values()) <= durations["planning"] + 0.01
     assert "startup_parts_s" not in result.metrics[1]
@@ -186,6 +188,46 @@ def test_a_fill_that_fails_ends_the_ranks_started_before_it(tmp_path, monkeypatc
     with pytest.raises(OSError, match="could not be read"):
         train(_job(tmp_path, "broken"))
     assert _rank_children() == []
+
+
+def test_the_ranks_are_spawned_while_the_plan_is_made_and_receive_the_run_after_it(tmp_path, monkeypatch):
+    """The ranks start (interpreter, imports) as soon as the host is measured, beside AutoPolicy's search; the plan
+    they receive is the one the search made."""
+    from slidedp.planning import autopolicy
+
+    plan_job = autopolicy.plan_job
+    during: list[list[psutil.Process]] = []
+
+    def watched(*args, **kwargs):
+        during.append(_rank_children())
+        return plan_job(*args, **kwargs)
+
+    monkeypatch.setattr(autopolicy, "plan_job", watched)
+    job = _job(tmp_path, "spawned")
+    job["policy"] = {}  # every choice AutoPolicy's
+    result = train(job)
+    assert len(during) == 1 and len(during[0]) == 2, "the ranks were not running while the plan was made"
+    assert result.status == "completed" and len(result.metrics) == 2
+    assert "waiting_for_plan" in result.metrics[0]["rank_startup_s"]
+
+
+def test_a_refused_plan_ends_the_ranks_spawned_before_it(tmp_path, monkeypatch):
+    from slidedp.planning import autopolicy
+
+    spawned: list[list[psutil.Process]] = []
+
+    def refused(*args, **kwargs):
+        spawned.append(_rank_children())
+        return {"feasible": False, "errors": [{"loc": "policy", "msg": "refused by this test"}]}
+
+    monkeypatch.setattr(autopolicy, "plan_job", refused)
+    job = _job(tmp_path, "refused")
+    job["policy"] = {}
+    with pytest.raises(ConfigError, match="refused by this test"):
+        train(job)
+    assert spawned and len(spawned[0]) == 2
+    psutil.wait_procs(spawned[0], timeout=30)
+    assert _rank_children() == [] and not any(p.is_running() for p in spawned[0])
 
 
 def _pages_nothing(pager) -> None:

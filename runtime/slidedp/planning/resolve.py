@@ -59,7 +59,8 @@ def detect_early(cfg: JobConfig, predict_explicit: bool = False) -> Future | Non
 
 def resolve_policy(cfg: JobConfig, num_layers: int, on_log=None, plan: dict | None = None,
                    startup: Startup | None = None, detected: Future | None = None,
-                   predict_explicit: bool = False) -> tuple[ExecutionPolicy, dict]:
+                   predict_explicit: bool = False,
+                   measured: Callable[[], None] | None = None) -> tuple[ExecutionPolicy, dict]:
     """The execution policy, resolved once (slidedp.policy.resolve): AutoPolicy's plan where the config says
     `auto`, the config where it fixes a choice. Returns (policy, plan); plan is {} when nothing was planned, and
     {"fallback": {"reason", "policy"}} when the host could not be measured (MEASUREMENT_ERRORS: logged, and the
@@ -70,7 +71,10 @@ def resolve_policy(cfg: JobConfig, num_layers: int, on_log=None, plan: dict | No
     otherwise the job is planned again, one log line says why, and the new plan carries it under "replanned".
 
     `detected`: the topology being detected already (detect_early), waited for here instead of detecting again.
-    predict_explicit: plan a config that leaves no choice `auto` too, for the prediction (plans)."""
+    predict_explicit: plan a config that leaves no choice `auto` too, for the prediction (plans).
+    measured: called once nothing this call does measures the host any more (the topology detected and the
+    calibration loaded or made; at once when it does not plan): train() spawns the ranks there, so their start
+    overlaps the planning but never a calibration's timings."""
     p = cfg.policy
     stored, plan = plan, {}
     if plans(cfg, predict_explicit):
@@ -91,6 +95,8 @@ def resolve_policy(cfg: JobConfig, num_layers: int, on_log=None, plan: dict | No
             plan = {"fallback": {"reason": f"{type(exc).__name__}: {exc}", "policy": "configured"}}
             log.warning("planner unavailable, running the configured policy: %s", plan["fallback"]["reason"])
             _say(on_log, f"planner unavailable ({plan['fallback']['reason']}); using the configured policy")
+        if measured is not None:
+            measured()
         if topo is not None:
             # Past the measurements every error is the planner's own and is raised: a plan silently replaced by
             # the configured policy hides the bug and changes what the job runs.
@@ -107,6 +113,8 @@ def resolve_policy(cfg: JobConfig, num_layers: int, on_log=None, plan: dict | No
         _mark(startup, "plan")
         if plan and not plan.get("feasible", True):
             raise ConfigError(plan.get("errors") or [{"loc": "policy", "msg": "the job does not fit this host"}])
+    elif measured is not None:
+        measured()
     planned = ExecutionPolicy.from_dict(plan["policy"]) if plan.get("policy") else None
     policy = resolve(p, num_layers, cfg.world_size, planned)
     if "fallback" in plan:

@@ -100,6 +100,8 @@ class _Loading(threading.Thread):
         self.start()
 
     def run(self) -> None:
+        if _PREPARING is not None:
+            _PREPARING.join()
         try:
             self._out = _load_model_and_data(*self._call)
         except BaseException as exc:  # handed to the rank's own thread by result()
@@ -113,14 +115,39 @@ class _Loading(threading.Thread):
         return self._out
 
 
+def prepare() -> None:
+    """Called by a rank spawned before its plan exists (slidedp.ranks.Launch.spawn): imports what its start needs
+    beyond this module on a thread (_PREPARING), while the rank waits for the run. The loading thread waits for it
+    before it imports anything itself: two threads importing transformers at once can see it half made."""
+    global _PREPARING
+
+    def imports() -> None:
+        try:
+            import slidedp.data  # noqa: F401
+            import slidedp.step.engine  # noqa: F401
+            import transformers  # noqa: F401
+        except Exception:  # noqa: BLE001, S110 - the same import in the rank's start raises it where it is reported
+            pass
+
+    _PREPARING = threading.Thread(target=imports, name="slidedp-rank-prepare", daemon=True)
+    _PREPARING.start()
+
+
+_PREPARING: threading.Thread | None = None
+
+
 class _Marks:
     """Seconds of each part of a rank's start-up, in the order they ran (`rank_startup_s`, docs/interfaces.md §3)."""
 
-    def __init__(self) -> None:
+    def __init__(self, waited_s: float | None = None) -> None:
         import psutil
 
-        # from the process's creation to here: the interpreter, the imports, unpickling the arguments
-        self.seconds = {"process_and_imports": max(0.0, time.time() - psutil.Process().create_time())}
+        # from the process's creation to here: the interpreter, the imports, unpickling the arguments, and (a rank
+        # spawned before the plan was made) waiting for the launcher to send the run
+        since = max(0.0, time.time() - psutil.Process().create_time())
+        self.seconds = {"process_and_imports": max(0.0, since - (waited_s or 0.0))}
+        if waited_s is not None:
+            self.seconds["waiting_for_plan"] = waited_s
         self._t = time.perf_counter()
 
     def done(self, part: str) -> None:
@@ -132,7 +159,7 @@ class _Marks:
 def rank_main(link, args: RankArgs, queue) -> None:
     """A rank's life, in the stages its start-up record names: start (device, group, host state, model and data,
     engine), the steps, then the end (the last update waited for, the host state made whole, "done")."""
-    marks = _Marks()
+    marks = _Marks(link.waited_s)
     started: _Started | None = None
     try:
         started = _start(link, args, marks, queue)
