@@ -92,10 +92,10 @@
 #           (policy.compiled_layers: torch.compile, inductor), the same per-phase figures for both, the compile's
 #           first-iteration time, graph and graph-break counts, and the speed-up per phase -> $OUT/layers-compiled.json
 #   firstc  time to first step of the Qwen3-8B preset (scripts/first_step.py) under GPU_GIB (24), the cast where CAST
-#           (gpu): eager layers twice (the first run calibrates where the cache lacks it), then the planner's choice of
-#           layers (compiled) twice -> $OUT/firstc-all.log
-#   comp8   Qwen3-8B, seq 2048, micro-batch 8, the whole card: AutoPolicy with eager layers, AutoPolicy choosing the
-#           layers (compiled where calibration timed them faster), the same clipped at 1.0; FSDP2 GPU-resident (every
+#           (gpu): eager layers twice (the first run calibrates where the cache lacks it), then compiled layers twice
+#           (fixed: the planner leaves a 2-step job eager, its compile would not pay) -> $OUT/firstc-all.log
+#   comp8   Qwen3-8B, seq 2048, micro-batch 8, the whole card: AutoPolicy with eager layers, with compiled layers
+#           (fixed: an 8-step bench is too short for the planner to compile), the same clipped at 1.0; FSDP2 GPU-resident (every
 #           layer checkpointed) eager and compiled beside -> $OUT/comp8.jsonl (COMP_STEPS, 8 steps)
 #   comp3   the same for the Llama 3.2 3B preset (every layer kept by FSDP2 where it fits: COMP3_PEER_KEEP, none)
 #           -> $OUT/comp3.jsonl
@@ -281,17 +281,17 @@ print(f'with NCCL and one all-reduce: {(t - f1) / 2**30:.3f} GiB (allocator rese
               --out "$OUT/layers.json" 2>&1 | quiet 48 ;;
     clayers) timeout ${CLAYERS_S:-200} python3 scripts/layer_profile.py --model qwen3-8b --seq 2048 --mbs 8 \
               --compiled --out "$OUT/layers-compiled.json" 2>&1 | quiet 40 ;;
-    firstc) for l in false false auto auto; do timeout ${FIRST_S:-150} python3 scripts/first_step.py --model qwen3-8b \
+    firstc) for l in false false true true; do timeout ${FIRST_S:-150} python3 scripts/first_step.py --model qwen3-8b \
               --gpu-memory-gib ${GPU_GIB:-24} --delivery-cast ${CAST:-gpu} --compiled-layers $l \
               > "$OUT/firstc-$l.log" 2>&1; cat "$OUT/firstc-$l.log" >> "$OUT/firstc-all.log"
             grep -vE "Warning|warn" "$OUT/firstc-$l.log" | tail -7; done ;;
     comp8) A=auto:auto:auto; R=auto:auto:auto:auto:auto:auto
            timeout ${COMP_S:-560} python3 -m slidedp.cli bench --model qwen3-8b --seq 2048 --gpus 1 --mbs 8 \
-             --steps ${COMP_STEPS:-8} --threads 16 --policies "$A:0:$R:eager,$A:0:$R:auto,$A:1.0:$R:auto" \
+             --steps ${COMP_STEPS:-8} --threads 16 --policies "$A:0:$R:eager,$A:0:$R:compiled,$A:1.0:$R:compiled" \
              --peers fsdp2:0,fsdp2:0:0:compiled --out "$OUT/comp8.jsonl" 2>&1 | quiet 30 ;;
     comp3) A=auto:auto:auto; R=auto:auto:auto:auto:auto:auto; K=${COMP3_PEER_KEEP:-none}
            timeout ${COMP_S:-560} python3 -m slidedp.cli bench --model llama3.2-3b --seq 2048 --gpus 1 --mbs 8 \
-             --steps ${COMP_STEPS:-8} --threads 16 --policies "$A:0:$R:eager,$A:0:$R:auto" \
+             --steps ${COMP_STEPS:-8} --threads 16 --policies "$A:0:$R:eager,$A:0:$R:compiled" \
              --peers fsdp2:$K,fsdp2:$K:0:compiled --out "$OUT/comp3.jsonl" 2>&1 | quiet 30 ;;
     sust) for c in "" --compiled; do timeout 120 python3 scripts/probe_layer_sustained.py --model qwen3-8b --mbs 8 \
             --seq 2048 --seconds ${SUST_S:-15} $c --out "$OUT/sustained.jsonl" 2>&1 | quiet 16; done ;;

@@ -258,7 +258,7 @@ class PolicyConfig:
         "compile (tens of seconds). The same numbers as eager up to kernel rounding; kept, checkpointed and "
         "offloaded layers alike. On CPU ranks the same graphs run without generated kernels (aot_eager): the "
         "same numbers, no speed-up. false: eager. None (default): the planner's choice: compiled on GPUs where "
-        "calibration timed the compiled layer at least 3% faster than the eager one, kept and checkpointed alike.",
+        "calibration timed the compiled layer at least 3% faster than the eager one, kept and checkpointed alike, and the job has steps enough to win the compile back (a smoke test of a few steps stays eager).",
     )
 
     @classmethod

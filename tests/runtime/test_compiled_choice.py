@@ -105,8 +105,8 @@ def test_rates_and_activation_sizes_read_the_compiled_layer_for_a_compiled_polic
 def test_autopolicy_chooses_compiled_layers_and_prices_them(h200):
     topo, cal = h200
     fast = with_compiled(cal)
-    eager = ap.plan_job(cfg({"compiled_layers": False}), topo, fast)
-    chosen = ap.plan_job(cfg(), topo, fast)
+    eager = ap.plan_job(cfg({"compiled_layers": False}, steps=1000), topo, fast)
+    chosen = ap.plan_job(cfg(steps=1000), topo, fast)
     assert eager["feasible"] and chosen["feasible"]
     assert chosen["policy"]["compiled_layers"] is True and eager["policy"]["compiled_layers"] is False
     assert chosen["predicted"]["step_time_s"] < 0.9 * eager["predicted"]["step_time_s"]
@@ -114,10 +114,31 @@ def test_autopolicy_chooses_compiled_layers_and_prices_them(h200):
     assert c["chosen"] is True and c["by"] == "planner" and c["compile_s"] == 17.1
     assert c["compiled_layer_s"] < c["eager_layer_s"]
     assert "Compiled layers (the planner's choice)" in chosen["why"]
-    text = format_plan(ap.plan_for(cfg(), topo, fast))
+    text = format_plan(ap.plan_for(cfg(steps=1000), topo, fast))
     assert "layers: compiled (planner's choice)" in text and "compile them at start (~17 s, once" in text
     # the same with clipping: compiled too
-    assert ap.plan_job(cfg(clip=1.0), topo, fast)["policy"]["compiled_layers"] is True
+    assert ap.plan_job(cfg(clip=1.0, steps=1000), topo, fast)["policy"]["compiled_layers"] is True
+
+
+def test_a_job_too_short_to_win_the_compile_back_stays_eager(h200):
+    """A smoke test of a few steps would wait longer for the compile than compiling saves it: its layers stay
+    eager unless the config asks for them; a job long enough compiles them."""
+    topo, cal = h200
+    fast = with_compiled(cal)
+    u, c = fast["unit"], fast["unit_compiled"]
+    per_layer = max(u["fwd_keep_s"] + u["bwd_keep_s"] - c["fwd_keep_s"] - c["bwd_keep_s"],
+                    u["fwd_checkpoint_s"] + u["bwd_checkpoint_s"] - c["fwd_checkpoint_s"] - c["bwd_checkpoint_s"])
+    layers = model_config_dict("qwen3-1.7b")["num_hidden_layers"]
+    enough = int(c["compile_s"] / (per_layer * layers)) + 1  # the fewest steps that win 17.1 s back
+    short = ap.plan_job(cfg(steps=enough - 1), topo, fast)
+    assert short["policy"]["compiled_layers"] is False
+    assert f"this job's {enough - 1} steps would save at most" in short["compiled_layers"]["reason"]
+    assert "Eager layers (the planner's choice)" in short["why"]
+    assert ap.plan_job(cfg(steps=enough), topo, fast)["policy"]["compiled_layers"] is True
+    # accumulating micro-batches runs every layer more often per step: fewer steps win it back
+    assert ap.plan_job(cfg(steps=enough - 1, grad_accum=2), topo, fast)["policy"]["compiled_layers"] is True
+    asked = ap.plan_job(cfg({"compiled_layers": True}, steps=2), topo, fast)
+    assert asked["policy"]["compiled_layers"] is True and asked["compiled_layers"]["by"] == "config"
 
 
 def test_a_compiled_plan_without_compiled_figures_says_it_is_priced_eager(h200):

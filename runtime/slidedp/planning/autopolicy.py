@@ -202,7 +202,8 @@ def _plan(cfg: Any, topology: dict[str, Any], calibration: dict[str, Any] | None
         except (Uncalibrated, KeyError, TypeError) as exc:
             note = f"calibration unusable ({exc}): memory fit only, no step times"
     # compiled layers or eager, decided before the search (the activation sizes depend on it)
-    compiled = choose_compiled(cfg.policy.fixed(), calibration if rates else None, job.on_gpu)
+    compiled = choose_compiled(cfg.policy.fixed(), calibration if rates else None, job.on_gpu, steps=cfg.steps,
+                               layer_runs=job.layers * job.grad_accum)
     acts = ActivationSizes.of(job, calibration, compiled.compiled)
     planner = _Planner(cfg, job, rates, acts, compiled=compiled, fewer_slots=fewer_slots)
     try:

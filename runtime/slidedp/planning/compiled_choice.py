@@ -3,14 +3,17 @@
 A config that sets compiled_layers true or false is followed. Left to the planner (null, the default), the layers
 are compiled when the calibration timed the compiled layer at the job's shape (`unit_compiled`, CUDA only) and it
 is at least COMPILED_MIN_GAIN faster than the eager layer both ways a layer runs: kept (forward, then backward)
-and checkpointed (forward without a graph, then recompute and backward). Otherwise they stay eager: on the CPU
+and checkpointed (forward without a graph, then recompute and backward), and the job has steps enough to win back
+the compile: its steps times the most a step could save (every layer run it makes, on the path whose compiled layer
+saves more) at least the compile's seconds as calibration measured them. Otherwise they stay eager: on the CPU
 (the capture runs there without generating kernels, so it gains nothing), with a calibration that predates the
 measurement or where the compile failed (the record keeps why), and where compiling does not pay.
 
 The compiled figures price the step (cost_model.Rates.layer_s, memory_model.ActivationSizes: the compiled graph
 saves other tensors for backward); the compile itself is paid once, by each rank at its start while the launcher
 fills the host state (slidedp.step.compiled.warm), and is the plan's `compiled_layers.compile_s` as calibration
-measured it (a warm compile cache on the host makes it shorter).
+measured it (a warm compile cache on the host makes it shorter). A short job (a smoke test of a few steps) starts
+sooner eager than it could finish compiled.
 
 Imports no torch.
 """
@@ -76,9 +79,12 @@ class CompiledChoice:
         return f"Eager layers ({who}): {self.reason}."
 
 
-def choose_compiled(fixed: dict[str, Any], calibration: dict[str, Any] | None, on_gpu: bool) -> CompiledChoice:
+def choose_compiled(fixed: dict[str, Any], calibration: dict[str, Any] | None, on_gpu: bool,
+                    steps: int | None = None, layer_runs: int = 1) -> CompiledChoice:
     """compiled_layers for a job: the config's when it sets it, else the rule above. `calibration` None: the plan
-    has no times (its layers then stay eager unless configured)."""
+    has no times (its layers then stay eager unless configured). steps: the job's optimizer steps (None: as many
+    as it takes to win the compile back); layer_runs: decoder layer runs a rank makes per step (layers x
+    micro-batches it accumulates)."""
     unit = measured(calibration) if on_gpu else None
     failed = ((calibration or {}).get("unit_compiled") or {}).get("error") if on_gpu else None
     figures: dict[str, Any] = {"failed": bool(failed)}
@@ -100,6 +106,14 @@ def choose_compiled(fixed: dict[str, Any], calibration: dict[str, Any] | None, o
                f"checkpointed {ckpt_e * 1e3:.1f} -> {ckpt_c * 1e3:.1f} ms)")
         if not pays and "compiled_layers" not in fixed:
             why += f", under the {COMPILED_MIN_GAIN:.0%} it takes to choose them"
+        compile_s = unit.get("compile_s")
+        if pays and steps is not None and compile_s:
+            most = steps * layer_runs * max(kept_e - kept_c, ckpt_e - ckpt_c)
+            if most < compile_s:
+                pays = False
+                if "compiled_layers" not in fixed:
+                    why += (f", but this job's {steps} steps would save at most {most:.1f} s, less than the "
+                            f"{compile_s:.0f} s its compile took when calibrating")
     if "compiled_layers" in fixed:
         return CompiledChoice(bool(fixed["compiled_layers"]), "config", why, **figures)
     return CompiledChoice(pays, "planner", why, **figures)
