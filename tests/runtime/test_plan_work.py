@@ -12,7 +12,7 @@ from slidedp.config import JobConfig
 from slidedp.planning import autopolicy as ap
 from slidedp.planning import bound as bound_module
 from slidedp.planning import cost_model as cm
-from slidedp.planning import long_step, overlap
+from slidedp.planning import long_step, overlap, program
 from slidedp.policy import ExecutionPolicy
 
 FIX = os.path.join(os.path.dirname(__file__), "fixtures")
@@ -53,7 +53,7 @@ def _counted_plan(monkeypatch, cfg, topo, cal) -> tuple[dict, dict[str, int]]:
     """The plan (with the card sweep, as the web preview asks) and the work it took: tasks the overlap model
     placed and schedule items the window walked."""
     work = {"tasks": 0, "window_items": 0}
-    real_new, real_window = overlap._Replay._new, bound_module.window_plan
+    real_new, real_window = program.Program._new, bound_module.window_plan
 
     def new(self, *args, **kw):
         work["tasks"] += 1
@@ -63,8 +63,8 @@ def _counted_plan(monkeypatch, cfg, topo, cal) -> tuple[dict, dict[str, int]]:
         work["window_items"] += len(schedule)
         return real_window(schedule, *args)
 
-    monkeypatch.setattr(overlap._Replay, "_new", new)
-    monkeypatch.setattr(overlap, "window_plan", window)
+    monkeypatch.setattr(program.Program, "_new", new)
+    monkeypatch.setattr(program, "window_plan", window)
     monkeypatch.setattr(bound_module, "window_plan", window)
     plan = ap.plan_job(cfg, topo, cal, sweep=True)
     monkeypatch.undo()

@@ -14,7 +14,7 @@ import os
 import pytest
 from slidedp.config import JobConfig
 from slidedp.planning import cost_model as cm
-from slidedp.planning import overlap, pools
+from slidedp.planning import overlap, pools, program
 from slidedp.planning.job import Job
 from slidedp.policy import ExecutionPolicy
 
@@ -64,7 +64,7 @@ def test_the_stream_loads_each_direction_with_its_own_bytes(one_h200):
 
 
 def _task(kind, start, end, loads):
-    t = overlap._Task(kind, "stream", end - start, [], loads=loads)
+    t = program.Task(kind, "stream", end - start, [], loads=loads)
     t.start, t.end = start, end
     return t
 

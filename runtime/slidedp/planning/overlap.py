@@ -1,7 +1,8 @@
 """The overlap model of the pipeline: a discrete-event replay of two training steps of one rank.
 
-Imports no torch. The engine's program (slidedp/step: engine, window, routes, optimizer) is replayed with
-durations from calibration instead of real work, on the resources that run concurrently:
+Imports no torch. The engine's program (slidedp/step: engine, window, routes, optimizer; built as tasks by
+planning/program.py) is replayed with durations from calibration instead of real work, on the resources that run
+concurrently:
 
   host     the rank's Python thread: issues everything in program order and blocks where the engine blocks
            (before a unit's first delivery of a step until its previous update is done; before a gradient
@@ -37,12 +38,10 @@ A step of many micro-batches is extended from two short replays by planning/long
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
 
 from slidedp.planning.pools import capacities, pool_users, slowdowns
-from slidedp.schedule import step_schedule, window_plan
+from slidedp.planning.program import IN_ORDER, Program, Task
 
-IN_ORDER = ("host", "compute", "h2d", "d2h", "coll", "stream")
 _HOST = IN_ORDER.index("host")
 UPDATE_KINDS = frozenset({"update", "hold", "final", "streamed"})  # host-update work: waits on it are `update_tail`
 # Groups of task kinds that can be made free to measure a resource's exposure.
@@ -52,49 +51,6 @@ EXPOSURE_KINDS = {
     "collective": frozenset({"all_gather", "reduce_scatter"}),
     "cpu_update": UPDATE_KINDS,
 }
-
-
-class _Task:
-    __slots__ = (
-        "kind",
-        "res",
-        "base",
-        "dur",
-        "deps",
-        "start",
-        "end",
-        "binding",
-        "loads",
-        "unit",
-        "step",
-        "phase",
-        "order",
-        "dependents",
-        "waiting",
-    )
-
-    def __init__(
-        self,
-        kind: str,
-        res: str,
-        dur: float,
-        deps: list,
-        *,
-        unit: int = -1,
-        step: int = 0,
-        phase: str = "",
-        loads: dict[str, float] | None = None,
-    ):
-        self.kind, self.res, self.base, self.dur = kind, res, dur, dur
-        self.deps = [d for d in deps if d is not None]
-        self.start: float | None = None
-        self.end: float | None = None
-        self.binding: _Task | None = None
-        self.loads = loads or {}
-        self.unit, self.step, self.phase = unit, step, phase
-        self.order = 0
-        self.dependents: list[_Task] = []  # tasks with this one among their deps (once per occurrence)
-        self.waiting = 0  # deps not yet placed in the current pass
 
 
 @dataclass
@@ -161,293 +117,21 @@ class Outcome:
     replayed: int = 0  # tasks actually placed (a long step is extended from two shorter replays)
 
 
-_NEVER_READY = _Task("end", "host", 0.0, [])
+_NEVER_READY = Task("end", "host", 0.0, [])
 _NEVER_READY.waiting = 1  # no task counts it among its deps, so it never becomes ready
 
-# ---------------------------------------------------------------------------- building the replay
-class _Replay:
-    STEPS = 2
+
+# ---------------------------------------------------------------------------- placing the program
+class _Replay(Program):
+    """The program placed on its resources: run() gives every task its start and end, and the task that
+    bound its start."""
 
     def __init__(self, d: Durations):
-        self.d = d
-        self.tasks: list[_Task] = []
-        self.queues: dict[str, list[_Task]] = {r: [] for r in IN_ORDER}
-        self.cpu_tasks: list[_Task] = []
-        self.submit: dict[int, _Task] = {}  # cpu task order -> host task that handed it to the updater
-        self.seq: dict[int, int] = {}  # cpu task order -> its handoff number (its staging slot is seq % slots)
-        self.updated: dict[tuple[int, int], _Task] = {}  # (step, unit) -> task after which it is updated
-        self.final: dict[int, list[_Task]] = {}  # clip: the forward-order updates after the norm
-        self.holds_per_step: dict[int, int] = {}
-        self.end_backward: dict[int, _Task] = {}
-        self.backward_last: dict[int, _Task] = {}
-        self.forward_first: dict[int, _Task] = {}  # each step's first micro-batch's last forward task
-        self.device_updated: dict[int, _Task] = {}  # each step's device update on the compute stream, if any
-        self.cursor: _Task | None = None
-        # units updated on the device (policy.edge_update gpu, policy.device_layers)
-        self.on_device = {u for u, t in enumerate(d.device_update) if t > 0}
-        self.streamed = {u for u, t in enumerate(d.streamed) if t > 0}
-        self._build()
-        for t in self.tasks:
-            for x in t.deps:
-                x.dependents.append(t)
-        self.submitted_by = [self.submit[t.order] for t in self.cpu_tasks]  # hand-over order
+        super().__init__(d)
         # the in-order queues in IN_ORDER, each ended by a task that is never ready, so that a drain needs no
         # bounds check
         self._ends_blocked = [[*self.queues[r], _NEVER_READY] for r in IN_ORDER]
 
-    # ------------------------------------------------------------------ task creation
-    def _new(self, kind: str, res: str, dur: float, deps: list, unit: int = -1, step: int = 0, phase: str = "",
-             loads: dict[str, float] | None = None) -> _Task:
-        if self.d.cpu_mode:
-            if res in ("h2d", "d2h", "coll", "stream"):
-                res = "compute"  # CPU training: no streams, the rank's thread does everything in order
-            if res in ("compute", "cpu"):
-                loads = {**(loads or {}), "cores": 0.0 if kind in self.d.zero else dur}
-        if kind in self.d.zero:
-            dur = 0.0
-        t = _Task(kind, res, dur, deps, unit=unit, step=step, phase=phase, loads=loads)
-        t.order = len(self.tasks)
-        self.tasks.append(t)
-        (self.cpu_tasks if res == "cpu" else self.queues[res]).append(t)
-        return t
-
-    def _gpu(self, kind: str, res: str, dur: float, deps: list, **kw: Any) -> _Task:
-        """Work the host enqueues at its current point in the program (it cannot start before that)."""
-        return self._new(kind, res, dur, [self.cursor, *deps], **kw)
-
-    def _host_wait(self, deps: list) -> None:
-        """The host blocks here until deps are done; everything it issues later comes after."""
-        deps = [x for x in deps if x is not None]
-        if deps:
-            self.cursor = self._new("host", "host", 0.0, [self.cursor, *deps])
-
-    def _dma(self, h2d: float = 0.0, d2h: float = 0.0) -> dict[str, float]:
-        # Every rank moves the same bytes at the same time: host DRAM sees all of them, a PCIe link one rank's
-        # (both directions together), and `h2d` bytes go host->GPU and `d2h` GPU->host, each direction a pool too
-        nbytes = h2d + d2h
-        loads = {"dram": nbytes * self.d.world, "pcie": nbytes}
-        if h2d:
-            loads["h2d"] = h2d
-        if d2h:
-            loads["d2h"] = d2h
-        return loads
-
-    # ------------------------------------------------------------------ the engine's program
-    def _deliver(self, u: int, s: int, free: _Task | None) -> _Task:
-        d = self.d
-        if s > 0:
-            self._host_wait([self.updated[(s - 1, u)]])
-        t = self._gpu(
-            "deliver", "h2d", d.deliver[u], [free], unit=u, step=s,
-            loads=self._dma(h2d=d.deliver_bytes[u])
-        )
-        if d.sharded:
-            loads = {k: v * d.coll_bytes[u] for k, v in d.collective_loads.items()}
-            t = self._gpu("all_gather", "h2d", d.all_gather[u], [t], unit=u, step=s, loads=loads)
-        return t
-
-    def _send(self, u: int, s: int, src: _Task, state: dict) -> None:
-        """Gradient handoff of unit u: staging slot, reduce-scatter / copy out, then the host update."""
-        d = self.d
-        state["seq"] += 1
-        seq = state["seq"]
-        self._host_wait([state["released"].get(seq - d.staging_slots)])
-        submit = self._new("host", "host", 0.0, [self.cursor])
-        self.cursor = submit
-        deps: list = [src]
-        if d.gpu_reduce:
-            loads = {k: v * d.coll_bytes[u] * 2 for k, v in d.collective_loads.items()}
-            deps = [
-                self._gpu("reduce_scatter", "coll", d.reduce_scatter[u], [src], unit=u, step=s, loads=loads)
-            ]
-        out = self._gpu(
-            "grad_out", "d2h", d.grad_d2h[u], deps, unit=u, step=s,
-            loads=self._dma(d2h=d.grad_bytes[u])
-        )
-        state["gdone"][state["parity"]] = out
-        state["last_d2h"] = out
-        if d.clip:
-            work = self._new("hold", "cpu", d.hold[u], [out], unit=u, step=s, loads={"dram": d.hold_bytes[u]})
-            self.holds_per_step[s] = self.holds_per_step.get(s, 0) + 1
-        else:
-            work = self._new(
-                "update", "cpu", d.update[u], [out], unit=u, step=s, loads={"dram": d.update_bytes[u]}
-            )
-            self.updated[(s, u)] = work
-        self.submit[work.order] = submit
-        self.seq[work.order] = seq
-        state["released"][seq] = work
-
-    def _device_reduce(self, u: int, s: int, src: _Task, state: dict, parity: bool = False) -> None:
-        """A unit updated on the device: its gradient is reduce-scattered on the d2h stream and stays there (a
-        layer's comes from a parity buffer, reused after the reduction)."""
-        loads = {k: v * self.d.coll_bytes[u] * 2 for k, v in self.d.collective_loads.items()}
-        t = self._gpu("reduce_scatter", "d2h", self.d.reduce_scatter[u], [src], unit=u, step=s, loads=loads)
-        state["last_d2h"] = t
-        if parity:
-            state["gdone"][state["parity"]] = t
-        state.setdefault("device_reduced", []).append(t)
-
-    def _next_parity(self, state: dict) -> None:
-        # the compute stream reuses a parity's gradient buffers only after their last transfer out
-        state["parity"] ^= 1
-        state["wait"].append(state["gdone"][state["parity"]])
-
-    def _compute(self, kind_phase: str, dur: float, deps: list, u: int, s: int, state: dict) -> _Task:
-        waits, state["wait"] = state["wait"], []
-        return self._gpu("compute", "compute", dur, [*deps, *waits], unit=u, step=s, phase=kind_phase)
-
-    def _get(
-        self,
-        k: int,
-        schedule: list[int],
-        plan: list[tuple],
-        by_get: dict[int, list[int]],
-        ready: list,
-        done: list,
-        dedicated_ready: dict[int, _Task],
-        s: int,
-    ) -> _Task | None:
-        """Window.get(k): issue the deliveries up to the horizon, each after its unit's previous update."""
-        for j in by_get.get(k, []):
-            uj, p = schedule[j], plan[j]
-            if p[0] == "d":
-                if uj in self.on_device:  # updated in place on the compute stream: in order, nothing to wait for
-                    ready[j] = None
-                    continue
-                if p[1]:
-                    dedicated_ready[uj] = self._deliver(uj, s, None)
-                ready[j] = dedicated_ready[uj]
-            elif p[2]:
-                ready[j] = self._deliver(uj, s, done[p[3]] if p[3] >= 0 else None)
-            else:
-                ready[j] = ready[p[4]]
-        return ready[k]
-
-    def _build(self) -> None:
-        d = self.d
-        L = len(d.units) - 2
-        head = L + 1
-        M = d.micro_batches
-        schedule = step_schedule(L, M)
-        dedicated = {0, head} | {i + 1 for i, r in enumerate(d.resident) if r}
-        plan, issued_at = window_plan(schedule, dedicated, d.window)
-        by_get: dict[int, list[int]] = {}
-        for j, k in enumerate(issued_at):
-            by_get.setdefault(k, []).append(j)
-        state: dict[str, Any] = {
-            "seq": 0,
-            "released": {},
-            "gdone": [None, None],
-            "parity": 0,
-            "wait": [],
-            "last_d2h": None,
-        }
-        for s in range(self.STEPS):
-            ready: list[_Task | None] = [None] * len(schedule)
-            done: list[_Task | None] = [None] * len(schedule)
-            dedicated_ready: dict[int, _Task] = {}
-            state["wait"] += list(state["gdone"])  # gE / gH reuse at the start of a step
-            k = 0
-            win = (schedule, plan, by_get, ready, done, dedicated_ready, s)
-
-            def get(k: int, win: tuple = win) -> _Task | None:
-                return self._get(k, *win)
-
-            sent: dict[int, _Task] = {}  # an offloaded layer's activations on their way out
-            fetched: dict[int, _Task] = {}  # ... and on their way back, fetched after their own copy out
-
-            def fetch(u: int, after: _Task | None = None, sent: dict = sent, fetched: dict = fetched,
-                      s: int = s) -> None:
-                # into the slot the backward two layers up read last (`after`): rewritten once that is done
-                if u >= 1 and u in sent:
-                    deps = [sent.pop(u)] + ([after] if after is not None else [])
-                    fetched[u] = self._gpu(
-                        "fetch", "h2d", d.act_h2d, deps, unit=u, step=s,
-                        loads=self._dma(h2d=d.act_bytes)
-                    )
-
-            for m in range(M):
-                last = m == M - 1
-                if m == 0:
-                    done[k] = self._compute("forward", d.embed_fwd, [get(k)], 0, s, state)
-                    k += 1
-                    embed = done[k - 1]
-                else:
-                    embed = self._compute("forward", d.embed_fwd, [], 0, s, state)
-                for u in range(1, L + 1):
-                    pol = d.activations[u - 1]
-                    done[k] = self._compute("forward", d.layer_fwd[pol], [get(k)], u, s, state)
-                    if pol == "offload":
-                        sent[u] = self._gpu(
-                            "act_out", "d2h", d.act_d2h, [done[k]], unit=u, step=s,
-                            loads=self._dma(d2h=d.act_bytes)
-                        )
-                    k += 1
-                fetch(L)  # the first layer back comes home under the loss head
-                if m == 0:
-                    self.forward_first[s] = done[k - 1]
-                    k_head = k
-                    head_ready = get(k)
-                    k += 1
-                h = self._compute("backward", d.head, [head_ready], head, s, state)
-                done[k_head] = h
-                if last and head in self.on_device:
-                    self._device_reduce(head, s, h, state)
-                elif last:
-                    self._next_parity(state)
-                    self._send(head, s, h, state)
-                for u in range(L, 0, -1):
-                    r = get(k)
-                    self._next_parity(state)
-                    pol = d.activations[u - 1]
-                    fetch(u - 1, done[k - 1] if u < L else None)  # one layer ahead, behind this delivery
-                    deps = [r] + ([fetched.pop(u)] if u in fetched else [])
-                    done[k] = self._compute("backward", d.layer_bwd[pol], deps, u, s, state)
-                    if last and (u in self.on_device or u in self.streamed):
-                        self._device_reduce(u, s, done[k], state, parity=True)
-                    elif last:
-                        self._send(u, s, done[k], state)
-                    k += 1
-                e = self._compute("backward", d.embed_bwd, [embed], 0, s, state)
-                if last:
-                    self.backward_last[s] = e
-                    if 0 in self.on_device:
-                        self._device_reduce(0, s, e, state)
-                    else:
-                        self._next_parity(state)
-                        self._send(0, s, e, state)
-            self.end_backward[s] = self._new("host", "host", 0.0, [self.cursor])
-            self.cursor = self.end_backward[s]
-            reduced = state.pop("device_reduced", [])
-            if self.on_device:
-                # after the backward, on the compute stream: AdamW of every device-updated shard and the
-                # all-gathers; with clipping it waits for the global norm, i.e. for every gradient transfer of the step
-                deps = reduced + ([state["last_d2h"]] if d.clip else [])
-                self.device_updated[s] = self._compute("backward", sum(d.device_update[u] for u in self.on_device),
-                                                       deps, 0, s, state)
-            for u in sorted(self.streamed):
-                # on streams of their own, in forward order, after the norm (every gradient transfer of the step):
-                # the link's both directions shared with the next forward's deliveries; the chunks coming in share
-                # the host->GPU direction with those deliveries, the results going out the other one
-                nbytes, inb = d.streamed_bytes[u], d.streamed_in_bytes[u]
-                self.updated[(s, u)] = self._gpu("streamed", "stream", d.streamed[u], [state["last_d2h"]], unit=u,
-                                                 step=s, loads=self._dma(h2d=inb, d2h=nbytes - inb))
-            self.final[s] = []
-            if d.clip:
-                # the norm is known once the whole backward is over (the GPUs reduce it after the last layer's
-                # backward, device-updated layers included): no update before, even with every held gradient in
-                norm = [self.backward_last[s]]
-                for u in (u for u in range(len(d.units)) if u not in self.on_device and u not in self.streamed):
-                    f = _Task("final", "cpu", 0.0 if "final" in d.zero else d.update[u], norm, unit=u, step=s)
-                    f.base = f.dur
-                    f.loads = {"dram": d.update_bytes[u], **({"cores": f.dur} if d.cpu_mode else {})}
-                    f.order = len(self.tasks)
-                    self.tasks.append(f)
-                    self.final[s].append(f)
-                    self.updated[(s, u)] = f
-
-    # ------------------------------------------------------------------ scheduling
     def run(self) -> None:
         """Place every task: in-order resources as soon as their head's dependencies are placed; the updater
         by its own rule at the time it becomes free. Each task counts its deps not yet placed (`waiting`), so
@@ -457,14 +141,14 @@ class _Replay:
             t.start = t.end = t.binding = None
             t.waiting = len(t.deps)
         self._heads = [0] * len(IN_ORDER)  # per in-order resource, in IN_ORDER: the next task to place
-        self._last: list[_Task | None] = [None] * len(IN_ORDER)  # ... and the last placed
-        self._cpu_last: _Task | None = None
-        self._committed: tuple[_Task, _Task | None] | None = None  # the updater's next task, what it waits after
-        self._forced: list[_Task] = []
+        self._last: list[Task | None] = [None] * len(IN_ORDER)  # ... and the last placed
+        self._cpu_last: Task | None = None
+        self._committed: tuple[Task, Task | None] | None = None  # the updater's next task, what it waits after
+        self._forced: list[Task] = []
         self._holds_done: dict[int, int] = {}
         # handed over and not started, in hand-over order: the host hands over in program order, so the handed
         # over are always the first `_handed` of cpu_tasks
-        self._known: list[_Task] = []
+        self._known: list[Task] = []
         self._handed = 0
         self._left = len(self.tasks)
         while self._left:
@@ -493,7 +177,7 @@ class _Replay:
             progress = True
         return progress
 
-    def _handed_over(self) -> list[_Task]:
+    def _handed_over(self) -> list[Task]:
         """The updater's tasks whose hand-over has been placed and that have not started, in hand-over order."""
         cpu, known = self.cpu_tasks, self._known
         while self._handed < len(cpu) and self.submitted_by[self._handed].end is not None:
@@ -553,7 +237,7 @@ class _Replay:
         return True
 
 
-def _place(t: _Task, prev: _Task | None, deps: list[_Task]) -> None:
+def _place(t: Task, prev: Task | None, deps: list[Task]) -> None:
     start, binding = 0.0, None
     if prev is not None and prev.end > start:
         start, binding = prev.end, prev
@@ -618,7 +302,7 @@ def _measure(rep: _Replay) -> Outcome:
                    replayed=len(rep.tasks))
 
 
-def _attribute(gap_start: float, gap_end: float, t: _Task | None, phases: dict[str, float]) -> None:
+def _attribute(gap_start: float, gap_end: float, t: Task | None, phases: dict[str, float]) -> None:
     """Split an idle gap of the compute stream by what it waited for, walking back the binding chain."""
     end = gap_end
     while t is not None and end > gap_start:
