@@ -20,6 +20,7 @@ import { checkpointsPanel } from "./job/checkpoints";
 import { jobHeader } from "./job/header";
 import { allLogs, LogTail } from "./job/log";
 import { problemsPanel } from "./job/problems";
+import { JobReads, type ReadOutcome } from "./job/reads";
 import { startupPanel } from "./job/startup";
 import { summaryPanel } from "./job/summary";
 import { stepPicture } from "./jobstep";
@@ -40,13 +41,14 @@ export function jobPage(root: HTMLElement, params: string[]): Cleanup {
   let stopped = false;
   let stream: ResumableStream | null = null;
   let lastEventId: string | null = null;
-  let timer: ReturnType<typeof setTimeout> | null = null;
+  // The job read again every few seconds and when the stream says its status changed (pages/job/reads.ts).
+  const reads = new JobReads(readJob, REFRESH_MS);
   const store = new MetricsStore();
   window.__slidedpStore = store;
   const charts = JOB_CHARTS.map((spec) => new LiveChart(spec, store));
   const logs = new LogTail();
 
-  const header = jobHeader(id, { job: () => job, setJob: (j) => (job = j), lastStep: () => store.lastStep, renderAll, startStream });
+  const header = jobHeader(id, { job: () => job, setJob: (j) => (job = j), lastStep: () => store.lastStep, renderAll, startStream, holdReads, resumeReads });
   const startup = startupPanel();
   const problems = problemsPanel();
   const stepView = stepPicture(); // the plan's one step with the measured one over it (pages/jobstep.ts)
@@ -130,7 +132,7 @@ export function jobPage(root: HTMLElement, params: string[]): Cleanup {
       stream?.end();
       header.setLive("final");
     }
-    void refreshJob(true);
+    void reads.now(true);
   }
 
   /** A health warning as the stream sends it (after its step's metrics): marked now, not at the next refresh. */
@@ -190,12 +192,10 @@ export function jobPage(root: HTMLElement, params: string[]): Cleanup {
     stream.start();
   }
 
-  async function refreshJob(withCatchUp: boolean): Promise<void> {
-    if (timer) clearTimeout(timer);
-    timer = null;
+  async function readJob(withCatchUp: boolean): Promise<ReadOutcome> {
     try {
       const fresh = await api.job(id);
-      if (stopped) return;
+      if (stopped) return "done";
       const prev = job;
       job = { ...fresh, step: Math.max(fresh.step ?? 0, store.lastStep) };
       // Read before the stream's newest stage event of this attempt: that event stays.
@@ -204,24 +204,34 @@ export function jobPage(root: HTMLElement, params: string[]): Cleanup {
       renderAll();
       const live = stream?.state === "open";
       if (withCatchUp || !live) await catchUp();
-      if (stopped) return;
+      if (stopped) return "done";
       if (TERMINAL_STATUSES.has(job.status)) {
         stream?.end();
         header.setLive("final");
         await checkpoints.load(() => stopped);
-        return;
+        return "done";
       }
       if (!stream || stream.state === "ended" || stream.state === "closed") startStream();
     } catch (err) {
-      if (stopped) return;
+      if (stopped) return "done";
       if (err instanceof ApiError && err.status === 404) {
         replace(root, h("h1", null, `Job #${id}`), h("p", null, "There is no such job (it may have been deleted). ", h("a", { href: "/jobs" }, "All jobs")));
         stopped = true;
-        return;
+        return "done";
       }
       problems.showError(errorBox(err, "the job"));
     }
-    if (!stopped) timer = setTimeout(() => void refreshJob(false), REFRESH_MS);
+    return stopped ? "done" : "again";
+  }
+
+  /** Before a delete: no read of the job from now on, and none still on its way (it would answer 404). */
+  async function holdReads(): Promise<void> {
+    await reads.hold();
+    await loaded;
+  }
+
+  function resumeReads(): void {
+    if (!stopped) reads.resume();
   }
 
   async function load(): Promise<void> {
@@ -248,7 +258,7 @@ export function jobPage(root: HTMLElement, params: string[]): Cleanup {
       if (!stopped) problems.showError(errorBox(err, "the metrics"));
     }
     await checkpoints.load(() => stopped);
-    if (!stopped) timer = setTimeout(() => void refreshJob(false), REFRESH_MS);
+    if (!stopped) reads.later();
   }
 
   const clock = setInterval(() => {
@@ -258,14 +268,14 @@ export function jobPage(root: HTMLElement, params: string[]): Cleanup {
     }
   }, CLOCK_MS);
 
-  void load();
+  const loaded = load();
   return () => {
     stopped = true;
+    void reads.hold();
     clearInterval(clock);
     lastEventId = stream?.lastEventId ?? null;
     stream?.close();
     if (window.__slidedpStream === stream) window.__slidedpStream = null;
-    if (timer) clearTimeout(timer);
     for (const c of charts) c.destroy();
   };
 }

@@ -33,6 +33,9 @@ export function jobsPage(root: HTMLElement): Cleanup {
   let stopped = false;
   let timer: ReturnType<typeof setTimeout> | null = null;
   const rows = new Map<number, HTMLTableRowElement>();
+  // Jobs deleted from this page: a list read before the delete landed still names them, and must not bring their
+  // row back (with a Delete button whose press would ask the server to delete the job again, answered 404).
+  const deleted = new Set<number>();
   // Ticked jobs, in the order they were ticked; kept across pages and filters. The compare page's "Change
   // selection" comes back with them (`?select=3,5`).
   const selected = new Set<number>(parseSelection(new URLSearchParams({ ids: new URLSearchParams(location.search).get("select") ?? "" }).toString()).ids);
@@ -162,6 +165,7 @@ export function jobsPage(root: HTMLElement): Cleanup {
         confirmButton("Delete", "Confirm delete", async () => {
           try {
             await api.remove(job.id);
+            deleted.add(job.id);
             rows.get(job.id)?.remove();
             rows.delete(job.id);
             selected.delete(job.id);
@@ -224,8 +228,10 @@ export function jobsPage(root: HTMLElement): Cleanup {
       return;
     }
     try {
-      const { items, total } = await api.listJobs({ status: status || undefined, limit: PAGE, offset });
+      const listed = await api.listJobs({ status: status || undefined, limit: PAGE, offset });
       if (stopped) return;
+      const items = listed.items.filter((job) => !deleted.has(job.id));
+      const total = listed.total - (listed.items.length - items.length);
       replace(message);
       const keep = new Set<number>();
       items.forEach((job, i) => {

@@ -5,15 +5,19 @@ import { h, replace } from "../../dom";
 import { navigate } from "../../router";
 import type { StreamState } from "../../sse";
 import { TERMINAL_STATUSES, type Job } from "../../types";
-import { confirmButton, confirmControl, jobStatusBadge, runAction } from "../../ui";
+import { confirmControl, jobStatusBadge, runAction } from "../../ui";
 
-/** What the actions need of the page: its job, the newest step it has seen, and redrawing and following it. */
+/** What the actions need of the page: its job, the newest step it has seen, redrawing and following it, and
+ *  holding its reads of the job while deleting it. */
 export interface JobPageHooks {
   job(): Job | null;
   setJob(job: Job): void;
   lastStep(): number;
   renderAll(): void;
   startStream(): void;
+  /** No read of the job from now on; resolves once none is on its way. */
+  holdReads(): Promise<void>;
+  resumeReads(): void;
 }
 
 export interface JobHeader {
@@ -112,14 +116,26 @@ export function jobHeader(id: number, page: JobPageHooks): JobHeader {
   }
 
   function deleteButton(): HTMLElement {
-    return confirmButton("Delete", "Confirm delete", async () => {
-      try {
-        await api.remove(id);
+    // The page stops reading the job before the delete is sent: a read after it would answer 404. Once done the
+    // control stays "Deleted", so no second delete can be sent before the page is left.
+    return confirmControl({
+      label: "Delete",
+      confirmLabel: "Confirm delete",
+      keepLabel: "Keep",
+      doneLabel: "Deleted",
+      action: async () => {
+        await page.holdReads();
+        try {
+          await api.remove(id);
+        } catch (err) {
+          page.resumeReads();
+          out.className = "action-error";
+          out.textContent = (err as Error).message;
+          return false;
+        }
         navigate("/jobs");
-      } catch (err) {
-        out.className = "action-error";
-        out.textContent = (err as Error).message;
-      }
+        return true;
+      },
     });
   }
 
