@@ -207,7 +207,7 @@ def train(config: dict | JobConfig, on_step: Callable[[dict], None] | None = Non
     ranks = Launch("slidedp.step.rank:run", cfg.world_size, prefix="slidedp-pg-")
     try:
         policy, plan, layout = _plan(cfg, startup, on_log, plan, detected, predict_explicit,
-                                     measured=lambda: (ranks.spawn(), startup.mark("spawning_ranks")))
+                                     measured=lambda: _spawn(ranks, cfg, startup))
         adapter = ModelOnDemand(cfg.model, layout.unit_numels)
         ckpt_root = os.path.join(cfg.output_dir, "checkpoints")
         resume_from, init_source = _start_point(cfg, layout, ckpt_root, on_log)
@@ -293,6 +293,17 @@ class _Run:
     on_log: Callable[[str], None] | None
     ranks: Launch  # spawned while the plan was made; sent the run by _fill_or_load
     pager: MomentPager | None = None
+
+
+def _spawn(ranks: Launch, cfg: JobConfig, startup: Startup) -> None:
+    """The ranks spawned (resolve_policy's `measured`), unless the run resumes a checkpoint of its last step: with
+    no step to train, no rank starts."""
+    from slidedp.persist import checkpoint as ckpt
+
+    last = ckpt.latest(os.path.join(cfg.output_dir, "checkpoints")) if cfg.resume else None
+    if last is None or ckpt.step_of(last) < cfg.steps:
+        ranks.spawn()
+        startup.mark("spawning_ranks")
 
 
 def _check_request(cfg: JobConfig) -> None:
