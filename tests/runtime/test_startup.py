@@ -209,6 +209,7 @@ def test_the_ranks_are_spawned_while_the_plan_is_made_and_receive_the_run_after_
     assert len(during) == 1 and len(during[0]) == 2, "the ranks were not running while the plan was made"
     assert result.status == "completed" and len(result.metrics) == 2
     assert "waiting_for_plan" in result.metrics[0]["rank_startup_s"]
+    assert all(r["alloc_retries"] == [] for r in result.metrics)  # a CPU run has no allocator to retry
 
 
 def test_a_refused_plan_ends_the_ranks_spawned_before_it(tmp_path, monkeypatch):

@@ -62,6 +62,11 @@ class StepTiming:
     norm: Any = None  # (event, host sum of squares of the gradient) where the norm is reduced on the devices
 
 
+# Figures per rank gathered after each step (_step_figures): bytes h2d, d2h, collective, allocator peak, card
+# memory in use, allocator retries.
+STEP_FIGURES = 6
+
+
 class RankEngine:
     def __init__(self, cfg: JobConfig, adapter: ModelAdapter, state: HostState, policy: ExecutionPolicy, rank: int,
                  world: int, device: torch.device, groups: tuple, abort=None):
@@ -132,6 +137,7 @@ class RankEngine:
             self.acc = {u: torch.zeros(self.shards.padded[u], dtype=torch.float32, device=device)
                         for u in range(1, self.head_unit)}
         self.seq = 0
+        self._alloc_retries = torch.cuda.memory_stats(device).get("num_alloc_retries", 0) if self.streams.cuda else 0
         # pinned scalars for the device-reduced norm, alternating by step (the updater may read step t late)
         self._norm_host = [torch.zeros((), dtype=torch.float64, pin_memory=self.streams.cuda) for _ in range(2)]
         self.loss_chunk = policy.loss_chunk_tokens
@@ -488,14 +494,19 @@ class RankEngine:
         return norm
 
     def _step_figures(self) -> torch.Tensor:
-        """Every rank's bytes moved (h2d, d2h, collective), allocator peak and card memory in use, gathered."""
+        """Every rank's bytes moved (h2d, d2h, collective), allocator peak, card memory in use and the allocator's
+        retries this step (STEP_FIGURES), gathered."""
         b = self.routes.bytes.take()
-        peak = used = 0
+        peak = used = retries = 0
         if self.streams.cuda:  # the allocator's peak, and what the driver counts in use on the card (context included)
             free, total = torch.cuda.mem_get_info(self.device)
             peak, used = torch.cuda.max_memory_reserved(self.device), total - free
-        stats = torch.tensor([b["h2d"], b["d2h"], b["collective"], peak, used], dtype=torch.int64,
+            # each retry freed the allocator's cached blocks and called cudaMalloc again: a device-wide wait that no
+            # plan prices, and a sign that the plan's HBM budget is tighter than the allocator can live with
+            total_retries = torch.cuda.memory_stats(self.device).get("num_alloc_retries", 0)
+            retries, self._alloc_retries = total_retries - self._alloc_retries, total_retries
+        stats = torch.tensor([b["h2d"], b["d2h"], b["collective"], peak, used, retries], dtype=torch.int64,
                              device=self.device)
-        gathered = torch.zeros(5 * self.world, dtype=torch.int64, device=self.device)
+        gathered = torch.zeros(STEP_FIGURES * self.world, dtype=torch.int64, device=self.device)
         all_gather(gathered, stats, group=self.routes.grad_group)
         return gathered

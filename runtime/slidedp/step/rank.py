@@ -426,7 +426,7 @@ class _Reporter:
         step_time = max(end - t.t_start, 1e-9)
         n_targets = float(t.target_tokens.item())
         loss = float(t.loss_sum.item()) / max(n_targets, 1.0)
-        stats = t.stats.view(self.world, 5).tolist()
+        stats = t.stats.view(self.world, -1).tolist()  # per rank: RankEngine._step_figures
         tokens = t.tokens * self.world
         tflops = self.flops_tok * tokens / step_time / 1e12
         fwd = ev["start"].elapsed_time(ev["forward_end"]) / 1e3
@@ -445,6 +445,7 @@ class _Reporter:
             "hbm_peak_gib": [row[3] / 2**30 for row in stats] if self.engine.streams.cuda else [],
             # each GPU's memory in use by every process, as the driver counts it (context and NCCL included)
             "hbm_device_used_gib": [row[4] / 2**30 for row in stats] if self.engine.streams.cuda else [],
+            "alloc_retries": [row[5] for row in stats] if self.engine.streams.cuda else [],
             "host_rss_gib": None,  # filled by the launcher, which sees every rank process
             "data_time_s": t.data_s,
             "phases": {"data": t.data_s, "forward": fwd, "backward": bwd, "update_tail": t.update_tail_s,
