@@ -44,6 +44,9 @@ HELD_OUT_SESSIONS = ("s7", "s9", "s12")
 ONE_GPU_SESSIONS = ("s4", "s5", "s6", "s7", "s8", "s9", "s10", "s11", "s12", "s13", "s14", "s15", "s16")
 STAND_IN = "s10"  # the last calibration of Qwen3-4B at micro-batch 4 kept on the one-GPU machine
 CHECK_SESSIONS = ("s17", "s18", "s19", "s20")  # measured after the held-out split: checked, never fitted to
+# Sessions whose engine delivered streamed layers from the host after their update, before their updated weights
+# stayed on the GPU for the next forward (slidedp.step.streamed_update): planned as that engine ran.
+BEFORE_KEPT_WEIGHTS = ONE_GPU_SESSIONS + CHECK_SESSIONS
 
 sys.path.insert(0, os.path.join(ROOT, "runtime"))
 
@@ -133,6 +136,19 @@ def job_config(row: dict) -> dict:
     return cfg
 
 
+def engine_as_run(session: str):
+    """A context in which the planner prices the engine as it ran in `session` (BEFORE_KEPT_WEIGHTS: streamed
+    layers delivered from the host), or today's."""
+    import contextlib
+    from unittest import mock
+
+    from slidedp.planning import cost_model
+
+    if session not in BEFORE_KEPT_WEIGHTS:
+        return contextlib.nullcontext()
+    return mock.patch.object(cost_model, "streamed_weights_stay", lambda world, delivery: False)
+
+
 def repredict(row: dict, topology: dict) -> dict:
     from slidedp.config import JobConfig
     from slidedp.planning import autopolicy as ap
@@ -141,7 +157,8 @@ def repredict(row: dict, topology: dict) -> dict:
     if found is None:
         return {"source": row["source"], "skipped": "no calibration of its shape"}
     cal_name, cal, stand_in = found
-    plan = ap.plan_job(JobConfig.from_dict(job_config(row)), topology, cal)
+    with engine_as_run(session_of(row["path"])):
+        plan = ap.plan_job(JobConfig.from_dict(job_config(row)), topology, cal)
     pred = plan.get("predicted") or {}
     if not plan.get("feasible") or not pred.get("step_time_s"):
         return {"source": row["source"], "skipped": f"planned infeasible: {plan.get('errors')}"}

@@ -26,15 +26,17 @@ def files(tmp_path_factory):
             "data": make_token_data(str(root / "data.jsonl"), rows=4 * STEPS, seq_len=24)}
 
 
-def _train(files, tag: str, *, ranks: int, precision: str, clip: float, streamed: int) -> dict:
-    out = str(files["root"] / f"{tag}-{ranks}-{precision}-{clip}-{streamed}")
+def _train(files, tag: str, *, ranks: int, precision: str, clip: float, streamed: int, accum: int = 1,
+           cast: str = "host") -> dict:
+    out = str(files["root"] / f"{tag}-{ranks}-{precision}-{clip}-{streamed}-{accum}-{cast}")
     result = slidedp.train({
         "model": files["model"], "data": {"path": files["data"], "format": "tokens", "shuffle": False},
-        "seq_len": 24, "micro_batch_size": 2, "steps": STEPS, "ranks": ranks, "gpus": 0, "precision": precision,
+        "seq_len": 24, "micro_batch_size": 2 // accum, "grad_accum": accum, "steps": STEPS, "ranks": ranks,
+        "gpus": 0, "precision": precision,
         "output_dir": out, "export": False, "cpu_threads": 1,
         "optimizer": {"lr": 3e-3, "weight_decay": 0.1, "max_grad_norm": clip},
         "policy": {"delivery": "sharded" if ranks > 1 else "replicated", "grad_reduce": "gpu" if ranks > 1 else "host",
-                   "activations": "checkpoint", "resident_units": 0, "delivery_cast": "host", "edge_update": "host",
+                   "activations": "checkpoint", "resident_units": 0, "delivery_cast": cast, "edge_update": "host",
                    "device_layers": 0, "streamed_layers": streamed},
         "checkpoint": {"interval": STEPS, "keep": 1},
     })
@@ -43,10 +45,18 @@ def _train(files, tag: str, *, ranks: int, precision: str, clip: float, streamed
             "tensors": slidedp_tensors(os.path.join(out, "checkpoints", f"step-{STEPS:08d}"), files["model"])}
 
 
-@pytest.mark.parametrize("ranks,precision,clip", [(1, "bf16", 0.05), (2, "fp32", 0.05), (1, "bf16", 0.0)])
-def test_streamed_layers_train_the_same_bits_as_the_host_update(files, ranks, precision, clip):
-    host = _train(files, "host", ranks=ranks, precision=precision, clip=clip, streamed=0)
-    streamed = _train(files, "streamed", ranks=ranks, precision=precision, clip=clip, streamed=2)
+# (ranks, precision, clip, accumulation, delivery_cast): the updated weights that stay on the device for the next
+# forward are bf16 over a bf16 hold (one rank), fp32 over fp32 (two ranks, all-gathered), bf16 over an fp32 hold
+# (accumulation; two ranks in bf16), and the fp32 master cast on the device
+CASES = [(1, "bf16", 0.05, 1, "host"), (2, "fp32", 0.05, 1, "host"), (1, "bf16", 0.0, 1, "host"),
+         (1, "bf16", 0.05, 2, "host"), (2, "bf16", 0.05, 1, "host"), (1, "bf16", 0.05, 1, "gpu")]
+
+
+@pytest.mark.parametrize("ranks,precision,clip,accum,cast", CASES)
+def test_streamed_layers_train_the_same_bits_as_the_host_update(files, ranks, precision, clip, accum, cast):
+    host = _train(files, "host", ranks=ranks, precision=precision, clip=clip, streamed=0, accum=accum, cast=cast)
+    streamed = _train(files, "streamed", ranks=ranks, precision=precision, clip=clip, streamed=2, accum=accum,
+                      cast=cast)
     if clip:
         assert all(m["clipped"] for m in host["metrics"]), "clipping must fire for the clip factor to matter"
     for a, b in zip(host["metrics"], streamed["metrics"]):
@@ -55,6 +65,11 @@ def test_streamed_layers_train_the_same_bits_as_the_host_update(files, ranks, pr
         for name, t in host["tensors"][kind].items():
             assert torch.equal(t, streamed["tensors"][kind][name]), (kind, name)
     assert any(not torch.equal(t, torch.zeros_like(t)) for t in streamed["tensors"]["exp_avg"].values())
+    # from the second step on the streamed layers come from the device, not over the link: fewer bytes in
+    h2d = [sum(m["bytes"]["h2d"]) for m in streamed["metrics"]]
+    assert h2d[1] < h2d[0] and h2d[2] == h2d[1], h2d
+    plain = [sum(m["bytes"]["h2d"]) for m in host["metrics"]]
+    assert plain[0] == plain[1] == plain[2], plain
 
 
 def test_streamed_layers_are_the_last_ones_and_hold_nothing_on_the_host():

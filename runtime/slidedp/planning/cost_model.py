@@ -26,7 +26,7 @@ from slidedp.planning.job import Job
 from slidedp.planning.memory_model import ActivationSizes
 from slidedp.planning.shape import shape_matches
 from slidedp.policy import DELIVERY_CASTS, ExecutionPolicy
-from slidedp.step.layout import held_in_bf16
+from slidedp.step.layout import held_in_bf16, streamed_weights_stay
 
 PHASES = ("data", "forward", "backward", "update_tail", "delivery_wait")
 
@@ -150,6 +150,17 @@ class Rates:
             raise Uncalibrated("the device AdamW rate (device_update: calibrated before edge_update existed)")
         return shard * rate / 1e9
 
+    def device_copy_s(self, numel: int) -> float:
+        """One rank's copy of its 1/N of a unit in the compute dtype within device memory (a streamed layer's
+        kept weights into the window): read and written once, at the memory rate the device's fused AdamW and
+        cast reached when calibrated (30 B/param: master, gradient and moments read, master, moments and the
+        bf16 copy written); on CPU ranks a host copy."""
+        j = self.job
+        nbytes = numel / j.world * j.pbytes * 2
+        if not j.on_gpu:
+            return self.copy_s(nbytes)
+        return nbytes / 30 * self.device_update_s(numel, "gpu") / (numel / j.world)
+
     def pools(self) -> tuple[float | None, float | None]:
         """(host DRAM capacity, one GPU link's both-direction capacity) in bytes/s; None when not measured."""
         if not self.job.on_gpu:
@@ -225,6 +236,9 @@ def durations(job: Job, pol: ExecutionPolicy, rates: Rates, zero: frozenset = fr
         streamed_bytes[u] = shard * 12 + out_bytes
         streamed_in[u] = shard * 12
         grad_bytes[u] = update[u] = upd_bytes[u] = 0.0
+    # ... whose updated weights stay on the device for the next forward where the engine keeps them
+    weights_kept = frozenset(streamed) if streamed_weights_stay(N, pol.delivery) else frozenset()
+    device_copy = [rates.device_copy_s(job.units[u]) if u in weights_kept else 0.0 for u in range(n_units)]
     on_device = on_device | streamed  # from here on: units that send nothing to the host
     # the host route sums N copies of each shard as it lands (one copy and N-1 adds of fp32), then reads the sum
     # once more for the gradient norm; on the gpu route and with one rank the norm is reduced on the GPUs
@@ -281,6 +295,8 @@ def durations(job: Job, pol: ExecutionPolicy, rates: Rates, zero: frozenset = fr
         streamed=streamed_s,
         streamed_bytes=streamed_bytes,
         streamed_in_bytes=streamed_in,
+        weights_kept=weights_kept,
+        device_copy=device_copy,
         act_d2h=rates.transfer_s("d2h", act_bytes, pol.chunk_mb) if "offload" in pol.activations else 0.0,
         act_h2d=rates.transfer_s("h2d", act_bytes, pol.chunk_mb) if "offload" in pol.activations else 0.0,
         act_bytes=act_bytes,

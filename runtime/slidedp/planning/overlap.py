@@ -96,6 +96,10 @@ class Durations:
     streamed: list[float] = field(default_factory=list)
     streamed_bytes: list[float] = field(default_factory=list)
     streamed_in_bytes: list[float] = field(default_factory=list)  # of streamed_bytes, host->GPU (the rest GPU->host)
+    # streamed units whose updated weights stay on the device for the next forward (delivered by a device copy of
+    # `device_copy` seconds, and the all-gather of sharded delivery: slidedp.step.streamed_update)
+    weights_kept: frozenset = frozenset()
+    device_copy: list[float] = field(default_factory=list)
     dram_capacity: float | None = None  # bytes/s
     pcie_capacity: float | None = None  # bytes/s, both directions of one GPU's link
     # bytes/s of one direction of one GPU's link (host->GPU, GPU->host): what one direction's copies share

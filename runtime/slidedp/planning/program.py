@@ -138,12 +138,17 @@ class Program:
     # ------------------------------------------------------------------ the engine's program
     def _deliver(self, u: int, s: int, free: Task | None) -> Task:
         d = self.d
-        if s > 0:
-            self._host_wait([self.updated[(s - 1, u)]])
-        t = self._gpu(
-            "deliver", "h2d", d.deliver[u], [free], unit=u, step=s,
-            loads=self._dma(h2d=d.deliver_bytes[u])
-        )
+        if s > 0 and u in d.weights_kept:
+            # a streamed layer's weights stay on the device after its update: a device copy behind that update, on
+            # the stream deliveries use, with no wait of the host and nothing over the link
+            t = self._gpu("deliver", "h2d", d.device_copy[u], [free, self.updated[(s - 1, u)]], unit=u, step=s)
+        else:
+            if s > 0:
+                self._host_wait([self.updated[(s - 1, u)]])
+            t = self._gpu(
+                "deliver", "h2d", d.deliver[u], [free], unit=u, step=s,
+                loads=self._dma(h2d=d.deliver_bytes[u])
+            )
         if d.sharded:
             loads = {k: v * d.coll_bytes[u] for k, v in d.collective_loads.items()}
             t = self._gpu("all_gather", "h2d", d.all_gather[u], [t], unit=u, step=s, loads=loads)

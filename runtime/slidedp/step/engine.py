@@ -38,7 +38,7 @@ from slidedp.step.compiled import layer_function
 from slidedp.step.device_update import DeviceUpdate
 from slidedp.step.devices import Streams
 from slidedp.step.host_state import HostState
-from slidedp.step.layout import held_in_bf16
+from slidedp.step.layout import held_in_bf16, streamed_weights_stay
 from slidedp.step.model_adapter import ModelAdapter
 from slidedp.step.optimizer import GradItem, Updater
 from slidedp.step.routes import Routes, ShardMap
@@ -112,7 +112,9 @@ class RankEngine:
             self.streamed = StreamedUpdate(
                 units=sorted(policy.streamed_units()), state=state, shards=self.shards, routes=self.routes,
                 opt=cfg.optimizer, sched=cfg.schedule, total_steps=cfg.steps, device=device,
-                hold_bf16=bool(held_in_bf16(world, cfg.precision, cfg.grad_accum, self.L)))
+                hold_bf16=bool(held_in_bf16(world, cfg.precision, cfg.grad_accum, self.L)),
+                weights_dtype=self.dtype if streamed_weights_stay(world, policy.delivery) else None)
+            self.window.device_weights = self.streamed.weights_for
         self.rotary = adapter.rotary(device)
         # the decoder layers' forward: eager, or through torch.compile with policy.compiled_layers on a device that
         # has a backend (slidedp.step.compiled)

@@ -160,6 +160,13 @@ def held_in_bf16(world: int, precision: str, grad_accum: int, layers: int) -> tu
     return tuple(range(1, layers + 1))
 
 
+def streamed_weights_stay(world: int, delivery: str) -> bool:
+    """Whether streamed layers' updated weights stay on the device for the next forward
+    (slidedp.step.streamed_update.StreamedUpdate.weights): with one rank, or with sharded delivery, whose
+    all-gather completes each rank's shard; replicated delivery reads whole units from the host."""
+    return world == 1 or delivery == "sharded"
+
+
 def plan_layout(unit_numels: list[int], world: int, policy: ExecutionPolicy, precision: str, clip: bool,
                 directory: str | None = None, run: str | None = None, grad_accum: int = 1) -> HostLayout:
     """The layout of a run: the state, plus gradient staging sized by the gradient route and by the units that send

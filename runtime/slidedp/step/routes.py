@@ -137,6 +137,31 @@ class Routes:
             if s.cuda:
                 ready_event.record(s.h2d)
 
+    def deliver_from_device(self, u: int, shard: torch.Tensor, shard_ready, buf: torch.Tensor, buf_free,
+                            ready_event) -> None:
+        """Fill buf[:padded] with unit u from this rank's shard of it already on the device (a streamed layer's
+        updated weights, slidedp.step.streamed_update), written once shard_ready is passed: a device copy, and the
+        all-gather of sharded delivery. Only for one rank or sharded delivery (replicated delivery reads whole
+        units from the host, and gathers nothing)."""
+        s = self.streams
+        lo, hi = self.shards.own_range(u)
+        with s.on(s.h2d):
+            s.h2d.wait_event(buf_free)
+            s.h2d.wait_event(shard_ready)
+            if hi > lo:
+                buf[lo:hi].copy_(shard[: hi - lo])
+            if self.shards.world > 1:
+                if self.delivery != "sharded":
+                    raise ValueError("a unit's shard on the device is delivered by all-gather: sharded delivery")
+                sl = self.shards.shard_len(u)
+                r0 = self.shards.rank * sl
+                work = all_gather(buf[: self.shards.padded[u]], buf[r0 : r0 + sl], group=self.delivery_group,
+                                  async_op=True)
+                work.wait()
+                self.bytes.collective += (self.shards.padded[u] - sl) * buf.element_size()
+            if s.cuda:
+                ready_event.record(s.h2d)
+
     def finish_norm(self, pinned_out: torch.Tensor, keep=None):
         """All-reduce the step's sum of squares (gpu route / one rank) and start its copy to the host.
 

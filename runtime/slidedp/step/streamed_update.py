@@ -19,6 +19,15 @@ trains the same bits as the host update there); a non-finite norm skips the step
 Copies run on two streams of their own, so the next forward's deliveries (the h2d stream) do not queue behind
 them: chunks come in on one while the previous chunk's results go out on the other, two sets of chunk buffers
 alternating.
+
+The updated weights also stay on the GPU for the next forward (`weights`, with one rank or sharded delivery):
+each chunk's new master, rounded to the compute dtype as any delivery rounds it, is written over the part of the
+waiting gradient's buffer that chunk has already read, so it takes no memory of its own. The window then fills a
+streamed layer's buffer from there (this rank's shard, all-gathered with sharded delivery) as soon as the update
+has run on the GPU, instead of waiting for the results to reach the host and bringing them back over the link:
+4 B/param (the fp32 master, cast on the GPU) or 2 B/param (the bf16 copy) less on the host-to-GPU direction the
+streamed chunks need, at the time the link binds. The host state is written back as before and stays the copy
+every later reader (checkpoints, a resumed run, the first step) uses.
 """
 
 from __future__ import annotations
@@ -34,7 +43,7 @@ from slidedp.step.routes import Routes, ShardMap, sum_of_squares
 class StreamedUpdate:
     def __init__(self, *, units: list[int], state: HostState, shards: ShardMap, routes: Routes,
                  opt: OptimizerConfig, sched: ScheduleConfig, total_steps: int, device: torch.device,
-                 hold_bf16: bool):
+                 hold_bf16: bool, weights_dtype: torch.dtype | None = None):
         self.units = sorted(units)
         self.state, self.shards, self.routes = state, shards, routes
         self.opt, self.sched, self.total_steps = opt, sched, total_steps
@@ -49,6 +58,15 @@ class StreamedUpdate:
             self.s_in = self.s_out = s.compute
         hold = torch.bfloat16 if hold_bf16 else torch.float32
         self.grad = {u: torch.zeros(shards.shard_len(u), dtype=hold, device=device) for u in self.units}
+        # the updated shard in the compute dtype, over the gradient's buffer (no wider than the held gradient, so
+        # chunk [a, b) of it lies over gradient elements below b, which the update has read by then); None: the
+        # window delivers these layers from the host (several ranks with replicated delivery)
+        self.weights: dict[int, torch.Tensor] | None = None
+        if weights_dtype is not None:
+            assert torch.empty((), dtype=weights_dtype).element_size() <= torch.empty((), dtype=hold).element_size()
+            self.weights = {u: g.view(weights_dtype)[: g.numel()] for u, g in self.grad.items()}
+        self._weights_of: dict[int, int] = {}  # the step whose update `weights[u]` holds
+        self._weights_ready: dict[int, object] = {}  # recorded on the update's stream after the unit's last chunk
         self.chunk = chunk_elements([shards.shard_len(u) for u in self.units])
         self.deliver_bf16 = state.delivery is not state.master  # the host keeps a bf16 copy to write
         kinds = ("master", "exp_avg", "exp_avg_sq", "grad") + (("delivery",) if self.deliver_bf16 else ())
@@ -88,6 +106,13 @@ class StreamedUpdate:
         """After it, the device no longer reads the gradient buffer given to reduce(u)."""
         return self._reduced_ev[u]
 
+    def weights_for(self, u: int, step: int) -> tuple[torch.Tensor, object] | None:
+        """(this rank's shard of unit u as step `step` reads it, event after which it is written) when the GPU
+        holds it, else None (the unit is delivered from the host state)."""
+        if self.weights is None or u not in self.weights or self._weights_of.get(u) != step - 1:
+            return None
+        return self.weights[u], self._weights_ready[u]
+
     def keep_norm(self) -> None:
         """Called by the routes as the step's sum of squares is complete (d2h stream), before it is reset."""
         self._global_sumsq = self.routes.sumsq.clone()
@@ -115,15 +140,19 @@ class StreamedUpdate:
             lo, hi = self.shards.own_range(u)
             for a in range(0, hi - lo, self.chunk):
                 b = min(hi - lo, a + self.chunk)
-                self._chunk(u, lo + a, lo + b, self.grad[u][a:b], self.bufs[i], i, coef, found_inf, step_t, lr)
+                self._chunk(u, lo, a, b, self.bufs[i], i, coef, found_inf, step_t, lr)
                 i ^= 1
             done[u] = s.record(self.s_out)
+            if self.weights is not None:
+                self._weights_ready[u], self._weights_of[u] = s.record(self.s_in), step
         return done
 
-    def _chunk(self, u: int, lo: int, hi: int, grad: torch.Tensor, buf: dict[str, torch.Tensor], i: int,
+    def _chunk(self, u: int, shard_lo: int, a: int, b: int, buf: dict[str, torch.Tensor], i: int,
                coef, found_inf, step_t, lr: float) -> None:
-        """Elements [lo, hi) of unit u: in, AdamW, out, on buffer set i."""
-        s, m, st = self.streams, hi - lo, self.state
+        """Elements [a, b) of this rank's shard of unit u (which starts at shard_lo in the unit): in, AdamW, the
+        new weights kept (`weights`), out, on buffer set i."""
+        s, m, st = self.streams, b - a, self.state
+        lo, hi, grad = shard_lo + a, shard_lo + b, self.grad[u][a:b]
         host = {"master": st.master_unit(u), "exp_avg": st.exp_avg_unit(u), "exp_avg_sq": st.exp_avg_sq_unit(u)}
         with s.on(self.s_in):
             self.s_in.wait_event(self._free[i])
@@ -139,6 +168,8 @@ class StreamedUpdate:
                                 maximize=False, found_inf=found_inf)
             if self.deliver_bf16:
                 buf["delivery"][:m].copy_(buf["master"][:m])
+            if self.weights is not None:  # over gradient elements this and earlier chunks have read (above)
+                self.weights[u][a:b].copy_(buf["master"][:m])
             ready = s.record(self.s_in)
         with s.on(self.s_out):
             self.s_out.wait_event(ready)

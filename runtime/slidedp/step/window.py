@@ -47,6 +47,9 @@ class Window:
         self.slot_bufs = [torch.empty(slot_numel, dtype=dtype, device=device) for _ in range(self.num_slots)]
         self.dedicated = {u: torch.empty(padded[u], dtype=dtype, device=device) for u in sorted(self.dedicated_units)}
         self.update_wait_s = 0.0
+        # (shard, event) of a unit whose updated weights the device holds for this step, else None (set by the
+        # engine when layers are streamed: slidedp.step.streamed_update.StreamedUpdate.weights_for)
+        self.device_weights = None
         self._free_ev: dict[object, object] = {}
         self._slot_ready: dict[int, object] = {}
         self.schedule: list[int] = []
@@ -71,6 +74,11 @@ class Window:
             return board.updated(u, self.rank) >= need
         return board.min_updated(u) >= need
 
+    def _ready_to_deliver(self, u: int) -> bool:
+        """Unit u can be delivered without the issuing thread waiting: its weights are on the device (the device
+        orders the copy after their update), or its host update has finished."""
+        return self._on_device(u) is not None or self._update_ready(u)
+
     def _wait_for_update(self, u: int) -> None:
         t0 = time.perf_counter()
         wait_until(lambda: self._update_ready(u), f"the host update of unit {u} for step {self.step}",
@@ -81,13 +89,20 @@ class Window:
             trace.TRACE.add("wait_update", self.step, unit=u, t0=t0, t1=t1)
 
     def _deliver(self, u: int, buf: torch.Tensor, key: object) -> object:
+        ready = self.streams.event()
+        free = self._free_ev.get(key, self.streams.event())
+        on_device = self._on_device(u)
+        if on_device is not None:  # last step's update left it on the device: no wait for the host, no link
+            self.routes.deliver_from_device(u, *on_device, buf, free, ready)
+            return ready
         if u not in self._delivered:  # the first delivery of a step waits for last step's update
             self._wait_for_update(u)
             self._delivered.add(u)
-        ready = self.streams.event()
-        free = self._free_ev.get(key, self.streams.event())
         self.routes.deliver(u, self.state.delivery_unit(u), buf, free, ready)
         return ready
+
+    def _on_device(self, u: int):
+        return self.device_weights(u, self.step) if self.device_weights is not None else None
 
     def _issue(self, k: int, block: bool) -> bool:
         """Start item k as the step's plan says; False while its buffer is still in use, or when (not block) its
@@ -102,7 +117,7 @@ class Window:
                 self.assign[k], self.ready[k] = ("d", u), self._kept_ready
                 return True
             if entry[1]:
-                if not block and not self._update_ready(u):
+                if not block and not self._ready_to_deliver(u):
                     return False
                 self._dedicated_ready[u] = self._deliver(u, self.dedicated[u], ("d", u))
             self.assign[k] = ("d", u)
@@ -110,7 +125,7 @@ class Window:
             return True
         _, slot, deliver, prev_item, _src = entry
         if deliver:
-            if prev_item > self.released or (not block and not self._update_ready(u)):
+            if prev_item > self.released or (not block and not self._ready_to_deliver(u)):
                 return False
             self._slot_ready[slot] = self._deliver(u, self.slot_bufs[slot], ("s", slot))
         self.assign[k] = ("s", slot)
