@@ -128,7 +128,7 @@ from slidedp.startup import Startup
 job = json.loads(sys.argv[1])
 from slidedp.planning.resolve import detect_early
 cfg = JobConfig.from_dict(job)
-*_, plan, layout = launch._plan(cfg, Startup(None, None), None, None, detect_early(cfg), False)
+*_, plan, layout = launch._plan(cfg, Startup(None, None), None, None, detect_early(cfg), False, lambda: None)
 print(json.dumps({"transformers": sorted(m for m in sys.modules if m.split(".")[0] == "transformers"),
                   "planned": bool(plan.get("policy")), "units": layout.unit_numels}))
 """

@@ -40,7 +40,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from slidedp.planning.pools import capacities, pool_users, slowdowns
-from slidedp.planning.program import IN_ORDER, Program, Task
+from slidedp.planning.program import IN_ORDER, Durations, Program, Task
 
 _HOST = IN_ORDER.index("host")
 UPDATE_KINDS = frozenset({"update", "hold", "final", "streamed"})  # host-update work: waits on it are `update_tail`
@@ -51,62 +51,6 @@ EXPOSURE_KINDS = {
     "collective": frozenset({"all_gather", "reduce_scatter"}),
     "cpu_update": UPDATE_KINDS,
 }
-
-
-@dataclass
-class Durations:
-    """Seconds (and shared-pool bytes) of every piece of work; built by cost_model.Rates for one job+policy."""
-
-    world: int
-    units: list[int]  # params per unit: embedding, layers 1..L, head
-    activations: list[str]  # per decoder layer
-    resident: list[bool]
-    window: int
-    staging_slots: int
-    micro_batches: int
-    clip: bool
-    sharded: bool
-    gpu_reduce: bool
-    embed_fwd: float
-    embed_bwd: float
-    head: float  # loss head forward+backward of one micro-batch
-    layer_fwd: dict[str, float]  # by activation policy
-    layer_bwd: dict[str, float]
-    deliver: list[float]  # per unit: this rank's H2D seconds
-    deliver_bytes: list[float]
-    all_gather: list[float]  # per unit (sharded)
-    grad_d2h: list[float]
-    grad_bytes: list[float]
-    reduce_scatter: list[float]
-    act_d2h: float  # offloaded activations of one layer, out and back
-    act_h2d: float
-    act_bytes: float
-    update: list[float]  # per unit: the host update of every shard (aggregate over ranks)
-    update_bytes: list[float]
-    hold: list[float]  # clip: per unit work while gradients arrive (norm + keep)
-    hold_bytes: list[float]
-    collective_loads: dict[str, float] = field(
-        default_factory=dict
-    )  # pool bytes per collective byte (no P2P)
-    coll_bytes: list[float] = field(default_factory=list)
-    # per unit: AdamW and all-gather on the device (edge_update gpu, device_layers); 0 for host-updated units
-    device_update: list[float] = field(default_factory=list)
-    # per unit: its update streamed through the device after the norm (policy.streamed_layers), seconds alone on
-    # the link, and the bytes it moves over the link (and host DRAM); 0 for every other unit
-    streamed: list[float] = field(default_factory=list)
-    streamed_bytes: list[float] = field(default_factory=list)
-    streamed_in_bytes: list[float] = field(default_factory=list)  # of streamed_bytes, host->GPU (the rest GPU->host)
-    # streamed units whose updated weights stay on the device for the next forward (delivered by a device copy of
-    # `device_copy` seconds, and the all-gather of sharded delivery: slidedp.step.streamed_update)
-    weights_kept: frozenset = frozenset()
-    device_copy: list[float] = field(default_factory=list)
-    dram_capacity: float | None = None  # bytes/s
-    pcie_capacity: float | None = None  # bytes/s, both directions of one GPU's link
-    # bytes/s of one direction of one GPU's link (host->GPU, GPU->host): what one direction's copies share
-    h2d_capacity: float | None = None
-    d2h_capacity: float | None = None
-    cpu_mode: bool = False  # CPU training: one thread does compute, copies and collectives in order
-    zero: frozenset = frozenset()  # kinds made free (to measure exposure)
 
 
 @dataclass
