@@ -74,7 +74,8 @@
 #           under GPU_GIB (24), the cast where CAST (gpu), twice: the calibration measured in the first run if the cache
 #           lacks it, cached in the second; logs $OUT/first8-preset-1.log and -2.log (each ends with one JSON line
 #           holding startup_s, rank_startup_s and moments_paged_s)
-#   exact1  the one-GPU exactness tests (every route of one rank, 20 bf16 steps against autocast, the cast on the GPU)
+#   exact1  the one-GPU exactness tests (every route of one rank, 20 bf16 steps against autocast, the cast on the GPU,
+#           streamed layers with their weights kept on the GPU) and the step records' memory figures
 #   pin     where a rank's start waits (scripts/probe_rank_start.py): a filled 32 GiB shared-memory state page-locked
 #           beside loading the model's config and adapter (the loading thread sampled), then alone, each in a fresh
 #           process; and page-locking it again with 1 and 16 threads; then (PIN_OTHER=1) 2 x 16 GiB filled by another
@@ -187,7 +188,8 @@ print(f'with NCCL and one all-reduce: {(t - f1) / 2**30:.3f} GiB (allocator rese
               --gpu-memory-gib ${GPU_GIB:-24} --delivery-cast ${CAST:-gpu} > "$OUT/first8-preset-$i.log" 2>&1
             grep -vE "Warning|warn" "$OUT/first8-preset-$i.log" | tail -9; done ;;
     exact1) timeout ${TESTS_S:-240} python3 -m pytest -v -rfE --tb=short -p no:cacheprovider -m gpu \
-              tests/gpu/test_gpu_exactness.py tests/gpu/test_gpu_delivery_cast.py -k "1] or same_bits" > "$OUT/gpu-exact1.log" 2>&1
+              tests/gpu/test_gpu_exactness.py tests/gpu/test_gpu_delivery_cast.py tests/gpu/test_gpu_step_figures.py \
+              -k "1] or same_bits or figures" > "$OUT/gpu-exact1.log" 2>&1
             grep -E "PASSED|FAILED|ERROR|passed|failed" "$OUT/gpu-exact1.log" | tail -12 ;;
     pin)  for mode in overlap serial; do timeout ${PIN_S:-150} python3 scripts/probe_rank_start.py --mode $mode \
             --gib ${PIN_GIB:-32} --out "$OUT/probe-rank-start.jsonl" 2>&1 | grep -v Warn | cut -c1-900; done
