@@ -415,7 +415,8 @@ def _fill_or_load(run: _Run, adapter: ModelOnDemand, resume_from: str | None, in
         # A run from step 0 sends its ranks (spawned while the plan was made) the run now: their CUDA and process
         # group, attaching and page-locking the host state overlap its filling, and each waits for Board.HOST_READY
         # before it reads the state. A resumed run learns its step and data position from the checkpoint first.
-        run.ranks.start(RankArgs(run.spec, 0, None))
+        # the moments start at zero unless a kept state brings its own (benchmark): ranks need not copy them
+        run.ranks.start(RankArgs(run.spec, 0, None, zero_moments=not reuse))
         run.startup.mark("sending_the_run")
         if init_source is not None:  # that run's weights; moments zero, step 0, the data from the start
             run.startup.enter("loading_checkpoint")

@@ -125,3 +125,44 @@ def test_edge_update_on_the_gpu_needs_the_gpu_gradient_route():
         JobConfig.from_dict({"model": "tiny-qwen3", "data": {"path": "x.jsonl"}, "ranks": 2,
                              "policy": {"grad_reduce": "host", "device_layers": 1}})
     assert exc.value.errors[0]["loc"] == "policy.device_layers"
+
+
+class _HostUnits:
+    """The host state's views DeviceUpdate.load reads, for one unit (no page-locked ranges)."""
+
+    def __init__(self, master: torch.Tensor, exp_avg: torch.Tensor, exp_avg_sq: torch.Tensor):
+        self._t = {"master": master, "exp_avg": exp_avg, "exp_avg_sq": exp_avg_sq}
+
+    def master_unit(self, u: int) -> torch.Tensor:
+        return self._t["master"]
+
+    def exp_avg_unit(self, u: int) -> torch.Tensor:
+        return self._t["exp_avg"]
+
+    def exp_avg_sq_unit(self, u: int) -> torch.Tensor:
+        return self._t["exp_avg_sq"]
+
+    def dma_pieces(self, view: torch.Tensor) -> list[tuple[int, int]]:
+        return [(0, view.numel())]
+
+
+def test_a_run_from_step_0_reads_only_the_master_of_a_device_updated_unit():
+    """Moments of a fresh host state are zero (pages the launcher is still faulting in): the device's start with
+    zeros of their own and are not read; a resumed run reads them. Host moments filled with 7s show which."""
+    from slidedp.config import OptimizerConfig, ScheduleConfig
+    from slidedp.step.device_update import DeviceUpdate
+    from slidedp.step.devices import Streams
+    from slidedp.step.routes import Routes, ShardMap
+
+    n = 10
+    host = _HostUnits(torch.arange(float(n)), torch.full((n,), 7.0), torch.full((n,), 7.0))
+    shards = ShardMap([n, n, n], 1, 0)
+    cpu = torch.device("cpu")
+    routes = Routes("replicated", "host", shards, Streams(cpu), None, None, 1 << 20)
+    for moments in (False, True):
+        dev = DeviceUpdate(units=[1], state=host, shards=shards, routes=routes, buffers={1: torch.zeros(n)},
+                           opt=OptimizerConfig(), sched=ScheduleConfig(), total_steps=3, device=cpu)
+        dev.load(moments=moments)
+        assert torch.equal(dev.master[1], torch.arange(float(n)))
+        expected = torch.full((n,), 7.0) if moments else torch.zeros(n)
+        assert torch.equal(dev.exp_avg[1], expected) and torch.equal(dev.exp_avg_sq[1], expected)

@@ -55,12 +55,18 @@ class DeviceUpdate:
         self._global_sumsq: torch.Tensor | None = None
 
     # ------------------------------------------------------------------ host state <-> device
-    def load(self) -> None:
-        """Read this rank's shards from the host state and fill the units' buffers (start and resume)."""
+    def load(self, moments: bool = True) -> None:
+        """Read this rank's shards from the host state and fill the units' buffers (start and resume). moments
+        False: the host's AdamW moments are known to be zero (a run from step 0), as the device's already are: only
+        the master is read (the moments of a fresh state are pages the launcher is still faulting in, 8 of the
+        12 B/param)."""
         for u in self.units:
             lo, hi = self.shards.own_range(u)
-            for dev, host in ((self.master[u], self.state.master_unit(u)), (self.exp_avg[u], self.state.exp_avg_unit(u)),
-                              (self.exp_avg_sq[u], self.state.exp_avg_sq_unit(u))):
+            parts = [(self.master[u], self.state.master_unit(u))]
+            if moments:
+                parts += [(self.exp_avg[u], self.state.exp_avg_unit(u)),
+                          (self.exp_avg_sq[u], self.state.exp_avg_sq_unit(u))]
+            for dev, host in parts:
                 self._copy(dev[: hi - lo], host[lo:hi], host[lo:hi])
             self._fill(u)
 

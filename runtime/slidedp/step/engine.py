@@ -69,7 +69,7 @@ STEP_FIGURES = 6
 
 class RankEngine:
     def __init__(self, cfg: JobConfig, adapter: ModelAdapter, state: HostState, policy: ExecutionPolicy, rank: int,
-                 world: int, device: torch.device, groups: tuple, abort=None):
+                 world: int, device: torch.device, groups: tuple, abort=None, zero_moments: bool = False):
         policy = policy.for_world(world)  # the one world-of-one rule, whoever built the policy
         self.cfg, self.adapter, self.state, self.policy = cfg, adapter, state, policy
         self.rank, self.world, self.device = rank, world, device
@@ -104,7 +104,7 @@ class RankEngine:
             self.device_update = DeviceUpdate(units=sorted(device_units), state=state, shards=self.shards,
                                               routes=self.routes, buffers=self.window.dedicated, opt=cfg.optimizer,
                                               sched=cfg.schedule, total_steps=cfg.steps, device=device)
-            self.device_update.load()
+            self.device_update.load(moments=not zero_moments)
         self.streamed: StreamedUpdate | None = None
         if policy.streamed_units():
             if self.world > 1 and self.routes.grad_reduce != "gpu":

@@ -48,6 +48,7 @@ class RankArgs:
     spec: RunSpec  # the run, as the launcher resolved it
     start_step: int  # the step the run resumes after (0: a fresh run)
     data_state: dict | None  # the data pipeline's position after start_step (None: the start)
+    zero_moments: bool = False  # the host state's AdamW moments are all zero (a run from step 0): nothing to copy
     memory_cap: dict | None = None  # set in the rank: what the gpu_memory_gib cap set (RankLink.join)
 
 
@@ -240,7 +241,8 @@ def _ready(link, args: RankArgs, marks: _Marks, queue, loading: _Loading, device
     adapter, pipeline = loading.result()
     marks.done("model_and_data")
 
-    engine = RankEngine(cfg, adapter, state, args.spec.policy, rank, world, device, groups, abort=abort)
+    engine = RankEngine(cfg, adapter, state, args.spec.policy, rank, world, device, groups, abort=abort,
+                        zero_moments=args.zero_moments)
     engine.updater.last_step = args.start_step
     tr = trace.start(rank)  # SLIDEDP_TRACE: a timeline of the steps (slidedp.step.trace)
     if tr is not None:
