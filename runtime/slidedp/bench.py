@@ -159,7 +159,8 @@ def summarise(row: dict, warmup: int) -> dict:
             "tokens_per_s": pick["tokens_per_s"],
             "tflops": pick["tflops"], "hbm_peak_gib": max(max(m["hbm_peak_gib"] or [0.0]) for m in ms),
             "hbm_device_used_gib": max(max(m.get("hbm_device_used_gib") or [0.0]) for m in ms),
-            "alloc_retries": sum(sum(m.get("alloc_retries") or []) for m in ms),
+            "alloc_retries": (sum(sum(m["alloc_retries"]) for m in ms if m.get("alloc_retries"))
+                              if any(m.get("alloc_retries") for m in ms) else None),  # None: no GPU figures
             **{key: next((m[key] for m in row["metrics"] if key in m), None) for key in FIRST_RECORD_KEYS},
             "host_rss_gib": pick["host_rss_gib"], "phases": pick["phases"], "cpu_s": pick.get("cpu_s"),
             "bytes": pick["bytes"],

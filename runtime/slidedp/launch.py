@@ -222,20 +222,20 @@ def train(config: dict | JobConfig, on_step: Callable[[dict], None] | None = Non
             _log(on_log, "stopped before the host state was allocated")
             ranks.close()
             return TrainResult("stopped", 0, [], cfg.output_dir, None, None, policy, plan)
+        # the run as every rank receives it, typed (slidedp.run_spec): no rank parses the config again
+        spec = RunSpec(cfg, policy, layout, _metrics_prediction(plan), _cpu_threads(cfg))
         startup.mark("checks")
         state, room = _allocate(cfg, layout, reuse)
     except BaseException:
         ranks.close()
         raise
-    startup.mark("allocating_host_state")
-    if state_cache is not None:
-        state_cache.layout = layout
-    # the run as every rank receives it, typed (slidedp.run_spec): no rank parses the config again
-    spec = RunSpec(cfg, policy, layout, _metrics_prediction(plan), _cpu_threads(cfg))
     run = _Run(spec, state, ckpt_root, os.path.join(cfg.output_dir, "metrics.jsonl"), startup, on_log, ranks)
     trackers: Trackers | None = None
     ended = "failed"  # how the trackers' run ends, unless a return below says otherwise
     try:
+        startup.mark("allocating_host_state")
+        if state_cache is not None:
+            state_cache.layout = layout
         start_step, data_state = _fill_or_load(run, adapter, resume_from, init_source, reuse)
         monitor = HealthMonitor(cfg)
         if set(requested(cfg.report_to)) - {"tensorboard"}:  # W&B and MLflow take seconds (a login, a store)

@@ -119,8 +119,15 @@ class Launch:
         if self.args_sent:
             raise RuntimeError("the ranks of this launch have their args already")
         if self._spawned:
-            for conn in self._connected(connect_timeout_s):
-                conn.send(args)
+            conns = self._connected(connect_timeout_s)
+            try:
+                self._raise_if_ended()  # connected, then gone: its socket may still take the send
+                for conn in conns:
+                    conn.send(args)
+            except OSError:  # a rank that ended while the args went out (a broken pipe, a reset connection)
+                time.sleep(0.1)  # its exit is reaped, for the error to name it
+                self._raise_if_ended()
+                raise
         else:
             self._popen(self._write_spec(args))
         self.args_sent = True
@@ -144,6 +151,14 @@ class Launch:
                 if out is not None:
                     out.close()
 
+    def _raise_if_ended(self) -> None:
+        """RankFailed for the first rank that has exited (spawned ranks end only after their args)."""
+        ended = [(r, p.returncode) for r, p in enumerate(self.procs) if p.poll() is not None]
+        if ended:
+            r, code = ended[0]
+            raise RankFailed(f"rank {r} exited with code {code} before it was given its work" + self._tail_note(r),
+                             rank=r)
+
     def _connected(self, timeout_s: float) -> list:
         """Every rank's connection, once all `world` have connected."""
         deadline = time.monotonic() + timeout_s
@@ -152,11 +167,7 @@ class Launch:
                 conns = list(self._conns)
             if len(conns) >= self.world:
                 return conns
-            ended = [(r, p.returncode) for r, p in enumerate(self.procs) if p.poll() is not None]
-            if ended:
-                r, code = ended[0]
-                raise RankFailed(f"rank {r} exited with code {code} before it was given its work"
-                                 + self._tail_note(r), rank=r)
+            self._raise_if_ended()
             if time.monotonic() > deadline:
                 raise RankFailed(f"{self.world - len(conns)} of {self.world} ranks did not connect in "
                                  f"{timeout_s:.0f} s" + self._tail_note(0))

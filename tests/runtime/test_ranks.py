@@ -137,6 +137,16 @@ def test_a_spawned_rank_that_dies_before_its_args_is_an_error_for_start():
             ranks.start({"seconds": 1}, connect_timeout_s=60)
 
 
+def test_a_spawned_rank_that_dies_after_connecting_is_an_error_for_start_not_a_broken_pipe():
+    with Launch("tests.runtime.rank_targets:sleeps", 2, log=True) as ranks:
+        ranks.spawn()
+        ranks._connected(timeout_s=60)  # both ranks connected and waiting for their args
+        ranks.procs[1].kill()
+        ranks.procs[1].wait()
+        with pytest.raises(RankFailed, match="rank 1 exited with code -9 before it was given its work"):
+            ranks.start({"seconds": 1}, connect_timeout_s=60)
+
+
 def test_bad_launches_are_refused_before_anything_starts():
     with pytest.raises(ValueError, match="module:function"):
         Launch("tests.runtime.rank_targets", 1)

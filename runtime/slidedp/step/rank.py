@@ -118,7 +118,9 @@ class _Loading(threading.Thread):
 
 def prepare() -> None:
     """Called by a rank spawned before its plan exists (slidedp.ranks.Launch.spawn): imports what its start needs
-    beyond this module on a thread (_PREPARING), while the rank waits for the run. The loading thread waits for it
+    beyond this module on a thread (_PREPARING), while the rank waits for the run: the engine, the data pipeline,
+    transformers' config and model base classes (most of what loading the model imports; the model's own modeling
+    module, which the run names, stays the loading thread's). The loading thread waits for it
     before it imports anything itself: two threads importing transformers at once can see it half made."""
     global _PREPARING
 
@@ -126,7 +128,7 @@ def prepare() -> None:
         try:
             import slidedp.data  # noqa: F401
             import slidedp.step.engine  # noqa: F401
-            import transformers  # noqa: F401
+            from transformers import AutoConfig, PreTrainedModel  # noqa: F401 - lazy in transformers: named here
         except Exception:  # noqa: BLE001, S110 - the same import in the rank's start raises it where it is reported
             pass
 

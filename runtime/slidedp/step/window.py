@@ -14,7 +14,9 @@ stream (slidedp.step.device_update).
 
 Before the first delivery of a unit in step t the window waits until the host update of step t-1 has finished
 for that unit: for every shard with replicated delivery, for its own shard with sharded delivery. That wait is
-the exposed update time (`update_tail`).
+the exposed update time (`update_tail`). A streamed layer whose updated weights the device holds
+(`device_weights`: slidedp.step.streamed_update) is copied from there instead, the device ordering the copy
+after that update: no wait of the issuing thread, nothing over the link.
 """
 
 from __future__ import annotations
