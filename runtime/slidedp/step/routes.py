@@ -125,15 +125,10 @@ class Routes:
                 self.bytes.h2d += n * esize
             else:
                 lo, hi = self.shards.own_range(u)
-                sl = self.shards.shard_len(u)
-                r0 = self.shards.rank * sl
                 if hi > lo:
                     self._copy_chunked(buf[lo:hi], host_unit[lo:hi])
                 self.bytes.h2d += (hi - lo) * esize
-                work = all_gather(buf[: self.shards.padded[u]], buf[r0 : r0 + sl],
-                                                   group=self.delivery_group, async_op=True)
-                work.wait()  # on CUDA: the h2d stream waits for the all-gather, the host does not
-                self.bytes.collective += (self.shards.padded[u] - sl) * buf.element_size()
+                self._gather_shards(u, buf)
             if s.cuda:
                 ready_event.record(s.h2d)
 
@@ -153,14 +148,18 @@ class Routes:
             if self.shards.world > 1:
                 if self.delivery != "sharded":
                     raise ValueError("a unit's shard on the device is delivered by all-gather: sharded delivery")
-                sl = self.shards.shard_len(u)
-                r0 = self.shards.rank * sl
-                work = all_gather(buf[: self.shards.padded[u]], buf[r0 : r0 + sl], group=self.delivery_group,
-                                  async_op=True)
-                work.wait()
-                self.bytes.collective += (self.shards.padded[u] - sl) * buf.element_size()
+                self._gather_shards(u, buf)
             if s.cuda:
                 ready_event.record(s.h2d)
+
+    def _gather_shards(self, u: int, buf: torch.Tensor) -> None:
+        """Every rank's shard of unit u into buf[:padded], from this rank's in place (sharded delivery, on the
+        current stream: on CUDA the stream waits for the all-gather, the host does not)."""
+        sl = self.shards.shard_len(u)
+        r0 = self.shards.rank * sl
+        work = all_gather(buf[: self.shards.padded[u]], buf[r0 : r0 + sl], group=self.delivery_group, async_op=True)
+        work.wait()
+        self.bytes.collective += (self.shards.padded[u] - sl) * buf.element_size()
 
     def finish_norm(self, pinned_out: torch.Tensor, keep=None):
         """All-reduce the step's sum of squares (gpu route / one rank) and start its copy to the host.
