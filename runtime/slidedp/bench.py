@@ -153,14 +153,14 @@ def summarise(row: dict, warmup: int) -> dict:
     med = statistics.median(m["step_time_s"] for m in ms)
     pick = min(ms, key=lambda m: abs(m["step_time_s"] - med))
     pred = row.get("predicted_step_s")
+    retries = [sum(m["alloc_retries"]) for m in ms if m.get("alloc_retries")]
     return {"policy": row["policy"], "chosen": row.get("chosen"), "step_s": med,
             "predicted_step_s": pred, "predicted_error": (pred / med - 1.0) if pred else None,
             "bound_s": row.get("bound_s"), "of_bound": (row["bound_s"] / med) if row.get("bound_s") else None,
             "tokens_per_s": pick["tokens_per_s"],
             "tflops": pick["tflops"], "hbm_peak_gib": max(max(m["hbm_peak_gib"] or [0.0]) for m in ms),
             "hbm_device_used_gib": max(max(m.get("hbm_device_used_gib") or [0.0]) for m in ms),
-            "alloc_retries": (sum(sum(m["alloc_retries"]) for m in ms if m.get("alloc_retries"))
-                              if any(m.get("alloc_retries") for m in ms) else None),  # None: no GPU figures
+            "alloc_retries": sum(retries) if retries else None,  # None: no GPU figures
             **{key: next((m[key] for m in row["metrics"] if key in m), None) for key in FIRST_RECORD_KEYS},
             "host_rss_gib": pick["host_rss_gib"], "phases": pick["phases"], "cpu_s": pick.get("cpu_s"),
             "bytes": pick["bytes"],

@@ -291,7 +291,7 @@ class _Run:
     metrics_path: str
     startup: Startup
     on_log: Callable[[str], None] | None
-    ranks: Launch  # spawned while the plan was made; sent the run by _fill_or_load
+    ranks: Launch  # spawned while the plan was made; sent the run by _fill_or_load (a resumed run: _run_ranks)
     pager: MomentPager | None = None
 
 

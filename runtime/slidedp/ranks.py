@@ -9,8 +9,8 @@ rendezvous is a file in the same directory (`rank_link.init_file`): no port is o
 
 `spawn()` starts the ranks before their args exist: each connects, imports TARGET's module (and calls its
 `prepare()`, where the module has one: work to start while it waits, returning at once) and waits for the args that
-`start(args)` then sends over its connection. train() spawns its ranks so while it makes the plan the args carry; a launcher that ends without
-sending them ends the ranks waiting (they exit quietly).
+`start(args)` then sends over its connection. train() spawns its ranks this way, so that they start while it
+makes the plan the args carry; a launcher that ends without sending them ends the ranks waiting (they exit quietly).
 
 Why fresh interpreters: CUDA does not survive fork, `multiprocessing`'s spawn re-imports the caller's main module
 (a script without a main guard runs twice), and a fresh process is measured as a user would run it. The launcher
