@@ -97,7 +97,9 @@
 #           (fixed: the planner leaves a 2-step job eager, its compile would not pay) -> $OUT/firstc-all.log
 #   comp8   Qwen3-8B, seq 2048, micro-batch 8, the whole card: AutoPolicy with eager layers, with compiled layers
 #           (fixed: an 8-step bench is too short for the planner to compile), the same clipped at 1.0; FSDP2 GPU-resident (every
-#           layer checkpointed) eager and compiled beside -> $OUT/comp8.jsonl (COMP_STEPS, 8 steps)
+#           layer checkpointed) eager and compiled beside -> $OUT/comp8.jsonl (COMP_STEPS, 8 steps); the SlideDP rows'
+#           step timelines with every layer's forward and backward (SLIDEDP_TRACE) -> $OUT/comp8-trace/, one file a row
+#           in the order above (scripts/trace_report.py --layers)
 #   comp3   the same for the Llama 3.2 3B preset (every layer kept by FSDP2 where it fits: COMP3_PEER_KEEP, none)
 #           -> $OUT/comp3.jsonl
 #   sust    a Qwen3-8B layer's kept forward + backward at 8 x 2048 back to back for SUST_S (15) seconds, eager then
@@ -288,7 +290,8 @@ print(f'with NCCL and one all-reduce: {(t - f1) / 2**30:.3f} GiB (allocator rese
               > "$OUT/firstc-$l.log" 2>&1; cat "$OUT/firstc-$l.log" >> "$OUT/firstc-all.log"
             grep -vE "Warning|warn" "$OUT/firstc-$l.log" | tail -7; done ;;
     comp8) A=auto:auto:auto; R=auto:auto:auto:auto:auto:auto
-           timeout ${COMP_S:-560} python3 -m slidedp.cli bench --model qwen3-8b --seq 2048 --gpus 1 --mbs 8 \
+           SLIDEDP_TRACE=$OUT/comp8-trace timeout ${COMP_S:-560} python3 -m slidedp.cli bench --model qwen3-8b \
+             --seq 2048 --gpus 1 --mbs 8 \
              --steps ${COMP_STEPS:-8} --threads 16 --policies "$A:0:$R:eager,$A:0:$R:compiled,$A:1.0:$R:compiled" \
              --peers fsdp2:0,fsdp2:0:0:compiled --out "$OUT/comp8.jsonl" 2>&1 | quiet 30 ;;
     comp3) A=auto:auto:auto; R=auto:auto:auto:auto:auto:auto; K=${COMP3_PEER_KEEP:-none}

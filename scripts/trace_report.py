@@ -1,11 +1,19 @@
 """Read a step timeline (SLIDEDP_TRACE, slidedp/step/trace.py) and say where the host updater idled.
 
 Usage: python scripts/trace_report.py TIMELINE.jsonl [--from-step 3]
+       python scripts/trace_report.py TIMELINE.jsonl --layers [--calibration CALIBRATION.json]
 
 Per step (from the end of one backward on the compute stream to the next), it prints the updater's busy and idle
 seconds, the idle split into before the step's first gradient was in hand and between gradients, the unit the
 updater finished last before the step's first gradient, and the time from that update to the forward's end.
 Medians over the steps from --from-step on close the report.
+
+--layers: where the compute stream's time went, layer by layer (the timeline's "layer" events): per direction
+(forward, backward) and activation kind, how many layer runs, the median of a layer's own time (its kernels, ready
+to end) and of the time the stream spent before it (waiting for its weights or a gradient buffer, and the work
+between two layers), and per step their sums against the forward and backward spans. With the calibration the
+run was planned with, each median stands beside the layer time the planner used (unit or unit_compiled, as the
+run's layers ran) and their ratio: above 1, the layers ran slower in the step than in calibration.
 """
 
 from __future__ import annotations
@@ -44,11 +52,72 @@ def report(rows: list[dict], first: int) -> list[dict]:
     return out
 
 
+# the calibration's layer time for a layer run of (direction, activations): an offloaded layer computes as a kept one
+_CALIBRATED = {("forward", "keep"): "fwd_keep_s", ("forward", "offload"): "fwd_keep_s",
+               ("forward", "checkpoint"): "fwd_checkpoint_s", ("backward", "keep"): "bwd_keep_s",
+               ("backward", "offload"): "bwd_keep_s", ("backward", "checkpoint"): "bwd_checkpoint_s"}
+
+
+def layer_report(rows: list[dict], first: int, calibration: dict | None = None) -> dict:
+    """Per (direction, activations) the layer runs' medians (own and before, seconds) and the calibration's figure
+    where given; per step the sums of both against the forward and backward spans."""
+    run = next((r for r in rows if r["kind"] == "run"), {})
+    unit = None
+    if calibration is not None:
+        unit = calibration.get("unit_compiled" if run.get("compiled") else "unit")
+    layers = sorted((r for r in rows if r["kind"] == "layer" and r["step"] >= first),
+                    key=lambda r: (r["step"], r["ready"]))
+    gpu = {r["step"]: r for r in rows if r["kind"] == "gpu"}
+    groups: dict[tuple[str, str], dict[str, list[float]]] = {}
+    steps: dict[int, dict[str, float]] = {}
+    prev_end: dict[tuple[int, int, str], float] = {}
+    for r in layers:
+        own = r["end"] - r["ready"]
+        key = (r["step"], r["mb"], r["dir"])
+        before = r["ready"] - prev_end[key] if key in prev_end else None  # the first layer of a pass: no before
+        prev_end[key] = r["end"]
+        g = groups.setdefault((r["dir"], r["act"]), {"own": [], "before": []})
+        g["own"].append(own)
+        st = steps.setdefault(r["step"], {"forward_own": 0.0, "forward_before": 0.0, "backward_own": 0.0,
+                                          "backward_before": 0.0})
+        st[f"{r['dir']}_own"] += own
+        if before is not None:
+            g["before"].append(before)
+            st[f"{r['dir']}_before"] += before
+    out: dict = {"compiled": run.get("compiled"), "kinds": [], "steps": []}
+    for (direction, act), g in sorted(groups.items()):
+        row = {"dir": direction, "act": act, "runs": len(g["own"]), "own_s": statistics.median(g["own"]),
+               "before_s": statistics.median(g["before"]) if g["before"] else None}
+        figure = (unit or {}).get(_CALIBRATED[(direction, act)])
+        if figure:
+            row.update(calibrated_s=figure, ratio=row["own_s"] / figure)
+        out["kinds"].append(row)
+    for s, st in sorted(steps.items()):
+        g = gpu.get(s, {})
+        if "forward_end" in g and "start" in g:
+            st["forward_span"] = g["forward_end"] - g["start"]
+        if "backward_end" in g and "forward_end" in g:
+            st["backward_span"] = g["backward_end"] - g["forward_end"]
+        out["steps"].append({"step": s, **st})
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("timeline")
     ap.add_argument("--from-step", type=int, default=3, help="the first step counted (default 3: after warm-up)")
+    ap.add_argument("--layers", action="store_true", help="where the compute stream's time went, layer by layer")
+    ap.add_argument("--calibration", help="with --layers: the calibration JSON the run was planned with")
     a = ap.parse_args(argv)
+    if a.layers:
+        calibration = None
+        if a.calibration:
+            with open(a.calibration, encoding="utf-8") as fh:
+                calibration = json.load(fh)
+        out = layer_report(load(a.timeline), a.from_step, calibration)
+        for r in out["kinds"] + out["steps"]:
+            print(json.dumps({k: round(v, 5) if isinstance(v, float) else v for k, v in r.items()}))
+        return 0
     rows = report(load(a.timeline), a.from_step)
     for r in rows:
         print(json.dumps({k: round(v, 3) if isinstance(v, float) else v for k, v in r.items()}))

@@ -29,3 +29,38 @@ def test_the_report_splits_the_updaters_idle_time_around_the_next_first_gradient
     assert abs(r["forward_end_after_last_update_s"] - 0.1) < 1e-9
     assert trace_report.main([str(path), "--from-step", "2"]) == 0
     assert '"median"' in capsys.readouterr().out
+
+
+def test_the_layer_report_splits_each_pass_into_the_layers_own_time_and_the_time_before_them(tmp_path, capsys):
+    # step 1: layer 1 (kept) forward 0.10-0.12, layer 2 (checkpointed) waits for its weights until 0.15, runs to
+    # 0.16; backward: layer 2 0.30-0.34, layer 1 ready at 0.35, done 0.38
+    rows = [{"kind": "run", "step": 0, "compiled": True, "activations": ["keep", "checkpoint"]},
+            {"kind": "gpu", "step": 1, "start": 0.05, "forward_end": 0.2, "backward_end": 0.4},
+            {"kind": "layer", "step": 1, "mb": 0, "dir": "forward", "unit": 1, "act": "keep", "ready": 0.10,
+             "end": 0.12},
+            {"kind": "layer", "step": 1, "mb": 0, "dir": "forward", "unit": 2, "act": "checkpoint", "ready": 0.15,
+             "end": 0.16},
+            {"kind": "layer", "step": 1, "mb": 0, "dir": "backward", "unit": 2, "act": "checkpoint", "ready": 0.30,
+             "end": 0.34},
+            {"kind": "layer", "step": 1, "mb": 0, "dir": "backward", "unit": 1, "act": "keep", "ready": 0.35,
+             "end": 0.38}]
+    calibration = {"unit": {"fwd_keep_s": 0.04}, "unit_compiled": {"fwd_keep_s": 0.01, "fwd_checkpoint_s": 0.02,
+                                                                     "bwd_keep_s": 0.03, "bwd_checkpoint_s": 0.04}}
+    out = trace_report.layer_report(rows, first=1, calibration=calibration)
+    kinds = {(k["dir"], k["act"]): k for k in out["kinds"]}
+    fk = kinds[("forward", "keep")]
+    assert fk["runs"] == 1 and abs(fk["own_s"] - 0.02) < 1e-9 and fk["before_s"] is None
+    assert fk["calibrated_s"] == 0.01 and abs(fk["ratio"] - 2.0) < 1e-9  # the compiled figure: the run compiled
+    fc = kinds[("forward", "checkpoint")]
+    assert abs(fc["before_s"] - 0.03) < 1e-9 and abs(fc["ratio"] - 0.5) < 1e-9
+    bk = kinds[("backward", "keep")]
+    assert abs(bk["own_s"] - 0.03) < 1e-9 and abs(bk["before_s"] - 0.01) < 1e-9 and abs(bk["ratio"] - 1) < 1e-9
+    [st] = out["steps"]
+    assert abs(st["forward_own"] - 0.03) < 1e-9 and abs(st["forward_before"] - 0.03) < 1e-9
+    assert abs(st["backward_own"] - 0.07) < 1e-9 and abs(st["backward_before"] - 0.01) < 1e-9
+    assert abs(st["forward_span"] - 0.15) < 1e-9 and abs(st["backward_span"] - 0.2) < 1e-9
+    path, cal = tmp_path / "t.jsonl", tmp_path / "c.json"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    cal.write_text(json.dumps(calibration))
+    assert trace_report.main([str(path), "--layers", "--calibration", str(cal), "--from-step", "1"]) == 0
+    assert '"ratio"' in capsys.readouterr().out

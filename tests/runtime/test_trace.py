@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 from slidedp.launch import train
+from slidedp.step import trace
 
 from tests.runtime.exactness import HOST_ROUTE_FEW_SLOTS, make_pattern_data, tiny_job
 
@@ -33,3 +34,26 @@ def test_a_traced_run_writes_each_ranks_steps_updates_and_waits_on_one_clock(tmp
         assert sorted(units) == [1, 2, 3] and 0 in units[1]
         waits = [r for r in rows if r["kind"] == "wait_update"]
         assert all(r["t1"] >= r["t0"] and r["unit"] in units[1] for r in waits)
+        # every decoder layer's forward and backward, once a step, inside the step's spans, in the window's order
+        [run] = [r for r in rows if r["kind"] == "run"]
+        layers = len(run["activations"])
+        assert run["compiled"] is False and layers >= 2
+        gpu = {r["step"]: r for r in rows if r["kind"] == "gpu"}
+        for step in (1, 2, 3):
+            fwd = [r for r in rows if r["kind"] == "layer" and r["step"] == step and r["dir"] == "forward"]
+            bwd = [r for r in rows if r["kind"] == "layer" and r["step"] == step and r["dir"] == "backward"]
+            assert [r["unit"] for r in fwd] == list(range(1, layers + 1))
+            assert [r["unit"] for r in bwd] == list(range(layers, 0, -1))
+            assert all(r["act"] == run["activations"][r["unit"] - 1] and r["mb"] == 0 for r in fwd + bwd)
+            g = gpu[step]
+            assert all(g["start"] <= r["ready"] <= r["end"] <= g["forward_end"] for r in fwd), (fwd, g)
+            assert all(g["forward_end"] <= r["ready"] <= r["end"] <= g["backward_end"] for r in bwd), (bwd, g)
+
+
+def test_a_second_run_in_the_same_folder_keeps_the_first_ones_timeline(tmp_path):
+    folder = str(tmp_path)
+    first = trace._free_path(folder, 0)
+    assert first.endswith("trace-rank0.jsonl")
+    open(first, "w").close()
+    assert trace._free_path(folder, 0).endswith("trace-rank0-2.jsonl")
+    assert trace._free_path(folder, 1).endswith("trace-rank1.jsonl")  # each rank counts its own files

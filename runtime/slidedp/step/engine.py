@@ -362,6 +362,7 @@ class RankEngine:
             trace.TRACE.add("step", step, t=t_start)
         s = self.streams
         ev = {"start": s.record(s.compute, timing=True)}
+        tr = trace.TRACE if trace.TRACE is not None and trace.TRACE.wanted(step) else None  # per-layer events
         M = len(micro_batches)
         n_targets = self._begin_step(step, micro_batches)
         loss_sum = torch.zeros((), dtype=torch.float32, device=self.device)
@@ -382,7 +383,10 @@ class RankEngine:
             for u in range(1, self.head_unit):
                 self._current_item = k
                 buf = self.window.get(k)
+                ready = s.record(s.compute, timing=True) if tr is not None else None
                 h, saved[u] = self._layer_forward(u, buf, h, ctx)
+                if tr is not None:
+                    tr.layer(step, m, "forward", u, self.activations[u - 1], ready, s.record(s.compute, timing=True))
                 self.window.release(k)
                 k += 1
             self._prefetch_activations(saved, self.head_unit - 1)  # the first layer back, under the loss head
@@ -407,7 +411,10 @@ class RankEngine:
                 gflat = self.gbuf[parity]
                 here = saved.pop(u)
                 self._prefetch_activations(saved, u - 1)  # its H2D runs while this layer's backward computes
+                ready = s.record(s.compute, timing=True) if tr is not None else None
                 grad_h = self._layer_backward(u, buf, here, grad_h, ctx, gflat)
+                if tr is not None:
+                    tr.layer(step, m, "backward", u, self.activations[u - 1], ready, s.record(s.compute, timing=True))
                 self._activations_read(here, u)
                 self.window.release(k)
                 self._layer_gradient_out(u, gflat, parity, last, step)

@@ -249,6 +249,7 @@ def _ready(link, args: RankArgs, marks: _Marks, queue, loading: _Loading, device
     tr = trace.start(rank)  # SLIDEDP_TRACE: a timeline of the steps (slidedp.step.trace)
     if tr is not None:
         tr.anchor(engine.streams)
+        tr.run(bool(args.spec.policy.compiled_layers), engine.activations)
     engine.updater.start()
     marks.done("engine")
     model_cfg = adapter.config.to_dict()

@@ -1,7 +1,12 @@
 """A timeline of a rank's steps, for finding where the host updater and the compute stream wait.
 
-Off unless SLIDEDP_TRACE names a folder: each rank then writes `trace-rank{R}.jsonl` there at the end of its run,
-one event per line, every time in seconds on one clock (the host's perf_counter, from the trace's start):
+Off unless SLIDEDP_TRACE names a folder: each rank then writes `trace-rank{R}.jsonl` there at the end of its run
+(`trace-rank{R}-2.jsonl` and so on where an earlier run in the same folder wrote one: a bench of several policies
+keeps each run's timeline), one event per line, every time in seconds on one clock (the host's perf_counter, from
+the trace's start):
+
+  {"kind": "run", "compiled", "activations"}             how the run's layers ran: compiled or eager, and each
+                                                         decoder layer's activations (keep / offload / checkpoint)
 
   {"kind": "step", "step", "t"}                          the main thread begins the step
   {"kind": "gpu", "step", "start", "forward_end", "backward_end"}
@@ -16,6 +21,15 @@ one event per line, every time in seconds on one clock (the host's perf_counter,
                                                          the updater took the unit's gradient (t0), had it (the copy
                                                          had landed and every rank's part was there), and was done
   {"kind": "final", "step", "unit", "t0", "t1"}          with clipping: the update after the global norm
+  {"kind": "layer", "step", "mb", "dir", "unit", "act", "ready", "end"}
+                                                         on the compute stream, one decoder layer's forward or
+                                                         backward (dir) in micro-batch mb: `ready` once the stream
+                                                         had what it waits for before the layer (its weights
+                                                         delivered, a free gradient buffer) and the work queued ahead
+                                                         of it, `end` once the layer's kernels were done; a layer's
+                                                         own time is end - ready, the time the stream spent before
+                                                         it (waits, the work between two layers) ready - the
+                                                         previous layer's end
 
 Only the first MAX_STEPS steps are kept. The cost of a disabled trace is one attribute test per event site.
 """
@@ -37,6 +51,7 @@ class Trace:
         self.path = path
         self.events: list[dict[str, Any]] = []
         self._gpu: list[tuple[int, dict[str, Any]]] = []
+        self._layers: list[tuple[dict[str, Any], Any, Any]] = []
         self._ref = None
         self._ref_t = 0.0
         self.t_origin = time.perf_counter()
@@ -63,6 +78,14 @@ class Trace:
         if self.wanted(step) and self._ref is not None:
             self._gpu.append((step, {k: events[k] for k in ("start", "forward_end", "backward_end") if k in events}))
 
+    def run(self, compiled: bool, activations: list[str]) -> None:
+        self.events.append({"kind": "run", "step": 0, "compiled": compiled, "activations": list(activations)})
+
+    def layer(self, step: int, mb: int, direction: str, unit: int, act: str, ready: Any, end: Any) -> None:
+        """A decoder layer's forward or backward between two timing events on the compute stream."""
+        self._layers.append(({"kind": "layer", "step": step, "mb": mb, "dir": direction, "unit": unit, "act": act},
+                             ready, end))
+
     def _on_host_clock(self, ev: Any) -> float:
         return self._ref_t + self._ref.elapsed_time(ev) / 1e3
 
@@ -72,12 +95,15 @@ class Trace:
         for step, evs in self._gpu:
             evs_done = {k: v for k, v in evs.items() if getattr(v, "query", lambda: True)()}
             rows.append({"kind": "gpu", "step": step, **{k: self._on_host_clock(v) for k, v in evs_done.items()}})
+        for row, ready, end in self._layers:
+            if self._ref is not None and ready.query() and end.query():
+                rows.append({**row, "ready": self._on_host_clock(ready), "end": self._on_host_clock(end)})
         origin = self.t_origin
         os.makedirs(os.path.dirname(self.path) or ".", exist_ok=True)
         with open(self.path, "w", encoding="utf-8") as fh:
             for r in rows:
                 out = {k: (round(v - origin, 6) if k in ("t", "t0", "t1", "landed", "start", "forward_end",
-                                                         "backward_end") else v) for k, v in r.items()}
+                                                         "backward_end", "ready", "end") else v) for k, v in r.items()}
                 fh.write(json.dumps(out) + "\n")
         return self.path
 
@@ -86,8 +112,18 @@ def start(rank: int) -> Trace | None:
     """The rank's trace when SLIDEDP_TRACE names a folder, else None."""
     global TRACE
     folder = os.environ.get("SLIDEDP_TRACE", "").strip()
-    TRACE = Trace(os.path.join(folder, f"trace-rank{rank}.jsonl")) if folder else None
+    TRACE = Trace(_free_path(folder, rank)) if folder else None
     return TRACE
+
+
+def _free_path(folder: str, rank: int) -> str:
+    """trace-rank{R}.jsonl in folder, or the first of trace-rank{R}-2.jsonl, -3, ... that no run wrote yet (each
+    rank of a run counts its own files, so the ranks of one run agree)."""
+    path, n = os.path.join(folder, f"trace-rank{rank}.jsonl"), 1
+    while os.path.exists(path):
+        n += 1
+        path = os.path.join(folder, f"trace-rank{rank}-{n}.jsonl")
+    return path
 
 
 def now() -> float:
