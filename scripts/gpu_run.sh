@@ -69,7 +69,8 @@
 #           streamed through the GPU and split with the host), then Qwen3-4B at micro-batch 4 under GPU_GIB (24) with the
 #           step timeline, AutoPolicy, clipping at 1.0 and without, STEPS (10) steps, into $OUT/floor-clipC/
 #   pair4   Qwen3-4B at micro-batch 4 under GPU_GIB (24), AutoPolicy, STEPS (10) steps, without and with clipping at 1.0
-#           in one bench command (one host state): the clipped/unclipped pair of the benchmarks table
+#           in one bench command (one host state): the clipped/unclipped pair of the benchmarks table; their step
+#           timelines (SLIDEDP_TRACE) -> $OUT/pair4-trace/
 #   first8  time to first step of the Qwen3-8B preset through scripts/first_step.py (train() alone in its process),
 #           under GPU_GIB (24), the cast where CAST (gpu), twice: the calibration measured in the first run if the cache
 #           lacks it, cached in the second; logs $OUT/first8-preset-1.log and -2.log (each ends with one JSON line
@@ -179,7 +180,7 @@ print(f'with NCCL and one all-reduce: {(t - f1) / 2**30:.3f} GiB (allocator rese
              --model qwen3-4b --seq 2048 --gpus 1 --mbs 4 --steps ${STEPS:-10} --threads 16 --data pattern \
              --gpu-memory-gib ${GPU_GIB:-24} --policies "auto:auto:auto:$clip:auto:auto:auto:auto:auto" \
              --out "$OUT/floor-clip$clip.jsonl" 2>&1 | quiet 6; done ;;
-    pair4) timeout ${PAIR_S:-300} python3 -m slidedp.cli bench --model qwen3-4b --seq 2048 --gpus 1 --mbs 4 \
+    pair4) SLIDEDP_TRACE=$OUT/pair4-trace timeout ${PAIR_S:-300} python3 -m slidedp.cli bench --model qwen3-4b --seq 2048 --gpus 1 --mbs 4 \
              --steps ${STEPS:-10} --threads 16 --data pattern --gpu-memory-gib ${GPU_GIB:-24} \
              --policies "auto:auto:auto:0:auto:auto:auto:auto:auto,auto:auto:auto:1.0:auto:auto:auto:auto:auto" \
              --out "$OUT/pair4-${GPU_GIB:-24}.jsonl" 2>&1 | quiet 14 ;;
