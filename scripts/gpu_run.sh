@@ -103,6 +103,8 @@
 #           in the order above (scripts/trace_report.py --layers)
 #   comp3   the same for the Llama 3.2 3B preset (every layer kept by FSDP2 where it fits: COMP3_PEER_KEEP, none)
 #           -> $OUT/comp3.jsonl
+#   pyc     whether this machine's transformers has bytecode, and a rank's imports and model built, twice as is and
+#           twice with a writable bytecode cache (PYTHONPYCACHEPREFIX): is the rank's slow model_and_data compiling?
 #   sust    a Qwen3-8B layer's kept forward + backward at 8 x 2048 back to back for SUST_S (15) seconds, eager then
 #           compiled, with the SM clock, power and temperature once a second (scripts/probe_layer_sustained.py): does
 #           the layer slow down over a step's length? -> $OUT/sustained.jsonl
@@ -301,6 +303,20 @@ print(f'with NCCL and one all-reduce: {(t - f1) / 2**30:.3f} GiB (allocator rese
              --peers fsdp2:$K,fsdp2:$K:0:compiled --out "$OUT/comp3.jsonl" 2>&1 | quiet 30 ;;
     sust) for c in "" --compiled; do timeout 120 python3 scripts/probe_layer_sustained.py --model qwen3-8b --mbs 8 \
             --seq 2048 --seconds ${SUST_S:-15} $c --out "$OUT/sustained.jsonl" 2>&1 | quiet 16; done ;;
+    pyc)  python3 - <<'PY'
+import glob, os, sys, transformers
+d = os.path.dirname(transformers.__file__)
+srcs = glob.glob(os.path.join(d, "**", "*.py"), recursive=True)
+tag = sys.implementation.cache_tag
+have = sum(os.path.exists(os.path.join(os.path.dirname(f), "__pycache__",
+                                       os.path.basename(f)[:-3] + f".{tag}.pyc")) for f in srcs)
+print(f"transformers {transformers.__version__} at {d}: {have} of {len(srcs)} modules with bytecode; "
+      f"writable: {os.access(d, os.W_OK)}; dont_write_bytecode: {sys.dont_write_bytecode}")
+PY
+          I="import time; t=time.perf_counter(); import torch, slidedp.data, slidedp.step.engine; from transformers import AutoConfig, PreTrainedModel; from slidedp.step.model_adapter import ModelAdapter; from slidedp.step.rank import load_hf_config; ModelAdapter(load_hf_config('qwen3-8b')); print(round(time.perf_counter()-t, 2), 's')"
+          for i in 1 2; do echo -n "rank imports and model, as is ($i): "; python3 -c "$I" 2>&1 | tail -1; done
+          for i in 1 2; do echo -n "with PYTHONPYCACHEPREFIX=/tmp/slidedp-pyc ($i): "
+            env -u PYTHONDONTWRITEBYTECODE PYTHONPYCACHEPREFIX=/tmp/slidedp-pyc python3 -c "$I" 2>&1 | tail -1; done ;;
     *) echo "unknown part '$part': the parts are listed at the top of scripts/gpu_run.sh" >&2; exit 2 ;;
   esac
 done
