@@ -36,6 +36,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from slidedp import bytecode
+
 # Set in every rank unless the caller already chose: NVLink multicast (NVLS) stays off.
 GPU_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
 LOG_TAIL_CHARS = 3000
@@ -52,8 +54,8 @@ class RankFailed(RuntimeError):
 
 def rank_env(rank: int, world: int, extra: dict[str, str] | None = None) -> dict[str, str]:
     """A rank's environment: this process's, with this very slidedp importable (installed or not), gloo on the
-    loopback, NVLS off, and the identity a launcher such as torchrun gives (no MASTER_ADDR: the rendezvous is a
-    file)."""
+    loopback, NVLS off, the identity a launcher such as torchrun gives (no MASTER_ADDR: the rendezvous is a
+    file), and a bytecode cache of its own where the installed packages have no bytecode (slidedp.bytecode)."""
     env = dict(os.environ)
     here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     env["PYTHONPATH"] = here + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
@@ -61,6 +63,11 @@ def rank_env(rank: int, world: int, extra: dict[str, str] | None = None) -> dict
     for key, value in GPU_ENV.items():
         env.setdefault(key, value)
     env.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world), LOCAL_WORLD_SIZE=str(world))
+    for key, value in bytecode.rank_env_changes(env).items():  # packages without bytecode: a cache of the ranks'
+        if value is None:
+            env.pop(key, None)
+        else:
+            env[key] = value
     env.update(extra or {})
     return env
 

@@ -37,3 +37,13 @@ def says_nothing(args: dict, link):
 def sleeps(args: dict, link):
     time.sleep(args["seconds"])
     return {"rank": link.rank}
+
+
+def imports(args: dict, link) -> dict:
+    """Imports args["module"] (from args["path"]) and says where this interpreter keeps bytecode."""
+    import importlib
+    import sys
+
+    sys.path.insert(0, args["path"])
+    importlib.import_module(args["module"])
+    return {"prefix": sys.pycache_prefix, "dont_write": sys.dont_write_bytecode}
