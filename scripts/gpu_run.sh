@@ -315,9 +315,10 @@ print(f"transformers {transformers.__version__} at {d}: {have} of {len(srcs)} mo
 PY
           I="import time; t=time.perf_counter(); import torch, slidedp.data, slidedp.step.engine; from transformers import AutoConfig, PreTrainedModel; from slidedp.step.model_adapter import ModelAdapter; from slidedp.step.rank import load_hf_config; ModelAdapter(load_hf_config('qwen3-8b')); print(round(time.perf_counter()-t, 2), 's')"
           for i in 1 2; do echo -n "rank imports and model, as is ($i): "; python3 -c "$I" 2>&1 | tail -1; done
-          for i in 1 2; do echo -n "with PYTHONPYCACHEPREFIX=/tmp/slidedp-pyc ($i): "
-            env -u PYTHONDONTWRITEBYTECODE PYTHONPYCACHEPREFIX=/tmp/slidedp-pyc python3 -c "$I" 2>&1 | tail -1; done ;;
+          for i in 1 2; do echo -n "through the ranks' bytecode cache ($i): "
+            env -u PYTHONDONTWRITEBYTECODE PYTHONPYCACHEPREFIX="$SLIDEDP_CACHE_DIR/bytecode" python3 -c "$I" 2>&1 | tail -1; done ;;
     *) echo "unknown part '$part': the parts are listed at the top of scripts/gpu_run.sh" >&2; exit 2 ;;
   esac
 done
+rm -rf "$SLIDEDP_CACHE_DIR/bytecode"  # the ranks' bytecode (slidedp.bytecode): thousands of files, not results
 echo "===== end $(date +%T)"
