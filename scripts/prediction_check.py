@@ -19,7 +19,8 @@ own calibration: Qwen3-1.7B at micro-batch 4 and 8, Qwen3-4B at 8, Qwen3-8B at 1
 GPU); every other row is for development. The held-out rows are not read while the model is changed.
 
 The check rows (`--set check`): sessions measured on the same machine after that split (s17, s18: the clipped step,
-the streamed update; s19: Qwen3-8B micro-batch 8 whole-card steps with their own calibration), reported beside the
+the streamed update; s19: Qwen3-8B micro-batch 8 whole-card steps with their own calibration; s20, s21: compiled layers, sustained-clock
+calibrations, s21 with the streamed layers' weights kept on the GPU), reported beside the
 others and fitted to nothing. s18 kept no calibration; its rows are
 planned with the newest earlier session's calibration of their shape (Qwen3-4B micro-batch 4: s17; Qwen3-8B
 micro-batch 8: s8), and say so.
@@ -43,10 +44,10 @@ TOPOLOGY = os.path.join(ROOT, "tests", "runtime", "fixtures", "h200x1_qwen3-1.7b
 HELD_OUT_SESSIONS = ("s7", "s9", "s12")
 ONE_GPU_SESSIONS = ("s4", "s5", "s6", "s7", "s8", "s9", "s10", "s11", "s12", "s13", "s14", "s15", "s16")
 STAND_IN = "s10"  # the last calibration of Qwen3-4B at micro-batch 4 kept on the one-GPU machine
-CHECK_SESSIONS = ("s17", "s18", "s19", "s20")  # measured after the held-out split: checked, never fitted to
+CHECK_SESSIONS = ("s17", "s18", "s19", "s20", "s21")  # measured after the held-out split: checked, never fitted to
 # Sessions whose engine delivered streamed layers from the host after their update, before their updated weights
 # stayed on the GPU for the next forward (slidedp.step.streamed_update): planned as that engine ran.
-BEFORE_KEPT_WEIGHTS = ONE_GPU_SESSIONS + CHECK_SESSIONS
+BEFORE_KEPT_WEIGHTS = ONE_GPU_SESSIONS + ("s17", "s18", "s19", "s20")
 
 sys.path.insert(0, os.path.join(ROOT, "runtime"))
 
