@@ -32,6 +32,7 @@ def test_a_traced_run_writes_each_ranks_steps_updates_and_waits_on_one_clock(tmp
         # tiny-qwen3: embedding, its layers and the head, every one updated on the host once a step
         assert all(sorted(u) == sorted(units[1]) and len(set(u)) == len(u) for u in units.values())
         assert sorted(units) == [1, 2, 3] and 0 in units[1]
+        assert sorted(r["step"] for r in rows if r["kind"] == "updates_issued") == [1, 2, 3]
         waits = [r for r in rows if r["kind"] == "wait_update"]
         assert all(r["t1"] >= r["t0"] and r["unit"] in units[1] for r in waits)
         # every decoder layer's forward and backward, once a step, inside the step's spans, in the window's order
@@ -57,3 +58,17 @@ def test_a_second_run_in_the_same_folder_keeps_the_first_ones_timeline(tmp_path)
     open(first, "w").close()
     assert trace._free_path(folder, 0).endswith("trace-rank0-2.jsonl")
     assert trace._free_path(folder, 1).endswith("trace-rank1.jsonl")  # each rank counts its own files
+
+
+def test_a_clipped_runs_post_norm_updates_say_how_long_they_were_off_the_cpu(tmp_path, monkeypatch):
+    data = make_pattern_data(str(tmp_path / "data.jsonl"), rows=16, seq_len=32)
+    monkeypatch.setenv("SLIDEDP_TRACE", str(tmp_path / "trace"))
+    train(tiny_job(data, str(tmp_path / "out"), steps=2, ranks=1, optimizer={"max_grad_norm": 1.0},
+                   policy=HOST_ROUTE_FEW_SLOTS))
+    rows = [json.loads(line) for line in open(tmp_path / "trace" / "trace-rank0.jsonl", encoding="utf-8")]
+    finals = [r for r in rows if r["kind"] == "final"]
+    assert sorted({r["step"] for r in finals}) == [1, 2] and finals
+    assert all(0.0 <= r["offcpu"] <= r["t1"] - r["t0"] + 1e-6 for r in finals), finals
+    issued = {r["step"]: r["t"] for r in rows if r["kind"] == "updates_issued"}
+    backward = {r["step"]: r["t"] for r in rows if r["kind"] == "backward_issued"}
+    assert sorted(issued) == [1, 2] and all(issued[s] >= backward[s] for s in issued)

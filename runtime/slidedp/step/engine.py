@@ -500,6 +500,8 @@ class RankEngine:
             self.device_update.update(step)
             # the device update counts as backward, as the overlap model counts it
             ev["backward_end"] = s.record(s.compute, timing=True)
+        if trace.TRACE is not None:
+            trace.TRACE.add("updates_issued", step, t=trace.now())
         return norm
 
     def _step_figures(self) -> torch.Tensor:

@@ -410,10 +410,10 @@ class Updater(threading.Thread):
         elif self.clip:
             clipped = coef < 1.0
             for u in self.host_units:  # forward order: unit 0 is the next forward's first need
-                t0 = time.perf_counter()
+                t0, off0 = time.perf_counter(), self._offcpu
                 self._final_update(u, step, coef)
                 if trace.TRACE is not None:
-                    trace.TRACE.add("final", step, unit=u, t0=t0, t1=time.perf_counter())
+                    trace.TRACE.add("final", step, unit=u, t0=t0, t1=time.perf_counter(), offcpu=self._offcpu - off0)
                 self._mark_streamed(step, block=False)
         self._mark_streamed(step, block=True)
         self.results.append(StepResult(step, norm, clipped, self._busy, self._cast, self._offcpu,

@@ -20,7 +20,11 @@ the trace's start):
   {"kind": "update", "step", "unit", "t0", "landed", "t1"}
                                                          the updater took the unit's gradient (t0), had it (the copy
                                                          had landed and every rank's part was there), and was done
-  {"kind": "final", "step", "unit", "t0", "t1"}          with clipping: the update after the global norm
+  {"kind": "final", "step", "unit", "t0", "t1", "offcpu"} with clipping: the update after the global norm, and the
+                                                         seconds of it the updater spent off its CPU (waiting at the
+                                                         update team's barrier or for the GIL)
+  {"kind": "updates_issued", "step", "t"}                the main thread has issued the step's updates on the GPU
+                                                         (streamed and device-updated units) and returns to its loop
   {"kind": "layer", "step", "mb", "dir", "unit", "act", "ready", "end"}
                                                          on the compute stream, one decoder layer's forward or
                                                          backward (dir) in micro-batch mb: `ready` once the stream
