@@ -227,7 +227,10 @@ def test_train_on_the_cpu_calibrates_and_records_a_prediction(tmp_path, monkeypa
     assert len(records) == 2
     for rec in records:
         assert rec["predicted"]["step_time_s"] > 0 and rec["step_time_s"] > 0
-    assert os.listdir(tmp_path / "calibration") == [os.path.basename(calibration.cache_path(cfg, topology.detect()))]
+    # the one record of this shape (beside it, the ranks' bytecode cache where this tree has no bytecode)
+    records = [n for n in os.listdir(tmp_path / "calibration") if n.endswith(".json")]
+    assert records == [os.path.basename(calibration.cache_path(cfg, topology.detect()))]
+    assert set(os.listdir(tmp_path / "calibration")) <= {*records, "bytecode"}
 
 
 def test_slidedp_plan_prints_a_cpu_jobs_predicted_step_time(tmp_path, monkeypatch, capsys):
