@@ -13,6 +13,7 @@ import pytest
 from slidedp.config import JobConfig
 from slidedp.planning import autopolicy as ap
 from slidedp.planning import cost_model as cm
+from slidedp.planning import knobs
 from slidedp.policy import ExecutionPolicy
 
 FIX = os.path.join(os.path.dirname(__file__), "fixtures")
@@ -487,7 +488,13 @@ def measured_hbm():
         cfg = _cfg(model=run["model"], gpus=1, micro_batch_size=run["micro_batch_size"], seq_len=run["seq_len"],
                    cpu_threads=16, policy=run["policy"])
         run = dict(run, measured_hbm_peak_gib=run["measured_hbm_peak_gib"] - _freed_since_measured(cfg, topo))
-        out.append((run, ap.plan_job(cfg, topo, cals[run["calibration"]])))
+        # the loss chunk the run used (its recorded 4096 is the knob's default, which leaves it to the planner's
+        # sweep): the head's logits scale with it, so the memory is checked at the chunk that was measured
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(knobs, "LOSS_CHUNKS", (run["policy"]["loss_chunk_tokens"],))
+            plan = ap.plan_job(cfg, topo, cals[run["calibration"]])
+        assert plan["policy"]["loss_chunk_tokens"] == run["policy"]["loss_chunk_tokens"], run["source"]
+        out.append((run, plan))
     return topo["gpus"][0]["hbm_bytes"] / 2**30, out
 
 

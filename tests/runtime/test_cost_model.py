@@ -5,6 +5,7 @@ the ceilings measured there on 2026-11-29, docs/architecture.md §4; the figures
 its "notes")."""
 
 import copy
+import dataclasses
 import os
 import subprocess
 import sys
@@ -232,3 +233,43 @@ def test_the_engine_cut_counts_the_device_update_as_backward(x2):
         assert p["spans"]["backward"] >= p["phases"]["backward"] - 1e-9
         assert p["spans"]["forward"] >= p["phases"]["forward"] - 1e-9
         assert p["spans"]["forward"] < p["phases"]["forward"] + update
+
+
+def test_the_loss_head_is_charged_its_fp32_gradient_sum_per_chunk_where_calibration_did_not_time_it(one_h200):
+    """The engine adds each loss chunk's lm_head weight gradient (vocab x hidden, bf16) into the step's fp32 sum
+    (slidedp.step.engine `_head`): 10 B/param of device memory work per chunk, 6.2 GB for Qwen3-8B. A calibration
+    that timed the head without it (no `loss_head.accumulates`) is charged it at the memory rate of the device's
+    calibrated AdamW (30 B/param); one whose microbenchmark does it is not charged twice."""
+    topo, cals = one_h200
+    cal = cals["calibration_qwen3-8b_bs8"]
+    assert not cal["loss_head"].get("accumulates")
+    job = _job(topo, gpus=1)
+    rates = cm.Rates(cal, job)
+    per_param_s = cal["device_update"]["adamw_cast_s_per_1e9"] / 1e9 / 30  # per byte
+    per_chunk = job.vocab * job.hidden * 10 * per_param_s
+    assert rates.head_accumulate_s() == pytest.approx(per_chunk, rel=1e-12)
+    assert 1.5e-3 < per_chunk < 3e-3  # 6.2 GB at ~3 TB/s
+    h = cal["loss_head"]
+    tokens = job.tokens_per_micro_batch  # 16384: 16 chunks of 1024, 4 of 4096
+    for chunk, n in ((1024, 16), (4096, 4)):
+        timed = tokens * h["s_per_token"] + n * h["s_per_chunk"]
+        assert rates.head_s(chunk) == pytest.approx(timed + n * per_chunk, rel=1e-12)
+    timed_with_it = cm.Rates({**cal, "loss_head": {**h, "accumulates": True}}, job)
+    assert timed_with_it.head_s(1024) == pytest.approx(tokens * h["s_per_token"] + 16 * h["s_per_chunk"], rel=1e-12)
+    # the step pays it where the head runs: fewer, larger chunks pay it fewer times
+    pol = ExecutionPolicy.default(job.layers)
+    small, large = (cm.predict(job, dataclasses.replace(pol, loss_chunk_tokens=c), rates)["step_time_s"]
+                    - cm.predict(job, dataclasses.replace(pol, loss_chunk_tokens=c), timed_with_it)["step_time_s"]
+                    for c in (1024, 4096))
+    assert small > large > 0
+
+
+def test_a_cpu_calibration_times_the_loss_head_with_its_gradient_sum():
+    """The loss head's microbenchmark does what the step does after each chunk (the fp32 sum), and says so."""
+    import torch
+    from slidedp.planning.model_bench import ModelParts
+    from slidedp.presets import model_config_dict
+
+    parts = ModelParts(model_config_dict("tiny-qwen3"), torch.device("cpu"), torch.float32)
+    head = parts.loss_head(64, 128, reps=2)
+    assert head["accumulates"] is True and head["chunk_tokens"] == [32, 64]

@@ -188,10 +188,28 @@ class Rates:
         return fwd, bwd
 
     def head_s(self, chunk_tokens: int) -> float:
+        """The loss head of one micro-batch (final norm, lm_head and cross-entropy, forward and backward) in
+        chunks of `chunk_tokens`, each chunk's weight gradient added into the step's fp32 sum."""
         h = self.c["loss_head"]
         tokens = self.job.tokens_per_micro_batch
         chunks = math.ceil(tokens / max(1, chunk_tokens))
-        return tokens * h["s_per_token"] + chunks * h.get("s_per_chunk", 0.0)
+        per_chunk = h.get("s_per_chunk", 0.0)
+        if not h.get("accumulates"):
+            per_chunk += self.head_accumulate_s()
+        return tokens * h["s_per_token"] + chunks * per_chunk
+
+    def head_accumulate_s(self) -> float:
+        """One chunk's lm_head weight gradient (vocab x hidden, compute dtype) added into the step's fp32 sum:
+        read, and the sum read and written, at the memory rate the device's fused AdamW reached when calibrated
+        (30 B/param, as device_copy_s); on CPU ranks a host copy of those bytes. For calibrations whose loss head
+        was timed without it (recorded before `loss_head.accumulates`)."""
+        j = self.job
+        numel = j.vocab * j.hidden
+        nbytes = numel * (j.pbytes + 8.0)
+        if not j.on_gpu:
+            return self.copy_s(nbytes)
+        rate = (self.c.get("device_update") or {}).get("adamw_cast_s_per_1e9")
+        return nbytes / 30 * rate / 1e9 if rate else 0.0
 
 
 # ---------------------------------------------------------------------------- time

@@ -252,13 +252,16 @@ class ModelParts:
         return {"fwd_s": fwd, "bwd_s": bwd}
 
     def loss_head(self, chunk: int, tokens: int, reps: int) -> dict[str, Any]:
-        """Final norm + lm_head + fp32 cross-entropy, forward and backward, on one chunk at two chunk sizes:
-        time = tokens * s_per_token + chunks * s_per_chunk; peak = fixed + tokens_in_chunk * per_token."""
+        """Final norm + lm_head + fp32 cross-entropy, forward and backward, on one chunk at two chunk sizes,
+        each chunk's weight gradient then added into an fp32 sum as the engine's step does (slidedp.step.engine
+        `_head`; `accumulates` says the figures hold it): time = tokens * s_per_token + chunks * s_per_chunk;
+        peak = fixed + tokens_in_chunk * per_token."""
         import torch.nn.functional as F
 
         V, H = self.config.vocab_size, self.config.hidden_size
         norm = self.norm_cls(H, eps=getattr(self.config, "rms_norm_eps", 1e-6)).to(self.device, self.dtype)
         w = (torch.randn(V, H, device=self.device, dtype=self.dtype) * 0.02).requires_grad_(True)
+        acc = torch.zeros(V, H, device=self.device, dtype=torch.float32)
         sizes = sorted({max(1, min(chunk, tokens) // 2), max(1, min(chunk, tokens))})
         times, peaks = [], []
         for c in sizes:
@@ -268,6 +271,7 @@ class ModelParts:
             def step(x: torch.Tensor = x, tgt: torch.Tensor = tgt) -> None:
                 logits = F.linear(norm(x), w).float()
                 F.cross_entropy(logits, tgt, reduction="sum").backward()
+                acc.add_(w.grad)
                 w.grad = None
                 x.grad = None
 
@@ -289,6 +293,7 @@ class ModelParts:
             "s": times,
             "s_per_token": per_tok,
             "s_per_chunk": per_chunk,
+            "accumulates": True,
         }
         if len(peaks) == 2:
             per_tok_b = max(0.0, (peaks[1] - peaks[0]) / (sizes[1] - sizes[0]))

@@ -446,12 +446,13 @@ def _unit(job: Job, g: dict[str, Any], hbm_bps: float) -> dict[str, Any]:
 
 def _loss_head(job: Job, g: dict[str, Any], hbm_bps: float) -> dict[str, Any]:
     """Per token: the lm_head's forward and both gradients (6 h V FLOPs) and the logits' fp32 forms written and
-    read; per chunk: the lm_head weight gradient read and written once more."""
+    read; per chunk: the lm_head weight gradient written, read again and added into the step's fp32 sum (the sum
+    read and written)."""
     peak = g["bf16_dense_tflops"] * 1e12
     per_token = 6.0 * job.hidden * job.vocab / (peak * MATMUL_EFFICIENCY)
     per_token += 2.0 * job.vocab * (2 * job.pbytes + 12) / hbm_bps
-    per_chunk = 3.0 * job.vocab * job.hidden * job.pbytes / hbm_bps
-    return {"s_per_token": per_token, "s_per_chunk": per_chunk}
+    per_chunk = job.vocab * job.hidden * (2 * job.pbytes + 8) / hbm_bps
+    return {"s_per_token": per_token, "s_per_chunk": per_chunk, "accumulates": True}
 
 
 def _collectives(oneway: float, world: int, p2p: bool) -> dict[str, Any]:
