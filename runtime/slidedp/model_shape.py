@@ -115,6 +115,17 @@ def shape_of(config: dict[str, Any], where: str = "the model's config") -> Model
     return ModelShape(mt, layers, h, v, f, nh, nkv, hd, tied, units)
 
 
+def sizing_config(config: dict[str, Any], where: str = "the model's config") -> dict[str, Any]:
+    """The config with every key that sizes a unit as transformers reads it: the architecture's default for each
+    key the file leaves out, and num_key_value_heads and head_dim the numbers the attention is built with (a
+    Qwen3 config without head_dim is 128 wide per head, not hidden / heads). What the planner reads of a model
+    (planning.job.Job.model_cfg). Raises ValueError as shape_of does."""
+    s = shape_of(config, where)
+    return {**SHAPE_DEFAULTS[s.model_type], **config, "hidden_size": s.hidden, "vocab_size": s.vocab,
+            "intermediate_size": s.intermediate, "num_hidden_layers": s.num_layers, "num_attention_heads": s.heads,
+            "num_key_value_heads": s.kv_heads, "head_dim": s.head_dim, "tie_word_embeddings": s.tied}
+
+
 class ModelOnDemand:
     """The launcher's ModelAdapter (slidedp.launch) (transformers' model on the meta device: unit layout, parameter names, initial
     weights), built the first time the host state is filled or exported from it, which for a run from step 0 is

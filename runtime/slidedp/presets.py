@@ -182,25 +182,22 @@ def model_config_dict(model: str) -> dict[str, Any]:
 
 
 def head_dim(cfg: dict[str, Any]) -> int:
-    return int(cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"])
+    """The attention's width per head as transformers builds it (slidedp.model_shape)."""
+    from slidedp.model_shape import shape_of
+
+    return shape_of(cfg).head_dim
 
 
 def unit_param_counts(cfg: dict[str, Any]) -> list[int]:
-    """Parameters per unit in streaming order: embedding, each decoder layer, final norm + lm_head.
+    """Parameters per unit in streaming order: embedding, each decoder layer, final norm + lm_head, counted as
+    transformers builds them, keys the config leaves out at their defaults (slidedp.model_shape; ValueError for a
+    config that does not size a model of a supported architecture).
 
     With tied embeddings the lm_head weight is the embedding's and is counted once, in unit 0.
     """
-    h, v, f = cfg["hidden_size"], cfg["vocab_size"], cfg["intermediate_size"]
-    nh, nkv, hd = cfg["num_attention_heads"], cfg["num_key_value_heads"], head_dim(cfg)
-    attn = h * nh * hd + 2 * h * nkv * hd + nh * hd * h
-    if cfg["model_type"] == "qwen2" or cfg.get("attention_bias"):
-        attn += nh * hd + 2 * nkv * hd + (h if cfg.get("attention_bias") and cfg["model_type"] != "qwen2" else 0)
-    if cfg["model_type"] == "qwen3":
-        attn += 2 * hd  # q_norm, k_norm
-    layer = attn + 3 * h * f + 2 * h
-    tied = bool(cfg.get("tie_word_embeddings", False))
-    head = h + (0 if tied else v * h)
-    return [v * h] + [layer] * cfg["num_hidden_layers"] + [head]
+    from slidedp.model_shape import shape_of
+
+    return list(shape_of(cfg).unit_numels)
 
 
 def param_count(cfg: dict[str, Any]) -> int:
@@ -209,7 +206,9 @@ def param_count(cfg: dict[str, Any]) -> int:
 
 def flops_per_token(cfg: dict[str, Any], seq_len: int) -> float:
     """Training FLOPs per token (forward + backward, no recompute): 6 * matmul params + attention."""
-    counts = unit_param_counts(cfg)
-    matmul_params = sum(counts[1:-1]) + cfg["vocab_size"] * cfg["hidden_size"]
-    attn = 12 * cfg["num_hidden_layers"] * cfg["num_attention_heads"] * head_dim(cfg) * seq_len / 2
+    from slidedp.model_shape import shape_of
+
+    s = shape_of(cfg)
+    matmul_params = sum(s.unit_numels[1:-1]) + s.vocab * s.hidden
+    attn = 12 * s.num_layers * s.heads * s.head_dim * seq_len / 2
     return 6.0 * matmul_params + attn

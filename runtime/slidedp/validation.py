@@ -38,6 +38,7 @@ from slidedp.data.sources import (
 )
 from slidedp.data.tokenizer import TOKENIZER_FILES, tokenizer_source
 from slidedp.host_memory import check_host_ram
+from slidedp.model_shape import sizing_config
 from slidedp.presets import PRESETS, SUPPORTED_ARCHITECTURES, unit_param_counts
 from slidedp.trackers import EXTRA, missing_packages, requested, wandb_login_missing
 
@@ -371,8 +372,11 @@ def _check_model(cfg: JobConfig, errors: list[dict[str, str]]) -> dict[str, Any]
                 f"set seq_len to at most {limit}",
             }
         )
-    model_cfg.setdefault("num_key_value_heads", model_cfg.get("num_attention_heads"))
-    return model_cfg
+    try:  # the keys that size a unit, as transformers reads them (defaults for those left out)
+        return sizing_config(model_cfg, where=os.path.join(model, "config.json") if is_model_path(model) else model)
+    except ValueError as exc:
+        errors.append({"loc": "model", "msg": f"{exc}; correct the model's config.json"})
+        return None
 
 
 def _read_model_dir(model: str, errors: list[dict[str, str]]) -> dict[str, Any] | None:

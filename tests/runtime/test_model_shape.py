@@ -230,3 +230,33 @@ def test_bench_plan_only_reads_the_shape_not_a_model(tmp_path):
         runs.append(json.loads(done.stdout.strip().splitlines()[-1]))
     assert runs[1]["transformers"] == []
     assert runs[1]["predicted"] and runs[1]["predicted"] == runs[0]["predicted"]
+
+
+@pytest.mark.parametrize("case", [c for c in _variants() if c[0] not in REFUSED], ids=lambda c: c[0])
+def test_the_planner_and_the_request_checks_size_a_config_json_as_transformers_builds_it(case, tmp_path):
+    """The planner's job (units, widths, head size and KV heads its memory model reads) and the request's host
+    RAM check count each unit as the meta model holds it, for config.json files that leave keys to transformers'
+    defaults (a Qwen3 config without head_dim is 128 wide per head, not hidden / heads; a Llama config without
+    num_key_value_heads has as many as its attention heads) or set options that add parameters (Llama's
+    mlp_bias) or do not (Mistral's attention_bias)."""
+    from slidedp.config import JobConfig
+    from slidedp.planning.job import Job
+    from slidedp.planning.memory_model import estimate_saved_bytes
+    from slidedp.validation import validate_job
+
+    name, _, config = case
+    model = write_config(tmp_path / name, config)
+    a = ModelAdapter(load_hf_config(model))
+    cfg = JobConfig.from_dict({"model": model, "data": {"path": "x.jsonl"}, "gpus": 0, "micro_batch_size": 1,
+                               "seq_len": 64})
+    topology = {"cpu": {"cores": 2}, "host_ram": {"limit_bytes": 2**50}, "gpus": []}
+    job = Job.from_config(cfg, topology)
+    assert tuple(job.units) == tuple(u.numel for u in a.units)
+    assert (job.hidden, job.vocab, job.tied) == (a.hidden, a.vocab, a.tied)
+    attn = a.layer_template.self_attn
+    assert int(job.model_cfg["head_dim"]) == attn.head_dim
+    assert int(job.model_cfg["num_key_value_heads"]) * attn.head_dim == attn.k_proj.out_features
+    assert estimate_saved_bytes(job) > 0
+    assert unit_param_counts(config) == [u.numel for u in a.units]
+    errors = validate_job(cfg, host_ram_bytes=2**50)  # the dataset is not there: only what the model gives counts
+    assert [e for e in errors if not e["loc"].startswith("data") and "has no weights" not in e["msg"]] == []

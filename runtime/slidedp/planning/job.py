@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from slidedp.config import GPU_CONTEXT_BYTES
+from slidedp.model_shape import sizing_config
 from slidedp.presets import model_config_dict, unit_param_counts
 
 GIB = 2**30
@@ -84,7 +85,7 @@ class Job:
     def from_config(cls, cfg: Any, topology: dict[str, Any], model_cfg: dict[str, Any] | None = None) -> Job:
         from slidedp.planning.topology import job_gpus, job_interconnect
 
-        mc = model_cfg if model_cfg is not None else model_config_dict(cfg.model)
+        mc = sizing_config(model_cfg if model_cfg is not None else model_config_dict(cfg.model), cfg.model)
         world = cfg.world_size
         cores = int(topology.get("cpu", {}).get("cores") or 1)
         gpus = job_gpus(topology, cfg.gpus)
