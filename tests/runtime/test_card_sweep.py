@@ -144,3 +144,24 @@ def test_slidedp_plan_prints_the_sweep_with_the_jobs_row_marked(swept):
     assert f"{swept['predicted']['step_time_s']:.3f} s" in marked[0]
     assert "| no   | 16 GiB is too small" in table[0]
     assert [line.split("|")[3].strip() for line in table] == ["yes" if r["fits"] else "no" for r in swept["card_sweep"]]
+
+
+def test_the_sweep_reuses_the_chosen_casts_search(x2, monkeypatch):
+    """With the delivery cast left to AutoPolicy the job is searched once per cast; the card sweep runs on the
+    chosen cast's planner (its predictions kept) instead of searching that cast a third time, and the plan is
+    the one planned without the sweep, with the sweep added."""
+    topo, cal = x2
+    cfg = _cfg(policy={"delivery_cast": "auto"})
+    plain = ap.plan_job(cfg, topo["nvlink"], cal["qwen3-8b_bs8_nvlink"])
+    runs = []
+    real_run = ap._Planner.run
+
+    def counted(self):
+        runs.append(self.cfg.policy.delivery_cast)
+        return real_run(self)
+
+    monkeypatch.setattr(ap._Planner, "run", counted)
+    swept_plan = ap.plan_job(cfg, topo["nvlink"], cal["qwen3-8b_bs8_nvlink"], sweep=True)
+    assert sorted(runs) == ["gpu", "host"]
+    assert swept_plan["card_sweep"] and "card_sweep" not in plain
+    assert {k: v for k, v in swept_plan.items() if k != "card_sweep"} == plain

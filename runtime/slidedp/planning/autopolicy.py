@@ -132,8 +132,10 @@ def _cast_choice(cfg: Any, topology: dict[str, Any], calibration: dict[str, Any]
     if cfg.precision != "bf16" or cfg.gpus == 0:
         return _plan(_with_cast(cfg, "host"), topology, calibration, sweep, timed, fewer_slots=fewer_slots)
     job = _sized(cfg, topology)  # one job for both casts: the cast is the policy's, priced by each plan
-    plans = {cast: _plan(_with_cast(cfg, cast), topology, calibration, timed=timed, job=job, fewer_slots=fewer_slots)
-             for cast in ("host", "gpu")}
+    planned = {cast: _plan_and_sweep(_with_cast(cfg, cast), topology, calibration, timed=timed, job=job,
+                                     fewer_slots=fewer_slots)
+               for cast in ("host", "gpu")}
+    plans = {cast: p for cast, (p, _) in planned.items()}
 
     def moved_edges(plan: Plan) -> bool:  # memory alone put the embedding and head on the GPU to fit
         return plan.step_time_s is None and "edge_update" not in cfg.policy.fixed() and plan.policy[
@@ -150,8 +152,9 @@ def _cast_choice(cfg: Any, topology: dict[str, Any], calibration: dict[str, Any]
     else:  # neither fits: a refusal for host RAM is the GPU cast's, the leaner there (the host's would name the
         # bf16 copy the GPU cast drops, and may advise that cast); any other is the host's
         chosen = "gpu" if any("host RAM too small" in e["msg"] for e in host.errors) else "host"
-    plan = (_plan(_with_cast(cfg, chosen), topology, calibration, sweep, job=job, fewer_slots=fewer_slots)
-            if sweep else plans[chosen])
+    plan, sweep_of = planned[chosen]
+    if sweep:  # the chosen cast's planner sweeps the cards (its predictions kept: no second search)
+        plan = sweep_of(plan)
     return dataclasses.replace(plan, delivery_cast_choice={
         "chosen": chosen,
         **{cast: {"fits": p.feasible, "step_time_s": p.step_time_s,
@@ -172,10 +175,23 @@ def _sized(cfg: Any, topology: dict[str, Any]) -> Job | Plan:
 def _plan(cfg: Any, topology: dict[str, Any], calibration: dict[str, Any] | None,
           sweep: bool = False, timed: bool = True, job: Job | Plan | None = None, fewer_slots: bool = False) -> Plan:
     """One cast's plan (the cast is cfg's policy's); `timed` False plans by memory alone (the calibration then
-    sizes activations only). `job`: the job _sized already (the same for every cast), else sized here."""
+    sizes activations only). `job`: the job _sized already (the same for every cast), else sized here. `sweep`
+    adds the card sweep."""
+    plan, sweep_of = _plan_and_sweep(cfg, topology, calibration, timed, job, fewer_slots)
+    return sweep_of(plan) if sweep else plan
+
+
+def _no_sweep(plan: Plan) -> Plan:
+    return plan
+
+
+def _plan_and_sweep(cfg: Any, topology: dict[str, Any], calibration: dict[str, Any] | None, timed: bool = True,
+                    job: Job | Plan | None = None, fewer_slots: bool = False) -> tuple[Plan, Any]:
+    """_plan's plan without the card sweep, and what adds the sweep to it: the same planner's search at other
+    memory sizes per GPU (planning/card_sweep.py), sharing the predictions the plan's search made."""
     job = _sized(cfg, topology) if job is None else job
     if isinstance(job, Plan):
-        return job
+        return job, _no_sweep
     if cfg.gpus > len(topology.get("gpus", [])):
         n = len(topology.get("gpus", []))
         host = f"the declared host {topology['declared']['profile']}" if topology.get("declared") else "this host"
@@ -188,7 +204,7 @@ def _plan(cfg: Any, topology: dict[str, Any], calibration: dict[str, Any] | None
                 }
             ],
             "missing",
-        )
+        ), _no_sweep
     rates, note = None, "no calibration given: memory fit only, no step times"
     if calibration and timed:
         try:
@@ -206,13 +222,17 @@ def _plan(cfg: Any, topology: dict[str, Any], calibration: dict[str, Any] | None
                                layer_runs=job.layers * job.grad_accum)
     acts = ActivationSizes.of(job, calibration, compiled.compiled)
     planner = _Planner(cfg, job, rates, acts, compiled=compiled, fewer_slots=fewer_slots)
+
+    def sweep_of(plan: Plan) -> Plan:
+        return dataclasses.replace(plan, card_sweep=card_sweep(plan, job, planner.best_at))
+
     try:
         plan = planner.run()
     except Infeasible as exc:
         out = dataclasses.replace(refusal(exc.errors, _kind(calibration) if rates else "missing"),
                                   calibration_note=note, job=planner.job_summary(),
                                   smallest_gpu_memory_gib=planner.smallest_cap)
-        return dataclasses.replace(out, card_sweep=card_sweep(out, job, planner.best_at)) if sweep else out
+        return out, sweep_of
     if rates and not planner.rates:
         note = "the calibration lacks figures every route needs: memory fit only, no step times"
     plan = dataclasses.replace(
@@ -221,7 +241,7 @@ def _plan(cfg: Any, topology: dict[str, Any], calibration: dict[str, Any] | None
         calibration=_kind(calibration) if planner.rates else "missing",
         calibration_note=note,
     )
-    return dataclasses.replace(plan, card_sweep=card_sweep(plan, job, planner.best_at)) if sweep else plan
+    return plan, sweep_of
 
 
 def headroom_words(headroom: dict[str, Any]) -> str:
