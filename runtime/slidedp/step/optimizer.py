@@ -361,9 +361,11 @@ class Updater(threading.Thread):
             self._widen = torch.empty(WIDEN_CHUNK, dtype=torch.float32)
         for a in range(0, hi - lo, WIDEN_CHUNK):
             g = self._widen[: min(WIDEN_CHUNK, hi - lo - a)]
+            t0, c0 = time.perf_counter(), time.thread_time()  # off the CPU widening: as in _update_range
             g.copy_(held[a : a + g.numel()])
             if coef < 1.0:
                 g.mul_(coef)
+            self._offcpu += max(0.0, (time.perf_counter() - t0) - (time.thread_time() - c0))
             self._update_range(u, lo + a, lo + a + g.numel(), g, step)
         self.board.set_updated(u, self.rank, step)
 
