@@ -84,3 +84,21 @@ def test_an_exported_file_replaced_by_one_of_the_same_size_is_a_409(client, data
     resp = client.get(url)
     assert resp.status_code == 409, resp.status_code
     assert "config.json' is no longer the file the export wrote (replaced or rewritten since)" in resp.json()["detail"]
+
+
+def test_a_model_directory_whose_config_leaves_keys_to_their_defaults_is_planned(client, dataset, module_dir):
+    """A Llama config.json without num_key_value_heads or head_dim (transformers: as many KV heads as heads,
+    hidden / heads wide) is a model the run builds; the plan preview sizes it as such instead of refusing it as a
+    model it "cannot size"."""
+    import json
+
+    model = module_dir / "llama-defaults"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps({
+        "model_type": "llama", "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
+        "num_attention_heads": 4, "vocab_size": 512}))
+    (model / "model.safetensors").write_bytes(b"")  # the request's checks look for weights by name only
+    plan = client.post("/api/plan", json=tiny_job(dataset, model=str(model))).json()
+    assert plan["feasible"], plan["errors"]
+    layer = 4 * 64 * 64 + 3 * 64 * 128 + 2 * 64  # q, k, v, o (4 KV heads of 16), the MLP and two norms
+    assert plan["job"]["params"] == 512 * 64 + 2 * layer + 64 + 512 * 64
