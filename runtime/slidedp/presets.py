@@ -13,6 +13,8 @@ import json
 import os
 from typing import Any
 
+from slidedp.model_sizing import shape_of
+
 TINY_VOCAB = 512  # size of the tokenizer in slidedp/assets/tokenizer
 
 _QWEN3_COMMON = {
@@ -182,21 +184,17 @@ def model_config_dict(model: str) -> dict[str, Any]:
 
 
 def head_dim(cfg: dict[str, Any]) -> int:
-    """The attention's width per head as transformers builds it (slidedp.model_shape)."""
-    from slidedp.model_shape import shape_of
-
+    """The attention's width per head as transformers builds it (slidedp.model_sizing)."""
     return shape_of(cfg).head_dim
 
 
 def unit_param_counts(cfg: dict[str, Any]) -> list[int]:
     """Parameters per unit in streaming order: embedding, each decoder layer, final norm + lm_head, counted as
-    transformers builds them, keys the config leaves out at their defaults (slidedp.model_shape; ValueError for a
+    transformers builds them, keys the config leaves out at their defaults (slidedp.model_sizing; ValueError for a
     config that does not size a model of a supported architecture).
 
     With tied embeddings the lm_head weight is the embedding's and is counted once, in unit 0.
     """
-    from slidedp.model_shape import shape_of
-
     return list(shape_of(cfg).unit_numels)
 
 
@@ -206,8 +204,6 @@ def param_count(cfg: dict[str, Any]) -> int:
 
 def flops_per_token(cfg: dict[str, Any], seq_len: int) -> float:
     """Training FLOPs per token (forward + backward, no recompute): 6 * matmul params + attention."""
-    from slidedp.model_shape import shape_of
-
     s = shape_of(cfg)
     matmul_params = sum(s.unit_numels[1:-1]) + s.vocab * s.hidden
     attn = 12 * s.num_layers * s.heads * s.head_dim * seq_len / 2

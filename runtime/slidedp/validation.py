@@ -38,7 +38,7 @@ from slidedp.data.sources import (
 )
 from slidedp.data.tokenizer import TOKENIZER_FILES, tokenizer_source
 from slidedp.host_memory import check_host_ram
-from slidedp.model_shape import sizing_config
+from slidedp.model_sizing import sizing_config
 from slidedp.presets import PRESETS, SUPPORTED_ARCHITECTURES, unit_param_counts
 from slidedp.trackers import EXTRA, missing_packages, requested, wandb_login_missing
 

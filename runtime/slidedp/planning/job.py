@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from slidedp.config import GPU_CONTEXT_BYTES
-from slidedp.model_shape import sizing_config
+from slidedp.model_sizing import sizing_config
 from slidedp.presets import model_config_dict, unit_param_counts
 
 GIB = 2**30

@@ -17,7 +17,7 @@ if TYPE_CHECKING:
 def calibration_shape(cfg: Any, mc: dict[str, Any]) -> dict[str, Any]:
     """The job shape a calibration is measured at (its header's "shape"), the model's keys as transformers reads
     them (slidedp.model_shape.sizing_config: defaults for the keys a config.json leaves out)."""
-    from slidedp.model_shape import sizing_config
+    from slidedp.model_sizing import sizing_config
 
     mc = sizing_config(mc)
     return {
