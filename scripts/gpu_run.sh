@@ -83,6 +83,8 @@
 #           process, page-locked as found and after MADV_POPULATE_READ
 #   hf8     Qwen3-8B written as a local Hugging Face directory of bf16 safetensors (/tmp/q8b), then the time to
 #           first step loading it (scripts/first_step.py), under GPU_GIB (24), the cast where CAST (gpu)
+#   passes  the post-norm host update whole against its two passes (scripts/probe_update_passes.py): the weights and
+#           bf16 copy first with the moments' new values dropped, then the moments; seconds per 1e9 params, same bits
 #   probeg  the host update with bf16 gradients widened chunk by chunk against fp32 gradients (scripts/probe_grad_bf16.py)
 #   hfp     PRESET (llama3.2-3b) written as a local Hugging Face directory of bf16 safetensors (/tmp/hfp), then trained
 #           HFP_STEPS (5) steps from it under GPU_GIB (24), planned with a calibration measured in that run
@@ -203,6 +205,8 @@ print(f'with NCCL and one all-reduce: {(t - f1) / 2**30:.3f} GiB (allocator rese
     hf8)  timeout ${HF_S:-60} python3 scripts/first_step.py --write-hf /tmp/q8b --model qwen3-8b 2>&1 | quiet 3
           timeout ${FIRST_S:-100} python3 scripts/first_step.py --model /tmp/q8b --gpu-memory-gib ${GPU_GIB:-24} \
             --delivery-cast ${CAST:-gpu} > "$OUT/first8-hf.log" 2>&1; grep -vE "Warning|warn" "$OUT/first8-hf.log" | tail -9 ;;
+    passes) timeout ${PROBE_S:-150} python3 scripts/probe_update_passes.py --params 1e9 --threads 16 \
+              --out "$OUT/probe-update-passes.jsonl" 2>&1 | grep -v Warn | cut -c1-400 ;;
     probeg) timeout ${PROBE_S:-120} python3 scripts/probe_grad_bf16.py --params 1e9 --threads 16 \
               --out "$OUT/probe-grad-bf16.jsonl" 2>&1 | grep -v Warn | cut -c1-110 ;;
     hfp)  timeout ${HF_S:-90} python3 scripts/first_step.py --write-hf /tmp/hfp --model ${PRESET:-llama3.2-3b} 2>&1 | quiet 3
