@@ -85,6 +85,11 @@
 #           first step loading it (scripts/first_step.py), under GPU_GIB (24), the cast where CAST (gpu)
 #   passes  the post-norm host update whole against its two passes (scripts/probe_update_passes.py): the weights and
 #           bf16 copy first with the moments' new values dropped, then the moments; seconds per 1e9 params, same bits
+#   passes4 Qwen3-4B at micro-batch 4 under GPU_GIB (24), AutoPolicy, STEPS (10) steps, in one bench command: without
+#           clipping, clipped at 1.0 (AutoPolicy's post_norm_passes: two where priced faster), clipped with the
+#           post-norm update fixed to one pass; step timelines -> $OUT/passes4-trace/
+#   passes8 the same for Qwen3-8B at micro-batch 8 on the whole card with compiled layers fixed (COMP_STEPS, 8)
+#           -> $OUT/passes8.jsonl, $OUT/passes8-trace/
 #   probeg  the host update with bf16 gradients widened chunk by chunk against fp32 gradients (scripts/probe_grad_bf16.py)
 #   hfp     PRESET (llama3.2-3b) written as a local Hugging Face directory of bf16 safetensors (/tmp/hfp), then trained
 #           HFP_STEPS (5) steps from it under GPU_GIB (24), planned with a calibration measured in that run
@@ -207,6 +212,14 @@ print(f'with NCCL and one all-reduce: {(t - f1) / 2**30:.3f} GiB (allocator rese
             --delivery-cast ${CAST:-gpu} > "$OUT/first8-hf.log" 2>&1; grep -vE "Warning|warn" "$OUT/first8-hf.log" | tail -9 ;;
     passes) timeout ${PROBE_S:-150} python3 scripts/probe_update_passes.py --params 1e9 --threads 16 \
               --out "$OUT/probe-update-passes.jsonl" 2>&1 | grep -v Warn | cut -c1-400 ;;
+    passes4) A=auto:auto:auto; R=auto:auto:auto:auto:auto:auto
+             SLIDEDP_TRACE=$OUT/passes4-trace timeout ${PAIR_S:-300} python3 -m slidedp.cli bench --model qwen3-4b \
+               --seq 2048 --gpus 1 --mbs 4 --steps ${STEPS:-10} --threads 16 --data pattern --gpu-memory-gib ${GPU_GIB:-24} \
+               --policies "$A:0:$R,$A:1.0:$R,$A:1.0:$R:auto:1" --out "$OUT/passes4-${GPU_GIB:-24}.jsonl" 2>&1 | quiet 16 ;;
+    passes8) A=auto:auto:auto; R=auto:auto:auto:auto:auto:auto
+             SLIDEDP_TRACE=$OUT/passes8-trace timeout ${COMP_S:-560} python3 -m slidedp.cli bench --model qwen3-8b \
+               --seq 2048 --gpus 1 --mbs 8 --steps ${COMP_STEPS:-8} --threads 16 \
+               --policies "$A:0:$R:compiled,$A:1.0:$R:compiled,$A:1.0:$R:compiled:1" --out "$OUT/passes8.jsonl" 2>&1 | quiet 16 ;;
     probeg) timeout ${PROBE_S:-120} python3 scripts/probe_grad_bf16.py --params 1e9 --threads 16 \
               --out "$OUT/probe-grad-bf16.jsonl" 2>&1 | grep -v Warn | cut -c1-110 ;;
     hfp)  timeout ${HF_S:-90} python3 scripts/first_step.py --write-hf /tmp/hfp --model ${PRESET:-llama3.2-3b} 2>&1 | quiet 3

@@ -48,6 +48,9 @@ CHECK_SESSIONS = ("s17", "s18", "s19", "s20", "s21")  # measured after the held-
 # Sessions whose engine delivered streamed layers from the host after their update, before their updated weights
 # stayed on the GPU for the next forward (slidedp.step.streamed_update): planned as that engine ran.
 BEFORE_KEPT_WEIGHTS = ONE_GPU_SESSIONS + ("s17", "s18", "s19", "s20")
+# Sessions whose engine ran a clipped step's update after the norm in one pass per unit, before the weights pass and
+# the moments pass (slidedp.step.optimizer.Updater._post_norm): planned as that engine ran.
+BEFORE_TWO_PASSES = BEFORE_KEPT_WEIGHTS + ("s21",)
 
 sys.path.insert(0, os.path.join(ROOT, "runtime"))
 
@@ -128,6 +131,8 @@ def job_config(row: dict) -> dict:
         "staging_slots": request.staging_slots, "streamed_layers": ch.get("streamed_layers", 0),
         # as run: `chosen` records it; rows from before it did show it by the ranks' compile at start
         "compiled_layers": bool(ch.get("compiled_layers") or "compile_layers" in (row.get("rank_startup_s") or {})),
+        # as run: one pass before BEFORE_TWO_PASSES ended, else as `chosen` records it
+        "post_norm_passes": 1 if session_of(row["path"]) in BEFORE_TWO_PASSES else ch.get("post_norm_passes", 2),
     }
     cfg = {"model": row["model"], "data": {"path": "x.jsonl"}, "gpus": 1, "micro_batch_size": row["mbs"],
            "seq_len": row["seq"], "cpu_threads": 16, "precision": "bf16",
@@ -139,15 +144,17 @@ def job_config(row: dict) -> dict:
 
 def engine_as_run(session: str):
     """A context in which the planner prices the engine as it ran in `session` (BEFORE_KEPT_WEIGHTS: streamed
-    layers delivered from the host), or today's."""
+    layers delivered from the host), or today's. (The post-norm update's passes are a policy field: job_config
+    sets them as the row ran.)"""
     import contextlib
     from unittest import mock
 
     from slidedp.planning import cost_model
 
-    if session not in BEFORE_KEPT_WEIGHTS:
-        return contextlib.nullcontext()
-    return mock.patch.object(cost_model, "streamed_weights_stay", lambda world, delivery: False)
+    stack = contextlib.ExitStack()
+    if session in BEFORE_KEPT_WEIGHTS:
+        stack.enter_context(mock.patch.object(cost_model, "streamed_weights_stay", lambda world, delivery: False))
+    return stack
 
 
 def repredict(row: dict, topology: dict) -> dict:

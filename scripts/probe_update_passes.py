@@ -54,7 +54,7 @@ def main() -> None:
         m.copy_(base[1])
         v.copy_(base[2])
 
-    for c in (int(x) for x in a.chunks.split(",")):
+    def measure(c: int) -> dict:
         g, sm, sv, sp = (torch.empty(c) for _ in range(4))
 
         def widen(lo, hi):
@@ -104,10 +104,14 @@ def main() -> None:
         same = all(torch.equal(x, y) for x, y in zip(ref, (p, m, v, deliv)))
         row = {"chunk": c, "threads": a.threads, "params": n, "s_per_1e9": rows, "same_bits": same,
                "pass1_of_whole": rows["pass1"] / rows["whole"]}
+        return row
+
+
+    for c in (int(x) for x in a.chunks.split(",")):
+        row = measure(c)
         print(json.dumps(row), flush=True)
         if out:
             out.write(json.dumps(row) + "\n")
-
 
 if __name__ == "__main__":
     main()

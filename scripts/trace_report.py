@@ -30,7 +30,7 @@ def load(path: str) -> list[dict]:
 
 def report(rows: list[dict], first: int) -> list[dict]:
     gpu = {r["step"]: r for r in rows if r["kind"] == "gpu"}
-    work = sorted((r for r in rows if r["kind"] in ("update", "hold", "final")), key=lambda r: r["t0"])
+    work = sorted((r for r in rows if r["kind"] in ("update", "hold", "final", "moments")), key=lambda r: r["t0"])
     out = []
     for s in sorted(gpu):
         if s < first or s + 1 not in gpu or "backward_end" not in gpu[s] or "backward_end" not in gpu[s + 1]:
@@ -41,7 +41,8 @@ def report(rows: list[dict], first: int) -> list[dict]:
                    if min(w["t1"], hi) > max(w.get("landed", w["t0"]), lo))
         nxt = [w for w in inside if w["step"] == s + 1]
         first_in = min((w.get("landed", w["t0"]) for w in nxt), default=hi)
-        before = [w for w in inside if w["step"] == s]
+        # what the next forward waits for: a unit's update, or after the norm its weights pass (not its moments)
+        before = [w for w in inside if w["step"] == s and w["kind"] != "moments"]
         last_before = max(before, key=lambda w: w["t1"]) if before else None
         last_t = last_before["t1"] if last_before else lo
         out.append({"step": s + 1, "period_s": hi - lo, "updater_busy_s": busy, "idle_s": (hi - lo) - busy,

@@ -211,6 +211,16 @@ class PolicyConfig:
         ge=0,
         le=MAX_LAYERS,
     )
+    post_norm_passes: Optional[int] = _f(
+        None,
+        doc="With clipping: how the host CPU runs its update after the gradient norm. 2: in two passes, every "
+        "layer's new weights (and bf16 copy) first, with the new AdamW moments kept in a small scratch, then the "
+        "moments written back; the next forward waits for the first pass only, and the second runs beside it, "
+        "for about a third more host memory traffic in all (the same numbers, bit for bit). 1: one pass per "
+        "layer. None (default): AutoPolicy chooses (2 where the host has room for the second pass).",
+        ge=1,
+        le=2,
+    )
     activations: Literal["auto", "checkpoint", "keep", "offload"] = _f(
         "auto",
         doc="Activation placement for every decoder layer. checkpoint: save the unit input, recompute in "

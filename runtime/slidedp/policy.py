@@ -58,7 +58,7 @@ class PolicyError(ValueError):
 SHORTHAND_CHOICES = ("delivery", "grad_reduce", "activations", "resident_units", "delivery_cast", "edge_update",
                      "device_layers", "staging_slots", "streamed_layers")
 SHORTHAND = ("delivery:grad_reduce[:activations[:clip[:resident[:cast[:edge_update[:device_layers"
-             "[:staging_slots[:streamed_layers[:layers]]]]]]]]]")
+             "[:staging_slots[:streamed_layers[:layers[:passes]]]]]]]]]]")
 LAYER_MODES = ("eager", "compiled")  # the shorthand's last field: compiled_layers false / true
 
 
@@ -73,14 +73,15 @@ def parse_shorthand(text: str) -> tuple[PolicyConfig, float]:
     stay on the GPUs, a count or auto. cast, staging_slots and streamed_layers, omitted: AutoPolicy's choice in a
     form with `auto`
     elsewhere (as in a job config), else the cast on the host and the default slots for the window. layers: eager,
-    compiled (compiled_layers) or auto (the planner's choice, as when omitted). Unlike a job
+    compiled (compiled_layers) or auto (the planner's choice, as when omitted). passes: post_norm_passes, 1, 2 or
+    auto (the planner's choice, as when omitted). Unlike a job
     config, whose defaults are auto and null, the other omitted fields are fixed: every layer checkpointed, nothing
     resident, every update on the host."""
     parts = text.split(":")
-    if not 2 <= len(parts) <= 11:
+    if not 2 <= len(parts) <= 12:
         raise PolicyError(f"policy {text!r}: expected {SHORTHAND}")
-    parts += [""] * (11 - len(parts))
-    delivery, grad, acts, clip, resident, cast, edge, device_layers, slots, streamed, layers = parts
+    parts += [""] * (12 - len(parts))
+    delivery, grad, acts, clip, resident, cast, edge, device_layers, slots, streamed, layers, passes = parts
 
     def choice(name: str, value: str, allowed: tuple[str, ...]) -> str:
         if value not in allowed:
@@ -108,6 +109,8 @@ def parse_shorthand(text: str) -> tuple[PolicyConfig, float]:
         # omitted or auto: the planner's choice (planning/compiled_choice.py), as in a job config
         "compiled_layers": (None if layers in ("", "auto")
                             else choice("layers", layers, LAYER_MODES) == "compiled"),
+        # omitted or auto: the planner's choice, as in a job config
+        "post_norm_passes": None if passes in ("", "auto") else int(choice("passes", passes, ("1", "2"))),
     }
     if "auto" in parts:  # a request for AutoPolicy: the cast, the slot count and the streamed layers are its
         # choice too, unless given
@@ -153,6 +156,8 @@ class ExecutionPolicy:
         ahead of the host update, in units; at least window + 1.
     compiled_layers: the decoder layers' forward (and so their backward) runs through one torch.compile'd graph
         per shape on CUDA ranks (slidedp.step.compiled) instead of eager PyTorch.
+    post_norm_passes: with clipping, the host's update after the norm in one pass per unit (1) or in two (2: every
+        unit's weights first, for the next forward, then its moments; slidedp.step.optimizer.Updater._post_norm).
     """
 
     delivery: str
@@ -168,6 +173,7 @@ class ExecutionPolicy:
     staging_slots: int = 0  # 0: the default for the window (staging_slots(window))
     streamed_layers: int = 0
     compiled_layers: bool = False
+    post_norm_passes: int = 2
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "activations", tuple(self.activations))
@@ -200,6 +206,8 @@ class ExecutionPolicy:
                 or not 0 <= streamed <= self.layers - self.device_layers:
             raise PolicyError(f"streamed_layers must be in 0..{self.layers - self.device_layers} (the layers above "
                               f"the {self.device_layers} device_layers), got {streamed!r}")
+        if self.post_norm_passes not in (1, 2) or isinstance(self.post_norm_passes, bool):
+            raise PolicyError(f"post_norm_passes must be 1 or 2, got {self.post_norm_passes!r}")
         if not isinstance(self.compiled_layers, bool):
             raise PolicyError(f"compiled_layers must be true or false, got {self.compiled_layers!r}")
         # A layer updated on the GPUs keeps its bf16 weights there: the engine never re-delivers it.
@@ -292,7 +300,7 @@ class ExecutionPolicy:
                 "device_layers": self.device_layers, "streamed_layers": self.streamed_layers,
                 "keep_layers": counts["keep"],
                 "offload_layers": counts["offload"], "resident_layers": sum(self.resident),
-                "compiled_layers": self.compiled_layers}
+                "compiled_layers": self.compiled_layers, "post_norm_passes": self.post_norm_passes}
 
     def shorthand(self) -> str:
         """Bench's colon form of this policy (clip written as 0), which from_shorthand reads back to an equal
@@ -314,10 +322,12 @@ class ExecutionPolicy:
         if (self.window, self.chunk_mb, self.loss_chunk_tokens) != (WINDOW, CHUNK_MB, LOSS_CHUNK_TOKENS):
             raise PolicyError("window, chunk_mb and loss_chunk_tokens other than the defaults have no shorthand")
         slots = "" if self.staging_slots == staging_slots(self.window) else f":{self.staging_slots}"
-        if self.streamed_layers or self.compiled_layers:
+        if self.streamed_layers or self.compiled_layers or self.post_norm_passes != 2:
             slots = f":{self.staging_slots}:{self.streamed_layers}"
-        if self.compiled_layers:
-            slots += ":compiled"
+        if self.compiled_layers or self.post_norm_passes != 2:
+            slots += ":compiled" if self.compiled_layers else ":eager"
+        if self.post_norm_passes != 2:
+            slots += f":{self.post_norm_passes}"
         return (f"{self.delivery}:{self.grad_reduce}:{form}:0:{resident}:{self.delivery_cast}:{self.edge_update}:"
                 f"{self.device_layers}{slots}")
 
@@ -361,5 +371,6 @@ def resolve(requested: PolicyConfig, layers: int, world: int,
         delivery=delivery, grad_reduce=grad, activations=acts, resident=resident, edge_update=edge,
         device_layers=device_layers, streamed_layers=streamed, window=window, staging_slots=slots,
         compiled_layers=bool(choice("compiled_layers", False)), delivery_cast=choice("delivery_cast", "host"),
+        post_norm_passes=int(choice("post_norm_passes", 2)),
         chunk_mb=int(choice("chunk_mb", CHUNK_MB)), loss_chunk_tokens=int(choice("loss_chunk_tokens", LOSS_CHUNK_TOKENS)),
     ).for_world(world)

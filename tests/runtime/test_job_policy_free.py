@@ -27,6 +27,7 @@ NVLINK_STEP_S = {(0.0, "host"): 4.829529888815151, (0.0, "gpu"): 4.4068490305599
 # in share the host->GPU direction with the fp32 deliveries (each direction a pool of its own since 2026-12-04:
 # 2.6304397465515694 and 3.768990015843984 before). Since the streamed layers' updated weights stay on the GPU
 # (2026-12-05) their next delivery is a device copy: (0.0, "gpu") 2.6313771709079767 before; the rest unchanged.
+# Both priced with the post-norm update in one pass (policy.post_norm_passes 1), as when they were written.
 ONE_GPU_STEP_S = {(0.0, "host"): 2.557782639066721, (0.0, "gpu"): 2.628921480478341,
                   (1.0, "host"): 3.6290833289203617, (1.0, "gpu"): 3.769477072591862}
 
@@ -51,7 +52,7 @@ def test_one_job_prices_each_cast_by_the_policy(x2, clip):
     cpu = cal["qwen3-8b_bs8_nvlink"]["cpu"]
     by_cast = {}
     for cast in ("host", "gpu"):
-        pol = ExecutionPolicy.default(job.layers, delivery_cast=cast)
+        pol = ExecutionPolicy.default(job.layers, delivery_cast=cast, post_norm_passes=1)
         d = cm.durations(job, pol, rates)
         # the bf16 copy crosses PCIe, or the fp32 master cast on the GPUs
         assert d.deliver_bytes[1] == job.padded(1) * (2 if cast == "host" else 4)
@@ -74,7 +75,7 @@ def test_device_and_streamed_layers_are_priced_by_the_policys_cast(one_h200, cli
     rates = cm.Rates(_head_as_timed(cals["calibration_qwen3-8b_bs8"]), job)
     for cast in ("host", "gpu"):
         pol = ExecutionPolicy.mix(job.layers, 4, 2, 10, delivery_cast=cast, edge_update="gpu", device_layers=2,
-                                  streamed_layers=3)
+                                  streamed_layers=3, post_norm_passes=1)
         d = cm.durations(job, pol, rates)
         u = max(pol.streamed_units())  # a streamed layer sends its bf16 copy back only where the host keeps one
         assert d.streamed_bytes[u] == pytest.approx(job.units[u] * (26 if cast == "host" else 24))

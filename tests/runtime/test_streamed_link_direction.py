@@ -130,7 +130,9 @@ def test_the_streamed_rows_of_one_h200_within_ten_percent(monkeypatch):
         ch = row["chosen"]
         policy = {k: ch[k] for k in ("delivery", "grad_reduce", "window", "delivery_cast", "edge_update",
                                      "device_layers", "keep_layers", "offload_layers", "streamed_layers")}
-        policy.update(activations="auto", resident_units=ch["resident_layers"], staging_slots=request.staging_slots)
+        # that engine ran the update after the norm in one pass (policy.post_norm_passes 1)
+        policy.update(activations="auto", resident_units=ch["resident_layers"], staging_slots=request.staging_slots,
+                      post_norm_passes=1)
         cfg = {"model": row["model"], "data": {"path": "x.jsonl"}, "gpus": 1, "micro_batch_size": row["mbs"],
                "seq_len": row["seq"], "cpu_threads": 16, "precision": "bf16", "gpu_memory_gib": 24.0,
                "optimizer": {"max_grad_norm": clip}, "policy": policy}

@@ -380,7 +380,18 @@ class _Planner(RouteSearch, KnobSearch, StreamedSearch, PlanJson, MixSearch, Ref
             # at most the layers above the device layers (resolve's rule)
             streamed_layers=min(streamed, self.job.layers - min(device_layers, self.job.layers)),
             compiled_layers=self.compiled.compiled,
+            post_norm_passes=self.fixed.get("post_norm_passes", 2),
         ))
+
+    def sweep_post_norm(self, pol: ExecutionPolicy) -> ExecutionPolicy:
+        """With clipping: the chosen policy with its post-norm host update in one pass or in two, whichever is
+        priced faster (two passes shorten the wait of the next forward, for more host work in all: slower where
+        the host update binds the whole step); the search before it priced two. As fixed where the config fixes
+        it; unchanged without clipping, rates or a unit the host updates."""
+        if not (self.job.clip and self.rates) or "post_norm_passes" in self.fixed:
+            return pol
+        one = dataclasses.replace(pol, post_norm_passes=1)
+        return one if self.time(one) < self.time(pol) else pol
 
     def fewest_staging(self, pol: ExecutionPolicy) -> ExecutionPolicy:
         """With fewer_slots, the policy with the fewest staging slots the planner would give it (its leanest in
@@ -451,6 +462,7 @@ class _Planner(RouteSearch, KnobSearch, StreamedSearch, PlanJson, MixSearch, Ref
         pol, marginal = best
         pol = self.sweep_knobs(pol, marginal, start.loss_chunks, candidates)
         pol, marginal = self.sweep_streamed(pol, marginal, candidates)
+        pol = self.sweep_post_norm(pol)
         short = self.fits(pol)
         if short is not None:  # no route, mix or knob fits: never hand out an over-budget plan as feasible
             raise Infeasible([self.hbm_error(pol, self.mem(pol)) if "HBM" in short else {"loc": "model", "msg": short}])

@@ -273,12 +273,21 @@ def durations(job: Job, pol: ExecutionPolicy, rates: Rates, zero: frozenset = fr
     if not job.clip:
         update = [t + (rates.copy_s(b) if b else 0.0) for t, b in zip(update, sum_traffic)]
         upd_bytes = [a + b for a, b in zip(upd_bytes, sum_traffic)]
+    moments = moments_bytes = [0.0] * n_units
     if job.clip:
-        # the clip factor scales the held gradient before the update (read and written again, 8 B/param); a bf16
-        # one is widened and scaled a cache-sized chunk at a time, where only its 2 B/param read reaches DRAM
+        # after the norm, in two passes (job.post_norm_shares): the weights (and the bf16 copy), then the moments.
+        # The clip factor scales the held gradient in the weights pass (read and written again, 8 B/param); a bf16
+        # one is widened and scaled a cache-sized chunk at a time in each pass, where only its 2 B/param read
+        # reaches DRAM
+        two = pol.post_norm_passes == 2
+        first, second = job.post_norm_shares(cast) if two else (1.0, 0.0)
         scale = [0.0 if u in on_device else job.units[u] * (2.0 if u in bf16_held else 8.0) for u in range(n_units)]
-        update = [t + rates.copy_s(b) for t, b in zip(update, scale)]
-        upd_bytes = [b + extra for b, extra in zip(upd_bytes, scale)]
+        # the moments pass widens a bf16 one again; an fp32 one it reads as scaled
+        again = [b if u in bf16_held and two else 0.0 for u, b in enumerate(scale)]
+        moments = [t * second + rates.copy_s(b) for t, b in zip(update, again)]
+        moments_bytes = [b * second + extra for b, extra in zip(upd_bytes, again)]
+        update = [t * first + rates.copy_s(b) for t, b in zip(update, scale)]
+        upd_bytes = [b * first + extra for b, extra in zip(upd_bytes, scale)]
     dram, pcie = rates.pools()
     # Without P2P a collective crosses host memory: every rank writes its part there and reads the others'.
     through_host = job.on_gpu and job.interconnect == "pcie-host"
@@ -315,6 +324,8 @@ def durations(job: Job, pol: ExecutionPolicy, rates: Rates, zero: frozenset = fr
         streamed_in_bytes=streamed_in,
         weights_kept=weights_kept,
         device_copy=device_copy,
+        moments=moments,
+        moments_bytes=moments_bytes,
         act_d2h=rates.transfer_s("d2h", act_bytes, pol.chunk_mb) if "offload" in pol.activations else 0.0,
         act_h2d=rates.transfer_s("h2d", act_bytes, pol.chunk_mb) if "offload" in pol.activations else 0.0,
         act_bytes=act_bytes,

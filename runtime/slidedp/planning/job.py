@@ -27,6 +27,11 @@ CAP_BUDGET_FRACTION = 0.95
 # grad, m, v and writes param, m, v (28); the bf16 delivery copy reads 4 and writes 2. The gradient norm costs the
 # host nothing on the gpu route (reduced on the GPUs).
 UPDATE_DRAM_BYTES = {"bf16": 34, "fp32": 28}
+# A clipped step's update after the norm runs in two passes (slidedp.step.optimizer.Updater._post_norm). Of AdamW's
+# 28 B/param the weights pass moves 20 (parameters read and written, gradient and both moments read; the moments'
+# new values stay in a cache-sized scratch) and writes the bf16 copy; the moments pass moves 20 (gradient read, both
+# moments read and written; a scratch parameter).
+POST_NORM_PASS_BYTES = 20
 
 
 def cap_budget(cap_bytes: int) -> int:
@@ -148,6 +153,14 @@ class Job:
     def update_dram_bytes(self, cast: str) -> int:
         """Host DRAM bytes per parameter of one host update under delivery_cast `cast` (UPDATE_DRAM_BYTES)."""
         return UPDATE_DRAM_BYTES["bf16" if self.host_cast(cast) else "fp32"]
+
+    def post_norm_shares(self, cast: str) -> tuple[float, float]:
+        """The weights pass's and the moments pass's shares of one host update's time and DRAM bytes, for the
+        clipped step's update after the norm under delivery_cast `cast` (POST_NORM_PASS_BYTES): together more than
+        the whole, of which the next forward waits for the first only."""
+        whole = self.update_dram_bytes(cast)
+        cast_bytes = whole - UPDATE_DRAM_BYTES["fp32"]
+        return (POST_NORM_PASS_BYTES + cast_bytes) / whole, POST_NORM_PASS_BYTES / whole
 
     @property
     def tokens_per_micro_batch(self) -> int:

@@ -136,6 +136,7 @@ class MixSearch:
             staging_slots=pol.staging_slots,
             streamed_layers=pol.streamed_layers,
             compiled_layers=pol.compiled_layers,
+            post_norm_passes=pol.post_norm_passes,
         )
 
     def marginal(self, pol: ExecutionPolicy, free: list[str]) -> dict[str, Any]:

@@ -48,7 +48,7 @@ class Durations:
     act_d2h: float  # offloaded activations of one layer, out and back
     act_h2d: float
     act_bytes: float
-    update: list[float]  # per unit: the host update of every shard (aggregate over ranks)
+    update: list[float]  # per unit: the host update of every shard (aggregate over ranks); clip: its weights pass
     update_bytes: list[float]
     hold: list[float]  # clip: per unit work while gradients arrive (norm + keep)
     hold_bytes: list[float]
@@ -67,6 +67,9 @@ class Durations:
     # `device_copy` seconds, and the all-gather of sharded delivery: slidedp.step.streamed_update)
     weights_kept: frozenset = frozenset()
     device_copy: list[float] = field(default_factory=list)
+    # clip: per unit, the post-norm update's moments pass, after every unit's weights pass (`update`)
+    moments: list[float] = field(default_factory=list)
+    moments_bytes: list[float] = field(default_factory=list)
     dram_capacity: float | None = None  # bytes/s
     pcie_capacity: float | None = None  # bytes/s, both directions of one GPU's link
     # bytes/s of one direction of one GPU's link (host->GPU, GPU->host): what one direction's copies share
@@ -136,7 +139,7 @@ class Program:
         self.submit: dict[int, Task] = {}  # cpu task order -> host task that handed it to the updater
         self.seq: dict[int, int] = {}  # cpu task order -> its handoff number (its staging slot is seq % slots)
         self.updated: dict[tuple[int, int], Task] = {}  # (step, unit) -> task after which it is updated
-        self.final: dict[int, list[Task]] = {}  # clip: the forward-order updates after the norm
+        self.final: dict[int, list[Task]] = {}  # clip: the forward-order updates after the norm (both passes)
         self.holds_per_step: dict[int, int] = {}
         self.end_backward: dict[int, Task] = {}
         self.backward_last: dict[int, Task] = {}
@@ -400,11 +403,20 @@ class Program:
                 # the norm is known once the whole backward is over (the GPUs reduce it after the last layer's
                 # backward, device-updated layers included): no update before, even with every held gradient in
                 norm = [self.backward_last[s]]
-                for u in (u for u in range(len(d.units)) if u not in self.on_device and u not in self.streamed):
-                    f = Task("final", "cpu", 0.0 if "final" in d.zero else d.update[u], norm, unit=u, step=s)
-                    f.base = f.dur
-                    f.loads = {"dram": d.update_bytes[u], **({"cores": f.dur} if d.cpu_mode else {})}
-                    f.order = len(self.tasks)
-                    self.tasks.append(f)
-                    self.final[s].append(f)
-                    self.updated[(s, u)] = f
+                # in forward order; in two passes (policy.post_norm_passes 2, slidedp.step.optimizer.Updater
+                # ._post_norm) every unit's new weights, then every unit's moments, before the updater takes the
+                # next step's first gradient
+                host = [u for u in range(len(d.units)) if u not in self.on_device and u not in self.streamed]
+                passes = [("final", d.update, d.update_bytes)]
+                if any(d.moments):  # policy.post_norm_passes 2
+                    passes.append(("moments", d.moments, d.moments_bytes))
+                for kind, secs, nbytes in passes:
+                    for u in host:
+                        f = Task(kind, "cpu", 0.0 if kind in d.zero else secs[u], norm, unit=u, step=s)
+                        f.base = f.dur
+                        f.loads = {"dram": nbytes[u], **({"cores": f.dur} if d.cpu_mode else {})}
+                        f.order = len(self.tasks)
+                        self.tasks.append(f)
+                        self.final[s].append(f)
+                        if kind == "final":
+                            self.updated[(s, u)] = f

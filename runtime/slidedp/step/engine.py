@@ -96,7 +96,8 @@ class RankEngine:
         self.updater = Updater(state=state, shards=self.shards, grad_reduce=self.routes.grad_reduce,
                                opt=cfg.optimizer, sched=cfg.schedule, total_steps=cfg.steps,
                                num_units=len(numels), threads=torch.get_num_threads(),
-                               device_units=device_units | policy.streamed_units(), abort=abort)
+                               device_units=device_units | policy.streamed_units(), abort=abort,
+                               post_norm_passes=policy.post_norm_passes)
         self.device_update: DeviceUpdate | None = None
         if device_units:
             if self.world > 1 and self.routes.grad_reduce != "gpu":

@@ -124,7 +124,8 @@ class StepResult:
 class Updater(threading.Thread):
     def __init__(self, *, state: HostState, shards: ShardMap, grad_reduce: str, opt: OptimizerConfig,
                  sched: ScheduleConfig, total_steps: int, num_units: int,
-                 threads: int | None = None, device_units: frozenset[int] = frozenset(), abort=None):
+                 threads: int | None = None, device_units: frozenset[int] = frozenset(), abort=None,
+                 post_norm_passes: int = 2):
         super().__init__(name=f"slidedp-updater-{shards.rank}", daemon=True)
         self.state = state
         self.board = state.board
@@ -141,6 +142,7 @@ class Updater(threading.Thread):
         self.slots = state.layout.staging_slots
         self.deliver_bf16 = state.delivery is not state.master  # a bf16 copy the update must write
         self.clip = clips(opt)
+        self.post_norm_passes = post_norm_passes  # policy.post_norm_passes: 2 = weights first (_post_norm)
         self._cond = threading.Condition()
         self._pending: deque[GradItem] = deque()
         self._backward_ended: set[int] = set()
@@ -155,7 +157,7 @@ class Updater(threading.Thread):
         self.error: BaseException | None = None
         self.results: deque[StepResult] = deque()
         self._scratch = torch.empty(max(shards.shard_len(u) for u in range(num_units)) if self.host_route else 0)
-        self._widen: torch.Tensor | None = None  # fp32 chunk a bf16-held gradient is widened into (_final_update)
+        self._widen: torch.Tensor | None = None  # the post-norm passes' fp32 scratch chunks (_post_norm)
         self._unit_sumsq: dict[int, float] = {}
         self._done_units = 0
         self._busy = 0.0
@@ -343,31 +345,66 @@ class Updater(threading.Thread):
             with self._cond:
                 self._streamed.pop(step, None)
 
-    def _final_update(self, u: int, step: int, coef: float) -> None:
-        """Unit u's update after the norm, from its held gradient scaled by the clip factor.
+    def _post_norm_scratch(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(gradient, moment 1, moment 2, parameter) scratch chunks of WIDEN_CHUNK fp32 elements (_post_norm)."""
+        if self._widen is None:
+            self._widen = torch.zeros(4, WIDEN_CHUNK, dtype=torch.float32)
+        return self._widen[0], self._widen[1], self._widen[2], self._widen[3]
 
-        A gradient held in bf16 (slidedp.step.layout.held_in_bf16) is widened to fp32 a chunk at a time into a
-        small scratch and the chunk updated at once (WIDEN_CHUNK); the widening is exact and AdamW is elementwise,
-        so the numbers are those of an fp32 hold, for 2 B/param less read after the norm and 2 B/param less
-        written while the gradients land."""
+    def _post_norm(self, u: int, step: int, coef: float, what: str) -> None:
+        """Unit u's update after the norm, from its held gradient scaled by the clip factor: all of it (`what`
+        "whole"), or one of its two passes ("weights", then once every unit's weights are done "moments";
+        policy.post_norm_passes 2).
+
+        The next forward needs the unit's new weights; its new moments are needed only by its next update. So
+        the weights pass runs AdamW with the parameters in place and the moments copied into a cache-sized
+        scratch, whose new values it drops, then writes the bf16 delivery copy, and marks the unit updated; the
+        moments pass runs the same AdamW on the same chunks of the same gradient with a scratch parameter and the
+        moments in place. The same inputs through the same kernel in the same chunks give the moments the bits
+        the weights pass used (and the whole update's). After the norm the next forward then waits for 20 B/param
+        of AdamW's 28 (the moments' reads, not their writes), and the moments' write-back runs beside it, where a
+        clipped step's host is otherwise idle (docs/planning.md).
+
+        A gradient held in bf16 (slidedp.step.layout.held_in_bf16) is widened to fp32 a chunk at a time into the
+        scratch, and scaled there, in each pass (exact, and elementwise); one held in fp32 is scaled in place by
+        the first pass and read as scaled by the moments pass."""
         lo, hi = self.shards.own_range(u)
         held = self.state.held_unit(u)[lo:hi]
-        if held.dtype == torch.float32:
-            if coef < 1.0:
-                held.mul_(coef)
-            self._update_unit(u, held, step)
-            return
-        if self._widen is None:
-            self._widen = torch.empty(WIDEN_CHUNK, dtype=torch.float32)
+        widened = held.dtype != torch.float32
+        if what != "moments" and not widened and coef < 1.0:
+            held.mul_(coef)
+        master, m1, m2 = self.state.master_unit(u), self.state.exp_avg_unit(u), self.state.exp_avg_sq_unit(u)
+        delivery = self.state.delivery_unit(u) if self.deliver_bf16 and what != "moments" else None
+        lr = lr_at(step, self.total_steps, self.opt, self.sched)
+        sg, s1, s2, sp = self._post_norm_scratch()
         for a in range(0, hi - lo, WIDEN_CHUNK):
-            g = self._widen[: min(WIDEN_CHUNK, hi - lo - a)]
-            t0, c0 = time.perf_counter(), time.thread_time()  # off the CPU widening: as in _update_range
-            g.copy_(held[a : a + g.numel()])
-            if coef < 1.0:
-                g.mul_(coef)
+            k = min(WIDEN_CHUNK, hi - lo - a)
+            r = slice(lo + a, lo + a + k)
+            # This thread is a member of every call's OpenMP team: off the CPU inside them is what it lost waiting
+            # at the team's barrier or for the GIL (as in _update_range)
+            t0, c0 = time.perf_counter(), time.thread_time()
+            if widened:
+                g = sg[:k]
+                g.copy_(held[a : a + k])
+                if coef < 1.0:
+                    g.mul_(coef)
+            else:
+                g = held[a : a + k]
+            if what == "whole":
+                adamw_(master[r], g, m1[r], m2[r], step, lr, self.opt)
+            elif what == "weights":
+                s1[:k].copy_(m1[r])
+                s2[:k].copy_(m2[r])
+                adamw_(master[r], g, s1[:k], s2[:k], step, lr, self.opt)
+            else:
+                adamw_(sp[:k], g, m1[r], m2[r], step, lr, self.opt)
+            if delivery is not None:
+                c = time.perf_counter()
+                delivery[r].copy_(master[r])
+                self._cast += time.perf_counter() - c
             self._offcpu += max(0.0, (time.perf_counter() - t0) - (time.thread_time() - c0))
-            self._update_range(u, lo + a, lo + a + g.numel(), g, step)
-        self.board.set_updated(u, self.rank, step)
+        if what != "moments":
+            self.board.set_updated(u, self.rank, step)
 
     def _process(self, item: GradItem) -> None:
         g = self._reduced_gradient(item)
@@ -411,12 +448,18 @@ class Updater(threading.Thread):
                 self.board.set_updated(u, self.rank, step)
         elif self.clip:
             clipped = coef < 1.0
-            for u in self.host_units:  # forward order: unit 0 is the next forward's first need
-                t0, off0 = time.perf_counter(), self._offcpu
-                self._final_update(u, step, coef)
-                if trace.TRACE is not None:
-                    trace.TRACE.add("final", step, unit=u, t0=t0, t1=time.perf_counter(), offcpu=self._offcpu - off0)
-                self._mark_streamed(step, block=False)
+            # two passes: every unit's new weights, then their moments (_post_norm); one: each unit's whole update
+            passes = ("weights", "moments") if self.post_norm_passes == 2 else ("whole",)
+            for what in passes:
+                for u in self.host_units:  # forward order: unit 0 is the next forward's first need
+                    t0, off0 = time.perf_counter(), self._offcpu
+                    self._post_norm(u, step, coef, what)
+                    t1 = time.perf_counter()
+                    self._busy += t1 - t0
+                    if trace.TRACE is not None:
+                        trace.TRACE.add("moments" if what == "moments" else "final", step, unit=u, t0=t0, t1=t1,
+                                        offcpu=self._offcpu - off0)
+                    self._mark_streamed(step, block=False)
         self._mark_streamed(step, block=True)
         self.results.append(StepResult(step, norm, clipped, self._busy, self._cast, self._offcpu,
                                        time.perf_counter(), skipped))

@@ -20,9 +20,13 @@ the trace's start):
   {"kind": "update", "step", "unit", "t0", "landed", "t1"}
                                                          the updater took the unit's gradient (t0), had it (the copy
                                                          had landed and every rank's part was there), and was done
-  {"kind": "final", "step", "unit", "t0", "t1", "offcpu"} with clipping: the update after the global norm, and the
-                                                         seconds of it the updater spent off its CPU (waiting at the
-                                                         update team's barrier or for the GIL)
+  {"kind": "final", "step", "unit", "t0", "t1", "offcpu"} with clipping: the weights pass of the update after the
+                                                         global norm (the unit is updated for the next forward at
+                                                         t1), and the seconds of it the updater spent off its CPU
+                                                         (waiting at the update team's barrier or for the GIL)
+  {"kind": "moments", "step", "unit", "t0", "t1", "offcpu"}
+                                                         ... the same update's moments pass, after every unit's
+                                                         weights pass
   {"kind": "updates_issued", "step", "t"}                the main thread has issued the step's updates on the GPU
                                                          (streamed and device-updated units) and returns to its loop
   {"kind": "layer", "step", "mb", "dir", "unit", "act", "ready", "end"}
