@@ -81,6 +81,7 @@ def clipping_cost(planner: Any, pol: ExecutionPolicy, pred: Prediction) -> Clipp
         held_bf16_gib=held["held16"] * 2 / GIB,
         gpu_waiting_gib=waiting / GIB,
         gpu_waiting_bf16=bool(streamed) and streamed <= bf16,
+        post_norm_passes=pol.post_norm_passes,
     )
 
 
@@ -96,6 +97,8 @@ def clipping_words(c: Clipping) -> str:
     update = f"the host updates {c.host_layers} of {c.layers} layers"
     if c.edge_update != "gpu":
         update += " and the embedding and head"
+    if c.post_norm_passes == 2 and (c.host_layers or c.edge_update != "gpu"):
+        update += " (their new weights first, their moments after the next forward has them)"
     gpu = [f"{c.device_layers} layer{'s' if c.device_layers != 1 else ''}"] if c.device_layers else []
     if c.edge_update == "gpu":
         gpu.append("the embedding and head")

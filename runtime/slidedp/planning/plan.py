@@ -195,6 +195,9 @@ class Clipping(_Section):
     held_bf16_gib: float = 0.0
     gpu_waiting_gib: float = 0.0
     gpu_waiting_bf16: bool = False
+    # the host's update after the norm in one pass per unit, or two (weights first: policy.post_norm_passes); plans
+    # made before the field ran one
+    post_norm_passes: int = 1
 
 
 def _candidates(value: Any) -> tuple[Candidate, ...]:
