@@ -225,3 +225,21 @@ def test_autopolicy_takes_two_passes_where_the_host_idles_after_them():
     assert plan["feasible"] and plan["policy"]["post_norm_passes"] == 2, plan.get("errors")
     host_only = ap.plan_job(_fixed_but_passes(1, 4, "qwen3-4b", gpu_memory_gib=24.0), topo, cal)
     assert host_only["feasible"] and host_only["policy"]["post_norm_passes"] == 1
+
+
+def test_the_bound_counts_both_passes_as_host_work_and_only_the_first_before_the_forward():
+    """The physical bound of a clipped plan in two passes: the host's work is both passes (more than one pass's), the
+    forward waits for the weights pass alone (less than the whole update)."""
+    from slidedp.planning.bound import bound
+
+    topo, cal, row = _s21("pair4-24.jsonl")
+    job = Job.from_config(JobConfig.from_dict(_as_run(row, 2)), topo)
+    rates = cm.Rates(cal, job)
+    ch = row["chosen"]
+    pols = {n: ExecutionPolicy.mix(job.layers, 0, 0, ch["resident_layers"], edge_update="gpu", delivery_cast="gpu",
+                                   device_layers=ch["device_layers"], streamed_layers=ch["streamed_layers"],
+                                   post_norm_passes=n) for n in (1, 2)}
+    terms = {n: bound(job, p, rates)["terms_s"] for n, p in pols.items()}
+    assert terms[2]["cpu_update"] > terms[1]["cpu_update"]
+    assert terms[2]["compute"] <= terms[1]["compute"]
+    assert terms[2]["host_dram"] > terms[1]["host_dram"]

@@ -34,8 +34,11 @@ def bound(job: Job, pol: ExecutionPolicy, rates: Rates) -> dict[str, Any]:
     fwd = M * (d.embed_fwd + sum(d.layer_fwd[a] for a in d.activations))
     device = sum(d.device_update)  # after the backward, on the compute stream
     bwd = M * (d.head + d.embed_bwd + sum(d.layer_bwd[a] for a in d.activations)) + device
-    update = sum(d.update)  # with clipping, what runs after the norm is known
+    update = sum(d.update)  # with clipping, what runs after the norm is known (in two passes, the weights pass)
     hold = sum(d.hold) if job.clip else 0.0  # with clipping, the copy (host route: and the sum) as gradients land
+    # with clipping in two passes (policy.post_norm_passes), the moments pass: after the weights, off the forward's
+    # path, but the host's work all the same
+    moments = sum(d.moments) if job.clip else 0.0
     # the deliveries the window makes in a step (a kept edge unit's bytes and time are zero)
     dedicated = {0, head} | {i + 1 for i, r in enumerate(pol.resident) if r}
     delivered = _deliveries(L, M, dedicated, pol.window)
@@ -44,13 +47,13 @@ def bound(job: Job, pol: ExecutionPolicy, rates: Rates) -> dict[str, Any]:
     d2h = sum(d.grad_d2h) + offload * d.act_d2h
     dma_bytes = job.world * (sum(d.deliver_bytes[u] * n for u, n in delivered) + sum(d.grad_bytes)
                              + 2 * offload * d.act_bytes)
-    dram_bytes = sum(d.update_bytes) + (sum(d.hold_bytes) if job.clip else 0.0) + dma_bytes
+    dram_bytes = sum(d.update_bytes) + (sum(d.hold_bytes) + sum(d.moments_bytes) if job.clip else 0.0) + dma_bytes
     dram_cap, _ = rates.pools()
     terms = {
         # with exact clipping the host updates run after the backward (beside the device updates that follow it),
         # under the next forward only
         "compute": bwd - device + max(device + fwd, update) if job.clip else fwd + bwd,
-        "cpu_update": update + hold,
+        "cpu_update": update + hold + moments,
         "h2d": h2d,
         "d2h": d2h,
         "host_dram": dram_bytes / dram_cap if dram_cap else 0.0,
