@@ -175,7 +175,9 @@ def _plan_on_gpu_host(page, workbench: str, micro_batch: int):
     page.get_by_label("Precision", exact=True).select_option("bf16")
     page.get_by_role("button", name="Plan").click()
     line = page.locator("#plan-preview section.plan .plan-calibration")
-    line.wait_for()
+    # AutoPolicy's search for a two-GPU Qwen3-8B job takes seconds of CPU, more on a small machine under load: the
+    # locator's default 15 s timed out while other test processes shared its two cores
+    line.wait_for(timeout=50_000)
     return page.locator("#plan-preview section.plan"), line
 
 
