@@ -155,6 +155,10 @@ export const POLICY_TERMS: Readonly<Record<string, Term>> = {
     label: "compiled layers",
     text: "Whether the decoder layers run through torch.compile on the GPUs (one compiled graph serves every layer; norms, rotary embeddings and casts fused around the matrix products) instead of eager PyTorch. Each GPU compiles them once as the job starts. Left unset, the planner compiles them where calibration timed a compiled layer faster than an eager one.",
   },
+  post_norm_passes: {
+    label: "post-norm passes",
+    text: "With clipping: the CPU's update after the gradient norm in one pass per layer (1), or in two (2): every layer's new weights first, for the next forward, then its AdamW moments. Both give the same numbers; measured, two passes were slower on our test machine, so the planner keeps one unless the job asks for two.",
+  },
   activations: { label: "activations", text: "Where each decoder layer keeps what its backward pass needs, per layer (runs like “keep ×23” mean 23 layers in a row)." },
   "activations.keep": { label: "keep", text: "Activations stay in GPU memory until backward: fastest, most GPU memory." },
   "activations.checkpoint": { label: "checkpoint (recompute)", text: "Only the layer's input is saved; backward recomputes the forward first: least memory, extra compute." },

@@ -163,7 +163,7 @@ export interface ExecutionPolicy {
   streamed_layers?: number;
   /** Absent in plans made before it existed: false. */
   compiled_layers?: boolean;
-  /** With clipping, the host's update after the norm in 1 pass or 2 (weights first). Absent before it existed: 2. */
+  /** With clipping, the host's update after the norm in 1 pass or 2 (weights first). Absent before it existed: 1. */
   post_norm_passes?: number;
   activations: ("keep" | "checkpoint" | "offload")[];
   resident: boolean[];

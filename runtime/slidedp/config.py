@@ -213,11 +213,11 @@ class PolicyConfig:
     )
     post_norm_passes: Optional[int] = _f(
         None,
-        doc="With clipping: how the host CPU runs its update after the gradient norm. 2: in two passes, every "
-        "layer's new weights (and bf16 copy) first, with the new AdamW moments kept in a small scratch, then the "
-        "moments written back; the next forward waits for the first pass only, and the second runs beside it, "
-        "for about a third more host memory traffic in all (the same numbers, bit for bit). 1: one pass per "
-        "layer. None (default): AutoPolicy chooses (2 where the host has room for the second pass).",
+        doc="With clipping: how the host CPU runs its update after the gradient norm. 1: one pass per layer. 2: "
+        "two passes, every layer's new weights (and bf16 copy) first, with the new AdamW moments kept in a small "
+        "scratch, then the moments written back beside the next forward (the same numbers, bit for bit); measured "
+        "slower so far, the first pass taking longer than one whole pass. None (default): AutoPolicy chooses, "
+        "pricing both as measured (one pass on every job so far).",
         ge=1,
         le=2,
     )

@@ -173,7 +173,7 @@ class ExecutionPolicy:
     staging_slots: int = 0  # 0: the default for the window (staging_slots(window))
     streamed_layers: int = 0
     compiled_layers: bool = False
-    post_norm_passes: int = 2
+    post_norm_passes: int = 1
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "activations", tuple(self.activations))
@@ -322,11 +322,11 @@ class ExecutionPolicy:
         if (self.window, self.chunk_mb, self.loss_chunk_tokens) != (WINDOW, CHUNK_MB, LOSS_CHUNK_TOKENS):
             raise PolicyError("window, chunk_mb and loss_chunk_tokens other than the defaults have no shorthand")
         slots = "" if self.staging_slots == staging_slots(self.window) else f":{self.staging_slots}"
-        if self.streamed_layers or self.compiled_layers or self.post_norm_passes != 2:
+        if self.streamed_layers or self.compiled_layers or self.post_norm_passes != 1:
             slots = f":{self.staging_slots}:{self.streamed_layers}"
-        if self.compiled_layers or self.post_norm_passes != 2:
+        if self.compiled_layers or self.post_norm_passes != 1:
             slots += ":compiled" if self.compiled_layers else ":eager"
-        if self.post_norm_passes != 2:
+        if self.post_norm_passes != 1:
             slots += f":{self.post_norm_passes}"
         return (f"{self.delivery}:{self.grad_reduce}:{form}:0:{resident}:{self.delivery_cast}:{self.edge_update}:"
                 f"{self.device_layers}{slots}")
@@ -371,6 +371,6 @@ def resolve(requested: PolicyConfig, layers: int, world: int,
         delivery=delivery, grad_reduce=grad, activations=acts, resident=resident, edge_update=edge,
         device_layers=device_layers, streamed_layers=streamed, window=window, staging_slots=slots,
         compiled_layers=bool(choice("compiled_layers", False)), delivery_cast=choice("delivery_cast", "host"),
-        post_norm_passes=int(choice("post_norm_passes", 2)),
+        post_norm_passes=int(choice("post_norm_passes", 1)),
         chunk_mb=int(choice("chunk_mb", CHUNK_MB)), loss_chunk_tokens=int(choice("loss_chunk_tokens", LOSS_CHUNK_TOKENS)),
     ).for_world(world)

@@ -1,6 +1,6 @@
 """policy.post_norm_passes: a clipped step's host update after the norm in two passes (every unit's new weights
 first, then its moments) trains the same bits as in one pass, which tests/runtime/test_exactness.py holds to torch
-AdamW + clip_grad_norm_; the planner prices both and AutoPolicy keeps the faster."""
+AdamW + clip_grad_norm_; the planner prices both as measured and AutoPolicy keeps the faster (one pass, so far)."""
 
 from __future__ import annotations
 
@@ -143,17 +143,18 @@ def test_the_field_is_checked_and_resolved():
                                  "policy": {"post_norm_passes": 1}}).policy
     assert resolve(fixed, 4, 1).post_norm_passes == 1
     auto = JobConfig.from_dict({"model": "tiny-qwen3", "data": {"path": "x.jsonl"}}).policy
-    planned = ExecutionPolicy.default(4, post_norm_passes=1)
-    assert resolve(auto, 4, 1, planned).post_norm_passes == 1 and resolve(auto, 4, 1).post_norm_passes == 2
+    planned = ExecutionPolicy.default(4, post_norm_passes=2)
+    assert resolve(auto, 4, 1, planned).post_norm_passes == 2 and resolve(auto, 4, 1).post_norm_passes == 1
 
 
-def _s21(name: str) -> tuple[dict, dict, dict]:
-    """(topology, calibration, clipped row) of a results file of s21 (one H200): the calibration of its shape."""
+def _s21(name: str, session: str = "s21", which: int = 0) -> tuple[dict, dict, dict]:
+    """(topology, calibration, clipped row) of a results file of `session` (one GPU): the `which`-th clipped row and
+    the calibration of its shape; the one-H200 topology (prediction_check's)."""
     with open(os.path.join(FIX, "h200x1_qwen3-1.7b.json")) as fh:
         topo = json.load(fh)["topology"]
-    with open(os.path.join(ROOT, "docs", "results", "s21", name)) as fh:
-        row = next(r for r in map(json.loads, fh) if r.get("clipped"))
-    cal_dir = os.path.join(ROOT, "docs", "results", "s21", "calibration")
+    with open(os.path.join(ROOT, "docs", "results", session, name)) as fh:
+        row = [r for r in map(json.loads, fh) if r.get("clipped")][which]
+    cal_dir = os.path.join(ROOT, "docs", "results", session, "calibration")
     for f in sorted(os.listdir(cal_dir)):
         with open(os.path.join(cal_dir, f)) as fh:
             cal = json.load(fh)
@@ -177,17 +178,29 @@ def _as_run(row: dict, passes: int) -> dict:
     return cfg
 
 
-@pytest.mark.parametrize("name", ["pair4-24.jsonl", "comp8.jsonl"])
-def test_the_clipped_one_gpu_rows_are_priced_shorter_in_two_passes(name):
-    """The clipped rows of the one-H200 machine (s21: Qwen3-4B under a 24 GiB cap, Qwen3-8B on the whole card),
-    with the policy they ran and their session's calibration: the next forward waits for less after the norm."""
-    topo, cal, row = _s21(name)
+def test_two_passes_are_priced_as_measured_slower_on_the_measured_clipped_row():
+    """docs/results/s22/passes4-24.jsonl (Qwen3-4B, micro-batch 4, 24 GiB cap, clipped at 1.0, one command): two
+    passes measured 1.830 s, one pass 1.688 s. Priced by bytes, two passes were planned 1.243 s against 1.376 s, the
+    wrong way round, and AutoPolicy chose them; priced as measured, the row's policy is slower in two passes."""
+    topo, cal, row = _s21("passes4-24.jsonl", "s22", 0)
+    assert row["chosen"]["post_norm_passes"] == 2 and row["step_s"] > 1.8
     step = {}
     for passes in (1, 2):
         plan = ap.plan_job(JobConfig.from_dict(_as_run(row, passes)), topo, cal)
         assert plan["feasible"], plan.get("errors")
         step[passes] = plan["predicted"]["step_time_s"]
-    assert step[2] < 0.97 * step[1], step
+    assert step[2] > step[1], step
+
+
+@pytest.mark.parametrize("name", ["pair4-24.jsonl", "comp8.jsonl"])
+def test_autopolicy_keeps_one_pass_on_the_clipped_one_gpu_rows(name):
+    """The clipped rows of one H200 (s21: Qwen3-4B under a 24 GiB cap, Qwen3-8B on the whole card), AutoPolicy free
+    to choose the passes with the policy they ran otherwise: one pass, as measured faster."""
+    topo, cal, row = _s21(name)
+    cfg = _as_run(row, 1)
+    del cfg["policy"]["post_norm_passes"]
+    plan = ap.plan_job(JobConfig.from_dict(cfg), topo, cal)
+    assert plan["feasible"] and plan["policy"]["post_norm_passes"] == 1, plan.get("errors")
 
 
 def _fixed_but_passes(gpus: int, mbs: int, model: str, **extra) -> JobConfig:
@@ -201,7 +214,7 @@ def _fixed_but_passes(gpus: int, mbs: int, model: str, **extra) -> JobConfig:
 
 def test_autopolicy_keeps_one_pass_where_the_host_update_binds(x2):
     """Qwen3-8B at micro-batch 8 on the NVLink pair, every unit updated on the host: the host is busy the whole
-    step and the second pass's extra traffic lengthens it, so AutoPolicy keeps one pass (priced 11% faster)."""
+    step and the second pass's extra work lengthens it, so AutoPolicy keeps one pass."""
     topo, cal = x2
     cfg = _fixed_but_passes(2, 8, "qwen3-8b")
     job = Job.from_config(cfg, topo["nvlink"])
@@ -213,23 +226,9 @@ def test_autopolicy_keeps_one_pass_where_the_host_update_binds(x2):
     assert plan["feasible"] and plan["policy"]["post_norm_passes"] == 1
 
 
-def test_autopolicy_takes_two_passes_where_the_host_idles_after_them():
-    """Qwen3-4B at micro-batch 4 under a 24 GiB cap on one H200 with the policy s21 ran (the embedding, head and one
-    layer updated on the GPU, 18 layers streamed), its passes left to AutoPolicy: the next forward waits for the
-    host's 17 layers after the norm, and the host has the rest of the step for their moments. Every unit on the
-    host instead (the same job, the routes and placements fixed so) keeps the host busy all step: one pass."""
-    topo, cal, row = _s21("pair4-24.jsonl")
-    cfg = _as_run(row, 1)
-    del cfg["policy"]["post_norm_passes"]
-    plan = ap.plan_job(JobConfig.from_dict(cfg), topo, cal)
-    assert plan["feasible"] and plan["policy"]["post_norm_passes"] == 2, plan.get("errors")
-    host_only = ap.plan_job(_fixed_but_passes(1, 4, "qwen3-4b", gpu_memory_gib=24.0), topo, cal)
-    assert host_only["feasible"] and host_only["policy"]["post_norm_passes"] == 1
-
-
 def test_the_bound_counts_both_passes_as_host_work_and_only_the_first_before_the_forward():
     """The physical bound of a clipped plan in two passes: the host's work is both passes (more than one pass's), the
-    forward waits for the weights pass alone (less than the whole update)."""
+    forward waits for the weights pass alone (as measured, no shorter than the whole update)."""
     from slidedp.planning.bound import bound
 
     topo, cal, row = _s21("pair4-24.jsonl")
@@ -241,5 +240,5 @@ def test_the_bound_counts_both_passes_as_host_work_and_only_the_first_before_the
                                    post_norm_passes=n) for n in (1, 2)}
     terms = {n: bound(job, p, rates)["terms_s"] for n, p in pols.items()}
     assert terms[2]["cpu_update"] > terms[1]["cpu_update"]
-    assert terms[2]["compute"] <= terms[1]["compute"]
+    assert terms[2]["compute"] >= terms[1]["compute"]
     assert terms[2]["host_dram"] > terms[1]["host_dram"]

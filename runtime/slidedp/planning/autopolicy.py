@@ -380,18 +380,17 @@ class _Planner(RouteSearch, KnobSearch, StreamedSearch, PlanJson, MixSearch, Ref
             # at most the layers above the device layers (resolve's rule)
             streamed_layers=min(streamed, self.job.layers - min(device_layers, self.job.layers)),
             compiled_layers=self.compiled.compiled,
-            post_norm_passes=self.fixed.get("post_norm_passes", 2),
+            post_norm_passes=self.fixed.get("post_norm_passes", 1),
         ))
 
     def sweep_post_norm(self, pol: ExecutionPolicy) -> ExecutionPolicy:
         """With clipping: the chosen policy with its post-norm host update in one pass or in two, whichever is
-        priced faster (two passes shorten the wait of the next forward, for more host work in all: slower where
-        the host update binds the whole step); the search before it priced two. As fixed where the config fixes
-        it; unchanged without clipping, rates or a unit the host updates."""
+        priced faster (the search before it priced one; Job.post_norm_shares prices two as measured, slower so far
+        on every job). As fixed where the config fixes it; unchanged without clipping or rates."""
         if not (self.job.clip and self.rates) or "post_norm_passes" in self.fixed:
             return pol
-        one = dataclasses.replace(pol, post_norm_passes=1)
-        return one if self.time(one) < self.time(pol) else pol
+        two = dataclasses.replace(pol, post_norm_passes=2)
+        return two if self.time(two) < self.time(pol) else pol
 
     def fewest_staging(self, pol: ExecutionPolicy) -> ExecutionPolicy:
         """With fewer_slots, the policy with the fewest staging slots the planner would give it (its leanest in

@@ -280,7 +280,7 @@ def durations(job: Job, pol: ExecutionPolicy, rates: Rates, zero: frozenset = fr
         # one is widened and scaled a cache-sized chunk at a time in each pass, where only its 2 B/param read
         # reaches DRAM
         two = pol.post_norm_passes == 2
-        first, second = job.post_norm_shares(cast) if two else (1.0, 0.0)
+        first, second = job.post_norm_shares() if two else (1.0, 0.0)
         scale = [0.0 if u in on_device else job.units[u] * (2.0 if u in bf16_held else 8.0) for u in range(n_units)]
         # the moments pass widens a bf16 one again; an fp32 one it reads as scaled
         again = [b if u in bf16_held and two else 0.0 for u, b in enumerate(scale)]

@@ -125,7 +125,7 @@ class Updater(threading.Thread):
     def __init__(self, *, state: HostState, shards: ShardMap, grad_reduce: str, opt: OptimizerConfig,
                  sched: ScheduleConfig, total_steps: int, num_units: int,
                  threads: int | None = None, device_units: frozenset[int] = frozenset(), abort=None,
-                 post_norm_passes: int = 2):
+                 post_norm_passes: int = 1):
         super().__init__(name=f"slidedp-updater-{shards.rank}", daemon=True)
         self.state = state
         self.board = state.board
@@ -361,9 +361,10 @@ class Updater(threading.Thread):
         scratch, whose new values it drops, then writes the bf16 delivery copy, and marks the unit updated; the
         moments pass runs the same AdamW on the same chunks of the same gradient with a scratch parameter and the
         moments in place. The same inputs through the same kernel in the same chunks give the moments the bits
-        the weights pass used (and the whole update's). After the norm the next forward then waits for 20 B/param
-        of AdamW's 28 (the moments' reads, not their writes), and the moments' write-back runs beside it, where a
-        clipped step's host is otherwise idle (docs/planning.md).
+        the weights pass used (and the whole update's). The next forward then waits for 20 B/param of AdamW's 28
+        (the moments' reads, not their writes) and the moments' write-back runs beside it; measured, copying the
+        moments into the scratch costs the weights pass more than that saves, so AutoPolicy keeps one pass
+        (docs/planning.md).
 
         A gradient held in bf16 (slidedp.step.layout.held_in_bf16) is widened to fp32 a chunk at a time into the
         scratch, and scaled there, in each pass (exact, and elementwise); one held in fp32 is scaled in place by
