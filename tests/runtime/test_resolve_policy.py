@@ -89,7 +89,8 @@ def test_bench_shorthand_refuses_what_it_cannot_mean():
     for bad, named in [("sharded", "delivery:grad_reduce"), ("sideways:gpu", "delivery"),
                        ("sharded:gpu:keepsome", "activations"), ("sharded:gpu:keep:-1", "clip"),
                        ("sharded:gpu:keep:nan", "clip"), ("sharded:gpu:keep:0:two", "resident"),
-                       ("sharded:gpu:keep:0:0:gpu:gpu:x", "device_layers"), ("a:b:c:d:e:f:g:h:i:j:k:l", "expected")]:
+                       ("sharded:gpu:keep:0:0:gpu:gpu:x", "device_layers"), ("a:b:c:d:e:f:g:h:i:j:k:l:m", "expected"),
+                       ("sharded:gpu:keep:0:0:gpu:gpu:0:8:0:eager:3", "passes")]:
         with pytest.raises(PolicyError, match=named):
             parse_shorthand(bad)
     with pytest.raises(PolicyError, match="AutoPolicy"):
