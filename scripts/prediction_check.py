@@ -151,10 +151,9 @@ def engine_as_run(session: str):
 
     from slidedp.planning import cost_model
 
-    stack = contextlib.ExitStack()
-    if session in BEFORE_KEPT_WEIGHTS:
-        stack.enter_context(mock.patch.object(cost_model, "streamed_weights_stay", lambda world, delivery: False))
-    return stack
+    if session not in BEFORE_KEPT_WEIGHTS:
+        return contextlib.nullcontext()
+    return mock.patch.object(cost_model, "streamed_weights_stay", lambda world, delivery: False)
 
 
 def repredict(row: dict, topology: dict) -> dict:

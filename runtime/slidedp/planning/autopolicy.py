@@ -385,7 +385,7 @@ class _Planner(RouteSearch, KnobSearch, StreamedSearch, PlanJson, MixSearch, Ref
 
     def sweep_post_norm(self, pol: ExecutionPolicy) -> ExecutionPolicy:
         """With clipping: the chosen policy with its post-norm host update in one pass or in two, whichever is
-        priced faster (the search before it priced one; Job.post_norm_shares prices two as measured, slower so far
+        priced faster (the search before it priced one; the cost model prices two by the measured POST_NORM_PASS_SHARES, slower so far
         on every job). As fixed where the config fixes it; unchanged without clipping or rates."""
         if not (self.job.clip and self.rates) or "post_norm_passes" in self.fixed:
             return pol

@@ -21,8 +21,8 @@ from typing import Any
 from slidedp.planning import long_step, overlap
 from slidedp.planning.compiled_choice import measured
 from slidedp.planning.job import GIB as GIB
+from slidedp.planning.job import POST_NORM_PASS_SHARES, Job
 from slidedp.planning.job import UPDATE_DRAM_BYTES as UPDATE_DRAM_BYTES
-from slidedp.planning.job import Job
 from slidedp.planning.memory_model import ActivationSizes
 from slidedp.planning.shape import shape_matches
 from slidedp.policy import DELIVERY_CASTS, ExecutionPolicy
@@ -275,12 +275,12 @@ def durations(job: Job, pol: ExecutionPolicy, rates: Rates, zero: frozenset = fr
         upd_bytes = [a + b for a, b in zip(upd_bytes, sum_traffic)]
     moments = moments_bytes = [0.0] * n_units
     if job.clip:
-        # after the norm, in two passes (job.post_norm_shares): the weights (and the bf16 copy), then the moments.
+        # after the norm, in two passes (POST_NORM_PASS_SHARES): the weights (and the bf16 copy), then the moments.
         # The clip factor scales the held gradient in the weights pass (read and written again, 8 B/param); a bf16
         # one is widened and scaled a cache-sized chunk at a time in each pass, where only its 2 B/param read
         # reaches DRAM
         two = pol.post_norm_passes == 2
-        first, second = job.post_norm_shares() if two else (1.0, 0.0)
+        first, second = POST_NORM_PASS_SHARES if two else (1.0, 0.0)
         scale = [0.0 if u in on_device else job.units[u] * (2.0 if u in bf16_held else 8.0) for u in range(n_units)]
         # the moments pass widens a bf16 one again; an fp32 one it reads as scaled
         again = [b if u in bf16_held and two else 0.0 for u, b in enumerate(scale)]

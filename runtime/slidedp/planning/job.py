@@ -32,7 +32,8 @@ UPDATE_DRAM_BYTES = {"bf16": 34, "fp32": 28}
 # docs/results/s22: 16 threads, 1e9 parameters, the engine's 4 Mi-element chunks, bf16-held gradient and bf16 copy:
 # one pass 0.356 s, the weights pass 0.424 s, the moments pass 0.253 s per 1e9). Fewer DRAM bytes (20 of AdamW's 28
 # before the forward) did not make the weights pass faster: copying the moments into the scratch costs more than
-# their write-back saved. Host DRAM bytes are charged by the same shares.
+# their write-back saved. Host DRAM bytes are charged by the same shares, and the cast on the GPU by the same too;
+# together more than the whole, of which the next forward waits for the first only.
 POST_NORM_PASS_SHARES = (0.424 / 0.356, 0.253 / 0.356)
 
 
@@ -155,13 +156,6 @@ class Job:
     def update_dram_bytes(self, cast: str) -> int:
         """Host DRAM bytes per parameter of one host update under delivery_cast `cast` (UPDATE_DRAM_BYTES)."""
         return UPDATE_DRAM_BYTES["bf16" if self.host_cast(cast) else "fp32"]
-
-    def post_norm_shares(self) -> tuple[float, float]:
-        """The weights pass's and the moments pass's shares of one host update's time and DRAM bytes, for the
-        clipped step's update after the norm in two passes (POST_NORM_PASS_SHARES, measured with the bf16 copy on
-        the host and used with the cast on the GPU too): together more than the whole, of which the next forward
-        waits for the first only."""
-        return POST_NORM_PASS_SHARES
 
     @property
     def tokens_per_micro_batch(self) -> int:

@@ -391,18 +391,15 @@ class Updater(threading.Thread):
                     g.mul_(coef)
             else:
                 g = held[a : a + k]
-            if what == "whole":
-                adamw_(master[r], g, m1[r], m2[r], step, lr, self.opt)
-            elif what == "weights":
-                s1[:k].copy_(m1[r])
-                s2[:k].copy_(m2[r])
-                adamw_(master[r], g, s1[:k], s2[:k], step, lr, self.opt)
-            else:
-                adamw_(sp[:k], g, m1[r], m2[r], step, lr, self.opt)
-            if delivery is not None:
-                c = time.perf_counter()
-                delivery[r].copy_(master[r])
-                self._cast += time.perf_counter() - c
+            param, e1, e2 = master[r], m1[r], m2[r]
+            if what == "weights":  # the moments' new values land in the scratch and are dropped
+                s1[:k].copy_(e1)
+                s2[:k].copy_(e2)
+                e1, e2 = s1[:k], s2[:k]
+            elif what == "moments":  # the parameters' new values land in the scratch and are dropped
+                param = sp[:k]
+            self._cast += update_shard_(param, g, e1, e2, None if delivery is None else delivery[r], step, lr,
+                                        self.opt)
             self._offcpu += max(0.0, (time.perf_counter() - t0) - (time.thread_time() - c0))
         if what != "moments":
             self.board.set_updated(u, self.rank, step)
