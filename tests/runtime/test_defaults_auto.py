@@ -46,7 +46,9 @@ def test_qwen3_8b_on_one_h200_trains_with_the_default_policy(one_h200):
     assert choice["chosen"] == faster == plan["policy"]["delivery_cast"]
     assert plan["policy"]["edge_update"] == "gpu" or plan["policy"]["delivery_cast"] == "gpu"
     assert plan["predicted"]["host_ram_gib"] <= plan["job"]["host_limit_gib"]
-    assert plan["predicted"]["step_time_s"] == pytest.approx(2.0, abs=0.05)
+    # the eager whole-card rows of this shape measured 2.238 s (s8) and 2.354 s (s19); the model runs 6-15% low there
+    # (docs/notebook/prediction-check-2026-12-04.md)
+    assert 0.85 * 2.238 <= plan["predicted"]["step_time_s"] <= 2.354
 
 
 def test_the_host_cast_asked_for_is_refused_naming_the_cast_as_the_way_out(one_h200):

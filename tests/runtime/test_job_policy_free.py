@@ -19,17 +19,24 @@ def _cfg(**raw) -> JobConfig:
 
 # Predicted step (s) of Qwen3-8B at micro-batch 8 on the NVLink pair under each cast's default policy, by
 # (max_grad_norm, cast): what the cost model gave a job sized with that cast fixed in its config, before the cast
-# left the job (the planner at 3533ce9).
-NVLINK_STEP_S = {(0.0, "host"): 4.829529888815151, (0.0, "gpu"): 4.4068490305599965,
-                 (1.0, "host"): 5.682185893991554, (1.0, "gpu"): 5.213255622064997}
+# left the job (the planner at 3533ce9). Since the replay's shared-bandwidth rounds run until the durations settle
+# (2026-12-05; they stopped after three before) the figures are 0.4% (cast on the host) and 2.7-3.3% (on the GPU:
+# fp32 deliveries, twice the link's bytes) longer; before: 4.829529888815151, 4.4068490305599965, 5.682185893991554,
+# 5.213255622064997.
+NVLINK_STEP_S = {(0.0, "host"): 4.849187421625778, (0.0, "gpu"): 4.550827008149196,
+                 (1.0, "host"): 5.704715080322089, (1.0, "gpu"): 5.353522922020234}
 # The same on the one-H200 machine with 2 device layers, the embedding and head on the GPU, 3 layers streamed and
 # 4 kept, 2 offloaded, 10 resident (Qwen3-8B at micro-batch 8). With the cast on the GPU the streamed layers' copies
 # in share the host->GPU direction with the fp32 deliveries (each direction a pool of its own since 2026-12-04:
 # 2.6304397465515694 and 3.768990015843984 before). Since the streamed layers' updated weights stay on the GPU
 # (2026-12-05) their next delivery is a device copy: (0.0, "gpu") 2.6313771709079767 before; the rest unchanged.
-# Both priced with the post-norm update in one pass (policy.post_norm_passes 1), as when they were written.
-ONE_GPU_STEP_S = {(0.0, "host"): 2.557782639066721, (0.0, "gpu"): 2.628921480478341,
-                  (1.0, "host"): 3.6290833289203617, (1.0, "gpu"): 3.769477072591862}
+# Both priced with the post-norm update in one pass (policy.post_norm_passes 1), as when they were written. With the
+# shared-bandwidth rounds run until they settle (2026-12-05) they are 0.2-1.6% longer; before: 2.557782639066721,
+# 2.628921480478341, 3.6290833289203617, 3.769477072591862. With each layer's gradient zeroed and widened on the
+# compute stream priced (cost_model.Rates.gradient_out_s, the same day): 2.5996878454208128, 2.647349016230958,
+# 3.6452239881493913 and 3.777409179377164 before.
+ONE_GPU_STEP_S = {(0.0, "host"): 2.598056522407424, (0.0, "gpu"): 2.648593817713514,
+                  (1.0, "host"): 3.662100912238551, (1.0, "gpu"): 3.7942861034663236}
 
 
 def _head_as_timed(calibration: dict) -> dict:

@@ -57,7 +57,7 @@ def test_replays_share_no_state(one_h200, monkeypatch):
     seen: list[tuple[overlap.Durations, overlap.Outcome]] = []
     real = long_step.replay
 
-    def kept(d: overlap.Durations, iterations: int = 3) -> overlap.Outcome:
+    def kept(d: overlap.Durations, iterations: int = overlap.SHARING_ROUNDS) -> overlap.Outcome:
         out = real(d, iterations)
         seen.append((d, out))
         return out

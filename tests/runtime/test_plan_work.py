@@ -101,7 +101,7 @@ def gpu_policies(pcie_host):
 
 
 def _full(job, pol, rates, m: int) -> overlap.Outcome:
-    return overlap.replay(cm.durations(dataclasses.replace(job, grad_accum=m), pol, rates), 3)
+    return overlap.replay(cm.durations(dataclasses.replace(job, grad_accum=m), pol, rates))
 
 
 def test_a_long_steps_prediction_is_the_linear_extension_of_full_replays(cpu_demo, gpu_policies):

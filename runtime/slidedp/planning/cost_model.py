@@ -152,14 +152,34 @@ class Rates:
 
     def device_copy_s(self, numel: int) -> float:
         """One rank's copy of its 1/N of a unit in the compute dtype within device memory (a streamed layer's
-        kept weights into the window): read and written once, at the memory rate the device's fused AdamW and
-        cast reached when calibrated (30 B/param: master, gradient and moments read, master, moments and the
-        bf16 copy written); on CPU ranks a host copy."""
+        kept weights into the window): read and written once (device_traffic_s)."""
         j = self.job
-        nbytes = numel / j.world * j.pbytes * 2
-        if not j.on_gpu:
+        return self.device_traffic_s(numel / j.world * j.pbytes * 2)
+
+    def device_traffic_s(self, nbytes: float) -> float:
+        """Seconds of elementwise work that moves `nbytes` through device memory, at the memory rate the device's
+        fused AdamW and cast reached when calibrated (30 B/param: master, gradient and moments read, master,
+        moments and the bf16 copy written); 0 where the calibration has no device AdamW rate; on CPU ranks a host
+        copy of those bytes."""
+        if not self.job.on_gpu:
             return self.copy_s(nbytes)
-        return nbytes / 30 * self.device_update_s(numel, "gpu") / (numel / j.world)
+        rate = (self.c.get("device_update") or {}).get("adamw_cast_s_per_1e9")
+        return nbytes / 30 * rate / 1e9 if rate else 0.0
+
+    def gradient_out_s(self, numel: int) -> float:
+        """What the step's compute stream does with a decoder layer's gradient in each micro-batch beyond the
+        layer's backward as calibration times it (slidedp.step.engine `_layer_backward`, `_layer_gradient_out`):
+        the flat gradient buffer zeroed before it (its dtype), then either added into the layer's fp32
+        accumulator (gradient accumulation: read, and the sum read and written) or, in bf16 without accumulation,
+        widened to fp32 for the trip (read, written in fp32)."""
+        j = self.job
+        if j.grad_accum > 1:
+            per_param = j.pbytes + j.pbytes + 8.0
+        elif j.pbytes < 4:
+            per_param = j.pbytes + j.pbytes + 4.0
+        else:
+            per_param = j.pbytes
+        return self.device_traffic_s(numel * per_param)
 
     def pools(self) -> tuple[float | None, float | None]:
         """(host DRAM capacity, one GPU link's both-direction capacity) in bytes/s; None when not measured."""
@@ -204,12 +224,7 @@ class Rates:
         (30 B/param, as device_copy_s); on CPU ranks a host copy of those bytes. For calibrations whose loss head
         was timed without it (recorded before `loss_head.accumulates`)."""
         j = self.job
-        numel = j.vocab * j.hidden
-        nbytes = numel * (j.pbytes + 8.0)
-        if not j.on_gpu:
-            return self.copy_s(nbytes)
-        rate = (self.c.get("device_update") or {}).get("adamw_cast_s_per_1e9")
-        return nbytes / 30 * rate / 1e9 if rate else 0.0
+        return self.device_traffic_s(j.vocab * j.hidden * (j.pbytes + 8.0))
 
 
 # ---------------------------------------------------------------------------- time
@@ -309,6 +324,7 @@ def durations(job: Job, pol: ExecutionPolicy, rates: Rates, zero: frozenset = fr
         head=rates.head_s(pol.loss_chunk_tokens),
         layer_fwd=fwd,
         layer_bwd=bwd,
+        gradient_out=[rates.gradient_out_s(job.padded(u)) if 0 < u < n_units - 1 else 0.0 for u in range(n_units)],
         deliver=[rates.transfer_s("h2d", b, pol.chunk_mb) if b else 0.0 for b in deliver_bytes],
         deliver_bytes=deliver_bytes,
         all_gather=[rates.collective_s("all_gather", b) if sharded else 0.0 for b in coll_bytes],

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from slidedp.planning.overlap import Durations, Outcome, replay
+from slidedp.planning.overlap import SHARING_ROUNDS, Durations, Outcome, replay
 
 EXACT_MICRO_BATCHES = 32  # a step of up to this many micro-batches is replayed in full
 # A longer one is replayed at 8 or 9 micro-batches and two more: the extension is exact to rounding from 4 on
@@ -32,7 +32,7 @@ def steady_samples(micro_batches: int) -> tuple[int, int, int] | None:
     return a, a + 2, (micro_batches - a) // 2
 
 
-def simulate(d: Durations, iterations: int = 3) -> Outcome:
+def simulate(d: Durations, iterations: int = SHARING_ROUNDS) -> Outcome:
     """The second of two replayed steps; a long step extended from two shorter ones (steady_samples)."""
     samples = steady_samples(d.micro_batches)
     if samples is None:

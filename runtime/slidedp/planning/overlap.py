@@ -22,7 +22,7 @@ rank's PCIe copies) and each GPU's PCIe link (both directions at once, and each 
 update's copies in share the host->GPU direction with the deliveries, at one direction's bandwidth; planning/
 pools.py). A task that overlaps others in a pool whose total demand exceeds the capacity is slowed by demand /
 capacity (proportional sharing, which reproduces the measured AdamW-vs-DMA contention); the replay is repeated
-with the slowed durations until it settles. In CPU
+with the slowed durations until it settles (`replay`). In CPU
 training (no streams: the rank's thread computes and copies in order) the rank's cores are a pool too: its
 compute and its updater each use all of them, so while both run each goes at half speed.
 
@@ -198,29 +198,41 @@ def _place(t: Task, prev: Task | None, deps: list[Task]) -> None:
 
 
 # ---------------------------------------------------------------------------- the replay's outcome
-def replay(d: Durations, iterations: int = 3) -> Outcome:
+SHARING_ROUNDS = 16  # at most this many replays after the first; the shapes planned settle in 2-9
+SETTLED = 1e-2  # a round that moved no shared task by more than this fraction of its base duration settles it
+
+
+def replay(d: Durations, iterations: int = SHARING_ROUNDS) -> Outcome:
     """Replay two steps, slowing shared-bandwidth work until the schedule settles; measure the second (every
-    micro-batch of it: planning/long_step.py extends a long step from two short replays instead)."""
+    micro-batch of it: planning/long_step.py extends a long step from two short replays instead).
+
+    Each round sets every task that loads a pool to its base duration times its slowdown over the last replay
+    (pools.slowdowns) and replays. A task slowed that way can overlap more of the others, so the rounds repeat
+    until no task moves by SETTLED of its base duration: the durations are then the sharing the schedule they
+    produce implies. A round that moves the tasks no less than the round before (overlaps that appear and vanish
+    in turn) halves the steps from then on, which makes them settle."""
     rep = _Replay(d)
     capacity = capacities(d)
     rep.run()
     users = pool_users(rep.tasks, capacity)
-    # only a task that loads a pool is ever slowed: every other keeps its base duration (the update below gives
-    # base * 1.0 for it), so the updates walk the pools' users alone
+    # only a task that loads a pool is ever slowed: every other keeps its base duration, so the rounds walk the
+    # pools' users alone
     shared = sorted({t.order: t for pool in users.values() for t, _ in pool}.items())
+    step, moved_before = 1.0, None
     for _ in range(iterations if capacity else 0):
         factors = slowdowns(users, capacity)
-        changed = 0.0
+        moved = 0.0
         for _, t in shared:
-            f = factors.get(t.order, 1.0)
-            new = t.base * (0.5 * f + 0.5 * (t.dur / t.base if t.base else 1.0))
-            moved = abs(new - t.dur)
-            if moved > changed:
-                changed = moved
+            new = t.dur + step * (t.base * factors.get(t.order, 1.0) - t.dur)
+            if abs(new - t.dur) > moved * t.base:
+                moved = abs(new - t.dur) / t.base
             t.dur = new
         rep.run()
-        if changed < 2e-4:
+        if moved < SETTLED:
             break
+        if moved_before is not None and moved >= moved_before:
+            step = 0.5
+        moved_before = moved
     return _measure(rep)
 
 

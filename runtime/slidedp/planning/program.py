@@ -70,6 +70,9 @@ class Durations:
     # clip: per unit, the post-norm update's moments pass, after every unit's weights pass (`update`)
     moments: list[float] = field(default_factory=list)
     moments_bytes: list[float] = field(default_factory=list)
+    # per unit: the compute stream's work on a decoder layer's gradient after its backward in each micro-batch
+    # (the buffer zeroed, accumulated or widened for the trip: cost_model.Rates.gradient_out_s); empty: none
+    gradient_out: list[float] = field(default_factory=list)
     dram_capacity: float | None = None  # bytes/s
     pcie_capacity: float | None = None  # bytes/s, both directions of one GPU's link
     # bytes/s of one direction of one GPU's link (host->GPU, GPU->host): what one direction's copies share
@@ -368,7 +371,8 @@ class Program:
                     pol = d.activations[u - 1]
                     fetch(u - 1, done[k - 1] if u < L else None)  # one layer ahead, behind this delivery
                     deps = [r] + ([fetched.pop(u)] if u in fetched else [])
-                    done[k] = self._compute("backward", d.layer_bwd[pol], deps, u, s, state)
+                    work = d.layer_bwd[pol] + (d.gradient_out[u] if d.gradient_out else 0.0)
+                    done[k] = self._compute("backward", work, deps, u, s, state)
                     if last and (u in self.on_device or u in self.streamed):
                         self._device_reduce(u, s, done[k], state, parity=True)
                     elif last:
