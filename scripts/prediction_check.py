@@ -51,6 +51,9 @@ BEFORE_KEPT_WEIGHTS = ONE_GPU_SESSIONS + ("s17", "s18", "s19", "s20")
 # Sessions whose engine ran a clipped step's update after the norm in one pass per unit, before the weights pass and
 # the moments pass (slidedp.step.optimizer.Updater._post_norm): planned as that engine ran.
 BEFORE_TWO_PASSES = BEFORE_KEPT_WEIGHTS + ("s21",)
+# Sessions whose engine streamed the last `streamed_layers` layers, before they followed the device layers
+# (slidedp.schedule.streamed_units): every session checked here.
+BEFORE_EARLY_STREAMED = BEFORE_TWO_PASSES + ("s22",)
 
 sys.path.insert(0, os.path.join(ROOT, "runtime"))
 
@@ -142,18 +145,28 @@ def job_config(row: dict) -> dict:
     return cfg
 
 
+def last_layers_streamed(layers: int, device_layers: int, streamed_layers: int) -> frozenset[int]:
+    """The streamed layers as the engine chose them before BEFORE_EARLY_STREAMED ended: the last ones."""
+    n = min(int(streamed_layers or 0), layers - min(int(device_layers or 0), layers))
+    return frozenset(range(layers - n + 1, layers + 1))
+
+
 def engine_as_run(session: str):
     """A context in which the planner prices the engine as it ran in `session` (BEFORE_KEPT_WEIGHTS: streamed
-    layers delivered from the host), or today's. (The post-norm update's passes are a policy field: job_config
-    sets them as the row ran.)"""
+    layers delivered from the host; BEFORE_EARLY_STREAMED: the last layers streamed), or today's. (The post-norm
+    update's passes are a policy field: job_config sets them as the row ran.)"""
     import contextlib
     from unittest import mock
 
+    from slidedp import policy
     from slidedp.planning import cost_model
 
-    if session not in BEFORE_KEPT_WEIGHTS:
-        return contextlib.nullcontext()
-    return mock.patch.object(cost_model, "streamed_weights_stay", lambda world, delivery: False)
+    stack = contextlib.ExitStack()
+    if session in BEFORE_EARLY_STREAMED:
+        stack.enter_context(mock.patch.object(policy, "streamed_units", last_layers_streamed))
+    if session in BEFORE_KEPT_WEIGHTS:
+        stack.enter_context(mock.patch.object(cost_model, "streamed_weights_stay", lambda world, delivery: False))
+    return stack
 
 
 def repredict(row: dict, topology: dict) -> dict:

@@ -149,7 +149,7 @@ export const POLICY_TERMS: Readonly<Record<string, Term>> = {
   },
   streamed_layers: {
     label: "streamed layers",
-    text: "With clipping: the last decoder layers whose update after the gradient norm runs on the GPUs — their gradients wait in GPU memory, their fp32 weights and AdamW moments cross PCIe in and back out (12 bytes per parameter each way) — while the CPU updates the other layers. The host keeps the only copy of the state.",
+    text: "With clipping: the decoder layers right after those updated on the GPUs for good, whose update after the gradient norm runs on the GPUs — their gradients wait in GPU memory, their fp32 weights and AdamW moments cross PCIe in and back out (12 bytes per parameter each way) — while the CPU updates the other layers. The host keeps the only copy of the state.",
   },
   compiled_layers: {
     label: "compiled layers",

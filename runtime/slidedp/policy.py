@@ -148,8 +148,8 @@ class ExecutionPolicy:
         its weights stay on the GPU between forward and backward.
     edge_update / device_layers: the embedding and head (gpu) and the leading `device_layers` decoder layers are
         updated on the GPUs, their state there; every other unit is updated on the host, but for
-    streamed_layers: the last decoder layers, whose gradients wait on the GPUs and whose update after the norm
-        streams their host state through the GPUs (slidedp.step.streamed_update).
+    streamed_layers: the decoder layers right after the device layers, whose gradients wait on the GPUs and whose
+        update after the norm streams their host state through the GPUs (slidedp.step.streamed_update).
     window, chunk_mb, loss_chunk_tokens: GPU unit buffers, transfer chunk, loss chunk.
     delivery_cast: where the bf16 weights are made from the fp32 master (host: a bf16 copy in host memory).
     staging_slots: gradient staging slots per rank in host memory (page-locked): how far the backward may run
@@ -284,8 +284,8 @@ class ExecutionPolicy:
         return device_units(self.layers if layers is None else layers, self.edge_update, self.device_layers)
 
     def streamed_units(self) -> frozenset[int]:
-        """Layers whose update after the norm streams through the GPUs: the last streamed_layers. None of them
-        sends a gradient to the host."""
+        """Layers whose update after the norm streams through the GPUs: the streamed_layers after the device
+        layers. None of them sends a gradient to the host."""
         return streamed_units(self.layers, self.device_layers, self.streamed_layers)
 
     def counts(self) -> dict[str, int]:

@@ -21,9 +21,11 @@ def device_units(layers: int, edge_update: str, device_layers: int) -> frozenset
 
 def streamed_units(layers: int, device_layers: int, streamed_layers: int) -> frozenset[int]:
     """Decoder layers whose update after the norm streams through the GPUs (slidedp.step.streamed_update): the
-    last `streamed_layers`, above the `device_layers` updated there for good. None sends a gradient to the host."""
-    n = min(int(streamed_layers or 0), layers - min(int(device_layers or 0), layers))
-    return frozenset(range(layers - n + 1, layers + 1))
+    `streamed_layers` right after the `device_layers` updated there for good, so that the host's post-norm updates
+    are of the last layers, the ones the next forward needs last. None sends a gradient to the host."""
+    first = min(int(device_layers or 0), layers) + 1
+    n = min(int(streamed_layers or 0), layers - first + 1)
+    return frozenset(range(first, first + n))
 
 
 def window_plan(schedule: list[int], dedicated: set[int], slots: int) -> tuple[list[tuple], list[int]]:

@@ -1,4 +1,5 @@
-"""policy.streamed_layers: the last layers' update after the norm streams their host state through the device.
+"""policy.streamed_layers: the update after the norm of the layers right after the device layers streams their host
+state through the device (here layers 1-2 of 4, the host updating 3-4 and the embedding and head).
 On CPU ranks the device's AdamW is the host's kernel, so a run with streamed layers trains the same bits as the
 host update (which tests/runtime/test_exactness.py holds to torch AdamW + clip_grad_norm_): one rank in bf16
 (gradients waiting in bf16) and two gloo ranks in fp32 (reduce-scattered shards), clipping on every step and off."""
@@ -72,11 +73,14 @@ def test_streamed_layers_train_the_same_bits_as_the_host_update(files, ranks, pr
     assert plain[0] == plain[1] == plain[2], plain
 
 
-def test_streamed_layers_are_the_last_ones_and_hold_nothing_on_the_host():
+def test_streamed_layers_follow_the_device_layers_and_hold_nothing_on_the_host():
+    """The streamed layers are the ones right after the device layers, so the host's post-norm updates are of the
+    last layers, which the next forward needs last (docs/planning.md, "The streamed update")."""
     pol = ExecutionPolicy.mix(layers=4, keep=0, offload=0, resident=0, device_layers=1, streamed_layers=2)
-    assert pol.streamed_units() == {3, 4} and pol.device_units() == {1}
+    assert pol.streamed_units() == {2, 3} and pol.device_units() == {1}
+    assert ExecutionPolicy.mix(layers=4, keep=0, offload=0, resident=0, streamed_layers=1).streamed_units() == {1}
     lay = plan_layout([100, 10, 10, 10, 10, 100], 1, pol, "bf16", clip=True, directory="")
-    assert set(lay.held_places()) == {0, 2, 5}
+    assert set(lay.held_places()) == {0, 4, 5}
     assert lay.slot_numel == 100  # staging still sized for the head, which goes to the host
 
 

@@ -56,6 +56,10 @@ describe("decisions", () => {
       "Clipping at 1.0 costs +0.82 s (+27%) a step (3.93 s against 3.11 s for this policy without clipping, its streamed layers updated on the host): the host updates 8 of 36 layers, the GPUs 4 layers and the embedding and head, 24 stream through the GPU after the norm; gradients wait: 1.5 GiB in host memory (bf16), 4.5 GiB on the GPU (bf16).",
     );
     expect(Object.keys(c)).toEqual(["route", "activations", "update", "clipping", "cast", "headroom", "staging", "bound"]);
+    // the streamed layers are the ones right after the device layers (slidedp.schedule.streamed_units)
+    expect(c.update).toContain(" After the gradient norm the GPUs also update layers 5–28, streaming their state from host memory and back");
+    const one = { ...pc, policy: { ...pc.policy, streamed_layers: 1 } } as PlanAnswer;
+    expect(said(one).update).toContain("the GPUs also update layer 5, streaming");
     // the figures are the plan's own: its step time, and its section's unclipped pricing
     expect(pc.clipping?.step_time_s).toBe(pc.predicted?.step_time_s);
     // without clipping the plan has no section, and nothing is said

@@ -92,7 +92,7 @@ export function decisions(plan: PlanAnswer): Decision[] {
   else if (!onGpu && t !== null && /device AdamW rate/.test(plan.why ?? "")) upd.push(": updating on the GPUs was not timed, as the calibration has no rate for the GPUs' AdamW.");
   else upd.push(".");
   const streamed = pol.streamed_layers ?? 0;
-  if (streamed > 0) upd.push(" After the gradient norm the GPUs also update ", [`the last ${streamed} layers`, "streamed_layers"], ", streaming their state from host memory and back, while the host CPU updates the others.");
+  if (streamed > 0) upd.push(" After the gradient norm the GPUs also update ", [streamed === 1 ? `layer ${pol.device_layers + 1}` : `layers ${pol.device_layers + 1}–${pol.device_layers + streamed}`, "streamed_layers"], ", streaming their state from host memory and back, while the host CPU updates the others.");
   out.push({ topic: "update", parts: upd.filter((p) => p !== "") });
 
   // what clipping costs, who updates what after the norm, where the gradients wait for it (the plan's `clipping`)

@@ -10,8 +10,9 @@ policy, not a second search: the unclipped search could choose another policy (a
 so `unclipped_step_time_s` is what clipping costs this plan, not what the best unclipped plan would take.
 
 The split says who updates what (parameters counted unpadded): the host CPU the layers above the device layers and
-below the streamed ones (and the embedding and head with edge_update host), the GPUs the `device_layers` and, with
-edge_update gpu, the embedding and head, and the last `streamed_layers` streamed through the GPUs after the norm.
+the streamed ones (and the embedding and head with edge_update host), the GPUs the `device_layers` and, with
+edge_update gpu, the embedding and head, and the `streamed_layers` after the device layers streamed through the GPUs
+after the norm.
 Where the gradients wait: in host memory, the held gradient of the units the host updates (slidedp.step.layout;
 bf16 where exact, held_in_bf16); on each GPU, the streamed layers' (the memory model's `streamed_gradients`, before
 the allocator's slack). A device-updated unit's gradient waits in its device state (`device_state`).

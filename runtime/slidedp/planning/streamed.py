@@ -1,5 +1,6 @@
-"""AutoPolicy's choice of `policy.streamed_layers`: how many of the last layers' updates after the gradient norm
-stream through the GPUs (slidedp.step.streamed_update) while the host CPU updates the rest.
+"""AutoPolicy's choice of `policy.streamed_layers`: how many layers' updates after the gradient norm stream through
+the GPUs (slidedp.step.streamed_update: the layers right after the device layers, so the host's are the last the
+next forward needs) while the host CPU updates the rest.
 
 Only with clipping, where the post-norm update would otherwise run on the host alone while the GPUs and their
 links idle. Both sides are bound by memory traffic (the CPU by host DRAM, the stream by the link carrying 24

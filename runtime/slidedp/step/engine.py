@@ -6,8 +6,8 @@ embedding's backward. Each unit's gradient leaves the GPU as soon as it exists (
 ones accumulate on the GPU in fp32) and the rank's updater thread applies AdamW to this rank's shard on the host.
 Under `policy.edge_update: gpu` the embedding and head stay on the device instead, and so do the leading
 `policy.device_layers` layers: reduced there, updated there after the backward (slidedp.step.device_update),
-never delivered from the host. The last `policy.streamed_layers` layers keep their gradients on the device too
-and are updated after the norm by streaming their host state through it (slidedp.step.streamed_update).
+never delivered from the host. The `policy.streamed_layers` layers after those keep their gradients on the device
+too and are updated after the norm by streaming their host state through it (slidedp.step.streamed_update).
 
 Held-out evaluation (`eval_loss`) streams the units through the same window on a forward-only schedule
 (slidedp.schedule.eval_schedule) under torch.no_grad(): it reads the weights of the step it follows, sends no

@@ -2,7 +2,8 @@
 
 With exact clipping no update can start before the whole gradient's norm is known, so after the backward the host
 CPU updates every unit while the GPUs and their PCIe links wait for it (docs/planning.md, "The post-norm update").
-For the last `streamed_layers` decoder layers the GPUs take that work: each unit's reduced gradient (this rank's
+For the `streamed_layers` decoder layers right after the device layers the GPUs take that work (the next forward
+needs them before the host's, which are the last ones and so have the longest to finish): each unit's reduced gradient (this rank's
 shard) waits in GPU memory instead of host memory — in bf16 where that is exact (one rank, bf16 layers, no
 accumulation: slidedp.step.layout.held_in_bf16), else in fp32 — and once the norm is known the rank streams its
 shard's fp32 master and AdamW moments in from the host state, chunk by chunk, applies the same fused AdamW with the
