@@ -202,13 +202,13 @@ class PolicyConfig:
         None,
         doc="With clipping: how many decoder layers, right after the device layers (layers device_layers + 1 … "
         "device_layers + streamed_layers; the last layers before 2026-12-05), have their update after the gradient "
-        "norm run on the GPUs instead of the host CPU, which updates the last layers. Their gradients wait in GPU memory (bf16 where exact, else fp32, 1/N per rank); once "
-        "the norm is known each rank streams its shard's fp32 master and AdamW moments in, applies the same "
-        "AdamW there and streams them back (12 B/param each way over PCIe) while the CPU updates the other "
-        "layers: the GPUs and links that would idle waiting for the host update share it. The host state stays "
-        "the one authoritative copy. 0: none. None (default): AutoPolicy chooses (0 where it cannot price it). "
-        "More than 0 needs grad_reduce gpu (or auto) with more than one rank; with device_layers, at most the "
-        "layers left above them.",
+        "norm run on the GPUs instead of the host CPU, which updates the last layers. Their gradients wait in GPU "
+        "memory (bf16 where exact, else fp32, 1/N per rank); once the norm is known each rank streams its shard's "
+        "fp32 master and AdamW moments in, applies the same AdamW there and streams them back (12 B/param each way "
+        "over PCIe) while the CPU updates the other layers: the GPUs and links that would idle waiting for the host "
+        "update share it. The host state stays the one authoritative copy. 0: none. None (default): AutoPolicy "
+        "chooses (0 where it cannot price it). More than 0 needs grad_reduce gpu (or auto) with more than one rank; "
+        "with device_layers, at most the layers left above them.",
         ge=0,
         le=MAX_LAYERS,
     )

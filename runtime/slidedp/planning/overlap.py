@@ -224,8 +224,7 @@ def replay(d: Durations, iterations: int = SHARING_ROUNDS) -> Outcome:
         moved = 0.0
         for _, t in shared:
             new = t.dur + step * (t.base * factors.get(t.order, 1.0) - t.dur)
-            if abs(new - t.dur) > moved * t.base:
-                moved = abs(new - t.dur) / t.base
+            moved = max(moved, abs(new - t.dur) / t.base)
             t.dur = new
         rep.run()
         if moved < SETTLED:

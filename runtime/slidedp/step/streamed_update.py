@@ -3,15 +3,15 @@
 With exact clipping no update can start before the whole gradient's norm is known, so after the backward the host
 CPU updates every unit while the GPUs and their PCIe links wait for it (docs/planning.md, "The post-norm update").
 For the `streamed_layers` decoder layers right after the device layers the GPUs take that work (the next forward
-needs them before the host's, which are the last ones and so have the longest to finish): each unit's reduced gradient (this rank's
-shard) waits in GPU memory instead of host memory — in bf16 where that is exact (one rank, bf16 layers, no
-accumulation: slidedp.step.layout.held_in_bf16), else in fp32 — and once the norm is known the rank streams its
-shard's fp32 master and AdamW moments in from the host state, chunk by chunk, applies the same fused AdamW with the
-same clip factor there, and streams them back (12 B/param each way, plus the bf16 copy where the host keeps one),
-while the host CPU updates the other units. The host state stays the one authoritative copy: between steps these
-units keep on the GPU only their waiting gradient's buffer (which holds their new weights until the next backward
-writes the next gradient there, below), and checkpoints, resume and export read the host state as always. A unit
-counts as updated (slidedp.step.host_state.Board) once its copies back have landed, which the rank's updater
+needs them before the host's, which are the last ones and so have the longest to finish): each unit's reduced
+gradient (this rank's shard) waits in GPU memory instead of host memory — in bf16 where that is exact (one rank,
+bf16 layers, no accumulation: slidedp.step.layout.held_in_bf16), else in fp32 — and once the norm is known the rank
+streams its shard's fp32 master and AdamW moments in from the host state, chunk by chunk, applies the same fused
+AdamW with the same clip factor there, and streams them back (12 B/param each way, plus the bf16 copy where the host
+keeps one), while the host CPU updates the other units. The host state stays the one authoritative copy: between
+steps these units keep on the GPU only their waiting gradient's buffer (which holds their new weights until the next
+backward writes the next gradient there, below), and checkpoints, resume and export read the host state as always. A
+unit counts as updated (slidedp.step.host_state.Board) once its copies back have landed, which the rank's updater
 thread marks; where the weights do not stay on the GPU the window then delivers it like any host-updated unit.
 
 The numbers are the host update's: the gradient norm summed where the host route would sum it, the clip factor in
