@@ -64,3 +64,51 @@ def test_the_layer_report_splits_each_pass_into_the_layers_own_time_and_the_time
     cal.write_text(json.dumps(calibration))
     assert trace_report.main([str(path), "--layers", "--calibration", str(cal), "--from-step", "1"]) == 0
     assert '"ratio"' in capsys.readouterr().out
+
+
+def test_the_layer_report_gives_the_compute_phases_flop_rate_model_work_and_recompute_apart(tmp_path, capsys):
+    # one layer's forward is 1e12 FLOPs; step 1: a kept layer (forward 2 ms, backward 4 ms) and a checkpointed
+    # one (forward 2 ms, backward with its recompute 6 ms)
+    rows = [{"kind": "run", "step": 0, "compiled": False, "activations": ["keep", "checkpoint"],
+             "layer_forward_flops": {"matmul": 0.9e12, "attention": 0.1e12}},
+            {"kind": "gpu", "step": 1, "start": 0.0, "forward_end": 0.01, "backward_end": 0.03},
+            {"kind": "layer", "step": 1, "mb": 0, "dir": "forward", "unit": 1, "act": "keep", "ready": 0.001,
+             "end": 0.003},
+            {"kind": "layer", "step": 1, "mb": 0, "dir": "forward", "unit": 2, "act": "checkpoint", "ready": 0.003,
+             "end": 0.005},
+            {"kind": "layer", "step": 1, "mb": 0, "dir": "backward", "unit": 2, "act": "checkpoint", "ready": 0.011,
+             "end": 0.017},
+            {"kind": "layer", "step": 1, "mb": 0, "dir": "backward", "unit": 1, "act": "keep", "ready": 0.017,
+             "end": 0.021}]
+    flops = trace_report.forward_flops(rows)
+    assert flops == 1e12
+    out = trace_report.layer_report(rows, first=1, flops=flops)
+    kinds = {(k["dir"], k["act"]): k for k in out["kinds"]}
+    assert abs(kinds[("forward", "keep")]["model_tflops"] - 500) < 1e-6  # 1e12 in 2 ms
+    assert abs(kinds[("backward", "keep")]["model_tflops"] - 500) < 1e-6  # 2e12 in 4 ms
+    bc = kinds[("backward", "checkpoint")]
+    assert abs(bc["model_tflops"] - 2e12 / 0.006 / 1e12) < 1e-6 and abs(bc["work_tflops"] - 500) < 1e-6
+    [st] = out["steps"]
+    # the model's work: 1 + 1 + 2 + 2 forwards; done: one more (the recompute); over 14 ms of the layers' own time
+    assert abs(st["model_tflops"] - 6e12 / 0.014 / 1e12) < 1e-6 and abs(st["work_tflops"] - 7e12 / 0.014 / 1e12) < 1e-6
+    assert out["median"]["model_tflops"] == st["model_tflops"]
+    assert "model_tflops" not in trace_report.layer_report(rows, first=1)["steps"][0]  # no FLOPs: no rate
+    path = tmp_path / "t.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert trace_report.main([str(path), "--layers", "--from-step", "1"]) == 0
+    assert '"median"' in capsys.readouterr().out
+
+
+def test_a_timeline_without_the_layers_flops_takes_them_from_the_model_named():
+    from slidedp.model_sizing import layer_forward_flops, shape_of
+    from slidedp.presets import PRESETS
+
+    rows = [{"kind": "run", "step": 0, "compiled": True, "activations": ["keep"]}]
+    assert trace_report.forward_flops(rows) is None
+    got = trace_report.forward_flops(rows, "qwen3-8b", 8, 2048)
+    # Qwen3-8B: hidden 4096, 32 query and 8 KV heads of 128, MLP 12288; 8 x 2048 tokens
+    tokens, h = 8 * 2048, 4096
+    matmul = 2.0 * tokens * (2 * h * 4096 + 2 * h * 1024 + 3 * h * 12288)
+    attention = 2.0 * 8 * 2048 * 2048 * 4096
+    assert got == matmul + attention
+    assert sum(layer_forward_flops(shape_of(PRESETS["qwen3-8b"]), 8, 2048)) == got

@@ -84,6 +84,17 @@ def shape_of(config: dict[str, Any], where: str = "the model's config") -> Model
     return ModelShape(mt, layers, h, v, f, nh, nkv, hd, tied, units)
 
 
+def layer_forward_flops(s: ModelShape, micro_batch: int, seq: int) -> tuple[float, float]:
+    """(matmul, attention) FLOPs of one decoder layer's forward over one micro-batch of `micro_batch` sequences of
+    `seq` tokens: the q, k, v, o projections and the gated MLP's three matmuls per token, and causal attention's
+    scores and weighted sum (2 * seq * seq * heads * head_dim each a sequence, half of it under the causal mask).
+    Its backward does twice the forward's work; a checkpointed layer's recompute once more."""
+    qd, kvd = s.heads * s.head_dim, s.kv_heads * s.head_dim
+    matmul = 2.0 * micro_batch * seq * (2 * s.hidden * qd + 2 * s.hidden * kvd + 3 * s.hidden * s.intermediate)
+    attention = 2.0 * micro_batch * seq * seq * qd
+    return matmul, attention
+
+
 def sizing_config(config: dict[str, Any], where: str = "the model's config") -> dict[str, Any]:
     """The config with every key that sizes a unit as transformers reads it: the architecture's default for each
     key the file leaves out, and num_key_value_heads and head_dim the numbers the attention is built with (a

@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 
 from slidedp.launch import train
+from slidedp.model_sizing import shape_of
+from slidedp.presets import PRESETS
 from slidedp.step import trace
 
 from tests.runtime.exactness import HOST_ROUTE_FEW_SLOTS, make_pattern_data, tiny_job
@@ -39,6 +41,11 @@ def test_a_traced_run_writes_each_ranks_steps_updates_and_waits_on_one_clock(tmp
         [run] = [r for r in rows if r["kind"] == "run"]
         layers = len(run["activations"])
         assert run["compiled"] is False and layers >= 2
+        # one layer's forward over one micro-batch (2 x 32 tokens of tiny-qwen3), for the report's FLOP rates
+        shape = shape_of(PRESETS["tiny-qwen3"])
+        qd, kvd = shape.heads * shape.head_dim, shape.kv_heads * shape.head_dim
+        matmul = 2.0 * 2 * 32 * (2 * shape.hidden * qd + 2 * shape.hidden * kvd + 3 * shape.hidden * shape.intermediate)
+        assert run["layer_forward_flops"] == {"matmul": matmul, "attention": 2.0 * 2 * 32 * 32 * qd}
         gpu = {r["step"]: r for r in rows if r["kind"] == "gpu"}
         for step in (1, 2, 3):
             fwd = [r for r in rows if r["kind"] == "layer" and r["step"] == step and r["dir"] == "forward"]

@@ -404,17 +404,11 @@ def _transfers(oneway: float, world: int, dram_gbps: float) -> dict[str, Any]:
 
 
 def layer_flops(job: Job) -> tuple[float, float]:
-    """(matmul, attention) FLOPs of one decoder layer's forward at the job's (micro-batch, seq): the q, k, v, o
-    projections and the gated MLP's three matmuls per token, and causal attention's scores and weighted sum."""
-    mc, h = job.model_cfg, job.hidden
-    f = int(mc["intermediate_size"])
-    heads = int(mc["num_attention_heads"])
-    hd = int(mc.get("head_dim") or h // heads)
-    qd, kvd = heads * hd, int(mc.get("num_key_value_heads") or heads) * hd
-    tokens = job.tokens_per_micro_batch
-    matmul = 2.0 * tokens * (2 * h * qd + 2 * h * kvd + 3 * h * f)
-    attention = 2.0 * job.micro_batch * job.seq * job.seq * qd  # QK^T and PV, 2*s*s*qd each, half of it causal
-    return matmul, attention
+    """(matmul, attention) FLOPs of one decoder layer's forward at the job's (micro-batch, seq)
+    (slidedp.model_sizing.layer_forward_flops)."""
+    from slidedp.model_sizing import layer_forward_flops, shape_of
+
+    return layer_forward_flops(shape_of(job.model_cfg), job.micro_batch, job.seq)
 
 
 def _unit(job: Job, g: dict[str, Any], hbm_bps: float) -> dict[str, Any]:

@@ -19,6 +19,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from slidedp.config import JobConfig
+from slidedp.model_sizing import layer_forward_flops, shape_of
 from slidedp.presets import flops_per_token
 from slidedp.run_spec import RunSpec
 from slidedp.step import trace
@@ -246,14 +247,15 @@ def _ready(link, args: RankArgs, marks: _Marks, queue, loading: _Loading, device
     engine = RankEngine(cfg, adapter, state, args.spec.policy, rank, world, device, groups, abort=abort,
                         zero_moments=args.zero_moments)
     engine.updater.last_step = args.start_step
+    model_cfg = {**adapter.config.to_dict(), "model_type": adapter.config.model_type}
     tr = trace.start(rank)  # SLIDEDP_TRACE: a timeline of the steps (slidedp.step.trace)
     if tr is not None:
         tr.anchor(engine.streams)
-        tr.run(bool(args.spec.policy.compiled_layers), engine.activations)
+        tr.run(bool(args.spec.policy.compiled_layers), engine.activations,
+               layer_forward_flops(shape_of(model_cfg), cfg.micro_batch_size, cfg.seq_len))
     engine.updater.start()
     marks.done("engine")
-    model_cfg = adapter.config.to_dict()
-    flops_tok = flops_per_token({**model_cfg, "model_type": adapter.config.model_type}, cfg.seq_len)
+    flops_tok = flops_per_token(model_cfg, cfg.seq_len)
     reporter = _Reporter(cfg, engine, queue, rank, world, flops_tok, _peak_tflops(device), args.spec.predicted)
     reporter.memory_cap = args.memory_cap
     if cfg.eval.enabled:  # the model the run starts from, reported with the run's first step

@@ -5,8 +5,11 @@ Off unless SLIDEDP_TRACE names a folder: each rank then writes `trace-rank{R}.js
 keeps each run's timeline), one event per line, every time in seconds on one clock (the host's perf_counter, from
 the trace's start):
 
-  {"kind": "run", "compiled", "activations"}             how the run's layers ran: compiled or eager, and each
-                                                         decoder layer's activations (keep / offload / checkpoint)
+  {"kind": "run", "compiled", "activations", "layer_forward_flops"}
+                                                         how the run's layers ran: compiled or eager, and each
+                                                         decoder layer's activations (keep / offload / checkpoint);
+                                                         one layer's forward over one micro-batch in FLOPs,
+                                                         {"matmul", "attention"} (model_sizing.layer_forward_flops)
 
   {"kind": "step", "step", "t"}                          the main thread begins the step
   {"kind": "gpu", "step", "start", "forward_end", "backward_end"}
@@ -86,8 +89,10 @@ class Trace:
         if self.wanted(step) and self._ref is not None:
             self._gpu.append((step, {k: events[k] for k in ("start", "forward_end", "backward_end") if k in events}))
 
-    def run(self, compiled: bool, activations: list[str]) -> None:
-        self.events.append({"kind": "run", "step": 0, "compiled": compiled, "activations": list(activations)})
+    def run(self, compiled: bool, activations: list[str], layer_forward_flops: tuple[float, float]) -> None:
+        matmul, attention = layer_forward_flops
+        self.events.append({"kind": "run", "step": 0, "compiled": compiled, "activations": list(activations),
+                            "layer_forward_flops": {"matmul": matmul, "attention": attention}})
 
     def layer(self, step: int, mb: int, direction: str, unit: int, act: str, ready: Any, end: Any) -> None:
         """A decoder layer's forward or backward between two timing events on the compute stream."""
