@@ -2,7 +2,9 @@
 (AutoPolicy's staging_that_fits), not refused. The case: Qwen3-8B at micro-batch 1 x 2048 under a 24 GiB cap on the
 one-H200 machine (128 GiB of RAM), the cast on the GPU, clipping at 1.0 (the default): its default 8 slots are each
 the head's gradient (2.3 GiB), and with the held gradient the host needed 132.7 GiB; it was refused although 7
-slots fit (calibration measured on that machine, docs/results/s20)."""
+slots fit (calibration measured on that machine, docs/results/s20). Where AutoPolicy streams layers' post-norm
+updates through the GPU, their gradients wait there and the default slots fit (14 streamed layers); the cases
+below fix none streamed, as the job was when it was refused."""
 
 import json
 import os
@@ -27,7 +29,7 @@ def cfg(clip: float, policy: dict | None = None) -> JobConfig:
     return JobConfig.from_dict({"model": "qwen3-8b", "data": {"path": "x.jsonl"}, "gpus": 1, "micro_batch_size": 1,
                                 "seq_len": 2048, "cpu_threads": 16, "precision": "bf16", "gpu_memory_gib": 24,
                                 "optimizer": {"max_grad_norm": clip},
-                                "policy": {"delivery_cast": "gpu", **(policy or {})}})
+                                "policy": {"delivery_cast": "gpu", "streamed_layers": 0, **(policy or {})}})
 
 
 def test_a_job_that_fits_with_fewer_staging_slots_is_planned_with_them():
