@@ -108,6 +108,9 @@
 #           layer checkpointed) eager and compiled beside -> $OUT/comp8.jsonl (COMP_STEPS, 8 steps); the SlideDP rows'
 #           step timelines with every layer's forward and backward (SLIDEDP_TRACE) -> $OUT/comp8-trace/, one file a row
 #           in the order above (scripts/trace_report.py --layers)
+#   clip8   Qwen3-8B, seq 2048, micro-batch 8, the whole card, compiled layers fixed, AutoPolicy for the rest: without
+#           and with clipping at 1.0 in one bench command (one host state; COMP_STEPS, 8 steps), no peers: the
+#           clipped/unclipped pair of the benchmarks table -> $OUT/clip8.jsonl, step timelines -> $OUT/clip8-trace/
 #   comp3   the same for the Llama 3.2 3B preset (every layer kept by FSDP2 where it fits: COMP3_PEER_KEEP, none)
 #           -> $OUT/comp3.jsonl
 #   pyc     whether this machine's transformers has bytecode, and a rank's imports and model built, twice as is and
@@ -314,6 +317,10 @@ print(f'with NCCL and one all-reduce: {(t - f1) / 2**30:.3f} GiB (allocator rese
              --seq 2048 --gpus 1 --mbs 8 \
              --steps ${COMP_STEPS:-8} --threads 16 --policies "$A:0:$R:eager,$A:0:$R:compiled,$A:1.0:$R:compiled" \
              --peers fsdp2:0,fsdp2:0:0:compiled --out "$OUT/comp8.jsonl" 2>&1 | quiet 30 ;;
+    clip8) A=auto:auto:auto; R=auto:auto:auto:auto:auto:auto
+           SLIDEDP_TRACE=$OUT/clip8-trace timeout ${COMP_S:-560} python3 -m slidedp.cli bench --model qwen3-8b \
+             --seq 2048 --gpus 1 --mbs 8 --steps ${COMP_STEPS:-8} --threads 16 \
+             --policies "$A:0:$R:compiled,$A:1.0:$R:compiled" --out "$OUT/clip8.jsonl" 2>&1 | quiet 20 ;;
     comp3) A=auto:auto:auto; R=auto:auto:auto:auto:auto:auto; K=${COMP3_PEER_KEEP:-none}
            timeout ${COMP_S:-560} python3 -m slidedp.cli bench --model llama3.2-3b --seq 2048 --gpus 1 --mbs 8 \
              --steps ${COMP_STEPS:-8} --threads 16 --policies "$A:0:$R:eager,$A:0:$R:compiled" \
