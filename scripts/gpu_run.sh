@@ -111,6 +111,9 @@
 #   clip8   Qwen3-8B, seq 2048, micro-batch 8, the whole card, compiled layers fixed, AutoPolicy for the rest: without
 #           and with clipping at 1.0 in one bench command (one host state; COMP_STEPS, 8 steps), no peers: the
 #           clipped/unclipped pair of the benchmarks table -> $OUT/clip8.jsonl, step timelines -> $OUT/clip8-trace/
+#   copies  does a layer's compute slow down while both PCIe directions copy? (scripts/probe_layer_copies.py: the
+#           calls calibration times, alone and beside queued copies) for Qwen3-4B mbs 4 and Qwen3-8B mbs 8, eager
+#           -> $OUT/layer-copies.jsonl
 #   comp3   the same for the Llama 3.2 3B preset (every layer kept by FSDP2 where it fits: COMP3_PEER_KEEP, none)
 #           -> $OUT/comp3.jsonl
 #   pyc     whether this machine's transformers has bytecode, and a rank's imports and model built, twice as is and
@@ -317,6 +320,8 @@ print(f'with NCCL and one all-reduce: {(t - f1) / 2**30:.3f} GiB (allocator rese
              --seq 2048 --gpus 1 --mbs 8 \
              --steps ${COMP_STEPS:-8} --threads 16 --policies "$A:0:$R:eager,$A:0:$R:compiled,$A:1.0:$R:compiled" \
              --peers fsdp2:0,fsdp2:0:0:compiled --out "$OUT/comp8.jsonl" 2>&1 | quiet 30 ;;
+    copies) for m in qwen3-4b:4 qwen3-8b:8; do timeout ${COPIES_S:-90} python3 scripts/probe_layer_copies.py \
+              --model ${m%:*} --mbs ${m#*:} --out "$OUT/layer-copies.jsonl" 2>&1 | quiet 16; done ;;
     clip8) A=auto:auto:auto; R=auto:auto:auto:auto:auto:auto
            SLIDEDP_TRACE=$OUT/clip8-trace timeout ${COMP_S:-560} python3 -m slidedp.cli bench --model qwen3-8b \
              --seq 2048 --gpus 1 --mbs 8 --steps ${COMP_STEPS:-8} --threads 16 \
