@@ -17,22 +17,11 @@ import json
 import statistics
 
 import torch
+from slidedp.planning.microbench import event_times
 from slidedp.planning.model_bench import ModelParts
 from slidedp.presets import model_config_dict
 
 CHUNK = 256 << 20  # bytes per queued copy
-
-
-def timed(fn, reps: int) -> list[float]:
-    out = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        b.synchronize()
-        out.append(a.elapsed_time(b) / 1e3)
-    return out
 
 
 class Copies:
@@ -82,13 +71,13 @@ def probe(model: str, mbs: int, seq: int, compiled: bool, rounds: int, reps: int
     alone_gbps = 2 * nbytes / (a.elapsed_time(b) / 1e3) / 1e9
     out: dict = {"model": model, "mbs": mbs, "seq": seq, "compiled": compiled, "copies_alone_GBps": alone_gbps}
     for name, fn in named.items():
-        one = statistics.median(timed(fn, 3))
+        one = statistics.median(event_times(fn, 3))
         quiet, busy, rates = [], [], []
         for _ in range(rounds):
             torch.cuda.synchronize()
-            quiet += timed(fn, reps)
+            quiet += event_times(fn, reps)
             a, b, nbytes = copies.queue(1.5 * reps * one, alone_gbps / 2)
-            busy += timed(fn, reps)
+            busy += event_times(fn, reps)
             b.synchronize()
             rates.append(2 * nbytes / (a.elapsed_time(b) / 1e3) / 1e9)
         q, w = statistics.median(quiet), statistics.median(busy)

@@ -29,7 +29,7 @@ import time
 
 import torch
 from slidedp.config import OptimizerConfig
-from slidedp.planning.microbench import state_like, update_buffers
+from slidedp.planning.microbench import median_time, state_like, update_buffers
 from slidedp.step.optimizer import update_shard_
 
 OPT = OptimizerConfig(lr=1e-6, weight_decay=0.1, betas=(0.9, 0.95), eps=1e-8)
@@ -43,20 +43,6 @@ def median_s(fn, reps: int) -> float:
         t0 = time.perf_counter()
         fn()
         times.append(time.perf_counter() - t0)
-    return statistics.median(times)
-
-
-def gpu_median_s(fn, reps: int) -> float:
-    fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(reps):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) / 1e3)
     return statistics.median(times)
 
 
@@ -165,7 +151,7 @@ def gpu_adamw(n: int, reps: int, emit) -> None:
                             beta2=OPT.betas[1], weight_decay=OPT.weight_decay, eps=OPT.eps, amsgrad=False,
                             maximize=False)
 
-    t = gpu_median_s(run, reps)
+    t = median_time(run, reps, cuda=True)
     emit("gpu_adamw", s_per_1e9=t * 1e9 / n, hbm_gbs_28=28 * n / t / GB)
 
 

@@ -32,24 +32,31 @@ def compute_threads(cfg: JobConfig, topology: dict) -> int:
 
 
 # ---------------------------------------------------------------------------- timing helpers
+def event_times(fn: Callable[[], Any], reps: int) -> list[float]:
+    """Seconds of each of `reps` calls of fn on the current CUDA stream, between two timing events, each waited
+    for before the next call."""
+    times = []
+    for _ in range(reps):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        fn()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b) / 1e3)
+    return times
+
+
 def median_time(fn: Callable[[], Any], reps: int, cuda: bool, warmup: int = 1) -> float:
     for _ in range(warmup):
         fn()
     if cuda:
         torch.cuda.synchronize()
+        return statistics.median(event_times(fn, reps))
     times = []
     for _ in range(reps):
-        if cuda:
-            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            a.record()
-            fn()
-            b.record()
-            b.synchronize()
-            times.append(a.elapsed_time(b) / 1e3)
-        else:
-            t = time.perf_counter()
-            fn()
-            times.append(time.perf_counter() - t)
+        t = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t)
     return statistics.median(times)
 
 
