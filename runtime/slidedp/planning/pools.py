@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
+
 
 def pool_users(tasks: list[Any], capacity: dict[str, float]) -> dict[str, list[tuple[Any, float]]]:
     """Per pool, the tasks that load it and their demand when alone (bytes / base seconds), in task order: the
@@ -31,23 +33,24 @@ def slowdowns(users: dict[str, list[tuple[Any, float]]], capacity: dict[str, flo
         running = [(t, rate) for t, rate in users[pool] if t.end > t.start]
         if not running:
             continue
-        # piecewise-constant total demand, integrated with a sweep
-        edges: dict[float, float] = {}
-        for t, rate in running:
-            edges[t.start] = edges.get(t.start, 0.0) + rate
-            edges[t.end] = edges.get(t.end, 0.0) - rate
-        times = sorted(edges)
-        level, acc, cum = 0.0, 0.0, [0.0]
-        for i in range(1, len(times)):
-            level += edges[times[i - 1]]
-            acc += level * (times[i] - times[i - 1])
-            cum.append(acc)
-        # every task starts and ends on an edge, where the integral is that edge's entry of cum
-        at = {x: c for x, c in zip(times, cum)}
-        for t, _ in running:
-            f = (at[t.end] - at[t.start]) / (t.end - t.start) / cap
-            if f > factors.get(t.order, 1.0):
-                factors[t.order] = f
+        # piecewise-constant total demand, integrated with a sweep over every task's start and end: the edges at
+        # one time merged (in task order), the demand's level and its integral summed edge by edge in time order
+        n = len(running)
+        edges = np.empty(2 * n)
+        edges[0::2] = [t.start for t, _ in running]
+        edges[1::2] = [t.end for t, _ in running]
+        steps = np.empty(2 * n)
+        steps[0::2] = [r for _, r in running]
+        steps[1::2] = -steps[0::2]
+        times, at = np.unique(edges, return_inverse=True)
+        level = np.cumsum(np.bincount(at, weights=steps, minlength=len(times)))
+        cum = np.zeros(len(times))
+        np.cumsum(level[:-1] * np.diff(times), out=cum[1:])
+        f = (cum[at[1::2]] - cum[at[0::2]]) / (edges[1::2] - edges[0::2]) / cap
+        for i in np.flatnonzero(f > 1.0).tolist():
+            order_i = running[i][0].order
+            if f[i] > factors.get(order_i, 1.0):
+                factors[order_i] = float(f[i])
     return factors
 
 
