@@ -143,8 +143,14 @@ def clip_of(row: dict) -> float:
     return float(parts[3]) if len(parts) > 3 and parts[3] != "auto" else 0.0
 
 
-def slidedp_label(row: dict, layers: int | None) -> str:
-    """What the SlideDP row ran, from its policy string and `chosen` (the policy as run); `layers`: the model's."""
+# Rows of these sessions ran an engine that streamed the last `streamed_layers` layers' post-norm update; later
+# engines stream the layers right after the device layers (slidedp.schedule.streamed_units)
+LAST_LAYERS_STREAMED = tuple(f"s{i}" for i in range(1, 23))
+
+
+def slidedp_label(row: dict, layers: int | None, session: str | None = None) -> str:
+    """What the SlideDP row ran, from its policy string and `chosen` (the policy as run); `layers`: the model's;
+    `session`: the results folder the row is from (which layers it streamed)."""
     chosen = row.get("chosen") or {}
     parts = []
     if row["gpus"] > 1:
@@ -165,7 +171,12 @@ def slidedp_label(row: dict, layers: int | None) -> str:
     if streamed:
         fields = row["policy"].split(":")
         asked = " (as asked)" if len(fields) > 9 and fields[9].isdigit() else ""
-        parts.append(f"last {streamed} layers' update after the norm streamed through the GPU{asked}")
+        if session in LAST_LAYERS_STREAMED:
+            parts.append(f"last {streamed} layers' update after the norm streamed through the GPU{asked}")
+        else:
+            first = on_gpu + 1
+            which = f"layer {first}" if streamed == 1 else f"layers {first}-{on_gpu + streamed}"
+            parts.append(f"the update of {which} after the norm streamed through the GPU{asked}")
     if chosen.get("delivery_cast") == "gpu":
         parts.append("fp32 master cast on the GPU")
     # compiled layers: as run (`chosen`), or, in rows from before it was recorded there, the ranks' compile
@@ -213,7 +224,8 @@ def resolve(scenario: dict, results: Path) -> dict:
         kind = row.get("peer", "slidedp")
         systems.append({
             "kind": kind,
-            "label": peer_label(row) if "peer" in row else slidedp_label(row, cal.get("shape", {}).get("layers")),
+            "label": peer_label(row) if "peer" in row else slidedp_label(row, cal.get("shape", {}).get("layers"),
+                                                                      rel.split("/")[0]),
             "step_s": row["step_s"],
             "tokens_per_s": tokens / row["step_s"],
             "hbm_gib": row["hbm_peak_gib"],

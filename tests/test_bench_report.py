@@ -92,6 +92,16 @@ def test_the_label_says_where_the_embedding_and_head_are_updated():
     assert "every unit updated on the host" in report.slidedp_label(row, 36)
 
 
+def test_the_label_names_the_streamed_layers_the_rows_engine_streamed():
+    """A row of an engine that streams the layers right after the device layers was labelled with the last ones."""
+    report = load_report()
+    row = {"gpus": 1, "policy": "auto", "chosen": {"edge_update": "gpu", "device_layers": 1, "streamed_layers": 18}}
+    assert "last 18 layers' update after the norm streamed" in report.slidedp_label(row, 36, "s21")
+    assert "the update of layers 2-19 after the norm streamed" in report.slidedp_label(row, 36, "s23")
+    row["chosen"].update(device_layers=0, streamed_layers=1)
+    assert "the update of layer 1 after the norm streamed" in report.slidedp_label(row, 36, "s23")
+
+
 def test_check_fails_when_the_doc_differs(tmp_path):
     doc = tmp_path / "benchmarks.md"
     text = (ROOT / "docs" / "benchmarks.md").read_text(encoding="utf-8")
