@@ -32,6 +32,12 @@ import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+# which layers a row streamed after the norm: the sessions whose engine streamed the last ones, as prediction_check
+# prices them, and today's positions (prediction_check puts the runtime on the path; slidedp.schedule imports no torch)
+sys.path.insert(0, str(REPO / "scripts"))
+from prediction_check import BEFORE_EARLY_STREAMED  # noqa: E402
+from slidedp.schedule import streamed_units  # noqa: E402
+
 RESULTS = REPO / "docs" / "results"
 SCENARIOS = RESULTS / "scenarios.json"
 DOC = REPO / "docs" / "benchmarks.md"
@@ -143,11 +149,6 @@ def clip_of(row: dict) -> float:
     return float(parts[3]) if len(parts) > 3 and parts[3] != "auto" else 0.0
 
 
-# Rows of these sessions ran an engine that streamed the last `streamed_layers` layers' post-norm update; later
-# engines stream the layers right after the device layers (slidedp.schedule.streamed_units)
-LAST_LAYERS_STREAMED = tuple(f"s{i}" for i in range(1, 23))
-
-
 def slidedp_label(row: dict, layers: int | None, session: str | None = None) -> str:
     """What the SlideDP row ran, from its policy string and `chosen` (the policy as run); `layers`: the model's;
     `session`: the results folder the row is from (which layers it streamed)."""
@@ -171,11 +172,11 @@ def slidedp_label(row: dict, layers: int | None, session: str | None = None) -> 
     if streamed:
         fields = row["policy"].split(":")
         asked = " (as asked)" if len(fields) > 9 and fields[9].isdigit() else ""
-        if session in LAST_LAYERS_STREAMED:
+        if session in BEFORE_EARLY_STREAMED:
             parts.append(f"last {streamed} layers' update after the norm streamed through the GPU{asked}")
         else:
-            first = on_gpu + 1
-            which = f"layer {first}" if streamed == 1 else f"layers {first}-{on_gpu + streamed}"
+            units = sorted(streamed_units(layers or on_gpu + streamed, on_gpu, streamed))
+            which = f"layer {units[0]}" if len(units) == 1 else f"layers {units[0]}-{units[-1]}"
             parts.append(f"the update of {which} after the norm streamed through the GPU{asked}")
     if chosen.get("delivery_cast") == "gpu":
         parts.append("fp32 master cast on the GPU")
