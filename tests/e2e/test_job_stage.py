@@ -10,6 +10,7 @@ import re
 import time
 import urllib.request
 from datetime import datetime, timedelta, timezone
+from decimal import ROUND_HALF_UP, Decimal
 
 import pytest
 from e2e_support import get_json as _get
@@ -28,6 +29,12 @@ HEADLINES = {
     "first_step": "Running the first step",
 }
 ORDER = list(HEADLINES)
+
+
+def _tenths(sec: float) -> str:
+    """A number of seconds to one decimal as the page writes it (JavaScript's toFixed: the float's exact value,
+    a tie going up), not as Python's format does (a tie going to even: 15.25 is "15.2" there, "15.3" on the page)."""
+    return str(Decimal(sec).quantize(Decimal("0.1"), rounding=ROUND_HALF_UP))
 
 
 @pytest.fixture(scope="module")
@@ -121,7 +128,7 @@ def test_the_start_is_said_in_words_until_the_first_step_then_summed_up(page, wo
     st = done["stage"]
     assert st["stage"] == "training"
     text = summary.inner_text()
-    assert text.startswith(f"Start-up: {st['total_s']:.1f} s ("), text
+    assert text.startswith(f"Start-up: {_tenths(st['total_s'])} s ("), text
     labels = {
         "planning": "planning",
         "calibrating": "calibrating",
@@ -131,7 +138,7 @@ def test_the_start_is_said_in_words_until_the_first_step_then_summed_up(page, wo
     }
     for stage, sec in st["durations"].items():
         part = summary.locator(f'[data-stage="{stage}"]')
-        assert part.inner_text() == f"{labels.get(stage, stage)} {sec:.1f} s"
+        assert part.inner_text() == f"{labels.get(stage, stage)} {_tenths(sec)} s"
         assert part.get_attribute("title")
     assert page.locator("#glossary").get_by_text("Stages of the start").count() == 1
     assert page.console.unexpected() == []
