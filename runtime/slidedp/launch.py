@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 from slidedp.config import ConfigError, JobConfig, is_model_path
 from slidedp.health import HealthMonitor, finite_json
 from slidedp.model_shape import ModelOnDemand, read_shape
-from slidedp.planning.resolve import detect_early, resolve_policy
+from slidedp.planning.resolve import detect_early, early_cast_process, resolve_policy
 from slidedp.policy import ExecutionPolicy
 from slidedp.ranks import Launch
 from slidedp.run_spec import RunSpec
@@ -200,14 +200,20 @@ def train(config: dict | JobConfig, on_step: Callable[[dict], None] | None = Non
 
     cfg = config if isinstance(config, JobConfig) else JobConfig.from_dict(config)
     detected = detect_early(cfg, predict_explicit)  # the host detected on a thread of its own from here on
-    _check_request(cfg)
-    startup = Startup(on_stage, on_log, t0=called)
-    # The ranks are spawned as soon as the host is measured (resolve_policy's `measured`): their interpreters and
-    # imports overlap the planning, the checks and the allocation; they are sent the run once it exists.
-    ranks = Launch("slidedp.step.rank:run", cfg.world_size, prefix="slidedp-pg-")
+    beside = early_cast_process(cfg, predict_explicit, plan)  # plans the host cast (its imports start now)
+    try:
+        _check_request(cfg)
+        startup = Startup(on_stage, on_log, t0=called)
+        # The ranks are spawned as soon as the host is measured (resolve_policy's `measured`): their interpreters
+        # and imports overlap the planning, the checks and the allocation; they are sent the run once it exists.
+        ranks = Launch("slidedp.step.rank:run", cfg.world_size, prefix="slidedp-pg-")
+    except BaseException:
+        if beside is not None:
+            beside.close()
+        raise
     try:
         policy, plan, layout = _plan(cfg, startup, on_log, plan, detected, predict_explicit,
-                                     measured=lambda: _spawn(ranks, cfg, startup))
+                                     measured=lambda: _spawn(ranks, cfg, startup), beside=beside)
         adapter = ModelOnDemand(cfg.model, layout.unit_numels)
         ckpt_root = os.path.join(cfg.output_dir, "checkpoints")
         resume_from, init_source = _start_point(cfg, layout, ckpt_root, on_log)
@@ -324,18 +330,24 @@ def _check_request(cfg: JobConfig) -> None:
 
 
 def _plan(cfg: JobConfig, startup: Startup, on_log, plan: dict | None, detected, predict_explicit: bool,
-          measured: Callable[[], Any]):
+          measured: Callable[[], Any], beside=None):
     """The planning stage: the model's shape read (a preset's figures or config.json, slidedp.model_shape: no
     transformers, no model built), the host's detection (`detected`: resolve.detect_early's, started before the
-    request's checks) waited for, the ranks spawned once the host is measured (`measured`), the policy resolved, segments of killed runs removed, the host state laid out.
-    (policy, plan, layout)."""
+    request's checks) waited for, the ranks spawned once the host is measured (`measured`), the policy resolved
+    (the host cast searched by `beside`, resolve.early_cast_process's, which is closed here), segments of killed
+    runs removed, the host state laid out. (policy, plan, layout)."""
     from slidedp.step.host_state import cleanup_orphans
 
-    startup.enter("planning")
-    shape = read_shape(cfg.model)
-    startup.mark("model_config")
+    try:
+        startup.enter("planning")
+        shape = read_shape(cfg.model)
+        startup.mark("model_config")
+    except BaseException:
+        if beside is not None:
+            beside.close()
+        raise
     policy, plan = resolve_policy(cfg, shape.num_layers, on_log, plan, startup=startup, detected=detected,
-                                  predict_explicit=predict_explicit, measured=measured)
+                                  predict_explicit=predict_explicit, measured=measured, beside=beside)
     removed = cleanup_orphans()
     startup.mark("removing_orphans")
     if removed:

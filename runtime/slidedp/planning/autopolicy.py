@@ -25,7 +25,7 @@ docs/planning.md has the details.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from slidedp.planning.basis import TOPOLOGY_PARTS as TOPOLOGY_PARTS
 from slidedp.planning.basis import basis_change as basis_change
@@ -51,6 +51,9 @@ from slidedp.planning.routes import RouteSearch
 from slidedp.planning.streamed import StreamedSearch
 from slidedp.policy import ExecutionPolicy
 
+if TYPE_CHECKING:
+    from slidedp.planning.cast_process import CastProcess
+
 __all__ = ["basis_change", "format_plan", "metrics_prediction", "plan_basis", "plan_for", "plan_job"]
 
 # The preview warns when a plan leaves less than this share of its GPU memory budget free (LOW_HEADROOM in
@@ -64,18 +67,21 @@ HEADROOM_RULE = (f"a plan leaving under {HEADROOM_MARGIN:.0%} of the GPU memory 
 
 
 def plan_job(cfg: Any, topology: dict[str, Any], calibration: dict[str, Any] | None,
-             sweep: bool = False) -> dict[str, Any]:
+             sweep: bool = False, beside: CastProcess | None = None) -> dict[str, Any]:
     """The plan JSON for a job on a host (docs/interfaces.md §5): plan_for's plan as the CLI, the web service and
     a run's plan record hold it."""
-    return plan_for(cfg, topology, calibration, sweep).to_dict()
+    return plan_for(cfg, topology, calibration, sweep, beside).to_dict()
 
 
-def plan_for(cfg: Any, topology: dict[str, Any], calibration: dict[str, Any] | None, sweep: bool = False) -> Plan:
+def plan_for(cfg: Any, topology: dict[str, Any], calibration: dict[str, Any] | None, sweep: bool = False,
+             beside: CastProcess | None = None) -> Plan:
     """The plan for a job on a host: chosen policy, prediction, candidates, why, and the basis it was made on
     (plan_basis), so that a later run can tell whether it still holds. `sweep` adds the card sweep
     (planning/card_sweep.py): the same search at other memory sizes per GPU, which costs about one more search per
-    size whose budget binds, so only what a person reads asks for it (`slidedp plan`, the web preview)."""
-    plan = _planned(cfg, topology, calibration, sweep)
+    size whose budget binds, so only what a person reads asks for it (`slidedp plan`, the web preview).
+    `beside`: a planning process (planning/cast_process.py) that searches the host cast while this one searches
+    the GPU cast, where both are searched; the plan is the same with it or without."""
+    plan = _planned(cfg, topology, calibration, sweep, beside=beside)
     if not plan.feasible:  # what to change: each way planned by memory alone (planning/refusals.py)
         ways = ways_out(cfg, plan, len(topology.get("gpus", [])),
                         lambda changed: _planned(changed, topology, calibration, timed=False))
@@ -102,21 +108,21 @@ def _name_the_cap_that_fits(plan: Plan, ways: list[dict[str, Any]]) -> Plan:
 
 
 def _planned(cfg: Any, topology: dict[str, Any], calibration: dict[str, Any] | None, sweep: bool = False,
-             timed: bool = True) -> Plan:
+             timed: bool = True, beside: CastProcess | None = None) -> Plan:
     """The plan of the job; where it is refused on GPUs and the staging slots are the planner's, the same
     planning again with fewer gradient staging slots than the window's default wherever the default leaves the
     host short of RAM (_Planner.staging_that_fits): the plan that fits with them, or the refusal at the fewest
     slots, whose shortfall is then what the job really lacks. A job that fits with the default keeps it."""
-    plan = _planned_once(cfg, topology, calibration, sweep, timed, fewer_slots=False)
+    plan = _planned_once(cfg, topology, calibration, sweep, timed, fewer_slots=False, beside=beside)
     if plan.feasible or cfg.gpus == 0 or "staging_slots" in cfg.policy.fixed():
         return plan
     return _planned_once(cfg, topology, calibration, sweep, timed, fewer_slots=True)
 
 
 def _planned_once(cfg: Any, topology: dict[str, Any], calibration: dict[str, Any] | None, sweep: bool,
-                  timed: bool, fewer_slots: bool) -> Plan:
+                  timed: bool, fewer_slots: bool, beside: CastProcess | None = None) -> Plan:
     if "delivery_cast" not in cfg.policy.fixed():  # the cast left to AutoPolicy: the job planned both ways
-        return _cast_choice(cfg, topology, calibration, sweep, timed, fewer_slots)
+        return _cast_choice(cfg, topology, calibration, sweep, timed, fewer_slots, beside)
     return _plan(cfg, topology, calibration, sweep, timed, fewer_slots=fewer_slots)
 
 
@@ -125,16 +131,24 @@ def _with_cast(cfg: Any, cast: str) -> Any:
 
 
 def _cast_choice(cfg: Any, topology: dict[str, Any], calibration: dict[str, Any] | None,
-                 sweep: bool, timed: bool = True, fewer_slots: bool = False) -> Plan:
+                 sweep: bool, timed: bool = True, fewer_slots: bool = False, beside: CastProcess | None = None) -> Plan:
     """policy.delivery_cast auto: the job planned with the bf16 cast on the host and on the GPUs, and the faster
     plan that fits taken (the host's on a tie, without times, in fp32 or on the CPU, where the cast changes nothing
-    or cannot be priced). `delivery_cast_choice` says what each cast would have given."""
+    or cannot be priced). `delivery_cast_choice` says what each cast would have given. `beside` (without the card
+    sweep): the host cast searched there meanwhile (host_cast_plan), or here where it gives no plan."""
     if cfg.precision != "bf16" or cfg.gpus == 0:
         return _plan(_with_cast(cfg, "host"), topology, calibration, sweep, timed, fewer_slots=fewer_slots)
     job = _sized(cfg, topology)  # one job for both casts: the cast is the policy's, priced by each plan
+    away = (beside is not None and timed and not sweep and not isinstance(job, Plan)
+            and beside.submit(cfg, topology, calibration, fewer_slots))
     planned = {cast: _plan_and_sweep(_with_cast(cfg, cast), topology, calibration, timed=timed, job=job,
                                      fewer_slots=fewer_slots)
-               for cast in ("host", "gpu")}
+               for cast in (("gpu",) if away else ("host", "gpu"))}
+    if away:
+        host_plan = beside.result()
+        planned = {"host": (host_plan, _no_sweep) if host_plan is not None else
+                   _plan_and_sweep(_with_cast(cfg, "host"), topology, calibration, timed=timed, job=job,
+                                   fewer_slots=fewer_slots), **planned}
     plans = {cast: p for cast, (p, _) in planned.items()}
 
     def moved_edges(plan: Plan) -> bool:  # memory alone put the embedding and head on the GPU to fit
@@ -161,6 +175,14 @@ def _cast_choice(cfg: Any, topology: dict[str, Any], calibration: dict[str, Any]
                   "why_not": None if p.feasible else p.error_words()}
            for cast, p in plans.items()},
     })
+
+
+def host_cast_plan(cfg: Any, topology: dict[str, Any], calibration: dict[str, Any] | None,
+                   fewer_slots: bool) -> Plan:
+    """The host cast's plan of a job whose cast is AutoPolicy's, as _cast_choice makes it (without the card sweep):
+    what a planning process beside it (planning/cast_process.py) sends back."""
+    return _plan_and_sweep(_with_cast(cfg, "host"), topology, calibration, timed=True, job=_sized(cfg, topology),
+                           fewer_slots=fewer_slots)[0]
 
 
 def _sized(cfg: Any, topology: dict[str, Any]) -> Job | Plan:

@@ -15,6 +15,7 @@ from slidedp.config import ConfigError, JobConfig
 from slidedp.policy import ExecutionPolicy, resolve
 
 if TYPE_CHECKING:
+    from slidedp.planning.cast_process import CastProcess
     from slidedp.startup import Startup
 
 log = logging.getLogger(__name__)
@@ -57,10 +58,24 @@ def detect_early(cfg: JobConfig, predict_explicit: bool = False) -> Future | Non
         pool.shutdown(wait=False)  # the detection runs on; nothing else is submitted
 
 
+def early_cast_process(cfg: JobConfig, predict_explicit: bool = False,
+                       plan: dict | None = None) -> CastProcess | None:
+    """A planning process for the host cast (planning/cast_process.py), started now so that its interpreter and
+    imports overlap the request's checks and the host's detection; None where resolve_policy will not plan, where
+    a plan came with the job (the web service's: reused unless the host changed), or where the job's plan has
+    one cast to search. The caller closes it (resolve_policy does once it planned)."""
+    from slidedp.planning import cast_process
+
+    if plan is not None or not plans(cfg, predict_explicit) or not cast_process.wanted(cfg):
+        return None
+    return cast_process.CastProcess()
+
+
 def resolve_policy(cfg: JobConfig, num_layers: int, on_log=None, plan: dict | None = None,
                    startup: Startup | None = None, detected: Future | None = None,
                    predict_explicit: bool = False,
-                   measured: Callable[[], None] | None = None) -> tuple[ExecutionPolicy, dict]:
+                   measured: Callable[[], None] | None = None,
+                   beside: CastProcess | None = None) -> tuple[ExecutionPolicy, dict]:
     """The execution policy, resolved once (slidedp.policy.resolve): AutoPolicy's plan where the config says
     `auto`, the config where it fixes a choice. Returns (policy, plan); plan is {} when nothing was planned, and
     {"fallback": {"reason", "policy"}} when the host could not be measured (MEASUREMENT_ERRORS: logged, and the
@@ -74,7 +89,19 @@ def resolve_policy(cfg: JobConfig, num_layers: int, on_log=None, plan: dict | No
     predict_explicit: plan a config that leaves no choice `auto` too, for the prediction (plans).
     measured: called once nothing this call does measures the host any more (the topology detected and the
     calibration loaded or made; at once when it does not plan): train() spawns the ranks there, so their start
-    overlaps the planning but never a calibration's timings."""
+    overlaps the planning but never a calibration's timings.
+    beside: early_cast_process's, given the host cast's search where this call plans (autopolicy.plan_for), and
+    closed before this returns or raises."""
+    try:
+        return _resolve(cfg, num_layers, on_log, plan, startup, detected, predict_explicit, measured, beside)
+    finally:
+        if beside is not None:
+            beside.close()
+
+
+def _resolve(cfg: JobConfig, num_layers: int, on_log, plan: dict | None, startup: Startup | None,
+             detected: Future | None, predict_explicit: bool, measured: Callable[[], None] | None,
+             beside: CastProcess | None) -> tuple[ExecutionPolicy, dict]:
     p = cfg.policy
     stored, plan = plan, {}
     if plans(cfg, predict_explicit):
@@ -106,7 +133,7 @@ def resolve_policy(cfg: JobConfig, num_layers: int, on_log=None, plan: dict | No
                 plan = dict(stored)
                 _say(on_log, "plan reused: this host and calibration are the ones it was made on")
             else:
-                plan = autopolicy.plan_job(cfg, topo, calibration)
+                plan = autopolicy.plan_job(cfg, topo, calibration, beside=beside)
                 if why is not None:
                     plan["replanned"] = why
                     _say(on_log, f"re-planned: {why}")
