@@ -28,6 +28,19 @@ def host():
     return topo, cal
 
 
+@pytest.fixture(scope="module")
+def alone(host):
+    """The plan made in one process, per clipping (made once: each takes 1-2 s here)."""
+    made: dict[float, dict] = {}
+
+    def plan(clip: float) -> dict:
+        if clip not in made:
+            made[clip] = ap.plan_job(_cfg(clip), *host)
+        return made[clip]
+
+    return plan
+
+
 def _cfg(clip: float = 1.0, **policy) -> JobConfig:
     return JobConfig.from_dict({"model": "qwen3-4b", "data": {"path": "x.jsonl"}, "gpus": 1, "micro_batch_size": 4,
                                 "seq_len": 2048, "cpu_threads": 16, "precision": "bf16", "gpu_memory_gib": 24,
@@ -35,24 +48,22 @@ def _cfg(clip: float = 1.0, **policy) -> JobConfig:
 
 
 @pytest.mark.parametrize("clip", [1.0, 0.0])
-def test_the_plan_with_the_host_cast_planned_beside_is_the_plan_planned_in_one_process(host, clip, caplog):
+def test_the_plan_with_the_host_cast_planned_beside_is_the_plan_planned_in_one_process(host, alone, clip, caplog):
     topo, cal = host
     cfg = _cfg(clip)
-    alone = ap.plan_job(cfg, topo, cal)
     beside = CastProcess()
     with caplog.at_level(logging.WARNING, logger=cast_process.__name__):
         planned = ap.plan_job(cfg, topo, cal, beside=beside)
     assert beside.answered, "the host cast was not planned by the other process"
     assert caplog.records == []
-    assert planned == alone
+    assert planned == alone(clip)
     # both casts were searched and priced, one of them in the other process
     choice = planned["delivery_cast_choice"]
     assert choice["host"]["step_time_s"] and choice["gpu"]["step_time_s"]
-    assert not beside.free  # used once: a second plan is made in one process
-    assert ap.plan_job(cfg, topo, cal, beside=beside) == alone
+    assert not beside.free and beside._launch is None  # used once, and ended
 
 
-def test_a_process_that_died_leaves_the_plan_to_this_one_and_says_so(host, caplog):
+def test_a_process_that_died_leaves_the_plan_to_this_one_and_says_so(host, alone, caplog):
     topo, cal = host
     cfg = _cfg()
     beside = CastProcess()
@@ -62,12 +73,12 @@ def test_a_process_that_died_leaves_the_plan_to_this_one_and_says_so(host, caplo
     with caplog.at_level(logging.WARNING, logger=cast_process.__name__):
         planned = ap.plan_job(cfg, topo, cal, beside=beside)
     assert not beside.answered
-    assert planned == ap.plan_job(cfg, topo, cal)
+    assert planned == alone(1.0)
     assert any("planning the host cast here" in r.getMessage() for r in caplog.records)
     assert beside._launch is None  # ended
 
 
-def test_a_process_that_cannot_start_leaves_the_plan_to_this_one(host, monkeypatch, caplog):
+def test_a_process_that_cannot_start_leaves_the_plan_to_this_one(host, alone, monkeypatch, caplog):
     topo, cal = host
     cfg = _cfg()
 
@@ -80,7 +91,7 @@ def test_a_process_that_cannot_start_leaves_the_plan_to_this_one(host, monkeypat
     assert not beside.free
     assert any("did not start" in r.getMessage() for r in caplog.records)
     monkeypatch.undo()
-    assert ap.plan_job(cfg, topo, cal, beside=beside) == ap.plan_job(cfg, topo, cal)
+    assert ap.plan_job(cfg, topo, cal, beside=beside) == alone(1.0)
 
 
 def test_it_is_started_only_where_a_run_plans_both_casts():
