@@ -25,6 +25,7 @@ docs/planning.md has the details.
 from __future__ import annotations
 
 import dataclasses
+import time
 from typing import TYPE_CHECKING, Any
 
 from slidedp.planning.basis import TOPOLOGY_PARTS as TOPOLOGY_PARTS
@@ -141,11 +142,12 @@ def _cast_choice(cfg: Any, topology: dict[str, Any], calibration: dict[str, Any]
     job = _sized(cfg, topology)  # one job for both casts: the cast is the policy's, priced by each plan
     away = (beside is not None and timed and not sweep and not isinstance(job, Plan)
             and beside.submit(cfg, topology, calibration, fewer_slots))
+    searched = time.perf_counter()
     planned = {cast: _plan_and_sweep(_with_cast(cfg, cast), topology, calibration, timed=timed, job=job,
                                      fewer_slots=fewer_slots)
                for cast in (("gpu",) if away else ("host", "gpu"))}
     if away:
-        host_plan = beside.result()
+        host_plan = beside.result(own_search_s=time.perf_counter() - searched)
         planned = {"host": (host_plan, _no_sweep) if host_plan is not None else
                    _plan_and_sweep(_with_cast(cfg, "host"), topology, calibration, timed=timed, job=job,
                                    fewer_slots=fewer_slots), **planned}

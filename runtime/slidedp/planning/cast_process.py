@@ -23,7 +23,11 @@ from slidedp.ranks import Launch, RankFailed, RankLink
 
 log = logging.getLogger(__name__)
 TARGET = "slidedp.planning.cast_process:plan_host_cast"
-RESULT_TIMEOUT_S = 600.0  # far above any search seen (3 s); past it the caller plans the cast itself
+CONNECT_TIMEOUT_S = 2.0  # a process not connected by the time the plan starts is far behind: planned here instead
+# How long the caller waits for the process once its own search is done, in that search's times (at least
+# MIN_WAIT_S): the two searches take about as long, so one three times longer has gone wrong, and the cast is
+# planned here instead.
+WAIT_FACTOR, MIN_WAIT_S = 3.0, 10.0
 
 
 def wanted(cfg: Any) -> bool:
@@ -56,19 +60,20 @@ class CastProcess:
         if not self.free:
             return False
         try:
-            self._launch.start((cfg, topology, calibration, fewer_slots), connect_timeout_s=30.0)
+            self._launch.start((cfg, topology, calibration, fewer_slots), connect_timeout_s=CONNECT_TIMEOUT_S)
         except (RankFailed, OSError) as exc:
             log.warning("planning the host cast here: its process could not take it (%s)", exc)
             self.close()
             return False
         return True
 
-    def result(self) -> Any | None:
-        """The host cast's Plan from the process, or None (logged, the process ended) where it gave none."""
+    def result(self, own_search_s: float) -> Any | None:
+        """The host cast's Plan from the process, or None (logged, the process ended) where it gave none within
+        WAIT_FACTOR times the caller's own search (`own_search_s`, at least MIN_WAIT_S)."""
         if self._launch is None or not self._launch.args_sent:
             return None
         try:
-            plan = self._launch.results(RESULT_TIMEOUT_S, grace_s=1.0)[0]
+            plan = self._launch.results(max(MIN_WAIT_S, WAIT_FACTOR * own_search_s), grace_s=1.0)[0]
             self.answered = True
             return plan
         except RankFailed as exc:
