@@ -23,6 +23,7 @@ from typing import Any, Optional
 from slidedp.config import JobConfig, PolicyConfig
 from slidedp.planning import profiles
 from slidedp.planning.autopolicy import plan_job
+from slidedp.planning.forked import side_by_side
 from slidedp.planning.shape import SCHEMA_VERSION, shape_differences
 from slidedp.policy import ExecutionPolicy
 from sqlmodel import Session, func, select
@@ -222,7 +223,9 @@ def _planning_context() -> Any:
 
 def _plan_in_child(conn: Any, cfg: JobConfig, topology: dict[str, Any], calibration: Optional[dict[str, Any]]) -> None:
     try:
-        conn.send(("plan", clean_json(plan_job(cfg, topology, calibration, sweep=True))))
+        with side_by_side():  # a fork of the forkserver, with no other thread: its searches may fork again
+            plan = plan_job(cfg, topology, calibration, sweep=True)
+        conn.send(("plan", clean_json(plan)))
     except Exception as exc:  # noqa: BLE001 - the API says what the planner raised
         conn.send(("error", f"{type(exc).__name__}: {exc}"))
     finally:

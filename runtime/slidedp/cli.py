@@ -237,8 +237,10 @@ def cmd_plan(args) -> int:
                 print(_plan_ways_out(f"calibrating this host failed: {exc}"), file=sys.stderr)
                 return 2
     from slidedp.planning import autopolicy
+    from slidedp.planning.forked import side_by_side
 
-    plan = autopolicy.plan_job(cfg, topo, calibration, sweep=True)  # with what another card would buy
+    with side_by_side():  # this process only plans: its searches may run in forked copies (planning/forked.py)
+        plan = autopolicy.plan_job(cfg, topo, calibration, sweep=True)  # with what another card would buy
     if saved is not None:
         plan["imported_host"] = {"name": saved.name, "file": args.host, "saved_at": saved.saved_at,
                                  "summary": host_file.describe(saved, args.host)}

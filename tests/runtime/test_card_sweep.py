@@ -165,3 +165,30 @@ def test_the_sweep_reuses_the_chosen_casts_search(x2, monkeypatch):
     assert sorted(runs) == ["gpu", "host"]
     assert swept_plan["card_sweep"] and "card_sweep" not in plain
     assert {k: v for k, v in swept_plan.items() if k != "card_sweep"} == plain
+
+
+def test_the_sweep_made_side_by_side_is_the_sweep_made_in_one_process(x2, swept, monkeypatch):
+    """`slidedp plan` and the web preview plan inside forked.side_by_side(): both casts planned and swept in copies
+    (the core count that asks for lowered to this machine's), every size's search in a copy of its own. The plan
+    JSON, card sweep included, is the one-process plan's."""
+    import os as os_module
+
+    from slidedp.planning.forked import side_by_side
+
+    topo, cal = x2
+    monkeypatch.setattr(ap, "SWEPT_APART_MIN_CORES", 2)
+    monkeypatch.setattr(ap, "SIDE_BY_SIDE_MIN_S", 0.0)
+    forks = []
+    real_fork = os_module.fork
+
+    def counted_fork():
+        pid = real_fork()
+        if pid:
+            forks.append(pid)
+        return pid
+
+    monkeypatch.setattr(os_module, "fork", counted_fork)
+    with side_by_side():
+        apart = ap.plan_job(_cfg(), topo["nvlink"], cal["qwen3-8b_bs8_nvlink"], sweep=True)
+    assert len(forks) >= 2  # the host cast's copy and this process's sizes (the host copy's are its own)
+    assert len(apart["card_sweep"]) == 5 and apart == swept

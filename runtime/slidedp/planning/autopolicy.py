@@ -25,8 +25,9 @@ docs/planning.md has the details.
 from __future__ import annotations
 
 import dataclasses
+import os
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from slidedp.planning.basis import TOPOLOGY_PARTS as TOPOLOGY_PARTS
 from slidedp.planning.basis import basis_change as basis_change
@@ -36,6 +37,7 @@ from slidedp.planning.basis import topology_facts as topology_facts
 from slidedp.planning.card_sweep import card_sweep
 from slidedp.planning.compiled_choice import CompiledChoice, choose_compiled
 from slidedp.planning.cost_model import GIB, Job, Rates, Uncalibrated, offload_backlog, predict
+from slidedp.planning.forked import can_fork, fork_map
 from slidedp.planning.knobs import CHUNKS_MB as CHUNKS_MB
 from slidedp.planning.knobs import LOSS_CHUNKS as LOSS_CHUNKS
 from slidedp.planning.knobs import WINDOWS as WINDOWS
@@ -52,14 +54,27 @@ from slidedp.planning.routes import RouteSearch
 from slidedp.planning.streamed import StreamedSearch
 from slidedp.policy import ExecutionPolicy
 
-if TYPE_CHECKING:
-    from slidedp.planning.cast_process import CastProcess
+
+class CastProcess(Protocol):
+    """What plans the host cast beside this process (planning/cast_process.py's CastProcess): given the job by
+    `submit` (False: it cannot take it), its plan by `result` (None: it gave none)."""
+
+    def submit(self, cfg: Any, topology: dict[str, Any], calibration: dict[str, Any] | None,
+               fewer_slots: bool) -> bool: ...
+
+    def result(self, own_search_s: float) -> Plan | None: ...
 
 __all__ = ["basis_change", "format_plan", "metrics_prediction", "plan_basis", "plan_for", "plan_job"]
 
 # The preview warns when a plan leaves less than this share of its GPU memory budget free (LOW_HEADROOM in
 # frontend/src/planview/glance.ts): an error of that size in the memory prediction would run the job out of memory.
 HEADROOM_MARGIN = 0.05
+# A card sweep runs its sizes' searches side by side (planning/forked.py) where the plan's own search took at
+# least this long: shorter ones cost less than the forks.
+SIDE_BY_SIDE_MIN_S = 0.25
+# ... and with the delivery cast left to AutoPolicy plans and sweeps both casts side by side on a host of at least
+# this many cores (the losing cast's sweep is work done for nothing: on fewer cores it only competes).
+SWEPT_APART_MIN_CORES = 4
 # A plan that keeps the margin is taken over a fastest that does not when it is at most this much slower.
 HEADROOM_SLOWER = 0.02
 HEADROOM_RULE = (f"a plan leaving under {HEADROOM_MARGIN:.0%} of the GPU memory budget free is not chosen when one "
@@ -136,16 +151,29 @@ def _cast_choice(cfg: Any, topology: dict[str, Any], calibration: dict[str, Any]
     """policy.delivery_cast auto: the job planned with the bf16 cast on the host and on the GPUs, and the faster
     plan that fits taken (the host's on a tie, without times, in fp32 or on the CPU, where the cast changes nothing
     or cannot be priced). `delivery_cast_choice` says what each cast would have given. `beside` (without the card
-    sweep): the host cast searched there meanwhile (host_cast_plan), or here where it gives no plan."""
+    sweep): the host cast searched there meanwhile (host_cast_plan), or here where it gives no plan. With the card
+    sweep, on a host of SWEPT_APART_MIN_CORES or more where this process may fork (planning/forked.py), each cast is
+    planned and swept in a copy of its own, side by side, and the chosen cast's sweep kept."""
     if cfg.precision != "bf16" or cfg.gpus == 0:
         return _plan(_with_cast(cfg, "host"), topology, calibration, sweep, timed, fewer_slots=fewer_slots)
     job = _sized(cfg, topology)  # one job for both casts: the cast is the policy's, priced by each plan
     away = (beside is not None and timed and not sweep and not isinstance(job, Plan)
             and beside.submit(cfg, topology, calibration, fewer_slots))
     searched = time.perf_counter()
-    planned = {cast: _plan_and_sweep(_with_cast(cfg, cast), topology, calibration, timed=timed, job=job,
-                                     fewer_slots=fewer_slots)
-               for cast in (("gpu",) if away else ("host", "gpu"))}
+
+    def swept(cast: str) -> tuple[Plan, Plan]:  # the cast's plan, and the same plan with its card sweep
+        plan, sweep_of = _plan_and_sweep(_with_cast(cfg, cast), topology, calibration, timed=timed, job=job,
+                                         fewer_slots=fewer_slots)
+        return plan, sweep_of(plan)
+
+    if (sweep and timed and not isinstance(job, Plan) and (os.cpu_count() or 1) >= SWEPT_APART_MIN_CORES
+            and can_fork()):
+        host_swept, gpu_swept = fork_map(swept, ["host", "gpu"])
+        planned = {"host": (host_swept[0], lambda _: host_swept[1]), "gpu": (gpu_swept[0], lambda _: gpu_swept[1])}
+    else:
+        planned = {cast: _plan_and_sweep(_with_cast(cfg, cast), topology, calibration, timed=timed, job=job,
+                                         fewer_slots=fewer_slots)
+                   for cast in (("gpu",) if away else ("host", "gpu"))}
     if away:
         host_plan = beside.result(own_search_s=time.perf_counter() - searched)
         planned = {"host": (host_plan, _no_sweep) if host_plan is not None else
@@ -247,16 +275,23 @@ def _plan_and_sweep(cfg: Any, topology: dict[str, Any], calibration: dict[str, A
     acts = ActivationSizes.of(job, calibration, compiled.compiled)
     planner = _Planner(cfg, job, rates, acts, compiled=compiled, fewer_slots=fewer_slots)
 
-    def sweep_of(plan: Plan) -> Plan:
-        return dataclasses.replace(plan, card_sweep=card_sweep(plan, job, planner.best_at))
+    searched_s = [0.0]
 
+    def sweep_of(plan: Plan) -> Plan:
+        # the sizes side by side where the plan's own search was long enough for forks to pay (planning/forked.py)
+        apart = fork_map if searched_s[0] >= SIDE_BY_SIDE_MIN_S else None
+        return dataclasses.replace(plan, card_sweep=card_sweep(plan, job, planner.best_at, apart))
+
+    started = time.perf_counter()
     try:
         plan = planner.run()
     except Infeasible as exc:
+        searched_s[0] = time.perf_counter() - started
         out = dataclasses.replace(refusal(exc.errors, _kind(calibration) if rates else "missing"),
                                   calibration_note=note, job=planner.job_summary(),
                                   smallest_gpu_memory_gib=planner.smallest_cap)
         return out, sweep_of
+    searched_s[0] = time.perf_counter() - started
     if rates and not planner.rates:
         note = "the calibration lacks figures every route needs: memory fit only, no step times"
     plan = dataclasses.replace(

@@ -27,6 +27,7 @@ SIZES_GIB = (16, 24, 48, 80)  # consumer, workstation, and the two data-centre s
 # (policy as the plan JSON writes it, its prediction) for a job at one size
 Chosen = tuple[dict[str, Any], Prediction]
 BestAt = Callable[[Job], Chosen]
+Searched = tuple[Chosen | None, str | None]  # a size's choice, or why nothing fits there
 _WHOLE = -1  # the size key of the whole card
 
 
@@ -64,13 +65,17 @@ def _row(gib: float, chosen: Chosen | None, why_not: str | None, current: bool, 
     }
 
 
-def card_sweep(plan: Plan, job: Job, best_at: BestAt) -> list[dict[str, Any]]:
+def card_sweep(plan: Plan, job: Job, best_at: BestAt,
+               side_by_side: Callable[[Callable[[int], Searched], list[int]], list[Searched]] | None = None,
+               ) -> list[dict[str, Any]]:
     """Rows by memory per GPU, smallest first, the whole card last; `current` marks the job's own setting, whose
     row is `plan` (the plan_job result for `job`). Empty for jobs that run on no GPU.
 
     Sizes are planned from the largest down: a size whose budget still holds the choice of the size above it
     gets that choice without a search (it was the best with more room, and it fits here), so a job that fills
-    only part of the card costs little to sweep."""
+    only part of the card costs little to sweep. `side_by_side` (planning/forked.py's fork_map): every size's
+    search made up front, side by side, and the same rule applied to their answers: the same rows, sooner where
+    the searches are long, with the searches the rule would have skipped made too."""
     if not job.on_gpu or not job.hbm_bytes:
         return []
     card, cap = job.hbm_bytes, job.hbm_cap_bytes
@@ -78,11 +83,26 @@ def card_sweep(plan: Plan, job: Job, best_at: BestAt) -> list[dict[str, Any]]:
     # above the card (the plan refuses it)
     own = _WHOLE if cap is None or cap == card else (cap if cap < card else None)
     sizes = {int(s * GIB) for s in SIZES_GIB if s * GIB < card} | ({own} if own not in (None, _WHOLE) else set())
+    order = [_WHOLE, *sorted(sizes, reverse=True)]
+
+    def at_size(size: int) -> Job:
+        return dataclasses.replace(job, hbm_cap_bytes=None if size == _WHOLE else size)
+
+    def search(size: int) -> Searched:
+        try:
+            return best_at(at_size(size)), None
+        except Infeasible as exc:
+            return None, "; ".join(e["msg"] for e in exc.errors)
+
+    ahead: dict[int, Searched] = {}
+    if side_by_side is not None:
+        todo = [size for size in order if size != own]
+        ahead = dict(zip(todo, side_by_side(search, todo)))
     rows, above = [], None
-    for size in [_WHOLE, *sorted(sizes, reverse=True)]:
+    for size in order:
         whole = size == _WHOLE
         gib = (card if whole else size) / GIB
-        at = dataclasses.replace(job, hbm_cap_bytes=None if whole else size)
+        at = at_size(size)
         chosen, why_not = None, None
         if size == own:  # the plan itself
             if plan.feasible:
@@ -92,10 +112,7 @@ def card_sweep(plan: Plan, job: Job, best_at: BestAt) -> list[dict[str, Any]]:
         elif above is not None and above[1].hbm_peak_gib * GIB <= at.hbm_budget:
             chosen = above
         else:
-            try:
-                chosen = best_at(at)
-            except Infeasible as exc:
-                why_not = "; ".join(e["msg"] for e in exc.errors)
+            chosen, why_not = ahead[size] if size in ahead else search(size)
         rows.append(_row(gib, chosen, why_not, size == own, whole))
         above = chosen
     return rows[::-1]
