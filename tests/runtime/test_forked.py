@@ -18,6 +18,14 @@ FIX = os.path.join(os.path.dirname(__file__), "fixtures")
 RUNTIME = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
+@pytest.fixture(autouse=True)
+def idle_host(monkeypatch):
+    """The host's load read as idle (the test machine is busy with the suite), unless a test says otherwise."""
+    from slidedp.planning import forked
+
+    monkeypatch.setattr(forked, "_load", lambda: 0.0)
+
+
 def _square_and_pid(x: int) -> tuple[int, int]:
     return x * x, os.getpid()
 
@@ -30,6 +38,15 @@ def test_the_answers_are_the_maps_and_each_item_but_the_first_ran_in_a_copy():
     assert [v for v, _ in out] == [1, 4, 9, 16]
     pids = [p for _, p in out]
     assert pids[0] == me and me not in pids[1:] and len(set(pids[1:])) == 3
+
+
+def test_no_copy_on_a_busy_host(monkeypatch):
+    from slidedp.planning import forked
+
+    monkeypatch.setattr(forked, "_load", lambda: float(os.cpu_count() or 1))
+    with side_by_side():
+        assert not can_fork()
+        assert {p for _, p in fork_map(_square_and_pid, [1, 2, 3])} == {os.getpid()}
 
 
 def test_no_copy_outside_side_by_side_or_beside_another_thread():
@@ -83,7 +100,9 @@ def test_the_copies_die_with_the_process_that_forked_them(tmp_path):
     script = f"""
 import os, sys, time
 sys.path.insert(0, {RUNTIME + '/runtime'!r})
+from slidedp.planning import forked
 from slidedp.planning.forked import fork_map, side_by_side
+forked._load = lambda: 0.0  # the test machine is busy with the suite
 def fn(x):
     if x:
         with open({str(pid_file)!r} + ".tmp", "w") as fh:

@@ -46,10 +46,19 @@ def side_by_side() -> Iterator[None]:
 
 
 def can_fork() -> bool:
-    """Whether fork_map forks here: inside side_by_side(), on Linux, more than one core, and no thread but the
-    caller's."""
-    return (_ALLOWED.get() and sys.platform == "linux" and (os.cpu_count() or 1) > 1
+    """Whether fork_map forks here: inside side_by_side(), on Linux, more than one core, no thread but the
+    caller's, and a host not busy already (its load over the last minute under its cores: where every core is
+    taken, copies only compete, and many plan previews at once do not multiply the processes they run)."""
+    cores = os.cpu_count() or 1
+    return (_ALLOWED.get() and sys.platform == "linux" and cores > 1 and _load() < cores
             and threading.active_count() == 1 and threading.current_thread() is threading.main_thread())
+
+
+def _load() -> float:
+    try:
+        return os.getloadavg()[0]
+    except OSError:
+        return 0.0
 
 
 def fork_map(fn: Callable[[T], R], items: Sequence[T]) -> list[R]:
