@@ -167,30 +167,44 @@ def test_the_sweep_reuses_the_chosen_casts_search(x2, monkeypatch):
     assert {k: v for k, v in swept_plan.items() if k != "card_sweep"} == plain
 
 
-def test_the_sweep_made_side_by_side_is_the_sweep_made_in_one_process(x2, swept, monkeypatch):
-    """`slidedp plan` and the web preview plan inside forked.side_by_side(): both casts planned and swept in copies
-    (the core count that asks for lowered to this machine's), every size's search in a copy of its own. The plan
-    JSON, card sweep included, is the one-process plan's."""
-    import os as os_module
+def test_the_sweep_made_side_by_side_is_the_sweep_made_in_one_process(swept):
+    """`slidedp plan` and the web preview plan inside forked.side_by_side(): in a fresh interpreter (a test process
+    may hold threads, where nothing forks), both casts planned and swept in copies (the core count that asks for
+    lowered to this machine's), every size's search in a copy of its own. The plan JSON, card sweep included, is
+    the one-process plan's."""
+    import subprocess
+    import sys
 
-    from slidedp.planning import forked
-    from slidedp.planning.forked import side_by_side
-
-    topo, cal = x2
-    monkeypatch.setattr(forked, "_load", lambda: 0.0)  # the test machine is busy with the suite
-    monkeypatch.setattr(ap, "SWEPT_APART_MIN_CORES", 2)
-    monkeypatch.setattr(ap, "SIDE_BY_SIDE_MIN_S", 0.0)
-    forks = []
-    real_fork = os_module.fork
-
-    def counted_fork():
-        pid = real_fork()
-        if pid:
-            forks.append(pid)
-        return pid
-
-    monkeypatch.setattr(os_module, "fork", counted_fork)
-    with side_by_side():
-        apart = ap.plan_job(_cfg(), topo["nvlink"], cal["qwen3-8b_bs8_nvlink"], sweep=True)
-    assert len(forks) >= 2  # the host cast's copy and this process's sizes (the host copy's are its own)
-    assert len(apart["card_sweep"]) == 5 and apart == swept
+    runtime = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "runtime")
+    script = f"""
+import json, os, sys
+sys.path.insert(0, {runtime!r})
+from slidedp.config import JobConfig
+from slidedp.planning import autopolicy as ap, forked
+forked._load = lambda: 0.0  # the suite keeps this machine busy
+ap.SWEPT_APART_MIN_CORES, ap.SIDE_BY_SIDE_MIN_S = 2, 0.0
+forks, real_fork = [], os.fork
+def counted_fork():
+    pid = real_fork()
+    if pid:
+        forks.append(pid)
+    return pid
+os.fork = counted_fork
+with open({os.path.join(FIX, "h200x2_topology.json")!r}) as fh:
+    topo = json.load(fh)["nvlink"]
+with open({os.path.join(FIX, "h200x2_calibration.json")!r}) as fh:
+    cal = json.load(fh)["qwen3-8b_bs8_nvlink"]
+cfg = JobConfig.from_dict({{"model": "qwen3-8b", "data": {{"path": "x.jsonl"}}, "gpus": 2, "micro_batch_size": 8,
+                           "seq_len": 2048, "optimizer": {{"max_grad_norm": 0.0}}}})
+with forked.side_by_side():
+    plan = ap.plan_job(cfg, topo, cal, sweep=True)
+print(json.dumps({{"forks": len(forks), "plan": plan}}))
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    out = json.loads(done.stdout.strip().splitlines()[-1])
+    assert _cfg().to_dict() == JobConfig.from_dict({"model": "qwen3-8b", "data": {"path": "x.jsonl"}, "gpus": 2,
+                                                    "micro_batch_size": 8, "seq_len": 2048,
+                                                    "optimizer": {"max_grad_norm": 0.0}}).to_dict()
+    assert out["forks"] >= 2  # the host cast's copy and this process's sizes (the host copy's are its own)
+    assert len(out["plan"]["card_sweep"]) == 5 and out["plan"] == json.loads(json.dumps(swept))

@@ -27,6 +27,10 @@ class Infeasible(Exception):
         super().__init__("; ".join(e["msg"] for e in errors))
         self.errors = errors
 
+    def __reduce__(self) -> tuple[type, tuple[list[dict[str, str]]]]:
+        """Pickled as its errors (a search in a forked copy, planning/forked.py, raises it in the parent)."""
+        return Infeasible, (self.errors,)
+
 
 class Refusals:
     """Mixed into the planner, which provides job, cfg, fixed (the settings the user fixed), base(), routes(),
