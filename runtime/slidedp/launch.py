@@ -234,6 +234,8 @@ def train(config: dict | JobConfig, on_step: Callable[[dict], None] | None = Non
         state, room = _allocate(cfg, layout, reuse)
     except BaseException:
         ranks.close()
+        if beside is not None:  # refused before resolve_policy, which closes it once it planned
+            beside.close()
         raise
     run = _Run(spec, state, ckpt_root, os.path.join(cfg.output_dir, "metrics.jsonl"), startup, on_log, ranks)
     trackers: Trackers | None = None
@@ -334,18 +336,12 @@ def _plan(cfg: JobConfig, startup: Startup, on_log, plan: dict | None, detected,
     """The planning stage: the model's shape read (a preset's figures or config.json, slidedp.model_shape: no
     transformers, no model built), the host's detection (`detected`: resolve.detect_early's, started before the
     request's checks) waited for, the ranks spawned once the host is measured (`measured`), the policy resolved
-    (the host cast searched by `beside`, resolve.early_cast_process's, which is closed here), segments of killed
-    runs removed, the host state laid out. (policy, plan, layout)."""
+    (the host cast searched by `beside`, resolve.early_cast_process's), segments of killed runs removed, the host state laid out. (policy, plan, layout)."""
     from slidedp.step.host_state import cleanup_orphans
 
-    try:
-        startup.enter("planning")
-        shape = read_shape(cfg.model)
-        startup.mark("model_config")
-    except BaseException:
-        if beside is not None:
-            beside.close()
-        raise
+    startup.enter("planning")
+    shape = read_shape(cfg.model)
+    startup.mark("model_config")
     policy, plan = resolve_policy(cfg, shape.num_layers, on_log, plan, startup=startup, detected=detected,
                                   predict_explicit=predict_explicit, measured=measured, beside=beside)
     removed = cleanup_orphans()

@@ -142,6 +142,12 @@ def _planned_once(cfg: Any, topology: dict[str, Any], calibration: dict[str, Any
     return _plan(cfg, topology, calibration, sweep, timed, fewer_slots=fewer_slots)
 
 
+def searches_both_casts(cfg: Any) -> bool:
+    """Whether the job's plan searches both delivery casts (_cast_choice): a bf16 job on GPUs whose delivery_cast
+    is left to AutoPolicy."""
+    return cfg.gpus > 0 and cfg.precision == "bf16" and "delivery_cast" not in cfg.policy.fixed()
+
+
 def _with_cast(cfg: Any, cast: str) -> Any:
     return dataclasses.replace(cfg, policy=dataclasses.replace(cfg.policy, delivery_cast=cast))
 
@@ -154,16 +160,19 @@ def _cast_choice(cfg: Any, topology: dict[str, Any], calibration: dict[str, Any]
     sweep): the host cast searched there meanwhile (host_cast_plan), or here where it gives no plan. With the card
     sweep, on a host of SWEPT_APART_MIN_CORES or more where this process may fork (planning/forked.py), each cast is
     planned and swept in a copy of its own, side by side, and the chosen cast's sweep kept."""
-    if cfg.precision != "bf16" or cfg.gpus == 0:
+    if not searches_both_casts(cfg):
         return _plan(_with_cast(cfg, "host"), topology, calibration, sweep, timed, fewer_slots=fewer_slots)
     job = _sized(cfg, topology)  # one job for both casts: the cast is the policy's, priced by each plan
     away = (beside is not None and timed and not sweep and not isinstance(job, Plan)
             and beside.submit(cfg, topology, calibration, fewer_slots))
     searched = time.perf_counter()
 
+    def planned_as(cast: str) -> tuple[Plan, Any]:  # the cast's plan, and what adds its card sweep
+        return _plan_and_sweep(_with_cast(cfg, cast), topology, calibration, timed=timed, job=job,
+                               fewer_slots=fewer_slots)
+
     def swept(cast: str) -> tuple[Plan, Plan]:  # the cast's plan, and the same plan with its card sweep
-        plan, sweep_of = _plan_and_sweep(_with_cast(cfg, cast), topology, calibration, timed=timed, job=job,
-                                         fewer_slots=fewer_slots)
+        plan, sweep_of = planned_as(cast)
         return plan, sweep_of(plan)
 
     if (sweep and timed and not isinstance(job, Plan) and (os.cpu_count() or 1) >= SWEPT_APART_MIN_CORES
@@ -171,14 +180,10 @@ def _cast_choice(cfg: Any, topology: dict[str, Any], calibration: dict[str, Any]
         host_swept, gpu_swept = fork_map(swept, ["host", "gpu"])
         planned = {"host": (host_swept[0], lambda _: host_swept[1]), "gpu": (gpu_swept[0], lambda _: gpu_swept[1])}
     else:
-        planned = {cast: _plan_and_sweep(_with_cast(cfg, cast), topology, calibration, timed=timed, job=job,
-                                         fewer_slots=fewer_slots)
-                   for cast in (("gpu",) if away else ("host", "gpu"))}
+        planned = {cast: planned_as(cast) for cast in (("gpu",) if away else ("host", "gpu"))}
     if away:
         host_plan = beside.result(own_search_s=time.perf_counter() - searched)
-        planned = {"host": (host_plan, _no_sweep) if host_plan is not None else
-                   _plan_and_sweep(_with_cast(cfg, "host"), topology, calibration, timed=timed, job=job,
-                                   fewer_slots=fewer_slots), **planned}
+        planned = {"host": (host_plan, _no_sweep) if host_plan is not None else planned_as("host"), **planned}
     plans = {cast: p for cast, (p, _) in planned.items()}
 
     def moved_edges(plan: Plan) -> bool:  # memory alone put the embedding and head on the GPU to fit
@@ -275,23 +280,23 @@ def _plan_and_sweep(cfg: Any, topology: dict[str, Any], calibration: dict[str, A
     acts = ActivationSizes.of(job, calibration, compiled.compiled)
     planner = _Planner(cfg, job, rates, acts, compiled=compiled, fewer_slots=fewer_slots)
 
-    searched_s = [0.0]
+    started = time.perf_counter()
+    searched_s = 0.0  # how long the plan's own search took, set once it ends
 
     def sweep_of(plan: Plan) -> Plan:
         # the sizes side by side where the plan's own search was long enough for forks to pay (planning/forked.py)
-        apart = fork_map if searched_s[0] >= SIDE_BY_SIDE_MIN_S else None
+        apart = fork_map if searched_s >= SIDE_BY_SIDE_MIN_S else None
         return dataclasses.replace(plan, card_sweep=card_sweep(plan, job, planner.best_at, apart))
 
-    started = time.perf_counter()
     try:
         plan = planner.run()
     except Infeasible as exc:
-        searched_s[0] = time.perf_counter() - started
         out = dataclasses.replace(refusal(exc.errors, _kind(calibration) if rates else "missing"),
                                   calibration_note=note, job=planner.job_summary(),
                                   smallest_gpu_memory_gib=planner.smallest_cap)
         return out, sweep_of
-    searched_s[0] = time.perf_counter() - started
+    finally:
+        searched_s = time.perf_counter() - started
     if rates and not planner.rates:
         note = "the calibration lacks figures every route needs: memory fit only, no step times"
     plan = dataclasses.replace(

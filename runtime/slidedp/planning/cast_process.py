@@ -30,14 +30,9 @@ CONNECT_TIMEOUT_S = 2.0  # a process not connected by the time the plan starts i
 WAIT_FACTOR, MIN_WAIT_S = 3.0, 10.0
 
 
-def wanted(cfg: Any) -> bool:
-    """Whether a plan of this job would search both casts (autopolicy._cast_choice): a bf16 job on GPUs whose
-    delivery_cast is left to AutoPolicy."""
-    return cfg.gpus > 0 and cfg.precision == "bf16" and "delivery_cast" not in cfg.policy.fixed()
-
-
 class CastProcess:
-    """A planning process started now and given one search later (`plan`); `close()` ends it, used or not."""
+    """A planning process started now and given one search later (`submit`, then `result`); `close()` ends it,
+    used or not."""
 
     def __init__(self) -> None:
         self._launch: Launch | None = None

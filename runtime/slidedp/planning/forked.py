@@ -8,8 +8,8 @@ so the plan is the one the searches give one after the other.
 Forking is safe only in a process with no other thread (a lock another thread holds at the fork stays held in the
 copy): `fork_map` forks inside `side_by_side()` (which `slidedp plan` and the web service's planning process enter:
 each is a process that plans and nothing else), on Linux, in a process whose only Python thread is the caller's,
-and otherwise maps in the process. A forked copy dies with its parent (PR_SET_PDEATHSIG), so a planning process that is killed (the web
-service's deadline) leaves none running. A copy that dies without an answer has its item computed in the process; an
+and otherwise maps in the process. A forked copy dies with its parent (PR_SET_PDEATHSIG), so a planning process
+that is killed (the web service's deadline) leaves none running. A copy that dies without an answer has its item computed in the process; an
 exception it raised is raised here, as the same call in the process would have raised it.
 
 A run (`slidedp train`) does not fork: its launcher has threads; it plans the host cast in a process of its own

@@ -65,8 +65,9 @@ def early_cast_process(cfg: JobConfig, predict_explicit: bool = False,
     a plan came with the job (the web service's: reused unless the host changed), or where the job's plan has
     one cast to search. The caller closes it (resolve_policy does once it planned)."""
     from slidedp.planning import cast_process
+    from slidedp.planning.autopolicy import searches_both_casts
 
-    if plan is not None or not plans(cfg, predict_explicit) or not cast_process.wanted(cfg):
+    if plan is not None or not plans(cfg, predict_explicit) or not searches_both_casts(cfg):
         return None
     return cast_process.CastProcess()
 
