@@ -90,6 +90,9 @@
 #           post-norm update fixed to one pass; step timelines -> $OUT/passes4-trace/
 #   passes8 the same for Qwen3-8B at micro-batch 8 on the whole card with compiled layers fixed (COMP_STEPS, 8)
 #           -> $OUT/passes8.jsonl, $OUT/passes8-trace/
+#   thr4    Qwen3-4B at micro-batch 4 under GPU_GIB (24), clipped at 1.0, AutoPolicy, STEPS (10) steps, with THR_T (15 14)
+#           update threads per rank, one bench command each (the issuing thread's core left to it): step timelines ->
+#           $OUT/thr4-T-trace/
 #   probeg  the host update with bf16 gradients widened chunk by chunk against fp32 gradients (scripts/probe_grad_bf16.py)
 #   hfp     PRESET (llama3.2-3b) written as a local Hugging Face directory of bf16 safetensors (/tmp/hfp), then trained
 #           HFP_STEPS (5) steps from it under GPU_GIB (24), planned with a calibration measured in that run
@@ -226,6 +229,10 @@ print(f'with NCCL and one all-reduce: {(t - f1) / 2**30:.3f} GiB (allocator rese
              SLIDEDP_TRACE=$OUT/passes8-trace timeout ${COMP_S:-560} python3 -m slidedp.cli bench --model qwen3-8b \
                --seq 2048 --gpus 1 --mbs 8 --steps ${COMP_STEPS:-8} --threads 16 \
                --policies "$A:0:$R:compiled,$A:1.0:$R:compiled,$A:1.0:$R:compiled:1" --out "$OUT/passes8.jsonl" 2>&1 | quiet 16 ;;
+    thr4) for t in ${THR_T:-15 14}; do SLIDEDP_TRACE=$OUT/thr4-$t-trace timeout ${PAIR_S:-300} python3 -m slidedp.cli bench \
+            --model qwen3-4b --seq 2048 --gpus 1 --mbs 4 --steps ${STEPS:-10} --threads $t --data pattern \
+            --gpu-memory-gib ${GPU_GIB:-24} --policies "auto:auto:auto:1.0:auto:auto:auto:auto:auto" \
+            --out "$OUT/thr4-${GPU_GIB:-24}.jsonl" 2>&1 | quiet 6; done ;;
     probeg) timeout ${PROBE_S:-120} python3 scripts/probe_grad_bf16.py --params 1e9 --threads 16 \
               --out "$OUT/probe-grad-bf16.jsonl" 2>&1 | grep -v Warn | cut -c1-110 ;;
     hfp)  timeout ${HF_S:-90} python3 scripts/first_step.py --write-hf /tmp/hfp --model ${PRESET:-llama3.2-3b} 2>&1 | quiet 3
