@@ -10,6 +10,7 @@ import os
 import pytest
 from slidedp.config import JobConfig
 from slidedp.planning import autopolicy as ap
+from slidedp.planning import knobs
 from slidedp.planning.report import format_plan
 
 FIX = os.path.join(os.path.dirname(__file__), "fixtures")
@@ -41,8 +42,10 @@ def test_where_the_fastest_plan_keeps_the_margin_it_is_taken(x2):
     room = plan["headroom"]
     assert room["outcome"] == "fastest keeps the margin" and room["slower_by_fraction"] == 0.0
     assert room["chosen_free_fraction"] == room["fastest_free_fraction"] >= room["margin_fraction"]
-    assert plan["predicted"]["step_time_s"] == pytest.approx(min(c["predicted"]["step_time_s"]
-                                                                 for c in _fitting(plan)))
+    # the fastest fitting candidate, short of staging slots the planner takes only where they buy SLOTS_GAIN
+    # (planning/knobs.py: 12 slots price 0.9% faster here)
+    fastest = min(c["predicted"]["step_time_s"] for c in _fitting(plan))
+    assert fastest <= plan["predicted"]["step_time_s"] <= fastest * (1 + knobs.SLOTS_GAIN)
 
 
 def test_qwen3_8b_on_two_h200s_keeps_the_margin_within_two_percent_of_the_fastest(x2):

@@ -29,6 +29,12 @@ from slidedp.policy import DELIVERY_CASTS, ExecutionPolicy
 from slidedp.step.layout import held_in_bf16, streamed_weights_stay
 
 PHASES = ("data", "forward", "backward", "update_tail", "delivery_wait")
+# A decoder layer's backward on a GPU inside a training step over its calibrated time alone (the layer's kernels on
+# the compute stream, from the step timelines' `layer` events: scripts/trace_report.py --layers). Measured 1.01-1.09,
+# median 1.06, over the 13 timelines kept from five sessions on the H200 machine and four H100 hosts (checkpointed
+# and kept layers, eager and compiled, clipped and not; tests/runtime/test_in_step_backward.py reads them; docs/
+# planning.md "A layer inside the step"); the forward ranged 0.90-1.06 and stays as calibrated.
+IN_STEP_BACKWARD = 1.06
 
 
 class Uncalibrated(ValueError):
@@ -204,7 +210,8 @@ class Rates:
         policy.compiled_layers where calibration timed it (planning/compiled_choice.py), else the eager layer."""
         u = (measured(self.c) if compiled else None) or self.c["unit"]
         fwd = {"keep": u["fwd_keep_s"], "offload": u["fwd_keep_s"], "checkpoint": u["fwd_checkpoint_s"]}
-        bwd = {"keep": u["bwd_keep_s"], "offload": u["bwd_keep_s"], "checkpoint": u["bwd_checkpoint_s"]}
+        f = IN_STEP_BACKWARD if self.job.on_gpu else 1.0
+        bwd = {"keep": u["bwd_keep_s"] * f, "offload": u["bwd_keep_s"] * f, "checkpoint": u["bwd_checkpoint_s"] * f}
         return fwd, bwd
 
     def head_s(self, chunk_tokens: int) -> float:
