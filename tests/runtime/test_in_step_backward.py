@@ -81,3 +81,15 @@ def test_a_cpu_jobs_layers_are_charged_as_calibrated():
     rates, unit = _rates(0)
     _, bwd = rates.layer_s()
     assert bwd["checkpoint"] == unit["bwd_checkpoint_s"] and bwd["keep"] == unit["bwd_keep_s"]
+
+
+def test_a_timeline_measured_after_the_factor_was_chosen_agrees_with_it():
+    # s28: Qwen3-8B micro-batch 8 on the whole card of an H100 machine, a shape and machine no timeline above had,
+    # run after IN_STEP_BACKWARD was set: its layers' backward (checkpointed in both rows, kept in the clipped one)
+    with open(os.path.join(RESULTS, "s28", "calibration", "vm-ed4e2e9809270b42.json")) as fh:
+        cal = json.load(fh)
+    for name in ("trace-rank0.jsonl", "trace-rank0-2.jsonl"):
+        rep = trace_report.layer_report(trace_report.load(os.path.join(RESULTS, "s28", "pair8-trace", name)), 3, cal)
+        ratios = [k["ratio"] for k in rep["kinds"] if k["dir"] == "backward"]
+        assert ratios and all(abs(r - cm.IN_STEP_BACKWARD) <= 0.03 for r in ratios), (name, ratios)
+
