@@ -4,6 +4,7 @@
     .venv/bin/python scripts/prediction_check.py --set heldout   # the held-out rows (tests/runtime/test_prediction_heldout.py)
     .venv/bin/python scripts/prediction_check.py --set check     # rows measured after the split (s17, s18): checked only
     .venv/bin/python scripts/prediction_check.py --set all --json out.json
+    .venv/bin/python scripts/prediction_check.py --set h100      # the H100 machines' rows (not in `all`)
     .venv/bin/python scripts/prediction_check.py --write-fixture tests/runtime/fixtures/h200x1_heldout_steps.json
 
 Every `slidedp bench` row under docs/results/ that ran SlideDP on the one-GPU machine (nvidia-h200: 1 x H200, 16
@@ -24,6 +25,11 @@ calibrations, s21 with the streamed layers' weights kept on the GPU), reported b
 others and fitted to nothing. s18 kept no calibration; its rows are
 planned with the newest earlier session's calibration of their shape (Qwen3-4B micro-batch 4: s17; Qwen3-8B
 micro-batch 8: s8), and say so.
+
+The H100 rows (`--set h100`): sessions run on machines lent as nvidia-h100-x1 (1 x H100 80 GB, 16 cores, 128 GiB;
+the host behind it differed from lease to lease), each planned with its own session's calibration of its shape (no
+stand-in) and the topology one of them detected (docs/results/s25/topology.json). Another machine kind: reported
+apart, never mixed into the H200 sets.
 
 Per row: measured and predicted step, the error, and the step cut as the engine measures it (forward: step start to
 the end of the first micro-batch's forward; backward: the rest) with the host updater's busy time, measured against
@@ -55,6 +61,10 @@ BEFORE_TWO_PASSES = BEFORE_KEPT_WEIGHTS + ("s21",)
 # (slidedp.schedule.streamed_units): every session checked here.
 BEFORE_EARLY_STREAMED = BEFORE_TWO_PASSES + ("s22",)
 
+# Sessions on the machines lent as nvidia-h100-x1, and the topology one of them detected
+H100_SESSIONS = ("s22", "s23", "s25", "s26", "s27", "s28", "s29")
+H100_TOPOLOGY = os.path.join(RESULTS, "s25", "topology.json")
+
 sys.path.insert(0, os.path.join(ROOT, "runtime"))
 
 
@@ -78,7 +88,9 @@ def calibration_for(row: dict, path: str) -> tuple[str, dict, bool] | None:
     while os.path.relpath(own[-1], RESULTS) != session_of(path):
         own.append(os.path.dirname(own[-1]))
     places = [(f, False) for f in own] + [(os.path.join(RESULTS, STAND_IN), True)]
-    if session_of(path) in CHECK_SESSIONS:  # the newest earlier one-GPU session's calibration of the shape
+    if session_of(path) in H100_SESSIONS:  # another machine: its own session's calibration or none
+        places = [(f, False) for f in own]
+    elif session_of(path) in CHECK_SESSIONS:  # the newest earlier one-GPU session's calibration of the shape
         n = int(session_of(path)[1:])
         earlier = [s for s in (*ONE_GPU_SESSIONS, *CHECK_SESSIONS) if int(s[1:]) < n]
         places = [(f, False) for f in own] + [
@@ -100,11 +112,15 @@ def measured_rows(which: str) -> list[dict]:
     rows = []
     for path in sorted(glob.glob(os.path.join(RESULTS, "**", "*.jsonl"), recursive=True)):
         session = session_of(path)
-        if session not in ONE_GPU_SESSIONS + CHECK_SESSIONS:
+        if which == "h100":
+            if session not in H100_SESSIONS:
+                continue
+        elif session not in ONE_GPU_SESSIONS + CHECK_SESSIONS:
             continue
-        kind = "heldout" if session in HELD_OUT_SESSIONS else "check" if session in CHECK_SESSIONS else "dev"
-        if which != "all" and which != kind:
-            continue
+        else:
+            kind = "heldout" if session in HELD_OUT_SESSIONS else "check" if session in CHECK_SESSIONS else "dev"
+            if which != "all" and which != kind:
+                continue
         with open(path) as fh:
             for i, line in enumerate(fh):
                 try:
@@ -256,15 +272,19 @@ def write_fixture(path: str) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--set", choices=("dev", "heldout", "check", "all"), default="dev")
+    ap.add_argument("--set", choices=("dev", "heldout", "check", "all", "h100"), default="dev")
     ap.add_argument("--json", help="write the per-row results here")
     ap.add_argument("--write-fixture", metavar="PATH", help="write the held-out rows as the test reads them, and stop")
     args = ap.parse_args()
     if args.write_fixture:
         write_fixture(args.write_fixture)
         return
-    with open(TOPOLOGY) as fh:
-        topology = json.load(fh)["topology"]
+    if args.set == "h100":
+        with open(H100_TOPOLOGY) as fh:
+            topology = json.load(fh)
+    else:
+        with open(TOPOLOGY) as fh:
+            topology = json.load(fh)["topology"]
     results = [repredict(r, topology) for r in measured_rows(args.set)]
     print(table(results))
     if args.json:

@@ -93,3 +93,16 @@ def test_a_timeline_measured_after_the_factor_was_chosen_agrees_with_it():
         ratios = [k["ratio"] for k in rep["kinds"] if k["dir"] == "backward"]
         assert ratios and all(abs(r - cm.IN_STEP_BACKWARD) <= 0.03 for r in ratios), (name, ratios)
 
+
+
+def test_the_h100_rows_are_planned_apart_with_their_own_sessions_calibrations():
+    """scripts/prediction_check.py --set h100: the rows of the machines lent as H100, never in the H200 sets, each
+    planned with a calibration of its own session (no other session's stands in)."""
+    from scripts import prediction_check as pc
+
+    h100 = pc.measured_rows("h100")
+    assert len(h100) >= 20 and {pc.session_of(r["path"]) for r in h100} <= set(pc.H100_SESSIONS)
+    assert not {r["source"] for r in h100} & {r["source"] for r in pc.measured_rows("all")}
+    for row in h100:
+        name, _, stand_in = pc.calibration_for(row, row["path"])
+        assert not stand_in and name.split("/")[0] == pc.session_of(row["path"]), (row["source"], name)
