@@ -26,8 +26,8 @@ others and fitted to nothing. s18 kept no calibration; its rows are
 planned with the newest earlier session's calibration of their shape (Qwen3-4B micro-batch 4: s17; Qwen3-8B
 micro-batch 8: s8), and say so.
 
-The H100 rows (`--set h100`): sessions run on machines lent as nvidia-h100-x1 (1 x H100 80 GB, 16 cores, 128 GiB;
-the host behind it differed from lease to lease), each planned with its own session's calibration of its shape (no
+The H100 rows (`--set h100`): sessions run on machines of the kind nvidia-h100-x1 (1 x H100 80 GB, 16 cores, 128 GiB;
+the host behind it differed from run to run), each planned with its own session's calibration of its shape (no
 stand-in) and the topology one of them detected (docs/results/s25/topology.json). Another machine kind: reported
 apart, never mixed into the H200 sets.
 
@@ -61,7 +61,7 @@ BEFORE_TWO_PASSES = BEFORE_KEPT_WEIGHTS + ("s21",)
 # (slidedp.schedule.streamed_units): every session checked here.
 BEFORE_EARLY_STREAMED = BEFORE_TWO_PASSES + ("s22",)
 
-# Sessions on the machines lent as nvidia-h100-x1, and the topology one of them detected
+# Sessions on machines of the kind nvidia-h100-x1, and the topology one of them detected
 H100_SESSIONS = ("s22", "s23", "s25", "s26", "s27", "s28", "s29")
 H100_TOPOLOGY = os.path.join(RESULTS, "s25", "topology.json")
 

@@ -96,7 +96,7 @@ def test_a_timeline_measured_after_the_factor_was_chosen_agrees_with_it():
 
 
 def test_the_h100_rows_are_planned_apart_with_their_own_sessions_calibrations():
-    """scripts/prediction_check.py --set h100: the rows of the machines lent as H100, never in the H200 sets, each
+    """scripts/prediction_check.py --set h100: the rows of the H100 machines, never in the H200 sets, each
     planned with a calibration of its own session (no other session's stands in)."""
     from scripts import prediction_check as pc
 
