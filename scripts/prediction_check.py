@@ -108,19 +108,23 @@ def _hidden(model: str) -> int | None:
     return {"qwen3-1.7b": 2048, "qwen3-4b": 2560, "qwen3-8b": 4096, "llama3.2-3b": 3072}.get(model)
 
 
+def set_of(session: str) -> str | None:
+    """The --set a session's rows belong to (`all` is every H200 set, not h100), None for a session of neither."""
+    if session in H100_SESSIONS:
+        return "h100"
+    if session in HELD_OUT_SESSIONS:
+        return "heldout"
+    if session in CHECK_SESSIONS:
+        return "check"
+    return "dev" if session in ONE_GPU_SESSIONS else None
+
+
 def measured_rows(which: str) -> list[dict]:
     rows = []
     for path in sorted(glob.glob(os.path.join(RESULTS, "**", "*.jsonl"), recursive=True)):
-        session = session_of(path)
-        if which == "h100":
-            if session not in H100_SESSIONS:
-                continue
-        elif session not in ONE_GPU_SESSIONS + CHECK_SESSIONS:
+        kind = set_of(session_of(path))
+        if kind is None or which not in (kind, "all") or (which == "all" and kind == "h100"):
             continue
-        else:
-            kind = "heldout" if session in HELD_OUT_SESSIONS else "check" if session in CHECK_SESSIONS else "dev"
-            if which != "all" and which != kind:
-                continue
         with open(path) as fh:
             for i, line in enumerate(fh):
                 try:

@@ -39,9 +39,10 @@ TIMELINES = [
 ]
 
 
-def _backward_ratios() -> list[float]:
+def _backward_ratios(timelines: list[tuple[str, str]]) -> list[float]:
+    """Each timeline's layers' backward over its calibrated time, per activation kind (trace_report --layers)."""
     out = []
-    for timeline, calibration in TIMELINES:
+    for timeline, calibration in timelines:
         with open(os.path.join(RESULTS, calibration)) as fh:
             cal = json.load(fh)
         rep = trace_report.layer_report(trace_report.load(os.path.join(RESULTS, timeline)), 3, cal)
@@ -50,7 +51,7 @@ def _backward_ratios() -> list[float]:
 
 
 def test_the_factor_is_the_median_of_the_kept_timelines():
-    ratios = _backward_ratios()
+    ratios = _backward_ratios(TIMELINES)
     assert len(ratios) >= len(TIMELINES)  # each timeline gave its checkpointed (and kept) layers' backward
     assert all(1.0 < r < 1.12 for r in ratios), ratios  # never faster in the step than alone
     assert cm.IN_STEP_BACKWARD == pytest.approx(statistics.median(ratios), abs=0.01)
@@ -86,13 +87,9 @@ def test_a_cpu_jobs_layers_are_charged_as_calibrated():
 def test_a_timeline_measured_after_the_factor_was_chosen_agrees_with_it():
     # s28: Qwen3-8B micro-batch 8 on the whole card of an H100 machine, a shape and machine no timeline above had,
     # run after IN_STEP_BACKWARD was set: its layers' backward (checkpointed in both rows, kept in the clipped one)
-    with open(os.path.join(RESULTS, "s28", "calibration", "vm-ed4e2e9809270b42.json")) as fh:
-        cal = json.load(fh)
     for name in ("trace-rank0.jsonl", "trace-rank0-2.jsonl"):
-        rep = trace_report.layer_report(trace_report.load(os.path.join(RESULTS, "s28", "pair8-trace", name)), 3, cal)
-        ratios = [k["ratio"] for k in rep["kinds"] if k["dir"] == "backward"]
+        ratios = _backward_ratios([(f"s28/pair8-trace/{name}", "s28/calibration/vm-ed4e2e9809270b42.json")])
         assert ratios and all(abs(r - cm.IN_STEP_BACKWARD) <= 0.03 for r in ratios), (name, ratios)
-
 
 
 def test_the_h100_rows_are_planned_apart_with_their_own_sessions_calibrations():
