@@ -35,6 +35,11 @@ PHASES = ("data", "forward", "backward", "update_tail", "delivery_wait")
 # and kept layers, eager and compiled, clipped and not; tests/runtime/test_in_step_backward.py reads them; docs/
 # planning.md "A layer inside the step"); the forward ranged 0.90-1.06 and stays as calibrated.
 IN_STEP_BACKWARD = 1.06
+# With clipping, the first host unit updated after the norm finishes this long after the backward's end beyond its
+# charged update, in every clipped step timeline kept (0.019-0.083 s; eight timelines, four sessions on H100 hosts
+# and one on the H200 machine; tests/runtime/test_post_norm_start.py reads them): the median, charged to the updater
+# before its first post-norm unit.
+POST_NORM_START_S = 0.05
 
 
 class Uncalibrated(ValueError):
@@ -364,6 +369,7 @@ def durations(job: Job, pol: ExecutionPolicy, rates: Rates, zero: frozenset = fr
         d2h_capacity=rates.direction_capacity("d2h"),
         cpu_mode=not job.on_gpu,
         zero=zero,
+        post_norm_start=POST_NORM_START_S if job.on_gpu and job.clip else 0.0,
     )
 
 

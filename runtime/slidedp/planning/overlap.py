@@ -43,7 +43,7 @@ from slidedp.planning.pools import capacities, pool_users, slowdowns
 from slidedp.planning.program import IN_ORDER, Durations, Program, Task
 
 _HOST = IN_ORDER.index("host")
-UPDATE_KINDS = frozenset({"update", "hold", "final", "moments", "streamed"})  # host-update work: waits on it are `update_tail`
+UPDATE_KINDS = frozenset({"update", "hold", "post_norm_start", "final", "moments", "streamed"})  # host-update work: waits on it are `update_tail`
 # Groups of task kinds that can be made free to measure a resource's exposure.
 EXPOSURE_KINDS = {
     "h2d": frozenset({"deliver", "fetch"}),

@@ -79,6 +79,9 @@ class Durations:
     h2d_capacity: float | None = None
     d2h_capacity: float | None = None
     cpu_mode: bool = False  # CPU training: one thread does compute, copies and collectives in order
+    # clip: the updater's time after the norm before its first post-norm unit has run at its rate, beyond that
+    # unit's charge (cost_model.POST_NORM_START_S); no pool's load
+    post_norm_start: float = 0.0
     zero: frozenset = frozenset()  # kinds made free (to measure exposure)
 
 
@@ -411,6 +414,12 @@ class Program:
                 # ._post_norm) every unit's new weights, then every unit's moments, before the updater takes the
                 # next step's first gradient
                 host = [u for u in range(len(d.units)) if u not in self.on_device and u not in self.streamed]
+                if host and d.post_norm_start:
+                    lag = Task("post_norm_start", "cpu", 0.0 if "post_norm_start" in d.zero else d.post_norm_start,
+                               norm, step=s)
+                    lag.order = len(self.tasks)
+                    self.tasks.append(lag)
+                    self.final[s].append(lag)
                 passes = [("final", d.update, d.update_bytes)]
                 if any(d.moments):  # policy.post_norm_passes 2
                     passes.append(("moments", d.moments, d.moments_bytes))
