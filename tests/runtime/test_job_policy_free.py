@@ -24,9 +24,11 @@ def _cfg(**raw) -> JobConfig:
 # fp32 deliveries, twice the link's bytes) longer; before: 4.829529888815151, 4.4068490305599965, 5.682185893991554,
 # 5.213255622064997. With a layer's backward charged as step timelines measured it inside the step
 # (cost_model.IN_STEP_BACKWARD, 2026-12-06; the host binds this pair, so under 0.1% longer): 4.849187421625778,
-# 4.550827008149196, 5.704715080322089 and 5.353522922020234 before.
+# 4.550827008149196, 5.704715080322089 and 5.353522922020234 before. With the first unit after the norm charged
+# its measured start (cost_model.POST_NORM_START_S, 2026-12-06; the clipped steps 0.05 s longer): 5.706254545820259
+# and 5.356741402459492 before.
 NVLINK_STEP_S = {(0.0, "host"): 4.852454113786866, (0.0, "gpu"): 4.554069570875001,
-                 (1.0, "host"): 5.706254545820259, (1.0, "gpu"): 5.356741402459492}
+                 (1.0, "host"): 5.756254545820258, (1.0, "gpu"): 5.406741402459493}
 # The same on the one-H200 machine with 2 device layers, the embedding and head on the GPU, 3 layers streamed and
 # 4 kept, 2 offloaded, 10 resident (Qwen3-8B at micro-batch 8). With the cast on the GPU the streamed layers' copies
 # in share the host->GPU direction with the fp32 deliveries (each direction a pool of its own since 2026-12-04:
@@ -40,9 +42,11 @@ NVLINK_STEP_S = {(0.0, "host"): 4.852454113786866, (0.0, "gpu"): 4.5540695708750
 # 3-5 here, not 34-36: slidedp.schedule.streamed_units, the same day): 2.598056522407424, 2.648593817713514,
 # 3.662100912238551 and 3.7942861034663236 before. With a layer's backward charged as in the step
 # (cost_model.IN_STEP_BACKWARD, 2026-12-06): 2.4299541060444816, 2.480774584735111, 3.62052335901494 and
-# 3.7550412840962633 before.
+# 3.7550412840962633 before. With the first unit after the norm charged its measured start
+# (cost_model.POST_NORM_START_S, 2026-12-06): 3.705368093435709 and 3.839886018517033 before (the clipped steps
+# 0.022 s longer: the streamed layers' updates run beside the start).
 ONE_GPU_STEP_S = {(0.0, "host"): 2.4659376789277205, (0.0, "gpu"): 2.479486664203538,
-                  (1.0, "host"): 3.705368093435709, (1.0, "gpu"): 3.839886018517033}
+                  (1.0, "host"): 3.7276591229096, (1.0, "gpu"): 3.8610428709163305}
 
 
 def _head_as_timed(calibration: dict) -> dict:
