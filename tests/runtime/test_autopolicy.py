@@ -409,6 +409,7 @@ def hbm_ladder(x2):
     return {gib: ap.plan_job(_cfg(), _with_hbm(topo["nvlink"], gib), calib) for gib in HBM_LADDER}
 
 
+@pytest.mark.slow  # make test-fast keeps its 10 minutes; make test runs it
 def test_a_smaller_hbm_budget_never_yields_a_faster_predicted_plan(hbm_ladder):
     """A smaller GPU can only take away options. Every rung is planned, fits its own budget, and is predicted
     no faster than the rung above it; the smallest is predicted slower than the largest (HBM is worth something

@@ -50,6 +50,7 @@ def _train(workdir, name: str, policy: dict) -> dict:
 MIX = {"activations": "auto", "keep_layers": 1, "offload_layers": 1}
 
 
+@pytest.mark.slow  # make test-fast keeps its 10 minutes; make test runs it
 def test_compiled_layers_train_to_the_eager_numbers_without_recompiling(workdir, monkeypatch, capfd):
     eager = _train(workdir, "eager", MIX)
     monkeypatch.setenv("TORCH_LOGS", "recompiles,graph_breaks")

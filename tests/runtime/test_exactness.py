@@ -106,7 +106,9 @@ def test_single_rank_matches_adamw(workdir, accum, clip):
     _check(workdir, "untied", 1, "replicated", "host", accum, clip)
 
 
-@pytest.mark.parametrize("delivery,grad", ROUTES)
+# make test-fast keeps its 10 minutes with one route (sharded delivery, the host's sum); make test runs all four
+@pytest.mark.parametrize("delivery,grad", [r if r == ("sharded", "host") else pytest.param(*r, marks=pytest.mark.slow)
+                                           for r in ROUTES])
 def test_two_ranks_every_route_matches_adamw(workdir, delivery, grad):
     # accumulation and clipping toggled across the routes here; the slow grid below covers every combination
     i = ROUTES.index((delivery, grad))
@@ -137,7 +139,7 @@ def test_three_ranks_sharded_pad_units_that_three_does_not_divide(workdir, grad)
     _check(workdir, "tied", 3, "sharded", grad, 1, CLIP)
 
 
-@pytest.mark.parametrize("preset", ["tiny-llama", "tiny-mistral"])
+@pytest.mark.parametrize("preset", ["tiny-llama", pytest.param("tiny-mistral", marks=pytest.mark.slow)])
 def test_llama_and_mistral_match_adamw(workdir, preset):
     """The other architectures slidedp streams beside Qwen3 (no q/k norms; Mistral's attention class), on two
     ranks with sharded delivery, gpu reduction, accumulation and clipping."""
@@ -154,14 +156,15 @@ def test_embedding_and_head_updated_on_the_device_match_adamw(workdir, model, ra
 
 @pytest.mark.parametrize("policy", [
     {"activations": "keep"},  # graphs kept across the window: weights come back by reference for backward
-    {"activations": "auto", "keep_layers": 2, "resident_units": 1},  # a keep/checkpoint mix, one resident layer
-    {"activations": "checkpoint", "resident_units": 4, "window": 2},  # every layer resident, smallest window
+    # a keep/checkpoint mix, one resident layer; every layer resident, smallest window (make test, not test-fast)
+    pytest.param({"activations": "auto", "keep_layers": 2, "resident_units": 1}, marks=pytest.mark.slow),
+    pytest.param({"activations": "checkpoint", "resident_units": 4, "window": 2}, marks=pytest.mark.slow),
 ])
 def test_activation_policies_and_residency_match_adamw(workdir, policy):
     _check(workdir, "untied", 2, "sharded", "gpu", 2, CLIP, policy=policy)
 
 
-@pytest.mark.parametrize("slots,clip", [(4, 0.0), (16, CLIP)])
+@pytest.mark.parametrize("slots,clip", [(4, 0.0), pytest.param(16, CLIP, marks=pytest.mark.slow)])
 def test_staging_slots_other_than_the_default_match_adamw(workdir, slots, clip):
     """Fewer and more gradient staging slots than the default (policy.staging_slots): the backward runs ahead of
     the host update by other amounts and the updater takes the landed gradients in another order; the same sums."""
