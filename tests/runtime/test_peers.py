@@ -64,6 +64,7 @@ def test_offload_and_recompute_leave_the_training_unchanged(resident, offload):
     assert offload["losses"] == pytest.approx(resident["losses"], rel=1e-5)
 
 
+@pytest.mark.slow  # make test-fast keeps its 10 minutes; make test runs it
 def test_compiled_layers_train_as_the_eager_ones(resident, compiled):
     # aot_eager runs the captured graphs without generating kernels: the numbers of eager, step after step
     _check_row(compiled, "fsdp2")
