@@ -35,10 +35,10 @@ PHASES = ("data", "forward", "backward", "update_tail", "delivery_wait")
 # and kept layers, eager and compiled, clipped and not; tests/runtime/test_in_step_backward.py reads them; docs/
 # planning.md "A layer inside the step"); the forward ranged 0.90-1.06 and stays as calibrated.
 IN_STEP_BACKWARD = 1.06
-# With clipping, the first host unit updated after the norm finishes this long after the backward's end beyond its
-# charged update, in every clipped step timeline kept (0.019-0.083 s; eight timelines, four sessions on H100 hosts
-# and one on the H200 machine; tests/runtime/test_post_norm_start.py reads them): the median, charged to the updater
-# before its first post-norm unit.
+# With clipping, the first host unit updated after the norm ends this much later after the backward's end than its
+# own update takes, in every clipped step timeline kept (0.025-0.086 s; nine timelines: the H200 machine's s21 and
+# H100 hosts of s22-s28; tests/runtime/test_post_norm_start.py reads them; docs/planning.md "The first unit after
+# the norm"): their median, charged to the updater before its first post-norm unit in a GPU job's clipped step.
 POST_NORM_START_S = 0.05
 
 
