@@ -243,7 +243,8 @@ def table(results: list[dict]) -> str:
     if ok:
         errs = [abs(r["error"]) for r in ok]
         within = sum(e <= 0.10 for e in errs)
-        lines.append(f"\n{len(ok)} rows: mean |error| {100 * sum(errs) / len(errs):.1f}%, "
+        bias = sum(r["error"] for r in ok) / len(ok)  # the signed mean: which way the model leans
+        lines.append(f"\n{len(ok)} rows: mean |error| {100 * sum(errs) / len(errs):.1f}%, mean error {100 * bias:+.1f}%, "
                      f"max {100 * max(errs):.1f}%, within ±10%: {within}, within ±5%: {sum(e <= 0.05 for e in errs)}"
                      "   (* planned with the stand-in calibration)")
     return "\n".join(lines)
