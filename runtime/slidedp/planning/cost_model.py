@@ -200,6 +200,20 @@ class Rates:
         pcie = (self.c.get("transfers") or {}).get("bidir_GBps")
         return (dram * 1e9 if dram else None), (pcie * 1e9 if pcie else None)
 
+    def dram_update_weight(self) -> float:
+        """How much more of host memory the host update keeps than a copy beside it, per byte of demand: the
+        calibration's pair (`host_dram`: the update alone and beside copies, the copies alone and beside the
+        update) as the ratio of the shares each kept, within [0.5, 2]; 1 (proportional) where not measured."""
+        h = self.c.get("host_dram") or {}
+        try:
+            kept_update = h["update_alone_s_per_1e9"] / h["update_with_dma_s_per_1e9"]
+            kept_copies = h["dma_with_update_GBps"] / h["dma_alone_GBps"]
+        except (KeyError, TypeError, ZeroDivisionError):
+            return 1.0
+        if not kept_update > 0 or not kept_copies > 0:
+            return 1.0
+        return min(2.0, max(0.5, kept_update / kept_copies))
+
     def direction_capacity(self, direction: str) -> float | None:
         """One direction of one GPU's link in bytes/s: the fastest this calibration measured that direction at
         (no copy alone goes faster, so only copies sharing the direction are slowed by it); None off the GPU or
@@ -364,6 +378,7 @@ def durations(job: Job, pol: ExecutionPolicy, rates: Rates, zero: frozenset = fr
         collective_loads=coll_loads,
         coll_bytes=coll_bytes,
         dram_capacity=dram,
+        dram_update_weight=rates.dram_update_weight(),
         pcie_capacity=pcie,
         h2d_capacity=rates.direction_capacity("h2d"),
         d2h_capacity=rates.direction_capacity("d2h"),

@@ -220,7 +220,7 @@ def replay(d: Durations, iterations: int = SHARING_ROUNDS) -> Outcome:
     shared = sorted({t.order: t for pool in users.values() for t, _ in pool}.items())
     step, moved_before = 1.0, None
     for _ in range(iterations if capacity else 0):
-        factors = slowdowns(users, capacity)
+        factors = slowdowns(users, capacity, d.dram_update_weight)
         moved = 0.0
         for _, t in shared:
             new = t.dur + step * (t.base * factors.get(t.order, 1.0) - t.dur)

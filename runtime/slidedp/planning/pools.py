@@ -22,35 +22,82 @@ def pool_users(tasks: list[Any], capacity: dict[str, float]) -> dict[str, list[t
             for pool in capacity}
 
 
-def slowdowns(users: dict[str, list[tuple[Any, float]]], capacity: dict[str, float]) -> dict[int, float]:
-    """Per task, how much slower it runs than alone: total demand on its pools while it runs / capacity.
+LINK_POOLS = ("pcie", "h2d", "d2h")
+LINK_THEN_DRAM = True
+WEIGHTED = True
 
-    Demands are each task's rate when alone (bytes / base seconds); sharing is proportional to them. `users`:
-    pool_users of the replay.
-    """
+
+def _levels(running: list[tuple[Any, float]]):
+    """The sweep over the running tasks' starts and ends: (times, the index of each task's start and end in them,
+    per time the summed demand from there to the next time)."""
+    n = len(running)
+    edges = np.empty(2 * n)
+    edges[0::2] = [t.start for t, _ in running]
+    edges[1::2] = [t.end for t, _ in running]
+    steps = np.empty(2 * n)
+    steps[0::2] = [r for _, r in running]
+    steps[1::2] = -steps[0::2]
+    times, at = np.unique(edges, return_inverse=True)
+    return times, at, edges, steps
+
+
+def _average(times, at, edges, per_time) -> np.ndarray:
+    """Each task's average of a piecewise-constant function of time (per_time[k] from times[k] to times[k+1])."""
+    cum = np.zeros(len(times))
+    np.cumsum(per_time[:-1] * np.diff(times), out=cum[1:])
+    return (cum[at[1::2]] - cum[at[0::2]]) / (edges[1::2] - edges[0::2])
+
+
+def slowdowns(users: dict[str, list[tuple[Any, float]]], capacity: dict[str, float],
+              update_weight: float = 1.0) -> dict[int, float]:
+    """Per task, how much slower it runs than alone.
+
+    On a GPU link (both ways, each direction): the total demand on it while the task runs / its capacity,
+    demands being each task's rate when alone (proportional sharing); a task on several links takes the largest.
+    In host memory a copy's demand is its rate on the links (alone, over that factor), and host memory slows it
+    again: while the demand exceeds the capacity each task gets a share of the capacity in proportion to its demand
+    times its weight, the host update's weight being `update_weight` (calibration's own pair of the update beside
+    copies, cost_model.Rates.dram_update_weight) and every other task's 1. A copy's factor is its link's times
+    host memory's. The rank's cores (CPU training): proportional. `users`: pool_users of the replay."""
     factors: dict[int, float] = {}
+    link: dict[int, float] = {}
     for pool, cap in capacity.items():
+        if pool == "dram" and LINK_THEN_DRAM:
+            continue
         running = [(t, rate) for t, rate in users[pool] if t.end > t.start]
         if not running:
             continue
-        # piecewise-constant total demand, integrated with a sweep over every task's start and end: the edges at
-        # one time merged (in task order), the demand's level and its integral summed edge by edge in time order
-        n = len(running)
-        edges = np.empty(2 * n)
-        edges[0::2] = [t.start for t, _ in running]
-        edges[1::2] = [t.end for t, _ in running]
-        steps = np.empty(2 * n)
-        steps[0::2] = [r for _, r in running]
-        steps[1::2] = -steps[0::2]
-        times, at = np.unique(edges, return_inverse=True)
+        times, at, edges, steps = _levels(running)
         level = np.cumsum(np.bincount(at, weights=steps, minlength=len(times)))
-        cum = np.zeros(len(times))
-        np.cumsum(level[:-1] * np.diff(times), out=cum[1:])
-        f = (cum[at[1::2]] - cum[at[0::2]]) / (edges[1::2] - edges[0::2]) / cap
+        f = _average(times, at, edges, level) / cap
         for i in np.flatnonzero(f > 1.0).tolist():
             order_i = running[i][0].order
             if f[i] > factors.get(order_i, 1.0):
                 factors[order_i] = float(f[i])
+                if pool in LINK_POOLS:
+                    link[order_i] = float(f[i])
+    if "dram" in capacity and LINK_THEN_DRAM:
+        cap = capacity["dram"]
+        running = [(t, rate / link.get(t.order, 1.0)) for t, rate in users["dram"] if t.end > t.start]
+        if running:
+            times, at, edges, steps = _levels(running)
+            level = np.cumsum(np.bincount(at, weights=steps, minlength=len(times)))
+            weights = np.array([update_weight if t.res == "cpu" else 1.0 for t, _ in running])
+            wsteps = steps * np.repeat(weights, 2)
+            wlevel = np.cumsum(np.bincount(at, weights=wsteps, minlength=len(times)))
+            over = level > cap
+            safe = np.where(level > 0, level, 1.0)
+            out = np.empty(len(running))
+            for w in set(weights.tolist()):
+                share = np.where(over, wlevel / (w * safe), 1.0) if WEIGHTED else np.ones(len(times))
+                g = _average(times, at, edges, level / cap * share)
+                mine = weights == w
+                out[mine] = g[mine]
+            for i in np.flatnonzero(out > 1.0).tolist():
+                order_i = running[i][0].order
+                total = link.get(order_i, 1.0) * float(out[i])
+                if total > factors.get(order_i, 1.0):
+                    factors[order_i] = total
     return factors
 
 

@@ -74,6 +74,8 @@ class Durations:
     # (the buffer zeroed, accumulated or widened for the trip: cost_model.Rates.gradient_out_s); empty: none
     gradient_out: list[float] = field(default_factory=list)
     dram_capacity: float | None = None  # bytes/s
+    # host memory's share for the host update against copies, per byte of demand (pools.slowdowns)
+    dram_update_weight: float = 1.0
     pcie_capacity: float | None = None  # bytes/s, both directions of one GPU's link
     # bytes/s of one direction of one GPU's link (host->GPU, GPU->host): what one direction's copies share
     h2d_capacity: float | None = None
