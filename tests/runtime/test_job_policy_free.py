@@ -26,9 +26,11 @@ def _cfg(**raw) -> JobConfig:
 # (cost_model.IN_STEP_BACKWARD, 2026-12-06; the host binds this pair, so under 0.1% longer): 4.849187421625778,
 # 4.550827008149196, 5.704715080322089 and 5.353522922020234 before. With the first unit after the norm charged
 # its measured start (cost_model.POST_NORM_START_S, 2026-12-06; the clipped steps 0.05 s longer): 5.706254545820259
-# and 5.356741402459492 before.
-NVLINK_STEP_S = {(0.0, "host"): 4.852454113786866, (0.0, "gpu"): 4.554069570875001,
-                 (1.0, "host"): 5.756254545820258, (1.0, "gpu"): 5.406741402459493}
+# and 5.356741402459492 before. With a copy's link-limited rate shared again in host memory and host memory shared
+# by the calibrated weight of the update (planning/pools.py, 2026-12-06): 4.852454113786866, 4.554069570875001,
+# 5.756254545820258 and 5.406741402459493 before.
+NVLINK_STEP_S = {(0.0, "host"): 4.849278284919742, (0.0, "gpu"): 4.491314446091389,
+                 (1.0, "host"): 5.7535119515043105, (1.0, "gpu"): 5.349747259111115}
 # The same on the one-H200 machine with 2 device layers, the embedding and head on the GPU, 3 layers streamed and
 # 4 kept, 2 offloaded, 10 resident (Qwen3-8B at micro-batch 8). With the cast on the GPU the streamed layers' copies
 # in share the host->GPU direction with the fp32 deliveries (each direction a pool of its own since 2026-12-04:
@@ -44,9 +46,11 @@ NVLINK_STEP_S = {(0.0, "host"): 4.852454113786866, (0.0, "gpu"): 4.5540695708750
 # (cost_model.IN_STEP_BACKWARD, 2026-12-06): 2.4299541060444816, 2.480774584735111, 3.62052335901494 and
 # 3.7550412840962633 before. With the first unit after the norm charged its measured start
 # (cost_model.POST_NORM_START_S, 2026-12-06): 3.705368093435709 and 3.839886018517033 before (the clipped steps
-# 0.022 s longer: the streamed layers' updates run beside the start).
-ONE_GPU_STEP_S = {(0.0, "host"): 2.4659376789277205, (0.0, "gpu"): 2.479486664203538,
-                  (1.0, "host"): 3.7276591229096, (1.0, "gpu"): 3.8610428709163305}
+# 0.022 s longer: the streamed layers' updates run beside the start). With a copy's link-limited rate shared again
+# in host memory and host memory shared by the calibrated weight of the update (planning/pools.py, 2026-12-06):
+# 2.4659376789277205, 2.479486664203538, 3.7276591229096 and 3.8610428709163305 before.
+ONE_GPU_STEP_S = {(0.0, "host"): 2.467976040930033, (0.0, "gpu"): 2.468129086883246,
+                  (1.0, "host"): 3.7256620076410645, (1.0, "gpu"): 3.859406042023038}
 
 
 def _head_as_timed(calibration: dict) -> dict:

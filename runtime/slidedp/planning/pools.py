@@ -3,9 +3,12 @@ task slows down while others load the same pool.
 
 A pool is host DRAM (the CPU update, host summation, every rank's PCIe copies), one GPU's PCIe link both ways at
 once, each direction of that link alone, and in CPU training the rank's cores. A task's demand on a pool is its
-rate when alone (bytes / base seconds); while the total demand exceeds the pool's capacity every task in it runs
-slower by demand / capacity (proportional sharing). Tasks are the replay's (`loads`, `base`, `start`, `end`,
-`order`); durations its Durations. Imports no torch.
+rate when alone (bytes / base seconds); while the total demand on a link or the cores exceeds its capacity every
+task on it runs slower by demand / capacity (proportional sharing). A copy reaches host memory at the rate its links
+leave it, and host memory is shared by weight: the host update's share per byte of demand against a copy's is what
+calibration measured when the two ran together (copies lose more of their rate than the update does, by 0.7-1.45x
+over the calibrations kept), so a copy slowed on its link is slowed again there. Tasks are the replay's (`loads`,
+`base`, `start`, `end`, `order`, `res`); durations its Durations. Imports no torch.
 """
 
 from __future__ import annotations
@@ -28,8 +31,8 @@ WEIGHTED = True
 
 
 def _levels(running: list[tuple[Any, float]]):
-    """The sweep over the running tasks' starts and ends: (times, the index of each task's start and end in them,
-    per time the summed demand from there to the next time)."""
+    """The sweep over the running tasks' starts and ends: (the distinct times, each edge's index in them, the edges
+    (start, end per task, in task order), each edge's change of demand)."""
     n = len(running)
     edges = np.empty(2 * n)
     edges[0::2] = [t.start for t, _ in running]
@@ -62,7 +65,7 @@ def slowdowns(users: dict[str, list[tuple[Any, float]]], capacity: dict[str, flo
     factors: dict[int, float] = {}
     link: dict[int, float] = {}
     for pool, cap in capacity.items():
-        if pool == "dram" and LINK_THEN_DRAM:
+        if pool == "dram":
             continue
         running = [(t, rate) for t, rate in users[pool] if t.end > t.start]
         if not running:
@@ -76,7 +79,7 @@ def slowdowns(users: dict[str, list[tuple[Any, float]]], capacity: dict[str, flo
                 factors[order_i] = float(f[i])
                 if pool in LINK_POOLS:
                     link[order_i] = float(f[i])
-    if "dram" in capacity and LINK_THEN_DRAM:
+    if "dram" in capacity:
         cap = capacity["dram"]
         running = [(t, rate / link.get(t.order, 1.0)) for t, rate in users["dram"] if t.end > t.start]
         if running:
@@ -89,7 +92,7 @@ def slowdowns(users: dict[str, list[tuple[Any, float]]], capacity: dict[str, flo
             safe = np.where(level > 0, level, 1.0)
             out = np.empty(len(running))
             for w in set(weights.tolist()):
-                share = np.where(over, wlevel / (w * safe), 1.0) if WEIGHTED else np.ones(len(times))
+                share = np.where(over, wlevel / (w * safe), 1.0)  # 1 throughout where every weight is 1
                 g = _average(times, at, edges, level / cap * share)
                 mine = weights == w
                 out[mine] = g[mine]
