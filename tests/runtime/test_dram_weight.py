@@ -113,7 +113,7 @@ def _streamed_pace(path: str, streamed: range, first_step: int = 3) -> float:
     return statistics.median(gaps)
 
 
-def test_the_streamed_layers_are_charged_near_the_pace_the_step_timeline_measured():
+def test_the_streamed_layers_are_charged_near_the_pace_the_step_timeline_measured(monkeypatch):
     """s31's clipped Qwen3-8B on the whole card (8 device layers, layers 9-17 streamed, the cast on the GPU), planned
     as it ran with its calibration: the replay's streamed units within 20% of the timeline's pace (~90 ms), not
     27% short of it as before."""
@@ -132,16 +132,8 @@ def test_the_streamed_layers_are_charged_near_the_pace_the_step_timeline_measure
     assert streamed == list(range(9, 18))
     captured = []
     real = overlap._measure
-
-    def keep(rep):
-        captured.append(rep)
-        return real(rep)
-
-    overlap._measure = keep
-    try:
-        cm.predict(job, pol, cm.Rates(_calibration(), job))
-    finally:
-        overlap._measure = real
+    monkeypatch.setattr(overlap, "_measure", lambda rep: captured.append(rep) or real(rep))  # the replay placed
+    cm.predict(job, pol, cm.Rates(_calibration(), job))
     rep = captured[-1]
     b0 = rep.backward_last[0].end
     charged = statistics.median(t.dur for t in rep.tasks if t.kind == "streamed" and t.start >= b0 and t.step == 0)
