@@ -38,6 +38,15 @@ def _calibration() -> dict:
         return json.load(fh)
 
 
+def _job(clip: float = 0.0) -> Job:
+    """Qwen3-8B at micro-batch 8 on one GPU of the H100 machines (s25's topology), as s31 ran it."""
+    with open(os.path.join(RESULTS, "s25", "topology.json")) as fh:
+        topology = json.load(fh)
+    return Job.from_config(JobConfig.from_dict({"model": "qwen3-8b", "data": {"path": "x.jsonl"}, "gpus": 1,
+                                                "micro_batch_size": 8, "seq_len": 2048,
+                                                "optimizer": {"max_grad_norm": clip}}), topology)
+
+
 def test_the_rule_gives_back_the_pair_calibration_measured():
     """The update and the copies side by side for the same time, at their rates alone, under the capacity the
     pair measured: each slows as calibration saw it slow (the update 0.262 against 0.234 s per 1e9 params, the
@@ -50,9 +59,7 @@ def test_the_rule_gives_back_the_pair_calibration_measured():
     update = _task(0, "cpu", 0.0, 1.0, dram=update_rate)
     copies = _task(1, "h2d", 0.0, 1.0, dram=copy_rate)
     users = _users([update, copies], capacity)
-    job = Job.from_config(JobConfig.from_dict({"model": "qwen3-8b", "data": {"path": "x.jsonl"}, "gpus": 1,
-                                               "micro_batch_size": 8, "seq_len": 2048}), _topology())
-    weight = cm.Rates(cal, job).dram_update_weight()
+    weight = cm.Rates(cal, _job()).dram_update_weight()
     f = slowdowns(users, capacity, weight)
     assert f[0] == pytest.approx(h["update_with_dma_s_per_1e9"] / h["update_alone_s_per_1e9"], rel=1e-9)
     assert f[1] == pytest.approx(h["dma_alone_GBps"] / h["dma_with_update_GBps"], rel=1e-9)
@@ -79,9 +86,7 @@ def test_below_the_capacity_nothing_is_slowed_whatever_the_weight():
 
 
 def test_the_weight_is_the_calibrated_pairs_within_bounds_and_one_where_not_measured():
-    cal = _calibration()
-    job = Job.from_config(JobConfig.from_dict({"model": "qwen3-8b", "data": {"path": "x.jsonl"}, "gpus": 1,
-                                               "micro_batch_size": 8, "seq_len": 2048}), _topology())
+    cal, job = _calibration(), _job()
     h = cal["host_dram"]
     kept_update = h["update_alone_s_per_1e9"] / h["update_with_dma_s_per_1e9"]
     kept_copies = h["dma_with_update_GBps"] / h["dma_alone_GBps"]
@@ -94,9 +99,6 @@ def test_the_weight_is_the_calibrated_pairs_within_bounds_and_one_where_not_meas
     assert cm.Rates(odd, job).dram_update_weight() == 2.0
 
 
-def _topology() -> dict:
-    with open(os.path.join(RESULTS, "s25", "topology.json")) as fh:
-        return json.load(fh)
 
 
 def _streamed_pace(path: str, streamed: range, first_step: int = 3) -> float:
@@ -121,9 +123,7 @@ def test_the_streamed_layers_are_charged_near_the_pace_the_step_timeline_measure
         row = [json.loads(line) for line in fh if line.strip()][1]
     chosen = row["chosen"]
     assert chosen["streamed_layers"] == 9 and chosen["device_layers"] == 8
-    cfg = JobConfig.from_dict({"model": "qwen3-8b", "data": {"path": "x.jsonl"}, "gpus": 1, "micro_batch_size": 8,
-                               "seq_len": 2048, "optimizer": {"max_grad_norm": 1.0}})
-    job = Job.from_config(cfg, _topology())
+    job = _job(clip=1.0)
     pol = ExecutionPolicy.mix(job.layers, chosen["keep_layers"], chosen["offload_layers"], chosen["resident_layers"],
                               window=chosen["window"], delivery_cast=chosen["delivery_cast"],
                               edge_update=chosen["edge_update"], device_layers=chosen["device_layers"],

@@ -26,13 +26,12 @@ def pool_users(tasks: list[Any], capacity: dict[str, float]) -> dict[str, list[t
 
 
 LINK_POOLS = ("pcie", "h2d", "d2h")
-LINK_THEN_DRAM = True
-WEIGHTED = True
 
 
 def _levels(running: list[tuple[Any, float]]):
     """The sweep over the running tasks' starts and ends: (the distinct times, each edge's index in them, the edges
-    (start, end per task, in task order), each edge's change of demand)."""
+    (start, end per task, in task order), each edge's change of demand, the total demand from each time to the
+    next)."""
     n = len(running)
     edges = np.empty(2 * n)
     edges[0::2] = [t.start for t, _ in running]
@@ -41,7 +40,8 @@ def _levels(running: list[tuple[Any, float]]):
     steps[0::2] = [r for _, r in running]
     steps[1::2] = -steps[0::2]
     times, at = np.unique(edges, return_inverse=True)
-    return times, at, edges, steps
+    level = np.cumsum(np.bincount(at, weights=steps, minlength=len(times)))
+    return times, at, edges, steps, level
 
 
 def _average(times, at, edges, per_time) -> np.ndarray:
@@ -70,8 +70,7 @@ def slowdowns(users: dict[str, list[tuple[Any, float]]], capacity: dict[str, flo
         running = [(t, rate) for t, rate in users[pool] if t.end > t.start]
         if not running:
             continue
-        times, at, edges, steps = _levels(running)
-        level = np.cumsum(np.bincount(at, weights=steps, minlength=len(times)))
+        times, at, edges, _, level = _levels(running)
         f = _average(times, at, edges, level) / cap
         for i in np.flatnonzero(f > 1.0).tolist():
             order_i = running[i][0].order
@@ -83,8 +82,7 @@ def slowdowns(users: dict[str, list[tuple[Any, float]]], capacity: dict[str, flo
         cap = capacity["dram"]
         running = [(t, rate / link.get(t.order, 1.0)) for t, rate in users["dram"] if t.end > t.start]
         if running:
-            times, at, edges, steps = _levels(running)
-            level = np.cumsum(np.bincount(at, weights=steps, minlength=len(times)))
+            times, at, edges, steps, level = _levels(running)
             weights = np.array([update_weight if t.res == "cpu" else 1.0 for t, _ in running])
             wsteps = steps * np.repeat(weights, 2)
             wlevel = np.cumsum(np.bincount(at, weights=wsteps, minlength=len(times)))
