@@ -151,8 +151,8 @@ class Updater(threading.Thread):
         self._empty_steps: deque[int] = deque()
         self._device_norm: dict[int, tuple] = {}
         # per step, the units streamed through the devices (slidedp.step.streamed_update) not yet marked updated,
-        # each with the event after which its state is back in the host state
-        self._streamed: dict[int, dict[int, Any]] = {}
+        # each with the event after which its state is back in the host state; None while still being queued
+        self._streamed: dict[int, dict[int, Any] | None] = {}
         self._stopping = False
         self.error: BaseException | None = None
         self.results: deque[StepResult] = deque()
@@ -173,21 +173,27 @@ class Updater(threading.Thread):
             self._pending.append(item)
             self._cond.notify()
 
-    def end_backward(self, step: int, device_norm: tuple | None = None,
-                     streamed: dict[int, Any] | None = None) -> None:
+    def end_backward(self, step: int, device_norm: tuple | None = None, streamed_pending: bool = False) -> None:
         """Backward of `step` is over. device_norm = (event, host scalar): the gpu route's global sum of squares,
         reduced on the GPUs; the host then neither reads the gradient for the norm nor exchanges partial sums.
-        streamed: per unit updated by streaming through the device, the event after which it is back on the
-        host; this thread marks each updated once it has passed, between its own units' updates."""
+        streamed_pending: some units of the step are updated by streaming through the device, and add_streamed()
+        will say when each is back on the host (the step is not finished before it has)."""
         with self._cond:
             self._backward_ended.add(step)
             if device_norm is not None:
                 self._device_norm[step] = device_norm
-            if streamed:
-                self._streamed[step] = dict(streamed)
+            if streamed_pending:
+                self._streamed[step] = None
             if not self.host_units:
                 self._empty_steps.append(step)
-            self._cond.notify()
+            self._cond.notify_all()
+
+    def add_streamed(self, step: int, streamed: dict[int, Any]) -> None:
+        """Per unit of `step` updated by streaming through the device, the event after which it is back on the
+        host; this thread marks each updated once it has passed, between its own units' updates."""
+        with self._cond:
+            self._streamed[step] = dict(streamed)
+            self._cond.notify_all()
 
     def stop(self) -> None:
         with self._cond:
@@ -326,9 +332,15 @@ class Updater(threading.Thread):
 
     def _mark_streamed(self, step: int, block: bool) -> None:
         """Mark updated the streamed units of `step` whose state is back on the host (block: wait for all)."""
+        if block:  # the step's streamed updates may still be being queued (end_backward, then add_streamed)
+            self._waited += wait_until(lambda: self._streamed.get(step, {}) is not None,
+                                       "the streamed layers' updates to be queued", abort=self.abort)
         with self._cond:
             pending = self._streamed.get(step)
         if not pending:
+            if block:
+                with self._cond:
+                    self._streamed.pop(step, None)
             return
         for u in sorted(pending):
             if block:
