@@ -131,6 +131,45 @@ def test_the_update_is_timed_beside_the_issuing_threads_load(host):
         microbench.update_shard_ = orig
 
 
+def test_host_figures_are_timed_over_a_window_not_three_runs(host):
+    """A host figure timed over three updates (a tenth of a second) moved by up to 40% between two calibrations
+    of one host minutes apart; each is now the median of as many runs as fill a window (at least three)."""
+    import time
+
+    from slidedp.planning import microbench
+
+    calls = []
+    assert microbench.sustained_median(lambda: calls.append(time.perf_counter()), 0.0) >= 0
+    assert len(calls) == 4  # a warm-up, then three
+    calls.clear()
+
+    def slow():
+        calls.append(time.perf_counter())
+        time.sleep(0.01)
+
+    assert 0.009 < microbench.sustained_median(slow, 0.2) < 0.2
+    assert calls[-1] - calls[1] >= 0.18 and len(calls) >= 10  # the window filled, after the warm-up
+    assert microbench.HOST_WINDOW_S >= 1.0
+
+    cfg = _cfg(cpu_threads=1)
+    timed = []
+    orig = microbench.update_shard_
+
+    def counted(*args, **kw):
+        timed.append(time.perf_counter())
+        return orig(*args, **kw)
+
+    microbench.update_shard_ = counted
+    try:
+        got = microbench.update_in_step(cfg, host, 1 << 18, lambda stop: stop.wait(30), "idle", params=1 << 20,
+                                        window_s=0.3)
+    finally:
+        microbench.update_shard_ = orig
+    assert got["window_s"] == 0.3
+    # two timings (alone, beside the load), each a warm-up pass and passes filling 0.3 s, 4 chunks a pass
+    assert timed[-1] - timed[0] >= 0.6 and len(timed) >= 2 * 4 * 4
+
+
 @pytest.mark.gpu
 def test_gpu_calibration_sees_pcie_and_the_loss_head_peak(host):
     if not torch.cuda.is_available():

@@ -60,6 +60,24 @@ def median_time(fn: Callable[[], Any], reps: int, cuda: bool, warmup: int = 1) -
     return statistics.median(times)
 
 
+def sustained_median(fn: Callable[[], Any], window_s: float, min_reps: int = 3) -> float:
+    """The median wall time of fn() over as many runs as fill window_s seconds (at least min_reps; a warm-up run
+    first). The host figures of a step are sustained for seconds; a figure timed over a tenth of a second moved
+    by up to 40% between two calibrations of one host minutes apart (host memory's capacity 179 and 129 GB/s,
+    docs/planning.md "Prediction against measured steps")."""
+    fn()
+    times: list[float] = []
+    end = time.perf_counter() + window_s
+    while len(times) < min_reps or time.perf_counter() < end:
+        t = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t)
+    return statistics.median(times)
+
+
+# host memory's figures (host_dram, update_in_step): each timed over at least this long
+HOST_WINDOW_S = 1.0
+
 SETTLE_BUDGET_S = 1.0  # a CPU figure that has not settled stops after this many seconds of reps (at least 3)
 
 
@@ -152,7 +170,7 @@ def cpu_rates(cfg: JobConfig, topology: dict, max_unit: int, quick: bool, cuda: 
 
 
 def update_in_step(cfg: JobConfig, topology: dict, max_unit: int, load: Callable[[threading.Event], None],
-                   load_name: str, params: int = 1 << 27) -> dict[str, Any]:
+                   load_name: str, params: int = 1 << 27, window_s: float = HOST_WINDOW_S) -> dict[str, Any]:
     """The host update as the step runs it: in a thread of its own with the rank's thread count, unit by unit
     (unit-sized chunks, each touched once per pass: nothing comes back warm from the caches), alone and while
     the calling thread runs `load` (the issuing thread's work: slidedp.planning.model_bench.issue_loop). The
@@ -174,7 +192,7 @@ def update_in_step(cfg: JobConfig, topology: dict, max_unit: int, load: Callable
         try:
             torch.set_num_threads(threads)  # per calling thread, as the engine's updater sets it
             w0, c0 = time.perf_counter(), time.thread_time()
-            rate = median_time(one_pass, 3, False) * 1e9 / n
+            rate = sustained_median(one_pass, window_s) * 1e9 / n  # each pass ~0.03-0.08 s
             # the share of the wall time this thread (an OpenMP team member) was off the CPU, as the metrics
             # record's phases.update_offcpu measures it in the engine
             out.append((rate, max(0.0, 1.0 - (time.thread_time() - c0) / (time.perf_counter() - w0))))
@@ -196,7 +214,7 @@ def update_in_step(cfg: JobConfig, topology: dict, max_unit: int, load: Callable
     beside, beside_off = in_thread(load)
     return {"threads": threads, "params": n, "chunk": chunk, "load": load_name, "alone_s_per_1e9": alone,
             "beside_load_s_per_1e9": beside, "offcpu_alone": alone_off, "offcpu_beside_load": beside_off,
-            "cast": deliver is not None}
+            "cast": deliver is not None, "window_s": window_s}
 
 
 def device_update(device: torch.device, dtype: torch.dtype, quick: bool) -> dict[str, Any]:
@@ -218,9 +236,10 @@ def device_update(device: torch.device, dtype: torch.dtype, quick: bool) -> dict
     return {"params": n, "adamw_cast_s_per_1e9": s * 1e9 / n}
 
 
-def host_dram(cfg: JobConfig, topology: dict) -> dict[str, Any]:
+def host_dram(cfg: JobConfig, topology: dict, window_s: float = HOST_WINDOW_S) -> dict[str, Any]:
     """The host update alone and while every GPU copies both ways without pause, and the DMA rate alone and
-    during the update: host DRAM is one resource for both (capacity = what both move together)."""
+    during the update: host DRAM is one resource for both (capacity = what both move together). Each figure is
+    timed over window_s seconds at least (0: three updates, as calibrations before `window_s` was recorded did)."""
     ngpu = cfg.gpus
     threads = min(
         int(topology.get("cpu", {}).get("cores") or 1), compute_threads(cfg, topology) * cfg.world_size
@@ -256,16 +275,16 @@ def host_dram(cfg: JobConfig, topology: dict) -> dict[str, Any]:
             done[1].synchronize()
             moved[i] += 2 * nbuf
 
-    alone = median_time(update, 3, False) * 1e9 / n
+    alone = sustained_median(update, window_s) * 1e9 / n
     workers = [threading.Thread(target=dma, args=(i,), daemon=True) for i in range(ngpu)]
     for w in workers:
         w.start()
     time.sleep(0.5)
     m0, t0 = sum(moved), time.perf_counter()
-    time.sleep(1.0)
+    time.sleep(max(1.0, window_s))
     dma_alone = (sum(moved) - m0) / (time.perf_counter() - t0) / 1e9
     m0, t0 = sum(moved), time.perf_counter()
-    together = median_time(update, 3, False, warmup=0) * 1e9 / n
+    together = sustained_median(update, window_s) * 1e9 / n
     dma_with = (sum(moved) - m0) / (time.perf_counter() - t0) / 1e9
     stop.set()
     for w in workers:
@@ -279,6 +298,7 @@ def host_dram(cfg: JobConfig, topology: dict) -> dict[str, Any]:
         "dma_with_update_GBps": dma_with,
         "update_bytes_per_param": per_param,
         "capacity_GBps": per_param / together + dma_with,
+        "window_s": window_s,
     }
 
 
