@@ -62,8 +62,8 @@ def median_time(fn: Callable[[], Any], reps: int, cuda: bool, warmup: int = 1) -
 
 def sustained_median(fn: Callable[[], Any], window_s: float, min_reps: int = 3) -> float:
     """The median wall time of fn() over as many runs as fill window_s seconds (at least min_reps; a warm-up run
-    first). The host figures of a step are sustained for seconds; a figure timed over a tenth of a second moved
-    by up to 40% between two calibrations of one host minutes apart (host memory's capacity 179 and 129 GB/s,
+    first). The host figures of a step are sustained for seconds; timed over three updates (a tenth of a second)
+    host memory's capacity spread 7% over four runs on one host, over one second 1% (scripts/probe_host_dram.py,
     docs/planning.md "Prediction against measured steps")."""
     fn()
     times: list[float] = []
