@@ -132,8 +132,8 @@ def test_the_update_is_timed_beside_the_issuing_threads_load(host):
 
 
 def test_host_figures_are_timed_over_a_window_not_three_runs(host):
-    """A host figure timed over three updates (a tenth of a second) moved by up to 40% between two calibrations
-    of one host minutes apart; each is now the median of as many runs as fill a window (at least three)."""
+    """Host memory's capacity timed over three updates (a tenth of a second) spread 7% over four runs on one host,
+    over one second 1%; each host figure is now the median of as many runs as fill a window (at least three)."""
     import time
 
     from slidedp.planning import microbench
