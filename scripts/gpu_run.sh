@@ -75,6 +75,8 @@
 #           under GPU_GIB (24), the cast where CAST (gpu), twice: the calibration measured in the first run if the cache
 #           lacks it, cached in the second; logs $OUT/first8-preset-1.log and -2.log (each ends with one JSON line
 #           holding startup_s, rank_startup_s and moments_paged_s)
+#   hdram   how steady calibration's host memory figure is: host_dram four times timed over three updates and
+#           four times over one second, alternating, in one process (scripts/probe_host_dram.py) -> $OUT/host-dram.jsonl
 #   exact1  the one-GPU exactness tests (every route of one rank, 20 bf16 steps against autocast, the cast on the GPU,
 #           streamed layers with their weights kept on the GPU) and the step records' memory figures
 #   pin     where a rank's start waits (scripts/probe_rank_start.py): a filled 32 GiB shared-memory state page-locked
@@ -208,6 +210,7 @@ print(f'with NCCL and one all-reduce: {(t - f1) / 2**30:.3f} GiB (allocator rese
     first8) for i in 1 2; do timeout ${FIRST_S:-150} python3 scripts/first_step.py --model qwen3-8b \
               --gpu-memory-gib ${GPU_GIB:-24} --delivery-cast ${CAST:-gpu} > "$OUT/first8-preset-$i.log" 2>&1
             grep -vE "Warning|warn" "$OUT/first8-preset-$i.log" | tail -9; done ;;
+    hdram) timeout ${HDRAM_S:-120} python3 scripts/probe_host_dram.py --rounds 4 --out "$OUT/host-dram.jsonl" 2>&1 | quiet 12 ;;
     exact1) timeout ${TESTS_S:-240} python3 -m pytest -v -rfE --tb=short -p no:cacheprovider -m gpu \
               tests/gpu/test_gpu_exactness.py tests/gpu/test_gpu_delivery_cast.py tests/gpu/test_gpu_step_figures.py \
               -k "1] or same_bits or figures" > "$OUT/gpu-exact1.log" 2>&1
