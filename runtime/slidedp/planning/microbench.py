@@ -46,29 +46,19 @@ def event_times(fn: Callable[[], Any], reps: int) -> list[float]:
     return times
 
 
-def median_time(fn: Callable[[], Any], reps: int, cuda: bool, warmup: int = 1) -> float:
+def median_time(fn: Callable[[], Any], reps: int, cuda: bool, warmup: int = 1, window_s: float = 0.0) -> float:
+    """The median time of fn() over reps runs after `warmup` (CUDA: with events). On the host, window_s > 0 runs
+    it further until that many seconds are filled: the host figures of a step are sustained for seconds, and timed
+    over three updates (a tenth of a second) host memory's capacity spread 7% over four runs on one host, over one
+    second 1% (scripts/probe_host_dram.py, docs/planning.md "Prediction against measured steps")."""
     for _ in range(warmup):
         fn()
     if cuda:
         torch.cuda.synchronize()
         return statistics.median(event_times(fn, reps))
     times = []
-    for _ in range(reps):
-        t = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t)
-    return statistics.median(times)
-
-
-def sustained_median(fn: Callable[[], Any], window_s: float, min_reps: int = 3) -> float:
-    """The median wall time of fn() over as many runs as fill window_s seconds (at least min_reps; a warm-up run
-    first). The host figures of a step are sustained for seconds; timed over three updates (a tenth of a second)
-    host memory's capacity spread 7% over four runs on one host, over one second 1% (scripts/probe_host_dram.py,
-    docs/planning.md "Prediction against measured steps")."""
-    fn()
-    times: list[float] = []
     end = time.perf_counter() + window_s
-    while len(times) < min_reps or time.perf_counter() < end:
+    while len(times) < reps or time.perf_counter() < end:
         t = time.perf_counter()
         fn()
         times.append(time.perf_counter() - t)
@@ -192,7 +182,7 @@ def update_in_step(cfg: JobConfig, topology: dict, max_unit: int, load: Callable
         try:
             torch.set_num_threads(threads)  # per calling thread, as the engine's updater sets it
             w0, c0 = time.perf_counter(), time.thread_time()
-            rate = sustained_median(one_pass, window_s) * 1e9 / n  # each pass ~0.03-0.08 s
+            rate = median_time(one_pass, 3, False, window_s=window_s) * 1e9 / n  # each pass ~0.03-0.08 s
             # the share of the wall time this thread (an OpenMP team member) was off the CPU, as the metrics
             # record's phases.update_offcpu measures it in the engine
             out.append((rate, max(0.0, 1.0 - (time.thread_time() - c0) / (time.perf_counter() - w0))))
@@ -275,7 +265,7 @@ def host_dram(cfg: JobConfig, topology: dict, window_s: float = HOST_WINDOW_S) -
             done[1].synchronize()
             moved[i] += 2 * nbuf
 
-    alone = sustained_median(update, window_s) * 1e9 / n
+    alone = median_time(update, 3, False, window_s=window_s) * 1e9 / n
     workers = [threading.Thread(target=dma, args=(i,), daemon=True) for i in range(ngpu)]
     for w in workers:
         w.start()
@@ -284,7 +274,7 @@ def host_dram(cfg: JobConfig, topology: dict, window_s: float = HOST_WINDOW_S) -
     time.sleep(max(1.0, window_s))
     dma_alone = (sum(moved) - m0) / (time.perf_counter() - t0) / 1e9
     m0, t0 = sum(moved), time.perf_counter()
-    together = sustained_median(update, window_s) * 1e9 / n
+    together = median_time(update, 3, False, window_s=window_s) * 1e9 / n
     dma_with = (sum(moved) - m0) / (time.perf_counter() - t0) / 1e9
     stop.set()
     for w in workers:

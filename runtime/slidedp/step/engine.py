@@ -491,13 +491,13 @@ class RankEngine:
         ev["backward_end"] = s.record(s.compute, timing=True)
         if trace.TRACE is not None:
             trace.TRACE.add("backward_issued", step, t=trace.now())
-        streams = self.updater.norm_on_device and self.streamed is not None
+        queue_streamed = self.updater.norm_on_device and self.streamed is not None
         if self.updater.norm_on_device:
             host_norm = self._norm_host[step % 2]
             keeps = [d.keep_norm for d in (self.device_update, self.streamed) if d is not None and self.updater.clip]
             norm = (self.routes.finish_norm(host_norm, (lambda: [k() for k in keeps]) if keeps else None),
                     host_norm)
-            self.updater.end_backward(step, norm, streamed_pending=streams)
+            self.updater.end_backward(step, norm, streamed_pending=queue_streamed)
         else:
             norm = None
             self.updater.end_backward(step)
@@ -505,7 +505,7 @@ class RankEngine:
             self.device_update.update(step)
             # the device update counts as backward, as the overlap model counts it
             ev["backward_end"] = s.record(s.compute, timing=True)
-        if streams:
+        if queue_streamed:
             # queued after the norm on streams of their own, ahead of the next forward's deliveries
             self.updater.add_streamed(step, self.streamed.update(step))
         if trace.TRACE is not None:

@@ -336,12 +336,7 @@ class Updater(threading.Thread):
             self._waited += wait_until(lambda: self._streamed.get(step, {}) is not None,
                                        "the streamed layers' updates to be queued", abort=self.abort)
         with self._cond:
-            pending = self._streamed.get(step)
-        if not pending:
-            if block:
-                with self._cond:
-                    self._streamed.pop(step, None)
-            return
+            pending = self._streamed.get(step) or {}
         for u in sorted(pending):
             if block:
                 t0 = time.perf_counter()
