@@ -5,6 +5,7 @@
     .venv/bin/python scripts/prediction_check.py --set check     # rows measured after the split (s17, s18): checked only
     .venv/bin/python scripts/prediction_check.py --set all --json out.json
     .venv/bin/python scripts/prediction_check.py --set h100      # the H100 machines' rows (not in `all`)
+    .venv/bin/python scripts/prediction_check.py --set h100 --host-scale 1.1   # as if the host's memory work took 1.1x
     .venv/bin/python scripts/prediction_check.py --write-fixture tests/runtime/fixtures/h200x1_heldout_steps.json
 
 Every `slidedp bench` row under docs/results/ that ran SlideDP on the one-GPU machine (nvidia-h200: 1 x H200, 16
@@ -39,6 +40,7 @@ predicted.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import glob
 import json
 import os
@@ -221,6 +223,29 @@ def repredict(row: dict, topology: dict) -> dict:
     }
 
 
+@contextlib.contextmanager
+def host_scaled(k: float):
+    """Price every row as if the host's memory work took k times its calibrated time: the host update, the host's
+    copies and host memory's capacity (divided by k). A question asked of the rows (would a slower or faster host
+    explain the misses?), not a term of the model."""
+    from slidedp.planning import cost_model
+
+    rates = cost_model.Rates
+    update_s, copy_s, pools = rates.update_s, rates.copy_s, rates.pools
+
+    def scaled_pools(self):
+        dram, link = pools(self)
+        return (dram / k if dram else dram), link
+
+    rates.update_s = lambda self, *a, **kw: update_s(self, *a, **kw) * k
+    rates.copy_s = lambda self, *a, **kw: copy_s(self, *a, **kw) * k
+    rates.pools = scaled_pools
+    try:
+        yield
+    finally:
+        rates.update_s, rates.copy_s, rates.pools = update_s, copy_s, pools
+
+
 def _f(x: float | None, fmt: str = "{:.3f}") -> str:
     return fmt.format(x) if isinstance(x, (int, float)) else "-"
 
@@ -280,6 +305,9 @@ def main() -> None:
     ap.add_argument("--set", choices=("dev", "heldout", "check", "all", "h100"), default="dev")
     ap.add_argument("--json", help="write the per-row results here")
     ap.add_argument("--write-fixture", metavar="PATH", help="write the held-out rows as the test reads them, and stop")
+    ap.add_argument("--host-scale", type=float, default=1.0, metavar="K",
+                    help="price the host's memory work (update, copies, host memory's capacity) at K times its "
+                         "calibrated time: how the rows would read on a host K times slower")
     args = ap.parse_args()
     if args.write_fixture:
         write_fixture(args.write_fixture)
@@ -290,7 +318,8 @@ def main() -> None:
     else:
         with open(TOPOLOGY) as fh:
             topology = json.load(fh)["topology"]
-    results = [repredict(r, topology) for r in measured_rows(args.set)]
+    with host_scaled(args.host_scale):
+        results = [repredict(r, topology) for r in measured_rows(args.set)]
     print(table(results))
     if args.json:
         with open(args.json, "w") as fh:
