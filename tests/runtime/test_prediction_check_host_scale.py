@@ -1,0 +1,40 @@
+"""scripts/prediction_check.py --host-scale K: the rows priced as if the host's memory work took K times its
+calibrated time, and the cost model as it was once the question is answered."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+from slidedp.config import JobConfig
+from slidedp.planning.cost_model import Rates
+from slidedp.planning.job import Job
+
+from scripts import prediction_check
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def _rates() -> Rates:
+    """The s17 calibration of Qwen3-4B at micro-batch 4 (a measured one-GPU record) and its job."""
+    with open(os.path.join(ROOT, "docs", "results", "s17", "calibration", "vm-3f733d50e10c1aa8.json")) as fh:
+        cal = json.load(fh)
+    with open(os.path.join(ROOT, "tests", "runtime", "fixtures", "h200x1_qwen3-1.7b.json")) as fh:
+        topo = json.load(fh)["topology"]
+    s = cal["shape"]
+    cfg = JobConfig.from_dict({"model": s["model"], "data": {"path": "x.jsonl"}, "gpus": 1, "seq_len": s["seq"],
+                               "micro_batch_size": s["micro_batch"], "cpu_threads": 16, "precision": "bf16"})
+    return Rates(cal, Job.from_config(cfg, topo))
+
+
+def test_the_host_terms_are_scaled_inside_and_restored_after():
+    rates = _rates()
+    before = (rates.update_s(10_000_000, "host"), rates.copy_s(4e9), rates.pools())
+    assert all(before[:2]) and before[2][0] and before[2][1]
+    with prediction_check.host_scaled(1.25):
+        assert rates.update_s(10_000_000, "host") == pytest.approx(before[0] * 1.25)
+        assert rates.copy_s(4e9) == pytest.approx(before[1] * 1.25)
+        dram, link = rates.pools()
+        assert dram == pytest.approx(before[2][0] / 1.25) and link == before[2][1]  # the GPU link is not the host
+    assert (rates.update_s(10_000_000, "host"), rates.copy_s(4e9), rates.pools()) == before
