@@ -77,6 +77,9 @@
 #           holding startup_s, rank_startup_s and moments_paged_s)
 #   hdram   how steady calibration's host memory figure is: host_dram four times timed over three updates and
 #           four times over one second, alternating, in one process (scripts/probe_host_dram.py) -> $OUT/host-dram.jsonl
+#   observe4 Qwen3-4B at micro-batch 4 under GPU_GIB (24), AutoPolicy without and with clipping at 1.0 (pair4's rows),
+#           twice in one command: the first runs keep the host factor they observe with the calibration
+#           (slidedp.planning.observed), the second are planned with it; the calibration's observed_host after each
 #   exact1  the one-GPU exactness tests (every route of one rank, 20 bf16 steps against autocast, the cast on the GPU,
 #           streamed layers with their weights kept on the GPU) and the step records' memory figures
 #   pin     where a rank's start waits (scripts/probe_rank_start.py): a filled 32 GiB shared-memory state page-locked
@@ -210,6 +213,16 @@ print(f'with NCCL and one all-reduce: {(t - f1) / 2**30:.3f} GiB (allocator rese
     first8) for i in 1 2; do timeout ${FIRST_S:-150} python3 scripts/first_step.py --model qwen3-8b \
               --gpu-memory-gib ${GPU_GIB:-24} --delivery-cast ${CAST:-gpu} > "$OUT/first8-preset-$i.log" 2>&1
             grep -vE "Warning|warn" "$OUT/first8-preset-$i.log" | tail -9; done ;;
+    observe4) for r in 1 2; do timeout ${PAIR_S:-270} python3 -m slidedp.cli bench --model qwen3-4b --seq 2048 --gpus 1 \
+              --mbs 4 --steps ${STEPS:-10} --threads 16 --data pattern --gpu-memory-gib ${GPU_GIB:-24} \
+              --policies "auto:auto:auto:0:auto:auto:auto:auto:auto,auto:auto:auto:1.0:auto:auto:auto:auto:auto" \
+              --out "$OUT/observe4-run$r.jsonl" 2>&1 | grep -E "prediction:|host factor|^auto|ERROR|Error" | cut -c1-700
+            python3 -c "
+import glob, json, os
+from slidedp.cache_paths import calibration_dir
+for f in glob.glob(os.path.join(calibration_dir(), '*.json')):
+    c = json.load(open(f)); print(os.path.basename(f), c['shape']['model'], json.dumps(c.get('observed_host')))
+"; done ;;
     hdram) timeout ${HDRAM_S:-120} python3 scripts/probe_host_dram.py --rounds 4 --out "$OUT/host-dram.jsonl" 2>&1 | quiet 12 ;;
     exact1) timeout ${TESTS_S:-240} python3 -m pytest -v -rfE --tb=short -p no:cacheprovider -m gpu \
               tests/gpu/test_gpu_exactness.py tests/gpu/test_gpu_delivery_cast.py tests/gpu/test_gpu_step_figures.py \

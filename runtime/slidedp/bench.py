@@ -99,7 +99,8 @@ def run_one(model: str, gpus: int, mbs: int, seq: int, steps: int, policy: str, 
     return {"policy": policy, "wall_s": time.perf_counter() - t0, "metrics": result.metrics,
             "chosen": result.policy.summary() if result.policy is not None else {},
             "predicted_step_s": (plan.get("predicted") or {}).get("step_time_s"),
-            "bound_s": ((plan.get("predicted") or {}).get("bound") or {}).get("step_time_s")}
+            "bound_s": ((plan.get("predicted") or {}).get("bound") or {}).get("step_time_s"),
+            "prediction_check": result.prediction_check}
 
 
 PEER_SPECS = ("fsdp2[:keep[:clip[:layers]]], fsdp2-offload[:keep[:clip[:layers]]] (layers: eager or compiled), "
@@ -166,7 +167,8 @@ def summarise(row: dict, warmup: int) -> dict:
             "bytes": pick["bytes"],
             "loss_first": row["metrics"][0]["loss"], "loss_last": row["metrics"][-1]["loss"],
             "losses": [m["loss"] for m in row["metrics"]], "times": [m["step_time_s"] for m in row["metrics"]],
-            "grad_norm": pick.get("grad_norm"), "clipped": pick.get("clipped")}
+            "grad_norm": pick.get("grad_norm"), "clipped": pick.get("clipped"),
+            "prediction_check": row.get("prediction_check")}
 
 
 def build_parser() -> argparse.ArgumentParser:

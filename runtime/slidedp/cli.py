@@ -99,8 +99,10 @@ def cmd_train(args) -> int:
     except ExportFailed as exc:
         print(str(exc), file=sys.stderr)
         return 1
+    check = result.prediction_check or {}
     print(json.dumps({"status": result.status, "steps_done": result.steps_done, "output_dir": result.output_dir,
-                      "final_dir": result.final_dir}))
+                      "final_dir": result.final_dir,
+                      "prediction_error": check.get("prediction_error")}))
     return 0
 
 

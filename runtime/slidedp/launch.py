@@ -273,11 +273,12 @@ def train(config: dict | JobConfig, on_step: Callable[[dict], None] | None = Non
                 ended = "stopped"
                 return TrainResult("stopped", start_step, [], cfg.output_dir, None,
                                    ckpt_root if os.path.isdir(ckpt_root) else None, policy, plan)
+        check = _check_prediction(cfg, plan, detected, records, on_log)
         status, final_dir, files = _save_and_export(run, adapter, start_step, last, last_data_state, room)
         ended = status
         return TrainResult(status, last, records, cfg.output_dir, final_dir,
                            ckpt_root if os.path.isdir(ckpt_root) else None, policy, plan,
-                           exported_files=files, warnings=monitor.warnings)
+                           exported_files=files, warnings=monitor.warnings, prediction_check=check)
     finally:
         if run.pager is not None:  # before the state is unmapped
             run.pager.close()
@@ -301,6 +302,37 @@ class _Run:
     on_log: Callable[[str], None] | None
     ranks: Launch  # spawned while the plan was made; sent the run by _fill_or_load (a resumed run: _run_ranks)
     pager: MomentPager | None = None
+
+
+def _check_prediction(cfg: JobConfig, plan: dict, detected: Any, records: list[dict],
+                      on_log: Callable[[str], None] | None) -> dict | None:
+    """The run's steady steps against the plan's prediction (planning/observed.py), said in the log; on GPUs the
+    host factor the run observed is added to the calibration the plan was priced with, for later plans. A
+    calibration that changed since the plan, or one that cannot be written, is left as it is (the log says so)."""
+    from slidedp.planning.observed import host_observation, prediction_check, record_observation
+
+    check = prediction_check(records)
+    if check is None:
+        return None
+    _log(on_log, f"prediction: {check['message']}")
+    factor = host_observation(check)
+    if factor is None or cfg.gpus == 0 or detected is None or "fallback" in plan or not plan.get("basis"):
+        return check
+    try:
+        from slidedp.planning import calibration as calib
+        from slidedp.planning.basis import calibration_digest
+
+        path = calib.cache_path(cfg, detected.result())
+        first, last = check["steps"]
+        kept = record_observation(path, plan["basis"].get("calibration"), cfg.optimizer.max_grad_norm > 0, factor,
+                                  last - first + 1, calibration_digest)
+    except Exception as exc:  # noqa: BLE001 - the run has trained: a cache that cannot be written only loses this
+        _log(on_log, f"the host factor this run observed ({factor:.3f}) was not kept: {type(exc).__name__}: {exc}")
+        kept = False
+    if kept:
+        _log(on_log, f"host factor {factor:.3f} kept with this host's calibration ({os.path.basename(path)}): "
+                     "later plans of this job shape price the host's memory work at the runs' median")
+    return check
 
 
 def _spawn(ranks: Launch, cfg: JobConfig, startup: Startup) -> None:

@@ -52,3 +52,5 @@ class TrainResult:
     plan: dict = field(default_factory=dict)  # AutoPolicy's plan it was resolved from ({}: nothing was planned)
     exported_files: list[dict] = field(default_factory=list)  # [{"name", "bytes"}] written into final_dir
     warnings: list[dict] = field(default_factory=list)  # health warnings raised: [{"step", "kind", "message"}]
+    # the steady steps against the plan's prediction (slidedp.planning.observed.prediction_check); None: no check
+    prediction_check: dict | None = None

@@ -55,12 +55,22 @@ def topology_facts(cfg: Any, topology: dict[str, Any] | None) -> dict[str, Any]:
 
 def calibration_identity(calibration: dict[str, Any] | None) -> Any:
     """Which calibration a plan was priced with: its header (when it was measured, for which shape, world and
-    device, under which cache key), or its whole content when it has no header; None without one."""
+    device, under which cache key) and the host speed runs observed on it since (planning/observed.py), or its
+    whole content when it has no header; None without one."""
     if not calibration:
         return None
     if calibration.get("created_at"):
-        return {k: calibration.get(k) for k in ("key", "created_at", "shape", "world", "device", "quick")}
+        ident = {k: calibration.get(k) for k in ("key", "created_at", "shape", "world", "device", "quick")}
+        if calibration.get("observed_host"):  # absent before any run observed one: older plans' bases hold
+            ident["observed_host"] = calibration["observed_host"]
+        return ident
     return calibration
+
+
+def calibration_digest(calibration: dict[str, Any] | None) -> str | None:
+    """plan_basis's "calibration" entry for `calibration`."""
+    ident = calibration_identity(calibration)
+    return None if ident is None else _digest(ident)
 
 
 def plan_basis(cfg: Any, topology: dict[str, Any] | None, calibration: dict[str, Any] | None) -> dict[str, Any]:
@@ -68,10 +78,9 @@ def plan_basis(cfg: Any, topology: dict[str, Any] | None, calibration: dict[str,
     digits) of the canonical JSON of topology_facts and calibration_identity. Two reports of one unchanged host
     give the same basis; a plan whose basis equals the one a run computes is the plan that run would make."""
     facts = topology_facts(cfg, topology)
-    ident = calibration_identity(calibration)
     return {
         "topology": _digest(facts),
-        "calibration": None if ident is None else _digest(ident),
+        "calibration": calibration_digest(calibration),
         "topology_parts": {k: _digest(facts[k]) for k in TOPOLOGY_PARTS},
     }
 
