@@ -258,6 +258,9 @@ def _trained_outcome(settings: Any, job_id: int, result: Any, stored: Any) -> di
         resolved = {**result.plan, "stage": "resolved", "policy": result.policy.to_dict()}
         if isinstance(stored, dict) and "replanned" in stored and "replanned" not in resolved:
             resolved["replanned"] = None  # the column is merged: an earlier run's reason is not this run's
+        # how this run held up against the plan's prediction (None: too few steps, or no prediction); the column
+        # is merged, so an earlier attempt's check is replaced either way
+        resolved["prediction_check"] = getattr(result, "prediction_check", None)
     return {
         "status": result.status,
         "steps_done": result.steps_done,

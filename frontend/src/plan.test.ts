@@ -158,6 +158,13 @@ describe("readPlan", () => {
     expect(v.policy).toEqual(ran);
     expect(v.chosen).toEqual([false, false]); // the engine ran none of the submit-time candidates
     expect(readPlan({ ...planned, stage: "resolved" }).chosen).toEqual([true, false]);
+    // after the run: its steady steps against the prediction, in its own words and not among the details
+    const message = "steps 3-10: median step 1.170 s, predicted 1.000 s (-14.5%); measured / predicted: host update busy 0.650 / 0.500 s (1.30x)";
+    const checked = readPlan({ ...planned, stage: "resolved", prediction_check: { message, prediction_error: -0.145 } });
+    expect(checked.checked).toBe(message);
+    expect(checked.details).not.toHaveProperty("prediction_check");
+    expect(readPlan({ ...planned, stage: "planned", prediction_check: { message, prediction_error: -0.145 } }).checked).toBeNull();
+    expect(atSubmit.checked).toBeNull();
   });
 });
 

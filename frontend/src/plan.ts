@@ -206,7 +206,7 @@ export function marginalRows(m: Marginal): Obj[] {
 
 // Keys with a place of their own; the others are listed under "Details".
 // `validation` is in `problems` (the runtime's findings among what blocks the job).
-const SHOWN = new Set(["feasible", "policy", "predicted", "candidates", "marginal", "why", "errors", "stage", "problems", "warnings", "fits", "validation", "calibration_match"]);
+const SHOWN = new Set(["feasible", "policy", "predicted", "candidates", "marginal", "why", "errors", "stage", "problems", "warnings", "fits", "validation", "calibration_match", "prediction_check"]);
 
 /** What the plan panel shows, read from the documented plan JSON. */
 export interface PlanView {
@@ -215,6 +215,7 @@ export interface PlanView {
   warnings: string[];
   why: string | null;
   asRun: boolean; // a job's policy after its run: `policy` is the one the engine ran
+  checked: string | null; // after a run: its steady steps against the prediction, in words
   feasible: boolean;
   policy: Obj | null;
   prediction: Obj | null;
@@ -237,6 +238,7 @@ export function readPlan(plan: PlanAnswer): PlanView {
     warnings: [...new Set((plan.warnings ?? []).map(said))],
     why: typeof plan.why === "string" && plan.why.trim() ? plan.why : null,
     asRun: plan.stage === "resolved",
+    checked: plan.stage === "resolved" && typeof plan.prediction_check?.message === "string" ? plan.prediction_check.message : null,
     feasible: blocking.length ? false : plan.feasible, // never feasible while something blocks the job
     policy: plan.policy ? { ...plan.policy } : null,
     prediction: predictionOf(plan.predicted),
@@ -268,6 +270,7 @@ export function renderPlan(plan: PlanAnswer | null, opts: { title?: string } = {
   if (v.warnings.length) {
     box.append(h("div", { class: "warn-box plan-warnings", role: "status" }, h("strong", null, "Warnings:"), h("ul", null, v.warnings.map((p) => h("li", null, p)))));
   }
+  if (v.checked) box.append(h("h3", null, "The run against its prediction"), h("p", { class: "prediction-check" }, v.checked));
   // a plan for a declared host (a profile) says so before its verdict: nothing in it was measured
   const declared = renderDeclared(plan);
   if (declared) box.append(declared);

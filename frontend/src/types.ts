@@ -293,5 +293,8 @@ export interface Plan {
   compiled_layers?: CompiledLayers;
   host?: string;
   stage?: "planned" | "resolved";
+  /** A job's policy column after its run (stage "resolved"): the run's steady steps against this plan's prediction
+   *  (TrainResult.prediction_check, docs/interfaces.md §2). */
+  prediction_check?: { message: string; prediction_error: number } | null;
   validation?: FieldErrorItem[];
 }
