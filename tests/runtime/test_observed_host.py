@@ -18,6 +18,7 @@ from slidedp.planning.basis import calibration_digest, plan_basis
 from slidedp.planning.cost_model import Rates
 from slidedp.planning.job import Job
 from slidedp.planning.plan_json import metrics_prediction
+from slidedp.planning.report import format_plan
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -101,6 +102,8 @@ def test_the_observation_is_against_the_calibrations_own_seconds_and_broken_ones
     assert observed.host_observation(observed.prediction_check(records)) == pytest.approx(1.32)
     broken = [_record(s, 1.1, 5.0, PRED) for s in range(1, 8)]  # 10x: a measure gone wrong, not a host
     assert observed.host_observation(observed.prediction_check(broken)) is None
+    short = [_record(s, 1.1, 0.55, PRED) for s in range(1, 7)]  # 4 steady steps: checked, too few to keep
+    assert observed.prediction_check(short) is not None and observed.host_observation(observed.prediction_check(short)) is None
 
 
 def test_the_factor_is_kept_with_the_calibration_it_was_planned_with_and_only_then(tmp_path):
@@ -160,6 +163,9 @@ def test_a_plan_of_an_observed_calibration_is_priced_slower_says_so_and_its_reco
     seen["observed_host"] = {"clipped": [{"factor": 1.3, "steps": 8, "at": "x"}]}
     before, after = plan_job(cfg, topo, cal), plan_job(cfg, topo, seen)
     assert after["host_update"]["observed_factor"] == 1.3 and before["host_update"]["observed_factor"] == 1.0
+    # `slidedp plan` says where the charge comes from
+    assert "measured beside the issuing thread x 1.30 as 1 run on this host measured it)" in format_plan(after)
+    assert "measured beside the issuing thread)" in format_plan(before)
     assert after["predicted"]["step_time_s"] > before["predicted"]["step_time_s"]
     pred = metrics_prediction(after)
     assert pred["host_factor"] == 1.3 and pred["update_busy"] == pytest.approx(

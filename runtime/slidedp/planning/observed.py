@@ -27,6 +27,7 @@ from typing import Any
 # the first records of a run carry its start-up (moments paged in, the allocator growing, compiled kernels)
 STEADY_FROM = 2
 MIN_STEADY = 3  # fewer steady steps than this: no check
+MIN_OBSERVED = 5  # fewer than this: the check is said, but no host factor is kept from it
 OBSERVATIONS_KEPT = 5
 FACTOR_RANGE = (0.5, 2.0)  # a factor outside it is a broken measurement, not a host: not kept
 PREDICTION_BAND = 0.05  # a step within it of its prediction is "as predicted"
@@ -111,10 +112,10 @@ def _words(check: dict[str, Any]) -> str:
 
 def host_observation(check: dict[str, Any] | None) -> float | None:
     """The factor this run observed for the host's memory work, against the calibration's own seconds (the plan's
-    factor times the run's measured / charged busy time); None when the run has no such measure or it is out of
-    FACTOR_RANGE."""
+    factor times the run's measured / charged busy time); None when the run has no such measure, fewer than
+    MIN_OBSERVED steady steps, or a factor out of FACTOR_RANGE."""
     host = (check or {}).get("host_update")
-    if not host:
+    if not host or check["steps"][1] - check["steps"][0] + 1 < MIN_OBSERVED:
         return None
     factor = host["ratio"] * float(check.get("host_factor") or 1.0)
     lo, hi = FACTOR_RANGE
