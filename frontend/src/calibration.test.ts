@@ -1,5 +1,5 @@
 import { describe, expect, it } from "vitest";
-import { copyLines, copyRates, hostDram, hostDramLines, matchWords, measuredLines, perGiB, summarizeCalibration } from "./calibration";
+import { copyLines, copyRates, hostDram, hostDramLines, matchWords, measuredLines, observedLines, perGiB, summarizeCalibration } from "./calibration";
 import { readHost, softwareLines } from "./topology";
 
 // The nvidia-h200-x2 fixture record (tests/runtime/fixtures/h200x2_calibration.json, qwen3-8b_bs8_nvlink) as the
@@ -69,6 +69,16 @@ describe("measured rates in units people use", () => {
     expect(hostDramLines(hostDram({}))).toEqual(["host memory bandwidth: not measured (a quick or CPU calibration leaves it out)"]);
     expect(measuredLines(upgraded)).toContain("pinned allocation: 558 ms per GiB");
     expect(measuredLines(upgraded)).toContain("host memory copy: 101 GB/s at 32 threads");
+  });
+
+  it("says the host speed the runs planned with the record measured, per clipping state", () => {
+    const seen = { ...upgraded, observed_host: { clipped: [{ factor: 1.3 }, { factor: 1.1 }, { factor: 1.2 }, { factor: 9 }], unclipped: [{ factor: 1.05 }] } };
+    expect(observedLines(seen)).toEqual([
+      "runs without clipping: the host's memory work took 1.05× its calibrated time (median of 1 run); later plans charge that",
+      "runs with clipping: the host's memory work took 1.20× its calibrated time (median of 3 runs); later plans charge that",
+    ]);
+    expect(measuredLines(seen).slice(-2)).toEqual(observedLines(seen));
+    expect(observedLines(upgraded)).toEqual([]);
   });
 });
 

@@ -184,6 +184,24 @@ export function measuredLines(rec: Obj): string[] {
     const i = cpu.threads.length - 1;
     out.push(`host memory copy: ${gbs(best(cpu.copy_GBps[i]))} at ${cpu.threads[i]} threads`);
   }
+  out.push(...observedLines(rec));
+  return out;
+}
+
+/** The host speed GPU runs planned with this record measured (calibration `observed_host`, docs/interfaces.md §5):
+ *  one line per clipping state, the median factor later plans charge and how many runs it comes from. */
+export function observedLines(rec: Obj): string[] {
+  const seen = isObj(rec.observed_host) ? rec.observed_host : null;
+  if (!seen) return [];
+  const out: string[] = [];
+  for (const [key, words] of [["unclipped", "without clipping"], ["clipped", "with clipping"]] as const) {
+    const rows = Array.isArray(seen[key]) ? (seen[key] as unknown[]).filter(isObj) : [];
+    const factors = rows.map((r) => r.factor).filter((f): f is number => typeof f === "number" && f >= 0.5 && f <= 2).sort((a, b) => a - b);
+    if (!factors.length) continue;
+    const mid = factors.length >> 1;
+    const median = factors.length % 2 ? factors[mid] : (factors[mid - 1] + factors[mid]) / 2;
+    out.push(`runs ${words}: the host's memory work took ${median.toFixed(2)}× its calibrated time (median of ${factors.length} run${factors.length === 1 ? "" : "s"}); later plans charge that`);
+  }
   return out;
 }
 
