@@ -320,12 +320,11 @@ def _check_prediction(cfg: JobConfig, plan: dict, detected: Any, records: list[d
         return check
     try:
         from slidedp.planning import calibration as calib
-        from slidedp.planning.basis import calibration_digest
 
         path = calib.cache_path(cfg, detected.result())
         first, last = check["steps"]
         kept = record_observation(path, plan["basis"].get("calibration"), cfg.optimizer.max_grad_norm > 0, factor,
-                                  last - first + 1, calibration_digest)
+                                  last - first + 1)
     except Exception as exc:  # noqa: BLE001 - the run has trained: a cache that cannot be written only loses this
         _log(on_log, f"the host factor this run observed ({factor:.3f}) was not kept: {type(exc).__name__}: {exc}")
         kept = False

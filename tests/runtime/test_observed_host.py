@@ -112,30 +112,16 @@ def test_the_factor_is_kept_with_the_calibration_it_was_planned_with_and_only_th
     path.write_text(json.dumps(cal))
     digest = calibration_digest(cal)
     for f in (1.3, 1.1, 1.4, 1.2, 1.25, 1.35):
-        assert observed.record_observation(
-            str(path),
-            digest if f == 1.3 else calibration_digest(json.loads(path.read_text())),
-            True,
-            f,
-            7,
-            calibration_digest,
-        )
+        now = digest if f == 1.3 else calibration_digest(json.loads(path.read_text()))
+        assert observed.record_observation(str(path), now, True, f, 7)
     kept = json.loads(path.read_text())
-    assert [r["factor"] for r in kept["observed_host"]["clipped"]] == [
-        1.1,
-        1.4,
-        1.2,
-        1.25,
-        1.35,
-    ]  # the last 5
+    assert [r["factor"] for r in kept["observed_host"]["clipped"]] == [1.1, 1.4, 1.2, 1.25, 1.35]  # the last 5
     assert observed.observed_factor(kept, clip=True) == pytest.approx(1.25)
     assert observed.observed_factor(kept, clip=False) == 1.0 and observed.observations(kept, False) == 0
     # a plan priced with the calibration before these observations (or another one): nothing written
     before = path.read_text()
-    assert not observed.record_observation(str(path), digest, True, 1.9, 7, calibration_digest)
-    assert not observed.record_observation(
-        str(tmp_path / "gone.json"), digest, True, 1.9, 7, calibration_digest
-    )
+    assert not observed.record_observation(str(path), digest, True, 1.9, 7)
+    assert not observed.record_observation(str(tmp_path / "gone.json"), digest, True, 1.9, 7)
     assert path.read_text() == before
 
 

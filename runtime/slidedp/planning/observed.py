@@ -24,6 +24,8 @@ import tempfile
 from datetime import datetime, timezone
 from typing import Any
 
+from slidedp.planning.basis import calibration_digest
+
 # the first records of a run carry its start-up (moments paged in, the allocator growing, compiled kernels)
 STEADY_FROM = 2
 MIN_STEADY = 3  # fewer steady steps than this: no check
@@ -65,9 +67,12 @@ def prediction_check(records: list[dict[str, Any]]) -> dict[str, Any] | None:
     def measured(key: str) -> float | None:
         return _median([(r.get("phases") or {}).get(key) for r in steady])
 
+    step = _term(_median([r.get("step_time_s") for r in steady]), pred.get("step_time_s"))
+    if step is None:
+        return None
     out: dict[str, Any] = {
         "steps": [int(steady[0]["step"]), int(steady[-1]["step"])],
-        "step_time": _term(_median([r.get("step_time_s") for r in steady]), pred.get("step_time_s")),
+        "step_time": step,
         "forward": _term(measured("forward"), pred.get("forward_span")),
         "backward": _term(measured("backward"), pred.get("backward_span")),
         "host_update": _term(measured("update_busy"), pred.get("update_busy")),
@@ -137,18 +142,17 @@ def observations(calibration: dict[str, Any] | None, clip: bool) -> int:
     return len([r for r in rows if isinstance(r, dict)])
 
 
-def record_observation(
-    path: str, basis_digest: str | None, clip: bool, factor: float, steps: int, digest_of
-) -> bool:
+def record_observation(path: str, basis_digest: str | None, clip: bool, factor: float, steps: int) -> bool:
     """Adds a run's factor to the calibration file at `path` when it is still the calibration the run was planned
-    with (`digest_of(record)` equals the plan's `basis_digest`); False (nothing written) when it is not, or the
-    file is gone or unreadable. `digest_of`: planning.basis's digest of a calibration's identity."""
+    with (its calibration_digest equals the plan's basis entry `basis_digest`); False (nothing written) when it is
+    not, or the file is gone or unreadable. Two runs ending at once may each add theirs to the same reading of the
+    file, and one of the two is then lost: an observation, not a figure any plan needs."""
     try:
         with open(path, encoding="utf-8") as fh:
             record = json.load(fh)
     except (OSError, ValueError):
         return False
-    if not isinstance(record, dict) or basis_digest is None or digest_of(record) != basis_digest:
+    if not isinstance(record, dict) or basis_digest is None or calibration_digest(record) != basis_digest:
         return False
     kept = dict(record.get("observed_host") or {})
     rows = [r for r in kept.get(clip_key(clip)) or [] if isinstance(r, dict)]
