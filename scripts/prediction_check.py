@@ -6,6 +6,7 @@
     .venv/bin/python scripts/prediction_check.py --set all --json out.json
     .venv/bin/python scripts/prediction_check.py --set h100      # the H100 machines' rows (not in `all`)
     .venv/bin/python scripts/prediction_check.py --set h100 --host-scale 1.1   # as if the host's memory work took 1.1x
+    .venv/bin/python scripts/prediction_check.py --set h100 --observed   # each row priced with earlier rows' host factor
     .venv/bin/python scripts/prediction_check.py --write-fixture tests/runtime/fixtures/h200x1_heldout_steps.json
 
 Every `slidedp bench` row under docs/results/ that ran SlideDP on the one-GPU machine (nvidia-h200: 1 x H200, 16
@@ -191,14 +192,21 @@ def engine_as_run(session: str):
     return stack
 
 
-def repredict(row: dict, topology: dict) -> dict:
+def repredict(row: dict, topology: dict, observed: dict[tuple[str, bool], list[float]] | None = None) -> dict:
+    """The row planned again. `observed`: the host factors earlier rows observed, per (calibration, clipping), as a
+    run leaves them in its calibration (slidedp.planning.observed): the row is planned with the last ones of its
+    calibration and clipping, and its own factor is added after it."""
     from slidedp.config import JobConfig
     from slidedp.planning import autopolicy as ap
+    from slidedp.planning.observed import FACTOR_RANGE, OBSERVATIONS_KEPT, clip_key
 
     found = calibration_for(row, row["path"])
     if found is None:
         return {"source": row["source"], "skipped": "no calibration of its shape"}
     cal_name, cal, stand_in = found
+    key = (cal_name, bool(row.get("clipped")))
+    if observed is not None and observed.get(key):
+        cal = {**cal, "observed_host": {clip_key(key[1]): [{"factor": f} for f in observed[key][-OBSERVATIONS_KEPT:]]}}
     with engine_as_run(session_of(row["path"])):
         plan = ap.plan_job(JobConfig.from_dict(job_config(row)), topology, cal)
     pred = plan.get("predicted") or {}
@@ -207,6 +215,11 @@ def repredict(row: dict, topology: dict) -> dict:
     ph = row.get("phases") or {}
     spans = pred.get("spans") or {}
     busy = pred.get("busy") or {}
+    host_factor = (plan.get("host_update") or {}).get("observed_factor") or 1.0
+    if observed is not None and ph.get("update_busy") and busy.get("cpu"):
+        factor = ph["update_busy"] / busy["cpu"] * host_factor
+        if FACTOR_RANGE[0] <= factor <= FACTOR_RANGE[1]:
+            observed.setdefault(key, []).append(factor)
     return {
         "source": row["source"], "model": row["model"], "mbs": row["mbs"], "cap": row.get("gpu_memory_gib"),
         "clip": bool(row.get("clipped")), "policy": row["policy"], "calibration": cal_name, "stand_in": stand_in,
@@ -220,6 +233,7 @@ def repredict(row: dict, topology: dict) -> dict:
             "update_tail": (ph.get("update_tail"), (pred.get("phases") or {}).get("update_tail")),
         },
         "plan_policy": plan.get("policy"),
+        "host_factor": host_factor,
     }
 
 
@@ -308,6 +322,10 @@ def main() -> None:
     ap.add_argument("--host-scale", type=float, default=1.0, metavar="K",
                     help="price the host's memory work (update, copies, host memory's capacity) at K times its "
                          "calibrated time: how the rows would read on a host K times slower")
+    ap.add_argument("--observed", action="store_true",
+                    help="plan each row with the host factors the earlier rows of its calibration and clipping "
+                         "observed (measured over planned updater busy time), as runs keep them "
+                         "(slidedp.planning.observed), and say how the rows that had some read")
     args = ap.parse_args()
     if args.write_fixture:
         write_fixture(args.write_fixture)
@@ -318,9 +336,18 @@ def main() -> None:
     else:
         with open(TOPOLOGY) as fh:
             topology = json.load(fh)["topology"]
+    observed: dict | None = {} if args.observed else None
     with host_scaled(args.host_scale):
-        results = [repredict(r, topology) for r in measured_rows(args.set)]
+        results = [repredict(r, topology, observed) for r in measured_rows(args.set)]
     print(table(results))
+    if args.observed:
+        acted = [r for r in results if "error" in r and r["host_factor"] != 1.0]
+        if acted:
+            errs = [r["error"] for r in acted]
+            print(f"{len(acted)} rows planned with earlier rows' host factor: mean error {100 * sum(errs) / len(errs):+.1f}%, "
+                  f"mean |error| {100 * sum(map(abs, errs)) / len(errs):.1f}%, within ±5%: "
+                  f"{sum(abs(e) <= 0.05 for e in errs)}, within ±10%: {sum(abs(e) <= 0.10 for e in errs)}; sources: "
+                  + " ".join(r["source"] for r in acted))
     if args.json:
         with open(args.json, "w") as fh:
             json.dump(results, fh, indent=1)

@@ -38,3 +38,21 @@ def test_the_host_terms_are_scaled_inside_and_restored_after():
         dram, link = rates.pools()
         assert dram == pytest.approx(before[2][0] / 1.25) and link == before[2][1]  # the GPU link is not the host
     assert (rates.update_s(10_000_000, "host"), rates.copy_s(4e9), rates.pools()) == before
+
+
+def test_observed_rows_are_planned_with_the_factors_earlier_rows_of_their_calibration_left():
+    """--observed: a row's own factor (measured over planned updater busy time) is kept for the next row of its
+    calibration and clipping, which is planned with it."""
+    with open(prediction_check.H100_TOPOLOGY) as fh:
+        topology = json.load(fh)
+    rows = [r for r in prediction_check.measured_rows("h100") if r["source"].startswith("s33/r1/") and r.get("clipped")]
+    assert len(rows) >= 2
+    observed: dict = {}
+    first = prediction_check.repredict(rows[0], topology, observed)
+    assert first["host_factor"] == 1.0
+    (key, factors), = observed.items()
+    measured, planned = first["phases"]["update_busy"]
+    assert key == (first["calibration"], True) and factors == [pytest.approx(measured / planned)]
+    second = prediction_check.repredict(rows[1], topology, observed)
+    assert second["calibration"] == first["calibration"] and second["host_factor"] == pytest.approx(factors[0])
+    assert len(observed[key]) == 2

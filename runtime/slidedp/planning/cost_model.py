@@ -78,14 +78,15 @@ class Rates:
         self.threads = [float(t) for t in cpu["threads"]]
         # the update as each delivery cast runs it: AdamW and the bf16 cast, or AdamW alone when the GPU casts
         self.in_step = self.in_step_factor(calibration)
-        # the host's memory work as runs of this calibration measured it, against its own seconds
-        # (planning/observed.py): the update, the host's copies and host memory's capacity; 1 on CPU ranks
+        # the host update as runs of this calibration measured it, against its own seconds (planning/observed.py);
+        # 1 on CPU ranks. The host's copies and host memory's capacity keep their calibrated figures: the updater's
+        # measured busy time already holds what sharing host memory cost it, which the plan charges again
         self.host_factor = observed_factor(calibration, job.clip) if job.on_gpu else 1.0
         self.update_per_param = {
             cast: [v / 1e9 * self.in_step * self.host_factor for v in cpu[job.update_table(cast)]]
             for cast in DELIVERY_CASTS
         }
-        self.copy_bps = [v * 1e9 / self.host_factor for v in cpu["copy_GBps"]]
+        self.copy_bps = [v * 1e9 for v in cpu["copy_GBps"]]
 
     def host_update_summary(self, cast: str) -> dict[str, float]:
         """The host update rate the plan charges under delivery_cast `cast`, for the plan's reader: per 1e9 params
@@ -205,7 +206,7 @@ class Rates:
             return None, None
         dram = (self.c.get("host_dram") or {}).get("capacity_GBps")
         pcie = (self.c.get("transfers") or {}).get("bidir_GBps")
-        return (dram * 1e9 / self.host_factor if dram else None), (pcie * 1e9 if pcie else None)
+        return (dram * 1e9 if dram else None), (pcie * 1e9 if pcie else None)
 
     def dram_update_weight(self) -> float:
         """How much more of host memory the host update keeps than a copy beside it, per byte of demand: the
