@@ -82,10 +82,15 @@ def test_gpu_offloaded_activations_match_adamw(workdir, gpus):
     same, non-zero amount on every rank and step (on the CPU offload is keep, so only a GPU checks this)."""
     if _gpus() < gpus:
         pytest.skip(f"needs {gpus} GPUs")
+    # No streamed layers in either run. Left to AutoPolicy, after the edge and streamed tests on one H100 the run
+    # without offload moved 22.8 MB more in and 10.2 MB more out at step 1 than the run with it: some other choice
+    # differed between the two plans (a streamed layer fits those bytes: its master and moments in and out, its
+    # gradient not sent); run alone, the two chose alike
     mix = {"activations": "auto", "keep_layers": 1, "offload_layers": 3, "resident_units": 0,
-           "edge_update": "host", "device_layers": 0}
+           "edge_update": "host", "device_layers": 0, "streamed_layers": 0}
     ours = exact._check(workdir, "untied", 1, "sharded", "gpu", 2, exact.CLIP, gpus=gpus, policy=mix)
     plain = exact._run(workdir, "untied", 1, "sharded", "gpu", 2, exact.CLIP, gpus, {**mix, "offload_layers": 0})
+    assert ours["result"].policy.streamed_layers == plain["result"].policy.streamed_layers == 0
     for a, b in zip(ours["result"].metrics, plain["result"].metrics):
         out = [x - y for x, y in zip(a["bytes"]["d2h"], b["bytes"]["d2h"])]
         back = [x - y for x, y in zip(a["bytes"]["h2d"], b["bytes"]["h2d"])]
