@@ -330,7 +330,7 @@ def _check_prediction(cfg: JobConfig, plan: dict, detected: Any, records: list[d
         kept = False
     if kept:
         _log(on_log, f"host factor {factor:.3f} kept with this host's calibration ({os.path.basename(path)}): "
-                     "later plans of this job shape price the host's memory work at the runs' median")
+                     "later plans of this job shape charge the host update at the runs' median")
     return check
 
 
