@@ -78,8 +78,9 @@
 #   hdram   how steady calibration's host memory figure is: host_dram four times timed over three updates and
 #           four times over one second, alternating, in one process (scripts/probe_host_dram.py) -> $OUT/host-dram.jsonl
 #   observe4 Qwen3-4B at micro-batch 4 under GPU_GIB (24), AutoPolicy without and with clipping at 1.0 (pair4's rows),
-#           twice in one command: the first runs keep the host factor they observe with the calibration
-#           (slidedp.planning.observed), the second are planned with it; the calibration's observed_host after each
+#           twice in one command: each run checks its prediction and keeps the host factor it observed with the
+#           calibration (slidedp.planning.observed; on 2026-12-07 the second pair was also planned with them, which
+#           no plan does since); the calibration's observed_host after each
 #   exact1  the one-GPU exactness tests (every route of one rank, 20 bf16 steps against autocast, the cast on the GPU,
 #           streamed layers with their weights kept on the GPU) and the step records' memory figures
 #   pin     where a rank's start waits (scripts/probe_rank_start.py): a filled 32 GiB shared-memory state page-locked

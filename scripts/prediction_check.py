@@ -45,6 +45,7 @@ import contextlib
 import glob
 import json
 import os
+import statistics
 import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -194,20 +195,21 @@ def engine_as_run(session: str):
 
 def repredict(row: dict, topology: dict, observed: dict[tuple[str, bool], list[float]] | None = None) -> dict:
     """The row planned again. `observed`: the host factors earlier rows observed, per (calibration, clipping), as a
-    run leaves them in its calibration (slidedp.planning.observed): the row is planned with the last ones of its
-    calibration and clipping, and its own factor is added after it."""
+    run leaves them in its calibration (slidedp.planning.observed): the row's host update is charged at the median
+    of the last ones of its calibration and clipping (update_scaled), and its own factor, against the calibration's
+    seconds, is added after it."""
     from slidedp.config import JobConfig
     from slidedp.planning import autopolicy as ap
-    from slidedp.planning.observed import FACTOR_RANGE, OBSERVATIONS_KEPT, clip_key
+    from slidedp.planning.observed import FACTOR_RANGE, OBSERVATIONS_KEPT
 
     found = calibration_for(row, row["path"])
     if found is None:
         return {"source": row["source"], "skipped": "no calibration of its shape"}
     cal_name, cal, stand_in = found
     key = (cal_name, bool(row.get("clipped")))
-    if observed is not None and observed.get(key):
-        cal = {**cal, "observed_host": {clip_key(key[1]): [{"factor": f} for f in observed[key][-OBSERVATIONS_KEPT:]]}}
-    with engine_as_run(session_of(row["path"])):
+    earlier = (observed or {}).get(key, [])[-OBSERVATIONS_KEPT:]
+    host_factor = statistics.median(earlier) if earlier else 1.0
+    with engine_as_run(session_of(row["path"])), update_scaled(host_factor):
         plan = ap.plan_job(JobConfig.from_dict(job_config(row)), topology, cal)
     pred = plan.get("predicted") or {}
     if not plan.get("feasible") or not pred.get("step_time_s"):
@@ -215,7 +217,6 @@ def repredict(row: dict, topology: dict, observed: dict[tuple[str, bool], list[f
     ph = row.get("phases") or {}
     spans = pred.get("spans") or {}
     busy = pred.get("busy") or {}
-    host_factor = (plan.get("host_update") or {}).get("observed_factor") or 1.0
     if observed is not None and ph.get("update_busy") and busy.get("cpu"):
         factor = ph["update_busy"] / busy["cpu"] * host_factor
         if FACTOR_RANGE[0] <= factor <= FACTOR_RANGE[1]:
@@ -235,6 +236,22 @@ def repredict(row: dict, topology: dict, observed: dict[tuple[str, bool], list[f
         "plan_policy": plan.get("policy"),
         "host_factor": host_factor,
     }
+
+
+@contextlib.contextmanager
+def update_scaled(k: float):
+    """Price the host update alone at k times its calibrated time (the host's copies and host memory's capacity as
+    calibrated: the busy time a run measures already holds what sharing host memory cost its updater)."""
+    from slidedp.planning import cost_model
+
+    rates = cost_model.Rates
+    update_s = rates.update_s
+    if k != 1.0:
+        rates.update_s = lambda self, *a, **kw: update_s(self, *a, **kw) * k
+    try:
+        yield
+    finally:
+        rates.update_s = update_s
 
 
 @contextlib.contextmanager
@@ -323,9 +340,9 @@ def main() -> None:
                     help="price the host's memory work (update, copies, host memory's capacity) at K times its "
                          "calibrated time: how the rows would read on a host K times slower")
     ap.add_argument("--observed", action="store_true",
-                    help="plan each row with the host factors the earlier rows of its calibration and clipping "
-                         "observed (measured over planned updater busy time), as runs keep them "
-                         "(slidedp.planning.observed), and say how the rows that had some read")
+                    help="plan each row with its host update charged at the median host factor the earlier rows "
+                         "of its calibration and clipping observed (measured over planned updater busy time), as "
+                         "runs keep them (slidedp.planning.observed), and say how the rows that had some read")
     args = ap.parse_args()
     if args.write_fixture:
         write_fixture(args.write_fixture)
@@ -336,7 +353,7 @@ def main() -> None:
     else:
         with open(TOPOLOGY) as fh:
             topology = json.load(fh)["topology"]
-    observed: dict | None = {} if args.observed else None
+    observed: dict | None = {} if args.observed else None  # the product keeps these but prices nothing with them
     with host_scaled(args.host_scale):
         results = [repredict(r, topology, observed) for r in measured_rows(args.set)]
     print(table(results))

@@ -74,8 +74,8 @@ describe("measured rates in units people use", () => {
   it("says the host speed the runs planned with the record measured, per clipping state", () => {
     const seen = { ...upgraded, observed_host: { clipped: [{ factor: 1.3 }, { factor: 1.1 }, { factor: 1.2 }, { factor: 9 }], unclipped: [{ factor: 1.05 }] } };
     expect(observedLines(seen)).toEqual([
-      "runs without clipping: the host's memory work took 1.05× its calibrated time (median of 1 run); later plans charge that",
-      "runs with clipping: the host's memory work took 1.20× its calibrated time (median of 3 runs); later plans charge that",
+      "runs without clipping: the host update took 1.05× what their plans charged (median of 1 run)",
+      "runs with clipping: the host update took 1.20× what their plans charged (median of 3 runs)",
     ]);
     expect(measuredLines(seen).slice(-2)).toEqual(observedLines(seen));
     expect(observedLines(upgraded)).toEqual([]);

@@ -189,7 +189,8 @@ export function measuredLines(rec: Obj): string[] {
 }
 
 /** The host speed GPU runs planned with this record measured (calibration `observed_host`, docs/interfaces.md §5):
- *  one line per clipping state, the median factor later plans charge and how many runs it comes from. */
+ *  one line per clipping state, the median of their updaters' busy time over what their plans charged, and how many
+ *  runs it comes from. No plan is priced with it. */
 export function observedLines(rec: Obj): string[] {
   const seen = isObj(rec.observed_host) ? rec.observed_host : null;
   if (!seen) return [];
@@ -200,7 +201,7 @@ export function observedLines(rec: Obj): string[] {
     if (!factors.length) continue;
     const mid = factors.length >> 1;
     const median = factors.length % 2 ? factors[mid] : (factors[mid - 1] + factors[mid]) / 2;
-    out.push(`runs ${words}: the host's memory work took ${median.toFixed(2)}× its calibrated time (median of ${factors.length} run${factors.length === 1 ? "" : "s"}); later plans charge that`);
+    out.push(`runs ${words}: the host update took ${median.toFixed(2)}× what their plans charged (median of ${factors.length} run${factors.length === 1 ? "" : "s"})`);
   }
   return out;
 }

@@ -307,8 +307,9 @@ class _Run:
 def _check_prediction(cfg: JobConfig, plan: dict, detected: Any, records: list[dict],
                       on_log: Callable[[str], None] | None) -> dict | None:
     """The run's steady steps against the plan's prediction (planning/observed.py), said in the log; on GPUs the
-    host factor the run observed is added to the calibration the plan was priced with, for later plans. A
-    calibration that changed since the plan, or one that cannot be written, is left as it is (the log says so)."""
+    host factor the run observed (its updater's measured over charged busy time) is added to the calibration the
+    plan was priced with. A calibration that changed since the plan, or one that cannot be written, is left as it
+    is (the log says so)."""
     from slidedp.planning.observed import host_observation, prediction_check, record_observation
 
     check = prediction_check(records)
@@ -329,8 +330,8 @@ def _check_prediction(cfg: JobConfig, plan: dict, detected: Any, records: list[d
         _log(on_log, f"the host factor this run observed ({factor:.3f}) was not kept: {type(exc).__name__}: {exc}")
         kept = False
     if kept:
-        _log(on_log, f"host factor {factor:.3f} kept with this host's calibration ({os.path.basename(path)}): "
-                     "later plans of this job shape charge the host update at the runs' median")
+        _log(on_log, f"host factor {factor:.3f} (the updater's busy time over its plan's charge) kept with this "
+                     f"host's calibration ({os.path.basename(path)})")
     return check
 
 

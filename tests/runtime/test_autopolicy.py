@@ -258,9 +258,9 @@ def test_format_plan_and_the_metrics_prediction(nvlink_bs8):
     )
     pred = ap.metrics_prediction(nvlink_bs8)
     assert set(pred) == {"data", "forward", "backward", "update_tail", "delivery_wait", "forward_span",
-                         "backward_span", "step_time_s", "update_busy", "host_factor"}
+                         "backward_span", "step_time_s", "update_busy"}
     assert pred["step_time_s"] == nvlink_bs8["predicted"]["step_time_s"]
-    assert pred["update_busy"] == nvlink_bs8["predicted"]["busy"]["cpu"] and pred["host_factor"] == 1.0
+    assert pred["update_busy"] == nvlink_bs8["predicted"]["busy"]["cpu"]
     refused = ap.format_plan({"feasible": False, "errors": [{"loc": "gpus", "msg": "too many"}]})
     assert refused.splitlines() == ["NOT FEASIBLE", "  gpus: too many"]
 

@@ -55,16 +55,13 @@ def topology_facts(cfg: Any, topology: dict[str, Any] | None) -> dict[str, Any]:
 
 def calibration_identity(calibration: dict[str, Any] | None) -> Any:
     """Which calibration a plan was priced with: its header (when it was measured, for which shape, world and
-    device, under which cache key) and the host speed runs observed on it since (planning/observed.py), or its
-    whole content when it has no header; None without one."""
+    device, under which cache key), or its whole content when it has no header; None without one. What runs
+    observed on it since (planning/observed.py) prices nothing, so it is not part of it."""
     if not calibration:
         return None
     if calibration.get("created_at"):
-        ident = {k: calibration.get(k) for k in ("key", "created_at", "shape", "world", "device", "quick")}
-        if calibration.get("observed_host"):  # absent before any run observed one: older plans' bases hold
-            ident["observed_host"] = calibration["observed_host"]
-        return ident
-    return calibration
+        return {k: calibration.get(k) for k in ("key", "created_at", "shape", "world", "device", "quick")}
+    return {k: v for k, v in calibration.items() if k != "observed_host"}
 
 
 def calibration_digest(calibration: dict[str, Any] | None) -> str | None:

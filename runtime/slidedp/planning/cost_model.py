@@ -24,7 +24,6 @@ from slidedp.planning.job import GIB as GIB
 from slidedp.planning.job import POST_NORM_PASS_SHARES, Job
 from slidedp.planning.job import UPDATE_DRAM_BYTES as UPDATE_DRAM_BYTES
 from slidedp.planning.memory_model import ActivationSizes
-from slidedp.planning.observed import observations, observed_factor
 from slidedp.planning.shape import shape_matches
 from slidedp.policy import DELIVERY_CASTS, ExecutionPolicy
 from slidedp.step.layout import held_in_bf16, streamed_weights_stay
@@ -78,25 +77,18 @@ class Rates:
         self.threads = [float(t) for t in cpu["threads"]]
         # the update as each delivery cast runs it: AdamW and the bf16 cast, or AdamW alone when the GPU casts
         self.in_step = self.in_step_factor(calibration)
-        # the host update as runs of this calibration measured it, against its own seconds (planning/observed.py);
-        # 1 on CPU ranks. The host's copies and host memory's capacity keep their calibrated figures: the updater's
-        # measured busy time already holds what sharing host memory cost it, which the plan charges again
-        self.host_factor = observed_factor(calibration, job.clip) if job.on_gpu else 1.0
         self.update_per_param = {
-            cast: [v / 1e9 * self.in_step * self.host_factor for v in cpu[job.update_table(cast)]]
-            for cast in DELIVERY_CASTS
+            cast: [v / 1e9 * self.in_step for v in cpu[job.update_table(cast)]] for cast in DELIVERY_CASTS
         }
         self.copy_bps = [v * 1e9 for v in cpu["copy_GBps"]]
 
     def host_update_summary(self, cast: str) -> dict[str, float]:
         """The host update rate the plan charges under delivery_cast `cast`, for the plan's reader: per 1e9 params
-        at the rank's threads, the `cpu` figure it comes from, the factor update_in_step applied to it, and the
-        factor runs of this calibration observed (observed_factor, from observed_runs runs; 1 and 0 without)."""
+        at the rank's threads, the `cpu` figure it comes from and the factor update_in_step applied to it."""
         t = self.job.cpu_threads
         charged = self._cpu(self.update_per_param[cast], t) * 1e9
-        return {"threads": t, "s_per_1e9": charged, "cpu_s_per_1e9": charged / self.in_step / self.host_factor,
-                "in_step_factor": self.in_step, "observed_factor": self.host_factor,
-                "observed_runs": observations(self.c, self.job.clip) if self.job.on_gpu else 0}
+        return {"threads": t, "s_per_1e9": charged, "cpu_s_per_1e9": charged / self.in_step,
+                "in_step_factor": self.in_step}
 
     def in_step_factor(self, calibration: dict[str, Any]) -> float:
         """How much slower the host update runs in a step than `cpu` times it alone: update_in_step's rate beside

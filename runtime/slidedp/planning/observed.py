@@ -1,17 +1,18 @@
-"""What a run measured against what its plan predicted, and the host speed a run observed, kept for later plans.
-Imports no torch.
+"""What a run measured against what its plan predicted, and the host speed a run observed, kept with the
+calibration. Imports no torch.
 
 Every metrics record carries the plan's prediction (docs/interfaces.md §3, `predicted`). At the end of a run,
 `prediction_check` sets the steady steps' medians beside it, term by term: the step, its forward and backward spans
 and the host updater's busy time. The host term is the one that drifts (docs/notebook/prediction-check-2026-12-04.md:
 two calibrations of one host minutes apart differed by up to 40% in host memory's capacity, and clipped runs kept
-the updater busy 1.2-1.4x what the calibration charged): the updater's measured busy time over the busy time the
-plan charged it is the factor by which this host's memory work ran slower (above 1) or faster than calibrated.
+the updater busy 1.2-1.4x what the calibration charged).
 
-A GPU run writes that factor into the calibration it was planned with (`observed_host`, one list per clipping
-state, the last OBSERVATIONS_KEPT runs), and Rates (planning/cost_model.py) prices the host's memory work of later
-plans of that calibration at the median factor (`observed_factor`): the host is priced from what runs on it
-measured, not only from the seconds its calibration timed. A new calibration starts without observations.
+A GPU run writes its updater's measured busy time over the busy time its plan charged (the host factor) into the
+calibration it was planned with (`observed_host`, one list per clipping state, the last OBSERVATIONS_KEPT runs).
+No plan is priced with it: charged to the host update of later plans, it centred the rows already measured when
+each was planned again with the policy it ran, but on a live pair the clipped plan it priced moved two more layers
+onto the GPU stream, and that plan's updater was again busy 1.17x its charge (the notebook's 2026-12-07 entry). It
+is kept for the Hosts page and for the model's next term.
 """
 
 from __future__ import annotations
@@ -56,7 +57,6 @@ def prediction_check(records: list[dict[str, Any]]) -> dict[str, Any] | None:
     MIN_STEADY steps follow the first STEADY_FROM of this run.
 
     {"steps": [first, last], "step_time": term, "forward": term, "backward": term, "host_update": term,
-    "host_factor": the factor the plan already priced the host at (1 without observations),
     "prediction_error": predicted / measured step - 1, "message": str},
     each term {"measured_s", "predicted_s", "ratio"} (medians over the steady steps; None where not measured)."""
     steady = [r for r in records[STEADY_FROM:] if (r.get("predicted") or {}).get("step_time_s")]
@@ -76,7 +76,6 @@ def prediction_check(records: list[dict[str, Any]]) -> dict[str, Any] | None:
         "forward": _term(measured("forward"), pred.get("forward_span")),
         "backward": _term(measured("backward"), pred.get("backward_span")),
         "host_update": _term(measured("update_busy"), pred.get("update_busy")),
-        "host_factor": float(pred.get("host_factor") or 1.0),
     }
     # as slidedp bench's predicted_error: predicted / measured - 1 (negative: the step ran longer than predicted)
     out["prediction_error"] = 1.0 / out["step_time"]["ratio"] - 1.0
@@ -102,11 +101,7 @@ def _words(check: dict[str, Any]) -> str:
     if abs(err) <= PREDICTION_BAND:
         return text + ": as predicted"
     if host is not None and abs(host["ratio"] - 1.0) > HOST_DRIFT:
-        slower = "slower" if host["ratio"] > 1 else "faster"
-        return (
-            text + f": the host update ran {host['ratio']:.2f}x the time the plan charged (this host's memory "
-            f"{slower} now than when it was calibrated)"
-        )
+        return text + f": the host update ran {host['ratio']:.2f}x the time the plan charged"
     worst = max(
         (n for n in ("forward", "backward") if check[n] is not None),
         key=lambda n: abs(check[n]["ratio"] - 1.0),
@@ -116,30 +111,21 @@ def _words(check: dict[str, Any]) -> str:
 
 
 def host_observation(check: dict[str, Any] | None) -> float | None:
-    """The factor this run observed for the host's memory work, against the calibration's own seconds (the plan's
-    factor times the run's measured / charged busy time); None when the run has no such measure, fewer than
-    MIN_OBSERVED steady steps, or a factor out of FACTOR_RANGE."""
+    """The host factor this run observed: its updater's measured over charged busy time; None when the run has no
+    such measure, fewer than MIN_OBSERVED steady steps, or a factor out of FACTOR_RANGE."""
     host = (check or {}).get("host_update")
     if not host or check["steps"][1] - check["steps"][0] + 1 < MIN_OBSERVED:
         return None
-    factor = host["ratio"] * float(check.get("host_factor") or 1.0)
     lo, hi = FACTOR_RANGE
-    return factor if lo <= factor <= hi else None
+    return host["ratio"] if lo <= host["ratio"] <= hi else None
 
 
-def observed_factor(calibration: dict[str, Any] | None, clip: bool) -> float:
-    """The host factor a plan of this calibration charges: the median of the factors runs observed with the same
-    clipping (observed_host), 1 without any."""
+def observed_factors(calibration: dict[str, Any] | None, clip: bool) -> list[float]:
+    """The host factors runs of this calibration observed with this clipping, oldest first."""
     rows = ((calibration or {}).get("observed_host") or {}).get(clip_key(clip)) or []
     lo, hi = FACTOR_RANGE
     factors = [r.get("factor") for r in rows if isinstance(r, dict)]
-    factor = _median([f for f in factors if isinstance(f, (int, float)) and lo <= f <= hi])
-    return factor if factor is not None else 1.0
-
-
-def observations(calibration: dict[str, Any] | None, clip: bool) -> int:
-    rows = ((calibration or {}).get("observed_host") or {}).get(clip_key(clip)) or []
-    return len([r for r in rows if isinstance(r, dict)])
+    return [float(f) for f in factors if isinstance(f, (int, float)) and lo <= f <= hi]
 
 
 def record_observation(path: str, basis_digest: str | None, clip: bool, factor: float, steps: int) -> bool:

@@ -41,16 +41,14 @@ def refusal(errors: list[dict[str, str]], calibration: str) -> Plan:
 
 def metrics_prediction(plan: Plan | dict[str, Any] | None) -> dict[str, float]:
     """The `predicted` entry of every metrics record: {phase: s, "forward_span": s, "backward_span": s,
-    "step_time_s": s, "update_busy": s, "host_factor": x}, {} without times. `plan` is the plan, or its JSON as a
-    run records it ({} or a fallback when nothing was planned). update_busy: the seconds the plan keeps the host
-    updater busy in a step (its `cpu` busy time, where the plan has one); host_factor: the factor it priced the
-    host's memory work at (planning/observed.py; where the plan says)."""
+    "step_time_s": s, "update_busy": s}, {} without times. `plan` is the plan, or its JSON as a run records it ({}
+    or a fallback when nothing was planned). update_busy: the seconds the plan keeps the host updater busy in a step
+    (its `cpu` busy time, where the plan has one)."""
     if isinstance(plan, Plan):
-        pred, host = plan.predicted, dict(plan.host_update or {})
+        pred = plan.predicted
     else:
         raw = (plan or {}).get("predicted")
         pred = Prediction.from_dict(raw) if raw else None
-        host = (plan or {}).get("host_update")
     if pred is None or pred.step_time_s is None:
         return {}
     out = {
@@ -60,8 +58,6 @@ def metrics_prediction(plan: Plan | dict[str, Any] | None) -> dict[str, float]:
     }
     if pred.busy and "cpu" in pred.busy:
         out["update_busy"] = float(pred.busy["cpu"])
-    if isinstance(host, dict) and isinstance(host.get("observed_factor"), (int, float)):
-        out["host_factor"] = float(host["observed_factor"])
     return out
 
 

@@ -67,14 +67,10 @@ def format_plan(plan: Plan | dict[str, Any]) -> str:
                 "issuing thread)"
             )
         elif hu:
-            seen = hu.get("observed_factor") or 1.0
-            runs = hu.get("observed_runs") or 0
-            observed = (f" x {seen:.2f} as {runs} run{'s' if runs != 1 else ''} on this host measured it"
-                        if runs else "")
             lines.append(
                 f"  host update: {hu['s_per_1e9']:.3f} s per 1e9 params at {hu['threads']} threads "
                 f"(calibrated {hu['cpu_s_per_1e9']:.3f} x {hu['in_step_factor']:.2f} measured beside the issuing "
-                f"thread{observed})"
+                "thread)"
             )
         b = pred.bound
         if b:
