@@ -273,9 +273,9 @@ def train(config: dict | JobConfig, on_step: Callable[[dict], None] | None = Non
                 ended = "stopped"
                 return TrainResult("stopped", start_step, [], cfg.output_dir, None,
                                    ckpt_root if os.path.isdir(ckpt_root) else None, policy, plan)
-        check = _check_prediction(cfg, plan, detected, records, on_log)
         status, final_dir, files = _save_and_export(run, adapter, start_step, last, last_data_state, room)
         ended = status
+        check = _check_prediction(cfg, plan, detected, records, on_log)  # once the trained state is saved
         return TrainResult(status, last, records, cfg.output_dir, final_dir,
                            ckpt_root if os.path.isdir(ckpt_root) else None, policy, plan,
                            exported_files=files, warnings=monitor.warnings, prediction_check=check)
@@ -312,7 +312,11 @@ def _check_prediction(cfg: JobConfig, plan: dict, detected: Any, records: list[d
     is (the log says so)."""
     from slidedp.planning.observed import host_observation, prediction_check, record_observation
 
-    check = prediction_check(records)
+    try:
+        check = prediction_check(records)
+    except Exception as exc:  # noqa: BLE001 - a record the check cannot read costs the check, not the run
+        _log(on_log, f"prediction: not checked ({type(exc).__name__}: {exc})")
+        return None
     if check is None:
         return None
     _log(on_log, f"prediction: {check['message']}")

@@ -167,6 +167,11 @@ def test_the_launcher_keeps_a_gpu_runs_factor_in_the_calibration_it_planned_with
     with open(path) as fh:
         assert len(observed.observed_factors(json.load(fh), True)) == 2
     assert len(lines) == 1
+    # records the check cannot read cost the check, not the run
+    lines.clear()
+    assert launch._check_prediction(cfg, plan, detected, [{"step_time_s": 1.0, "predicted": {"step_time_s": 1.0}}] * 5,
+                                    lines.append) is None
+    assert lines[0].startswith("prediction: not checked (KeyError")
     # a CPU job observes nothing into any calibration
     cpu = _measured(gpus=0, gpu_memory_gib=None)[2]
     assert (
