@@ -196,7 +196,7 @@ def engine_as_run(session: str):
 def repredict(row: dict, topology: dict, observed: dict[tuple[str, bool], list[float]] | None = None) -> dict:
     """The row planned again. `observed`: the host factors earlier rows observed, per (calibration, clipping), as a
     run leaves them in its calibration (slidedp.planning.observed): the row's host update is charged at the median
-    of the last ones of its calibration and clipping (update_scaled), and its own factor, against the calibration's
+    of the last ones of its calibration and clipping (host_scaled, update_only), and its own factor, against the calibration's
     seconds, is added after it."""
     from slidedp.config import JobConfig
     from slidedp.planning import autopolicy as ap
@@ -209,7 +209,7 @@ def repredict(row: dict, topology: dict, observed: dict[tuple[str, bool], list[f
     key = (cal_name, bool(row.get("clipped")))
     earlier = (observed or {}).get(key, [])[-OBSERVATIONS_KEPT:]
     host_factor = statistics.median(earlier) if earlier else 1.0
-    with engine_as_run(session_of(row["path"])), update_scaled(host_factor):
+    with engine_as_run(session_of(row["path"])), host_scaled(host_factor, update_only=True):
         plan = ap.plan_job(JobConfig.from_dict(job_config(row)), topology, cal)
     pred = plan.get("predicted") or {}
     if not plan.get("feasible") or not pred.get("step_time_s"):
@@ -239,26 +239,12 @@ def repredict(row: dict, topology: dict, observed: dict[tuple[str, bool], list[f
 
 
 @contextlib.contextmanager
-def update_scaled(k: float):
-    """Price the host update alone at k times its calibrated time (the host's copies and host memory's capacity as
-    calibrated: the busy time a run measures already holds what sharing host memory cost its updater)."""
-    from slidedp.planning import cost_model
-
-    rates = cost_model.Rates
-    update_s = rates.update_s
-    if k != 1.0:
-        rates.update_s = lambda self, *a, **kw: update_s(self, *a, **kw) * k
-    try:
-        yield
-    finally:
-        rates.update_s = update_s
-
-
-@contextlib.contextmanager
-def host_scaled(k: float):
+def host_scaled(k: float, update_only: bool = False):
     """Price every row as if the host's memory work took k times its calibrated time: the host update, the host's
     copies and host memory's capacity (divided by k). A question asked of the rows (would a slower or faster host
-    explain the misses?), not a term of the model."""
+    explain the misses?), not a term of the model. update_only: the host update alone (the replay of the host
+    factors runs keep, --observed: the busy time a run measures already holds what sharing host memory cost its
+    updater, so copies and capacity stay as calibrated)."""
     from slidedp.planning import cost_model
 
     rates = cost_model.Rates
@@ -268,9 +254,11 @@ def host_scaled(k: float):
         dram, link = pools(self)
         return (dram / k if dram else dram), link
 
-    rates.update_s = lambda self, *a, **kw: update_s(self, *a, **kw) * k
-    rates.copy_s = lambda self, *a, **kw: copy_s(self, *a, **kw) * k
-    rates.pools = scaled_pools
+    if k != 1.0:
+        rates.update_s = lambda self, *a, **kw: update_s(self, *a, **kw) * k
+        if not update_only:
+            rates.copy_s = lambda self, *a, **kw: copy_s(self, *a, **kw) * k
+            rates.pools = scaled_pools
     try:
         yield
     finally:

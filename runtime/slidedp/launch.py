@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 from slidedp.config import ConfigError, JobConfig, is_model_path
 from slidedp.health import HealthMonitor, finite_json
 from slidedp.model_shape import ModelOnDemand, read_shape
+from slidedp.planning import observed
 from slidedp.planning.resolve import detect_early, early_cast_process, resolve_policy
 from slidedp.policy import ExecutionPolicy
 from slidedp.ranks import Launch
@@ -275,7 +276,7 @@ def train(config: dict | JobConfig, on_step: Callable[[dict], None] | None = Non
                                    ckpt_root if os.path.isdir(ckpt_root) else None, policy, plan)
         status, final_dir, files = _save_and_export(run, adapter, start_step, last, last_data_state, room)
         ended = status
-        check = _check_prediction(cfg, plan, detected, records, on_log)  # once the trained state is saved
+        check = observed.check_run(cfg, plan, detected, records, on_log)  # once the trained state is saved
         return TrainResult(status, last, records, cfg.output_dir, final_dir,
                            ckpt_root if os.path.isdir(ckpt_root) else None, policy, plan,
                            exported_files=files, warnings=monitor.warnings, prediction_check=check)
@@ -302,41 +303,6 @@ class _Run:
     on_log: Callable[[str], None] | None
     ranks: Launch  # spawned while the plan was made; sent the run by _fill_or_load (a resumed run: _run_ranks)
     pager: MomentPager | None = None
-
-
-def _check_prediction(cfg: JobConfig, plan: dict, detected: Any, records: list[dict],
-                      on_log: Callable[[str], None] | None) -> dict | None:
-    """The run's steady steps against the plan's prediction (planning/observed.py), said in the log; on GPUs the
-    host factor the run observed (its updater's measured over charged busy time) is added to the calibration the
-    plan was priced with. A calibration that changed since the plan, or one that cannot be written, is left as it
-    is (the log says so)."""
-    from slidedp.planning.observed import host_observation, prediction_check, record_observation
-
-    try:
-        check = prediction_check(records)
-    except Exception as exc:  # noqa: BLE001 - a record the check cannot read costs the check, not the run
-        _log(on_log, f"prediction: not checked ({type(exc).__name__}: {exc})")
-        return None
-    if check is None:
-        return None
-    _log(on_log, f"prediction: {check['message']}")
-    factor = host_observation(check)
-    if factor is None or cfg.gpus == 0 or detected is None or "fallback" in plan or not plan.get("basis"):
-        return check
-    try:
-        from slidedp.planning import calibration as calib
-
-        path = calib.cache_path(cfg, detected.result())
-        first, last = check["steps"]
-        kept = record_observation(path, plan["basis"].get("calibration"), cfg.optimizer.max_grad_norm > 0, factor,
-                                  last - first + 1)
-    except Exception as exc:  # noqa: BLE001 - the run has trained: a cache that cannot be written only loses this
-        _log(on_log, f"the host factor this run observed ({factor:.3f}) was not kept: {type(exc).__name__}: {exc}")
-        kept = False
-    if kept:
-        _log(on_log, f"host factor {factor:.3f} (the updater's busy time over its plan's charge) kept with this "
-                     f"host's calibration ({os.path.basename(path)})")
-    return check
 
 
 def _spawn(ranks: Launch, cfg: JobConfig, startup: Startup) -> None:

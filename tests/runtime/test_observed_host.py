@@ -9,7 +9,6 @@ import os
 from concurrent.futures import Future
 
 import pytest
-from slidedp import launch
 from slidedp.config import JobConfig
 from slidedp.planning import calibration as calib
 from slidedp.planning import observed
@@ -113,8 +112,7 @@ def test_the_factor_is_kept_with_the_calibration_it_was_planned_with_and_only_th
         assert observed.record_observation(str(path), digest, True, f, 7)
     kept = json.loads(path.read_text())
     assert [r["factor"] for r in kept["observed_host"]["clipped"]] == [1.1, 1.4, 1.2, 1.25, 1.35]  # the last 5
-    assert observed.observed_factors(kept, clip=True) == [1.1, 1.4, 1.2, 1.25, 1.35]
-    assert observed.observed_factors(kept, clip=False) == []
+    assert "unclipped" not in kept["observed_host"]
     # a plan priced with another calibration (this shape measured again since): nothing written
     before = path.read_text()
     assert not observed.record_observation(str(path), "0" * 16, True, 1.9, 7)
@@ -151,31 +149,31 @@ def test_the_launcher_keeps_a_gpu_runs_factor_in_the_calibration_it_planned_with
     plan = {"basis": plan_basis(cfg, topo, cal)}
     records = [_record(s, 1.16, 0.65, PRED) for s in range(1, 10)]
     lines: list[str] = []
-    check = launch._check_prediction(cfg, plan, detected, records, lines.append)
+    check = observed.check_run(cfg, plan, detected, records, lines.append)
     assert check["host_update"]["ratio"] == pytest.approx(1.3)
     with open(path) as fh:
-        assert observed.observed_factors(json.load(fh), clip=True) == [pytest.approx(1.3)]
+        assert [r["factor"] for r in json.load(fh)["observed_host"]["clipped"]] == [pytest.approx(1.3)]
     assert lines[0].startswith("prediction: steps 3-9") and "kept with this host's calibration" in lines[1]
     # the same plan again: the observation did not change its basis, so the second run's factor is added too
     lines.clear()
-    launch._check_prediction(cfg, plan, detected, records, lines.append)
+    observed.check_run(cfg, plan, detected, records, lines.append)
     with open(path) as fh:
-        assert len(observed.observed_factors(json.load(fh), True)) == 2
+        assert len(json.load(fh)["observed_host"]["clipped"]) == 2
     # a plan priced with another calibration (recalibrated since): nothing added
     lines.clear()
-    launch._check_prediction(cfg, {"basis": {"calibration": "0" * 16}}, detected, records, lines.append)
+    observed.check_run(cfg, {"basis": {"calibration": "0" * 16}}, detected, records, lines.append)
     with open(path) as fh:
-        assert len(observed.observed_factors(json.load(fh), True)) == 2
+        assert len(json.load(fh)["observed_host"]["clipped"]) == 2
     assert len(lines) == 1
     # records the check cannot read cost the check, not the run
     lines.clear()
-    assert launch._check_prediction(cfg, plan, detected, [{"step_time_s": 1.0, "predicted": {"step_time_s": 1.0}}] * 5,
+    assert observed.check_run(cfg, plan, detected, [{"step_time_s": 1.0, "predicted": {"step_time_s": 1.0}}] * 5,
                                     lines.append) is None
     assert lines[0].startswith("prediction: not checked (KeyError")
     # a CPU job observes nothing into any calibration
     cpu = _measured(gpus=0, gpu_memory_gib=None)[2]
     assert (
-        launch._check_prediction(cpu, {"basis": plan_basis(cpu, topo, cal)}, detected, records, None)
+        observed.check_run(cpu, {"basis": plan_basis(cpu, topo, cal)}, detected, records, None)
         is not None
     )
 

@@ -58,10 +58,10 @@ def test_observed_rows_are_planned_with_the_factors_earlier_rows_of_their_calibr
     assert len(observed[key]) == 2
 
 
-def test_update_scaled_scales_the_host_update_alone_and_restores_it():
+def test_host_scaled_update_only_scales_the_host_update_alone_and_restores_it():
     rates = _rates()
     before = (rates.update_s(10_000_000, "host"), rates.copy_s(4e9), rates.pools())
-    with prediction_check.update_scaled(1.3):
+    with prediction_check.host_scaled(1.3, update_only=True):
         assert rates.update_s(10_000_000, "host") == pytest.approx(before[0] * 1.3)
         assert (rates.copy_s(4e9), rates.pools()) == before[1:]
     assert (rates.update_s(10_000_000, "host"), rates.copy_s(4e9), rates.pools()) == before

@@ -21,7 +21,7 @@ import json
 import math
 import os
 import statistics
-import tempfile
+from collections.abc import Callable
 from datetime import datetime, timezone
 from typing import Any
 
@@ -78,7 +78,7 @@ def prediction_check(records: list[dict[str, Any]]) -> dict[str, Any] | None:
         "host_update": _term(measured("update_busy"), pred.get("update_busy")),
     }
     # as slidedp bench's predicted_error: predicted / measured - 1 (negative: the step ran longer than predicted)
-    out["prediction_error"] = 1.0 / out["step_time"]["ratio"] - 1.0
+    out["prediction_error"] = 1.0 / step["ratio"] - 1.0
     out["message"] = _words(out)
     return out
 
@@ -120,14 +120,6 @@ def host_observation(check: dict[str, Any] | None) -> float | None:
     return host["ratio"] if lo <= host["ratio"] <= hi else None
 
 
-def observed_factors(calibration: dict[str, Any] | None, clip: bool) -> list[float]:
-    """The host factors runs of this calibration observed with this clipping, oldest first."""
-    rows = ((calibration or {}).get("observed_host") or {}).get(clip_key(clip)) or []
-    lo, hi = FACTOR_RANGE
-    factors = [r.get("factor") for r in rows if isinstance(r, dict)]
-    return [float(f) for f in factors if isinstance(f, (int, float)) and lo <= f <= hi]
-
-
 def record_observation(path: str, basis_digest: str | None, clip: bool, factor: float, steps: int) -> bool:
     """Adds a run's factor to the calibration file at `path` when it is still the calibration the run was planned
     with (its calibration_digest equals the plan's basis entry `basis_digest`); False (nothing written) when it is
@@ -151,8 +143,46 @@ def record_observation(path: str, basis_digest: str | None, clip: bool, factor: 
     )
     kept[clip_key(clip)] = rows[-OBSERVATIONS_KEPT:]
     record["observed_host"] = kept
-    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path) or ".", prefix=".calib-")
-    with os.fdopen(fd, "w", encoding="utf-8") as fh:
-        json.dump(record, fh, indent=1)
-    os.replace(tmp, path)  # atomic, as calibration.save_calibration writes: a reader never sees half a file
+    from slidedp.planning.calibration import save_calibration  # torch: only a GPU run's launcher writes one
+
+    save_calibration(record, path)
     return True
+
+
+def check_run(cfg: Any, plan: dict, detected: Any, records: list[dict], on_log: Callable[[str], None] | None
+              ) -> dict | None:
+    """What train() does with a run's records once its state is saved: the prediction check, said in the log; on
+    GPUs the host factor the run observed added to the calibration the plan was priced with (`detected`: the
+    launcher's future of this host's topology, which names the calibration's file). A calibration that changed
+    since the plan, or one that cannot be written, is left as it is (the log says so); a record the check cannot
+    read costs the check, not the run."""
+
+    def say(line: str) -> None:
+        if on_log is not None:
+            on_log(line)
+
+    try:
+        check = prediction_check(records)
+    except Exception as exc:  # noqa: BLE001 - a record the check cannot read costs the check, not the run
+        say(f"prediction: not checked ({type(exc).__name__}: {exc})")
+        return None
+    if check is None:
+        return None
+    say(f"prediction: {check['message']}")
+    factor = host_observation(check)
+    if factor is None or cfg.gpus == 0 or detected is None or "fallback" in plan or not plan.get("basis"):
+        return check
+    try:
+        from slidedp.planning import calibration as calib
+
+        path = calib.cache_path(cfg, detected.result())
+        first, last = check["steps"]
+        kept = record_observation(path, plan["basis"].get("calibration"), cfg.optimizer.max_grad_norm > 0, factor,
+                                  last - first + 1)
+    except Exception as exc:  # noqa: BLE001 - the run has trained: a cache that cannot be written only loses this
+        say(f"the host factor this run observed ({factor:.3f}) was not kept: {type(exc).__name__}: {exc}")
+        kept = False
+    if kept:
+        say(f"host factor {factor:.3f} (the updater's busy time over its plan's charge) kept with this host's "
+            f"calibration ({os.path.basename(path)})")
+    return check
