@@ -1,7 +1,7 @@
 // A calibration record (docs/interfaces.md §5) as a person reads it: the shape it was measured at, when and by
 // which runtime, whether it is still current, its measured rates in units people use; and which record a plan used
 // or why none fitted. Pure functions: the Hosts page, the topology drawing and the plan view render what they return.
-import { grouped, isNum, num, seconds } from "./fmt";
+import { grouped, isNum, median, num, seconds } from "./fmt";
 
 type Obj = Record<string, unknown>;
 
@@ -197,11 +197,9 @@ export function observedLines(rec: Obj): string[] {
   const out: string[] = [];
   for (const [key, words] of [["unclipped", "without clipping"], ["clipped", "with clipping"]] as const) {
     const rows = Array.isArray(seen[key]) ? (seen[key] as unknown[]).filter(isObj) : [];
-    const factors = rows.map((r) => r.factor).filter((f): f is number => typeof f === "number" && f >= 0.5 && f <= 2).sort((a, b) => a - b);
+    const factors = rows.map((r) => r.factor).filter((f): f is number => typeof f === "number" && f >= 0.5 && f <= 2);
     if (!factors.length) continue;
-    const mid = factors.length >> 1;
-    const median = factors.length % 2 ? factors[mid] : (factors[mid - 1] + factors[mid]) / 2;
-    out.push(`runs ${words}: the host update took ${median.toFixed(2)}× what their plans charged (median of ${factors.length} run${factors.length === 1 ? "" : "s"})`);
+    out.push(`runs ${words}: the host update took ${median(factors).toFixed(2)}× what their plans charged (median of ${factors.length} run${factors.length === 1 ? "" : "s"})`);
   }
   return out;
 }

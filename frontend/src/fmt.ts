@@ -2,6 +2,13 @@
 
 export const NONE = "–";
 
+/** The median of `xs` (not empty). */
+export function median(xs: readonly number[]): number {
+  const s = [...xs].sort((a, b) => a - b);
+  const m = s.length >> 1;
+  return s.length % 2 ? s[m] : (s[m - 1] + s[m]) / 2;
+}
+
 export function isNum(v: unknown): v is number {
   return typeof v === "number" && Number.isFinite(v);
 }

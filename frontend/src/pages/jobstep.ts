@@ -2,16 +2,10 @@
 // step over it: the median of the metrics records so far, the first step left out (it pays for warm-up: allocator,
 // kernels, the first deliveries). docs/interfaces.md §3 has the record's `phases` and `step_time_s`.
 import { h, replace } from "../dom";
-import { isNum } from "../fmt";
+import { isNum, median } from "../fmt";
 import { PHASE_TERMS } from "../glossary";
 import { type MeasuredStep, onCpu, renderStep, type StepLane } from "../planview/glance";
 import type { Job, MetricsRecord, Plan } from "../types";
-
-function median(xs: number[]): number {
-  const s = [...xs].sort((a, b) => a - b);
-  const m = s.length >> 1;
-  return s.length % 2 ? s[m] : (s[m - 1] + s[m]) / 2;
-}
 
 /** The median measured step of `records` (sorted by step) leaving out the first: the step time, the compute
  *  stream's forward and backward spans and what follows them, and the time the host updater worked. Null until a
