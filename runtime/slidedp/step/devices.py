@@ -43,8 +43,14 @@ class _NullStream:
         pass
 
 
+# CUDA stream priority of the cast stream: lower is higher; torch maps it into the device's range
+CAST_PRIORITY = -1
+
+
 class Streams:
-    """compute (the current stream), h2d and d2h copy streams of one rank."""
+    """compute (the current stream), h2d and d2h copy streams of one rank, and the cast stream: the delivery
+    cast's kernels (fp32 master to the compute dtype, slidedp.step.routes) at a higher priority than compute, so
+    that the GPU schedules them ahead of the compute kernels' waiting blocks instead of after the kernel running."""
 
     def __init__(self, device: torch.device):
         self.device = device
@@ -53,8 +59,9 @@ class Streams:
             self.compute = torch.cuda.current_stream(device)
             self.h2d = torch.cuda.Stream(device)
             self.d2h = torch.cuda.Stream(device)
+            self.cast = torch.cuda.Stream(device, priority=CAST_PRIORITY)
         else:
-            self.compute = self.h2d = self.d2h = _NullStream()
+            self.compute = self.h2d = self.d2h = self.cast = _NullStream()
 
     def event(self, timing: bool = False):
         return torch.cuda.Event(enable_timing=timing) if self.cuda else _NullEvent()
