@@ -43,14 +43,16 @@ class _NullStream:
         pass
 
 
-# CUDA stream priority of the cast stream: lower is higher; torch maps it into the device's range
-CAST_PRIORITY = -1
+# CUDA priority (lower is higher; torch maps it into the device's range) of the streams whose short kernels stand
+# between two copies: the delivery cast (slidedp.step.routes) and the streamed update (slidedp.step.streamed_update).
+# At the compute stream's priority such a kernel waits for the compute kernel running, and the link waits with it;
+# at a higher one the GPU schedules its blocks ahead of the compute kernel's waiting blocks.
+PIPELINE_PRIORITY = -1
 
 
 class Streams:
     """compute (the current stream), h2d and d2h copy streams of one rank, and the cast stream: the delivery
-    cast's kernels (fp32 master to the compute dtype, slidedp.step.routes) at a higher priority than compute, so
-    that the GPU schedules them ahead of the compute kernels' waiting blocks instead of after the kernel running."""
+    cast's kernels (fp32 master to the compute dtype) at PIPELINE_PRIORITY."""
 
     def __init__(self, device: torch.device):
         self.device = device
@@ -59,7 +61,7 @@ class Streams:
             self.compute = torch.cuda.current_stream(device)
             self.h2d = torch.cuda.Stream(device)
             self.d2h = torch.cuda.Stream(device)
-            self.cast = torch.cuda.Stream(device, priority=CAST_PRIORITY)
+            self.cast = torch.cuda.Stream(device, priority=PIPELINE_PRIORITY)
         else:
             self.compute = self.h2d = self.d2h = self.cast = _NullStream()
 
