@@ -16,6 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from slidedp import atomic_file
 from slidedp.config import ConfigError, JobConfig, is_model_path
 from slidedp.health import HealthMonitor, finite_json
 from slidedp.model_shape import ModelOnDemand, read_shape
@@ -102,12 +103,7 @@ def _rewind_metrics(path: str, step: int) -> None:
                     kept.append(line if line.endswith("\n") else line + "\n")
             except (ValueError, KeyError, TypeError):
                 continue  # a line cut short by a killed run
-    tmp = path + ".tmp"
-    with open(tmp, "w", encoding="utf-8") as fh:
-        fh.writelines(kept)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
+    atomic_file.write_text(path, "".join(kept), durable=True)
 
 
 def _init_host_state(cfg: JobConfig, adapter, state, progress: Callable[[int, int], None] | None = None,

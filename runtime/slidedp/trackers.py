@@ -34,6 +34,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from slidedp import atomic_file
 from slidedp.config import ConfigError, JobConfig
 
 TENSORBOARD_DIR = "tensorboard"  # under output_dir
@@ -210,11 +211,7 @@ def _read_state(path: str) -> dict[str, Any]:
 
 
 def _write_state(path: str, state: dict[str, Any]) -> None:
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    tmp = path + ".tmp"
-    with open(tmp, "w", encoding="utf-8") as fh:
-        json.dump(state, fh, indent=1)
-    os.replace(tmp, path)
+    atomic_file.write_json(path, state)
 
 
 # ------------------------------------------------------------------------------------------------ the writers

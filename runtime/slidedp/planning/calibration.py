@@ -39,7 +39,6 @@ import json
 import os
 import socket
 import sys
-import tempfile
 import time
 from collections.abc import Callable
 from datetime import datetime, timezone
@@ -47,6 +46,7 @@ from typing import Any
 
 import torch
 
+from slidedp import atomic_file
 from slidedp.cache_paths import calibration_dir
 from slidedp.config import JobConfig
 from slidedp.planning.host_identity import host_digest, measured_on
@@ -245,11 +245,7 @@ def cached_calibrations(hostname: str | None = None) -> list[dict]:
 
 
 def save_calibration(calib: dict, path: str) -> None:
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), prefix=".calib-")
-    with os.fdopen(fd, "w", encoding="utf-8") as fh:
-        json.dump(calib, fh, indent=1)
-    os.replace(tmp, path)  # atomic: a reader never sees half a file
+    atomic_file.write_json(path, calib)
 
 
 # ---------------------------------------------------------------------------- header and shape

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
 
+from slidedp import atomic_file
 from slidedp.planning.shape import calibration_shape, shape_differences
 
 KIND = "slidedp-host"
@@ -50,12 +51,7 @@ def build(topology: dict[str, Any], calibrations: list[dict[str, Any]]) -> Saved
 
 
 def save(path: str, host: SavedHost) -> None:
-    directory = os.path.dirname(os.path.abspath(path))
-    os.makedirs(directory, exist_ok=True)
-    tmp = f"{path}.tmp-{os.getpid()}"
-    with open(tmp, "w", encoding="utf-8") as fh:
-        json.dump(host.to_dict(), fh, indent=1)
-    os.replace(tmp, path)  # a reader never sees half a file
+    atomic_file.write_json(path, host.to_dict())
 
 
 def load(path: str) -> SavedHost:
