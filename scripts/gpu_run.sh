@@ -132,7 +132,7 @@
 #           the layer slow down over a step's length? -> $OUT/sustained.jsonl
 #   castab  Qwen3-8B, seq 2048, micro-batch 8, the whole card, no clipping, the policy CASTAB_POLICY fixed (the fp32
 #           master cast on the GPU), STEPS (8) steps: this engine, the engine under OLD_TREE (a copy of an earlier
-#           runtime/, e.g. `git archive REV runtime | tar -x -C ab_old`), this engine again, one bench command each,
+#           runtime/, e.g. `git archive REV runtime | tar -x -C ab_old`), this engine again (CASTAB_RUNS: new1 old new2), one bench command each,
 #           step timelines -> $OUT/castab-{new1,old,new2}-trace/, rows -> $OUT/castab.jsonl
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export PYTHONPATH=$PWD/runtime:$PWD PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1
@@ -375,7 +375,7 @@ PY
           for i in 1 2; do echo -n "through the ranks' bytecode cache ($i): "
             env -u PYTHONDONTWRITEBYTECODE PYTHONPYCACHEPREFIX="$SLIDEDP_CACHE_DIR/bytecode" python3 -c "$I" 2>&1 | tail -1; done ;;
     castab) P=${CASTAB_POLICY:-replicated:host:keep8:0:7:gpu:gpu:0:auto:0:eager:1}
-            for run in new1 old new2; do
+            for run in ${CASTAB_RUNS:-new1 old new2}; do
               RT=$PWD/runtime; [ $run = old ] && RT=$PWD/${OLD_TREE:-ab_old}/runtime
               PYTHONPATH=$RT:$PWD SLIDEDP_TRACE=$OUT/castab-$run-trace timeout ${CASTAB_S:-200} python3 -m slidedp.cli \
                 bench --model qwen3-8b --seq 2048 --gpus 1 --mbs 8 --steps ${STEPS:-8} --threads 16 --data pattern \
