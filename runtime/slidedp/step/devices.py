@@ -43,16 +43,8 @@ class _NullStream:
         pass
 
 
-# CUDA priority (lower is higher; torch maps it into the device's range) of the streams whose short kernels stand
-# between two copies: the delivery cast (slidedp.step.routes) and the streamed update (slidedp.step.streamed_update).
-# At the compute stream's priority such a kernel waits for the compute kernel running, and the link waits with it;
-# at a higher one the GPU schedules its blocks ahead of the compute kernel's waiting blocks.
-PIPELINE_PRIORITY = -1
-
-
 class Streams:
-    """compute (the current stream), h2d and d2h copy streams of one rank, and the cast stream: the delivery
-    cast's kernels (fp32 master to the compute dtype) at PIPELINE_PRIORITY."""
+    """compute (the current stream), h2d and d2h copy streams of one rank."""
 
     def __init__(self, device: torch.device):
         self.device = device
@@ -61,9 +53,8 @@ class Streams:
             self.compute = torch.cuda.current_stream(device)
             self.h2d = torch.cuda.Stream(device)
             self.d2h = torch.cuda.Stream(device)
-            self.cast = torch.cuda.Stream(device, priority=PIPELINE_PRIORITY)
         else:
-            self.compute = self.h2d = self.d2h = self.cast = _NullStream()
+            self.compute = self.h2d = self.d2h = _NullStream()
 
     def event(self, timing: bool = False):
         return torch.cuda.Event(enable_timing=timing) if self.cuda else _NullEvent()

@@ -89,49 +89,26 @@ class Routes:
         self.grad_group = grad_group
         self.chunk_bytes = chunk_bytes
         self.bytes = ByteCounters()
-        self._cast_scratch: list[torch.Tensor] | None = None  # the delivery cast's two fp32 chunk buffers
-        self._cast_read: list = [None, None]  # ... and the cast stream's event after its last read of each
+        self._cast_scratch: torch.Tensor | None = None
         # gpu route: the global sum of squares of the reduced gradient, accumulated where the shards are
         self.sumsq = torch.zeros((), dtype=torch.float64, device=streams.device)
 
     def _copy_chunked(self, dst: torch.Tensor, src: torch.Tensor) -> None:
-        """dst <- src in chunks of chunk_bytes on the current stream (a copy stream); a cast where dst is on the
-        GPU in another dtype (_cast_chunked)."""
         step = max(1, self.chunk_bytes // max(1, src.element_size()))
-        if dst.is_cuda and dst.dtype != src.dtype:
-            self._cast_chunked(dst, src, step)
-            return
+        # fp32 master into a bf16 GPU buffer (delivery_cast: gpu): each chunk lands in an fp32 scratch buffer and
+        # is cast there, on the same stream, so the host never converts and the next chunk's copy waits for the
+        # cast that reads the scratch.
+        cast = dst.is_cuda and dst.dtype != src.dtype
+        if cast and (self._cast_scratch is None or self._cast_scratch.numel() < step):
+            self._cast_scratch = torch.empty(step, dtype=src.dtype, device=dst.device)
         for a in range(0, src.numel(), step):
-            dst[a : a + step].copy_(src[a : a + step], non_blocking=True)
-
-    def _cast_chunked(self, dst: torch.Tensor, src: torch.Tensor, step: int) -> None:
-        """The fp32 master into a GPU buffer of the compute dtype (delivery_cast: gpu), in half chunks: half chunk
-        i lands in fp32 scratch buffer i % 2 on the current (copy) stream and is cast from there on the cast
-        stream, so the link does not wait for a cast (a copy waits only for the cast of the half chunk two before
-        it, which read the same scratch), and the cast, at the cast stream's priority, does not wait for the
-        compute kernel running. With one scratch on the copy stream each copy waited for the cast before it, and
-        that cast for the compute stream's kernel: the layers' forward waited for their deliveries (docs/planning.md,
-        "The delivery cast"). The copy stream waits for the last cast before it goes on, so what it does next (an
-        all-gather, the unit's ready event) sees the whole unit."""
-        s = self.streams
-        step = max(1, step // 2)  # two half chunks: the scratch takes the bytes of one chunk
-        copy_stream = torch.cuda.current_stream(dst.device)
-        if self._cast_scratch is None or self._cast_scratch[0].numel() < step:
-            if self._cast_scratch is not None:  # never in a run: the chunk size is fixed; the old pair may be read
-                copy_stream.wait_stream(s.cast)
-            self._cast_scratch = [torch.empty(step, dtype=src.dtype, device=dst.device) for _ in range(2)]
-            self._cast_read = [None, None]
-        for i, a in enumerate(range(0, src.numel(), step)):
             part = src[a : a + step]
-            tmp = self._cast_scratch[i % 2][: part.numel()]
-            if self._cast_read[i % 2] is not None:
-                copy_stream.wait_event(self._cast_read[i % 2])
-            tmp.copy_(part, non_blocking=True)
-            s.cast.wait_stream(copy_stream)
-            with torch.cuda.stream(s.cast):
+            if cast:
+                tmp = self._cast_scratch[: part.numel()]
+                tmp.copy_(part, non_blocking=True)
                 dst[a : a + step].copy_(tmp)
-            self._cast_read[i % 2] = s.record(s.cast)
-        copy_stream.wait_stream(s.cast)
+            else:
+                dst[a : a + step].copy_(part, non_blocking=True)
 
     # ------------------------------------------------------------------ parameters
     def deliver(self, u: int, host_unit: torch.Tensor, buf: torch.Tensor, buf_free, ready_event) -> None:

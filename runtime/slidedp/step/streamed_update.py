@@ -20,8 +20,7 @@ trains the same bits as the host update there); a non-finite norm skips the step
 
 Copies run on two streams of their own, so the next forward's deliveries (the h2d stream) do not queue behind
 them: chunks come in on one while the previous chunk's results go out on the other, two sets of chunk buffers
-alternating; both at slidedp.step.devices.PIPELINE_PRIORITY, so a chunk's AdamW does not wait for the next
-forward's compute kernel running.
+alternating.
 
 The updated weights also stay on the GPU for the next forward (`weights`, with one rank or sharded delivery):
 each chunk's new master, rounded to the compute dtype as any delivery rounds it, is written over the part of the
@@ -37,7 +36,6 @@ from __future__ import annotations
 
 import torch
 from slidedp.config import OptimizerConfig, ScheduleConfig
-from slidedp.step.devices import PIPELINE_PRIORITY
 from slidedp.step.host_state import HostState
 from slidedp.step.layout import chunk_elements
 from slidedp.step.optimizer import clip_coefficient, clips, lr_at
@@ -57,7 +55,7 @@ class StreamedUpdate:
         self.streams = routes.streams
         s = self.streams
         if s.cuda:
-            self.s_in, self.s_out = (torch.cuda.Stream(device, priority=PIPELINE_PRIORITY) for _ in range(2))
+            self.s_in, self.s_out = torch.cuda.Stream(device), torch.cuda.Stream(device)
         else:
             self.s_in = self.s_out = s.compute
         hold = torch.bfloat16 if hold_bf16 else torch.float32
