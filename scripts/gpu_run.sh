@@ -132,8 +132,8 @@
 #           the layer slow down over a step's length? -> $OUT/sustained.jsonl
 #   castab  Qwen3-8B, seq 2048, micro-batch 8, the whole card, no clipping, the policy CASTAB_POLICY fixed (the fp32
 #           master cast on the GPU), STEPS (8) steps: this engine, the engine under OLD_TREE (a copy of an earlier
-#           runtime/, e.g. `git archive REV runtime | tar -x -C ab_old`), this engine again (CASTAB_RUNS: new1 old new2), one bench command each,
-#           step timelines -> $OUT/castab-{new1,old,new2}-trace/, rows -> $OUT/castab.jsonl
+#           runtime/, e.g. `git archive REV runtime | tar -x -C ab_old`), this engine again (CASTAB_RUNS: new1 old
+#           new2), one bench command each: rows -> $OUT/castab-RUN.jsonl, step timelines -> $OUT/castab-RUN-trace/
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export PYTHONPATH=$PWD/runtime:$PWD PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"

@@ -25,6 +25,7 @@ from collections.abc import Callable
 from datetime import datetime, timezone
 from typing import Any
 
+from slidedp import atomic_file
 from slidedp.planning.basis import calibration_digest
 
 # the first records of a run carry its start-up (moments paged in, the allocator growing, compiled kernels)
@@ -143,9 +144,7 @@ def record_observation(path: str, basis_digest: str | None, clip: bool, factor: 
     )
     kept[clip_key(clip)] = rows[-OBSERVATIONS_KEPT:]
     record["observed_host"] = kept
-    from slidedp.planning.calibration import save_calibration  # torch: only a GPU run's launcher writes one
-
-    save_calibration(record, path)
+    atomic_file.write_json(path, record)  # as calibration.save_calibration writes it, without importing torch
     return True
 
 
