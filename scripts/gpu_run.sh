@@ -131,9 +131,10 @@
 #           compiled, with the SM clock, power and temperature once a second (scripts/probe_layer_sustained.py): does
 #           the layer slow down over a step's length? -> $OUT/sustained.jsonl
 #   castab  Qwen3-8B, seq 2048, micro-batch 8, the whole card, no clipping, the policy CASTAB_POLICY fixed (the fp32
-#           master cast on the GPU), STEPS (8) steps: this engine, the engine under OLD_TREE (a copy of an earlier
-#           runtime/, e.g. `git archive REV runtime | tar -x -C ab_old`), this engine again (CASTAB_RUNS: new1 old
-#           new2), one bench command each: rows -> $OUT/castab-RUN.jsonl, step timelines -> $OUT/castab-RUN-trace/
+#           master cast on the GPU), STEPS (8) steps, one bench command per run of CASTAB_RUNS (default: new1 old
+#           new2): a run named NAME=DIR runs the engine under DIR (a copy of runtime/, e.g. `git archive REV runtime
+#           | tar -x -C ab_old`), `old` the one under OLD_TREE (ab_old), any other this engine: rows ->
+#           $OUT/castab-NAME.jsonl, step timelines -> $OUT/castab-NAME-trace/
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export PYTHONPATH=$PWD/runtime:$PWD PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -377,6 +378,7 @@ PY
     castab) P=${CASTAB_POLICY:-replicated:host:keep8:0:7:gpu:gpu:0:auto:0:eager:1}
             for run in ${CASTAB_RUNS:-new1 old new2}; do
               RT=$PWD/runtime; [ $run = old ] && RT=$PWD/${OLD_TREE:-ab_old}/runtime
+              case $run in *=*) RT=$PWD/${run#*=}/runtime; run=${run%%=*} ;; esac
               PYTHONPATH=$RT:$PWD SLIDEDP_TRACE=$OUT/castab-$run-trace timeout ${CASTAB_S:-200} python3 -m slidedp.cli \
                 bench --model qwen3-8b --seq 2048 --gpus 1 --mbs 8 --steps ${STEPS:-8} --threads 16 --data pattern \
                 --policies "$P" --out "$OUT/castab-$run.jsonl" 2>&1 | quiet 3

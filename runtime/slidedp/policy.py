@@ -293,14 +293,15 @@ class ExecutionPolicy:
 
     def summary(self) -> dict[str, Any]:
         """The policy in a few numbers, as a benchmark row's `chosen` shows it (docs/interfaces.md §9): the routes,
-        window, cast and device updates, and per-layer placements counted."""
+        window, cast and device updates, per-layer placements counted, and the transfer and loss chunks."""
         counts = self.counts()
         return {"delivery": self.delivery, "grad_reduce": self.grad_reduce, "window": self.window,
                 "delivery_cast": self.delivery_cast, "edge_update": self.edge_update,
                 "device_layers": self.device_layers, "streamed_layers": self.streamed_layers,
                 "keep_layers": counts["keep"],
                 "offload_layers": counts["offload"], "resident_layers": sum(self.resident),
-                "compiled_layers": self.compiled_layers, "post_norm_passes": self.post_norm_passes}
+                "compiled_layers": self.compiled_layers, "post_norm_passes": self.post_norm_passes,
+                "chunk_mb": self.chunk_mb, "loss_chunk_tokens": self.loss_chunk_tokens}
 
     def shorthand(self) -> str:
         """Bench's colon form of this policy (clip written as 0), which from_shorthand reads back to an equal
