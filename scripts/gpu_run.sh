@@ -133,8 +133,9 @@
 #   castab  Qwen3-8B, seq 2048, micro-batch 8, the whole card, no clipping, the policy CASTAB_POLICY fixed (the fp32
 #           master cast on the GPU), STEPS (8) steps, one bench command per run of CASTAB_RUNS (default: new1 old
 #           new2): a run named NAME=DIR runs the engine under DIR (a copy of runtime/, e.g. `git archive REV runtime
-#           | tar -x -C ab_old`), `old` the one under OLD_TREE (ab_old), any other this engine: rows ->
-#           $OUT/castab-NAME.jsonl, step timelines -> $OUT/castab-NAME-trace/
+#           | tar -x -C ab_old`), `old` the one under OLD_TREE (ab_old), any other this engine; NAME:KEYS runs with
+#           bench's --policy-set KEYS (e.g. ring:cast_scratch_mb=256): rows -> $OUT/castab-NAME.jsonl, step
+#           timelines -> $OUT/castab-NAME-trace/
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export PYTHONPATH=$PWD/runtime:$PWD PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -378,10 +379,11 @@ PY
     castab) P=${CASTAB_POLICY:-replicated:host:keep8:0:7:gpu:gpu:0:auto:0:eager:1}
             for run in ${CASTAB_RUNS:-new1 old new2}; do
               RT=$PWD/runtime; [ $run = old ] && RT=$PWD/${OLD_TREE:-ab_old}/runtime
+              SET=; case $run in *:*) SET=${run#*:}; run=${run%%:*} ;; esac
               case $run in *=*) RT=$PWD/${run#*=}/runtime; run=${run%%=*} ;; esac
               PYTHONPATH=$RT:$PWD SLIDEDP_TRACE=$OUT/castab-$run-trace timeout ${CASTAB_S:-200} python3 -m slidedp.cli \
                 bench --model qwen3-8b --seq 2048 --gpus 1 --mbs 8 --steps ${STEPS:-8} --threads 16 --data pattern \
-                --policies "$P" --out "$OUT/castab-$run.jsonl" 2>&1 | quiet 3
+                --policies "$P" ${SET:+--policy-set "$SET"} --out "$OUT/castab-$run.jsonl" 2>&1 | quiet 3
             done ;;
     *) echo "unknown part '$part': the parts are listed at the top of scripts/gpu_run.sh" >&2; exit 2 ;;
   esac

@@ -160,6 +160,7 @@ def job_config(row: dict) -> dict:
         "compiled_layers": bool(ch.get("compiled_layers") or "compile_layers" in (row.get("rank_startup_s") or {})),
         # as run: one pass before BEFORE_TWO_PASSES ended, else as `chosen` records it
         "post_norm_passes": 1 if session_of(row["path"]) in BEFORE_TWO_PASSES else ch.get("post_norm_passes", 1),
+        "cast_scratch_mb": ch.get("cast_scratch_mb", 0),  # as run: rows from before it was recorded had none
     }
     cfg = {"model": row["model"], "data": {"path": "x.jsonl"}, "gpus": 1, "micro_batch_size": row["mbs"],
            "seq_len": row["seq"], "cpu_threads": 16, "precision": "bf16",

@@ -169,6 +169,8 @@ export interface ExecutionPolicy {
   resident: boolean[];
   window: number;
   chunk_mb: number;
+  /** MiB of fp32 scratch for the GPU cast's ring of buffers; 0: one transfer chunk. Absent before it existed: 0. */
+  cast_scratch_mb?: number;
   loss_chunk_tokens: number;
   staging_slots: number;
 }

@@ -9,7 +9,8 @@ shorthand of slidedp.policy: parse_shorthand reads it into a PolicyConfig, whose
 `policy` section (`auto` in a field is
 AutoPolicy's choice, and so are the cast and staging slots a form with `auto` omits; other omitted fields keep every
 unit's update on the host, unlike a job config's auto defaults), and a form without `auto` is an ExecutionPolicy
-(ExecutionPolicy.from_shorthand, .shorthand()): its omitted cast is the host's.
+(ExecutionPolicy.from_shorthand, .shorthand()): its omitted cast is the host's. `--policy-set KEY=VALUE,...` sets
+policy keys the shorthand has no field for (cast_scratch_mb=256, chunk_mb=256) on every SlideDP policy of the command.
 Each peer is `fsdp2[:keep[:clip[:layers]]]` (FSDP2 GPU-resident, every decoder layer checkpointed but the first
 `keep`; `none`: no checkpointing; layers: `eager` (default) or `compiled`, each decoder layer through torch.compile
 as `policy.compiled_layers` does) or `fsdp2-offload[:keep[:clip[:layers]]]` (FSDP2 + CPUOffloadPolicy), see
@@ -26,12 +27,15 @@ excluded; the median of the rest is reported with peak HBM, host RSS and per-ran
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import random
 import statistics
+import sys
 import tempfile
 import time
+from typing import Any
 
 from slidedp.policy import LAYER_MODES, parse_shorthand
 
@@ -54,14 +58,39 @@ def _write(path: str, rows: list[list[int]]) -> None:
             fh.write(json.dumps({"input_ids": r}) + "\n")
 
 
+def parse_policy_set(text: str) -> dict[str, Any]:
+    """`--policy-set`: comma-separated KEY=VALUE policy keys (docs/interfaces.md, the config's `policy` section), each
+    value read as `slidedp train --set` reads it (JSON: 256, true; anything else a string: gpu); ValueError naming
+    what is wrong."""
+    from slidedp.config import PolicyConfig
+
+    keys = {f.name for f in dataclasses.fields(PolicyConfig)}
+    out: dict[str, Any] = {}
+    for item in (x.strip() for x in text.split(",")):
+        if not item:
+            continue
+        key, sep, value = item.partition("=")
+        if not sep or not value:
+            raise ValueError(f"--policy-set {item!r}: write KEY=VALUE, e.g. cast_scratch_mb=256")
+        if key not in keys:
+            raise ValueError(f"--policy-set: {key!r} is not a policy key; keys: {', '.join(sorted(keys))}")
+        try:
+            out[key] = json.loads(value)
+        except json.JSONDecodeError:
+            out[key] = value
+    return out
+
+
 def job_config(model: str, gpus: int, mbs: int, seq: int, steps: int, policy: str, data: str, out_dir: str,
-               threads: int | None, lr: float = 1e-5, gpu_memory_gib: float | None = None) -> dict:
+               threads: int | None, lr: float = 1e-5, gpu_memory_gib: float | None = None,
+               policy_set: dict[str, Any] | None = None) -> dict:
+    """The job one bench row runs: the shorthand's policy, with the keys of `--policy-set` over it."""
     requested, clip = parse_shorthand(policy)
     cfg = {"model": model, "data": {"path": data, "format": "tokens", "shuffle": False}, "seq_len": seq,
            "micro_batch_size": mbs, "steps": steps, "gpus": gpus, "ranks": 1 if gpus else 2, "precision": "bf16",
            "output_dir": out_dir, "export": False, "optimizer": {"lr": lr, "max_grad_norm": clip},
            "schedule": {"warmup_steps": 0, "decay": "constant"},
-           "policy": requested.fixed(),
+           "policy": {**requested.fixed(), **(policy_set or {})},
            "checkpoint": {"interval": 0}}
     if threads:
         cfg["cpu_threads"] = threads
@@ -88,10 +117,10 @@ def plan_one(cfg: dict) -> dict:
 
 def run_one(model: str, gpus: int, mbs: int, seq: int, steps: int, policy: str, data: str, out_dir: str,
             threads: int | None, lr: float = 1e-5, state_cache=None, gpu_memory_gib: float | None = None,
-            predict: bool = True) -> dict:
+            predict: bool = True, policy_set: dict[str, Any] | None = None) -> dict:
     from slidedp.launch import train
 
-    cfg = job_config(model, gpus, mbs, seq, steps, policy, data, out_dir, threads, lr, gpu_memory_gib)
+    cfg = job_config(model, gpus, mbs, seq, steps, policy, data, out_dir, threads, lr, gpu_memory_gib, policy_set)
     t0 = time.perf_counter()
     result = train(cfg, on_log=lambda line: print("   ", line, flush=True), state_cache=state_cache,
                    predict_explicit=predict)
@@ -194,6 +223,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="comma-separated SlideDP policies, each delivery:grad_reduce[:activations[:clip[:resident"
                    "[:cast[:edge_update[:device_layers[:staging_slots]]]]]]] (`auto` for AutoPolicy's choice); "
                    "empty: peers only (default: %(default)s)")
+    p.add_argument("--policy-set", default="",
+                   help="policy keys set on every SlideDP policy of the command, beyond what the shorthand names: "
+                   "comma-separated KEY=VALUE, e.g. cast_scratch_mb=256,chunk_mb=256 (default: none)")
     p.add_argument("--peers", default="",
                    help=f"comma-separated peer specs run after the policies: {PEER_SPECS}, e.g. "
                    "fsdp2:8,fsdp2-offload:0,fsdp2:8:0:compiled (default: none)")
@@ -226,6 +258,11 @@ def main(argv: list[str]) -> int:
     peers = [x for x in args.peers.split(",") if x]
     for policy in policies:
         parse_shorthand(policy)  # a typo fails before an hour of set-up, not after
+    try:
+        policy_set = parse_policy_set(args.policy_set)
+    except ValueError as exc:
+        print(f"slidedp bench: {exc}", file=sys.stderr)
+        return 2
     for spec in peers:
         parse_peer(spec)
     vocab = PRESETS[args.model]["vocab_size"] if args.model in PRESETS else 32000
@@ -250,7 +287,7 @@ def main(argv: list[str]) -> int:
             try:
                 row = {"policy": policy, "plan_only": True, **plan_one(job_config(
                     args.model, args.gpus, args.mbs, args.seq, args.steps, policy, data, os.path.join(tmp, "plan"),
-                    args.threads, args.lr, args.gpu_memory_gib))}
+                    args.threads, args.lr, args.gpu_memory_gib, policy_set))}
                 print(f"    predicted step {row['predicted_step_s']} s; chosen {row['chosen']}", flush=True)
             except Exception as exc:
                 row = {"policy": policy, "plan_only": True, "error": f"{type(exc).__name__}: {str(exc)[-2000:]}"}
@@ -262,7 +299,8 @@ def main(argv: list[str]) -> int:
             try:
                 row = summarise(run_one(args.model, args.gpus, args.mbs, args.seq, args.steps, policy, data,
                                         os.path.join(tmp, policy.replace(":", "-")), args.threads, args.lr,
-                                        cache, args.gpu_memory_gib, predict=not args.no_plan), args.warmup)
+                                        cache, args.gpu_memory_gib, predict=not args.no_plan,
+                                        policy_set=policy_set), args.warmup)
             except Exception as exc:  # one failing policy must not hide the others' results
                 row = {"policy": policy, "error": f"{type(exc).__name__}: {str(exc)[-2000:]}"}
             record(row)

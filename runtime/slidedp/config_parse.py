@@ -214,6 +214,10 @@ def cross_checks(cfg: Any, errors: list[dict[str, str]]) -> None:
                        f"(got {slots}): raise it, or leave it null for AutoPolicy to choose"})
     if cfg.policy.keep_layers is not None and cfg.policy.activations != "auto":
         errors.append({"loc": "policy.keep_layers", "msg": "only applies with policy.activations = auto"})
+    if cfg.policy.cast_scratch_mb and cfg.policy.delivery_cast == "host":
+        errors.append({"loc": "policy.cast_scratch_mb", "msg": "is the scratch of the weights' cast on the GPUs, and "
+                       "policy.delivery_cast host casts them on the host: set delivery_cast to gpu (or auto), or "
+                       "cast_scratch_mb to 0"})
     _eval_checks(cfg, errors)
     if cfg.report_to and "none" in cfg.report_to and len(set(cfg.report_to)) > 1:
         errors.append({"loc": "report_to", "msg": f"lists \"none\" with trackers ({json.dumps(cfg.report_to)}): "

@@ -158,6 +158,8 @@ class ExecutionPolicy:
         per shape on CUDA ranks (slidedp.step.compiled) instead of eager PyTorch.
     post_norm_passes: with clipping, the host's update after the norm in one pass per unit (1) or in two (2: every
         unit's weights first, for the next forward, then its moments; slidedp.step.optimizer.Updater._post_norm).
+    cast_scratch_mb: with delivery_cast gpu, MiB of fp32 scratch on each GPU that the cast reads from, in a ring of
+        buffers on a cast stream of its own (slidedp.step.cast_ring); 0: one transfer chunk, cast on the copy stream.
     """
 
     delivery: str
@@ -174,6 +176,7 @@ class ExecutionPolicy:
     streamed_layers: int = 0
     compiled_layers: bool = False
     post_norm_passes: int = 1
+    cast_scratch_mb: int = 0
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "activations", tuple(self.activations))
@@ -208,6 +211,9 @@ class ExecutionPolicy:
                               f"the {self.device_layers} device_layers), got {streamed!r}")
         if self.post_norm_passes not in (1, 2) or isinstance(self.post_norm_passes, bool):
             raise PolicyError(f"post_norm_passes must be 1 or 2, got {self.post_norm_passes!r}")
+        scratch = self.cast_scratch_mb
+        if isinstance(scratch, bool) or not isinstance(scratch, int) or scratch < 0:
+            raise PolicyError(f"cast_scratch_mb must be an integer of at least 0, got {scratch!r}")
         if not isinstance(self.compiled_layers, bool):
             raise PolicyError(f"compiled_layers must be true or false, got {self.compiled_layers!r}")
         # A layer updated on the GPUs keeps its bf16 weights there: the engine never re-delivers it.
@@ -301,7 +307,8 @@ class ExecutionPolicy:
                 "keep_layers": counts["keep"],
                 "offload_layers": counts["offload"], "resident_layers": sum(self.resident),
                 "compiled_layers": self.compiled_layers, "post_norm_passes": self.post_norm_passes,
-                "chunk_mb": self.chunk_mb, "loss_chunk_tokens": self.loss_chunk_tokens}
+                "chunk_mb": self.chunk_mb, "loss_chunk_tokens": self.loss_chunk_tokens,
+                "cast_scratch_mb": self.cast_scratch_mb}
 
     def shorthand(self) -> str:
         """Bench's colon form of this policy (clip written as 0), which from_shorthand reads back to an equal
@@ -372,6 +379,6 @@ def resolve(requested: PolicyConfig, layers: int, world: int,
         delivery=delivery, grad_reduce=grad, activations=acts, resident=resident, edge_update=edge,
         device_layers=device_layers, streamed_layers=streamed, window=window, staging_slots=slots,
         compiled_layers=bool(choice("compiled_layers", False)), delivery_cast=choice("delivery_cast", "host"),
-        post_norm_passes=int(choice("post_norm_passes", 1)),
+        post_norm_passes=int(choice("post_norm_passes", 1)), cast_scratch_mb=int(choice("cast_scratch_mb", 0)),
         chunk_mb=int(choice("chunk_mb", CHUNK_MB)), loss_chunk_tokens=int(choice("loss_chunk_tokens", LOSS_CHUNK_TOKENS)),
     ).for_world(world)

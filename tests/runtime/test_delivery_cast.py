@@ -19,19 +19,22 @@ def runs(tmp_path_factory):
     return cast_runs(tmp_path_factory.mktemp("cast"), gpus=0)
 
 
-def cast_runs(root, gpus: int) -> dict:
-    """The same bf16 job with each delivery_cast (also run on 2 GPUs by tests/gpu)."""
+def cast_runs(root, gpus: int, ring: bool = False) -> dict:
+    """The same bf16 job with each delivery_cast (also run on 2 GPUs by tests/gpu); with ring (GPUs only) a third,
+    "ring": the GPU cast through a ring of scratch buffers (policy.cast_scratch_mb), 1 MiB chunks in four buffers."""
     model = make_model_dir(str(root / "model"), "tiny-qwen3")
     data = make_token_data(str(root / "data.jsonl"), rows=2 * 2 * STEPS, seq_len=24)
     out = {}
-    for cast in ("host", "gpu"):
+    for cast in ("host", "gpu", "ring") if ring else ("host", "gpu"):
         d = str(root / cast)
+        scratch = {"delivery_cast": "gpu", "chunk_mb": 1, "cast_scratch_mb": 2} if cast == "ring" else \
+            {"delivery_cast": cast}
         result = slidedp.train({
             "model": model, "data": {"path": data, "format": "tokens", "shuffle": False}, "seq_len": 24,
             "micro_batch_size": 2, "steps": STEPS, "ranks": 1 if gpus else 2, "gpus": gpus, "precision": "bf16", "output_dir": d,
             "export": False, "cpu_threads": 1, "optimizer": {"lr": 3e-3, "max_grad_norm": 0.0},
             "policy": {"delivery": "sharded", "grad_reduce": "gpu", "activations": "checkpoint",
-                       "resident_units": 0, "delivery_cast": cast,
+                       "resident_units": 0, **scratch,
                        # pinned: left to AutoPolicy, a measured calibration may keep units on the device
                        "edge_update": "host", "device_layers": 0},
             "checkpoint": {"interval": STEPS, "keep": 1},

@@ -167,7 +167,8 @@ def test_a_bench_rows_chosen_is_the_policys_summary():
     assert pol.summary() == {"delivery": "sharded", "grad_reduce": "gpu", "window": 4, "delivery_cast": "gpu",
                              "edge_update": "gpu", "device_layers": 2, "streamed_layers": 0, "keep_layers": 2,
                              "offload_layers": 3, "resident_layers": 2, "compiled_layers": False,
-                             "post_norm_passes": 1, "chunk_mb": 64, "loss_chunk_tokens": 4096}
+                             "post_norm_passes": 1, "chunk_mb": 64, "loss_chunk_tokens": 4096,
+                             "cast_scratch_mb": 0}
 
 
 def test_a_job_is_sized_the_same_whatever_cast_the_user_fixed(x2):

@@ -445,6 +445,7 @@ class _Planner(RouteSearch, KnobSearch, StreamedSearch, PlanJson, MixSearch, Ref
             streamed_layers=min(streamed, self.job.layers - min(device_layers, self.job.layers)),
             compiled_layers=self.compiled.compiled,
             post_norm_passes=self.fixed.get("post_norm_passes", 1),
+            cast_scratch_mb=self.fixed.get("cast_scratch_mb", 0),
         ))
 
     def sweep_post_norm(self, pol: ExecutionPolicy) -> ExecutionPolicy:

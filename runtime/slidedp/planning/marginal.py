@@ -137,6 +137,7 @@ class MixSearch:
             streamed_layers=pol.streamed_layers,
             compiled_layers=pol.compiled_layers,
             post_norm_passes=pol.post_norm_passes,
+            cast_scratch_mb=pol.cast_scratch_mb,
         )
 
     def marginal(self, pol: ExecutionPolicy, free: list[str]) -> dict[str, Any]:

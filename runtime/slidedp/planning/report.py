@@ -36,6 +36,7 @@ def format_plan(plan: Plan | dict[str, Any]) -> str:
         f"edge_update={pol['edge_update']} device_layers={pol['device_layers']} "
         f"window={pol['window']} chunk_mb={pol['chunk_mb']} "
         f"loss_chunk_tokens={pol['loss_chunk_tokens']}"
+        + (f" cast_scratch_mb={pol['cast_scratch_mb']}" if pol.get("cast_scratch_mb") else "")
     )
     lines.append(
         f"activations: keep {c['keep']}, offload {c['offload']}, checkpoint {c['checkpoint']}; "

@@ -83,7 +83,7 @@ class RankEngine:
         numels = [u.numel for u in adapter.units]
         self.shards = ShardMap(numels, world, rank)
         self.routes = Routes(policy.delivery, policy.grad_reduce, self.shards, self.streams,
-                             groups[0], groups[1], policy.chunk_mb << 20)
+                             groups[0], groups[1], policy.chunk_mb << 20, policy.cast_scratch_mb << 20)
         self.L = adapter.num_layers
         self.head_unit = self.L + 1
         self.activations: list[str] = list(policy.activations)

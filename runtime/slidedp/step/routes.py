@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
+from slidedp.step.cast_ring import CastRing
 from slidedp.step.collectives import all_gather, reduce_scatter
 from slidedp.step.devices import Streams
 
@@ -80,7 +81,7 @@ class Routes:
     """Issues the copies and collectives of one rank; every call is asynchronous on CUDA."""
 
     def __init__(self, delivery: str, grad_reduce: str, shards: ShardMap, streams: Streams,
-                 delivery_group, grad_group, chunk_bytes: int):
+                 delivery_group, grad_group, chunk_bytes: int, cast_scratch_bytes: int = 0):
         self.delivery = delivery  # as resolved for this world (ExecutionPolicy.for_world: one rank, no collectives)
         self.grad_reduce = grad_reduce
         self.shards = shards
@@ -90,6 +91,9 @@ class Routes:
         self.chunk_bytes = chunk_bytes
         self.bytes = ByteCounters()
         self._cast_scratch: torch.Tensor | None = None
+        # policy.cast_scratch_mb: the delivery cast through a ring of scratch buffers (slidedp.step.cast_ring)
+        self._cast_ring = CastRing(streams.device, cast_scratch_bytes, chunk_bytes) \
+            if cast_scratch_bytes and streams.cuda else None
         # gpu route: the global sum of squares of the reduced gradient, accumulated where the shards are
         self.sumsq = torch.zeros((), dtype=torch.float64, device=streams.device)
 
@@ -99,6 +103,9 @@ class Routes:
         # is cast there, on the same stream, so the host never converts and the next chunk's copy waits for the
         # cast that reads the scratch.
         cast = dst.is_cuda and dst.dtype != src.dtype
+        if cast and self._cast_ring is not None:
+            self._cast_ring.cast(dst, src)
+            return
         if cast and (self._cast_scratch is None or self._cast_scratch.numel() < step):
             self._cast_scratch = torch.empty(step, dtype=src.dtype, device=dst.device)
         for a in range(0, src.numel(), step):
