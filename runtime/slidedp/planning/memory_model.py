@@ -134,12 +134,12 @@ def gpu_parts(
     if on_device:
         parts["device_state"] = sum(job.padded(u) / N * 4 * (4 if (N > 1 or u not in (0, head)) else 3)
                                     for u in on_device)
-    # layers streamed through the GPUs after the norm (slidedp.step.streamed_update): their gradients wait here
-    # (bf16 where exact), and two sets of chunk buffers carry their master, moments, gradient and bf16 copy
     # the delivery cast's ring of fp32 scratch (policy.cast_scratch_mb, slidedp.step.cast_ring), held for the run;
     # the default, one transfer chunk, is within the allocator's slack
     if job.on_gpu and job.pbytes != 4 and pol.delivery_cast == "gpu" and pol.cast_scratch_mb:
         parts["cast_scratch"] = float(pol.cast_scratch_mb << 20)
+    # layers streamed through the GPUs after the norm (slidedp.step.streamed_update): their gradients wait here
+    # (bf16 where exact), and two sets of chunk buffers carry their master, moments, gradient and bf16 copy
     streamed_units = pol.streamed_units()
     if streamed_units:
         bf16 = set(held_in_bf16(N, job.precision, job.grad_accum, L))

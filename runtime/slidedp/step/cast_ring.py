@@ -6,10 +6,10 @@ waits for the compute kernel running. A long GEMM of the layer computing meanwhi
 Qwen3-8B forward's deliveries at micro-batch 8 ran at 33-39 GB/s against a link of 55; docs/planning.md,
 "Prediction against measured steps").
 
-Here the scratch is `pieces` buffers: piece i of a unit lands in buffer i % pieces on the copy stream and is cast
-from there on a stream of its own at a higher priority than compute, so a copy waits only for the cast that last
-read its buffer and the link goes on while the buffers ahead last (256 MiB is 4.7 ms of a 55 GB/s link, longer
-than the GEMM). The copy stream waits for the last cast before it goes on, so what it does next (an all-gather,
+Here the scratch is n buffers of half a chunk (ring_geometry): piece i of a unit lands in buffer i % n on the copy
+stream and is cast from there on a stream of its own at a higher priority than compute, so a copy waits only for
+the cast that last read its buffer, and the link goes on while the buffers ahead of a waiting cast last (7 of the 8
+of 256 MiB at 64 MiB chunks: 4.3 ms of a 55 GB/s link, longer than that GEMM). The copy stream waits for the last cast before it goes on, so what it does next (an all-gather,
 the unit's ready event) sees the whole unit. The same cast of the same values: the bits are those of the default.
 """
 
