@@ -60,9 +60,8 @@ def _write(path: str, rows: list[list[int]]) -> None:
 
 def parse_policy_set(text: str) -> dict[str, Any]:
     """`--policy-set`: comma-separated KEY=VALUE policy keys (docs/interfaces.md, the config's `policy` section), each
-    value read as `slidedp train --set` reads it (JSON: 256, true; anything else a string: gpu); ValueError naming
-    what is wrong."""
-    from slidedp.config import PolicyConfig
+    value read as `slidedp train --set` reads it (config.override_value); ValueError naming what is wrong."""
+    from slidedp.config import PolicyConfig, override_value
 
     keys = {f.name for f in dataclasses.fields(PolicyConfig)}
     out: dict[str, Any] = {}
@@ -74,10 +73,7 @@ def parse_policy_set(text: str) -> dict[str, Any]:
             raise ValueError(f"--policy-set {item!r}: write KEY=VALUE, e.g. cast_scratch_mb=256")
         if key not in keys:
             raise ValueError(f"--policy-set: {key!r} is not a policy key; keys: {', '.join(sorted(keys))}")
-        try:
-            out[key] = json.loads(value)
-        except json.JSONDecodeError:
-            out[key] = value
+        out[key] = override_value(value)
     return out
 
 

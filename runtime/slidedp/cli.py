@@ -38,7 +38,7 @@ import os
 import sys
 from importlib import metadata
 
-from slidedp.config import ConfigError, JobConfig, load_config_file
+from slidedp.config import ConfigError, JobConfig, load_config_file, override_value
 from slidedp.generate import FORMATS as GENERATE_FORMATS  # no torch: imported when it runs
 
 
@@ -50,10 +50,7 @@ def _load(args, raw: dict | None = None) -> JobConfig:
         parts = key.split(".")
         for p in parts[:-1]:
             node = node.setdefault(p, {})
-        try:
-            node[parts[-1]] = json.loads(value)
-        except json.JSONDecodeError:
-            node[parts[-1]] = value
+        node[parts[-1]] = override_value(value)
     from slidedp.validation import parse_job
 
     return parse_job(raw)  # every problem of a config that does not parse, the files' included

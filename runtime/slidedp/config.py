@@ -474,6 +474,15 @@ def load_config_file(path: str) -> dict[str, Any]:
     return yaml.safe_load(text) or {}
 
 
+def override_value(text: str) -> Any:
+    """The value of a KEY=VALUE override on a command line (`slidedp train --set`, `slidedp bench --policy-set`):
+    JSON where it reads as JSON (256, true, null), else the text itself (gpu)."""
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        return text
+
+
 def is_model_path(model: str) -> bool:
     """A model value containing '/' or naming an existing directory is a path; otherwise a preset name."""
     return "/" in model or os.sep in model or os.path.isdir(model)

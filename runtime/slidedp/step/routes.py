@@ -99,13 +99,13 @@ class Routes:
 
     def _copy_chunked(self, dst: torch.Tensor, src: torch.Tensor) -> None:
         step = max(1, self.chunk_bytes // max(1, src.element_size()))
-        # fp32 master into a bf16 GPU buffer (delivery_cast: gpu): each chunk lands in an fp32 scratch buffer and
-        # is cast there, on the same stream, so the host never converts and the next chunk's copy waits for the
-        # cast that reads the scratch.
         cast = dst.is_cuda and dst.dtype != src.dtype
         if cast and self._cast_ring is not None:
             self._cast_ring.cast(dst, src)
             return
+        # fp32 master into a bf16 GPU buffer (delivery_cast: gpu) through the default scratch: each chunk lands in
+        # one fp32 scratch buffer and is cast there, on the same stream, so the host never converts and the next
+        # chunk's copy waits for the cast that reads the scratch.
         if cast and (self._cast_scratch is None or self._cast_scratch.numel() < step):
             self._cast_scratch = torch.empty(step, dtype=src.dtype, device=dst.device)
         for a in range(0, src.numel(), step):
