@@ -170,7 +170,7 @@ export const POLICY_TERMS: Readonly<Record<string, Term>> = {
   offload_layers: { label: "offload layers", text: "How many layers offload their activations to host memory." },
   window: { label: "window", text: "Unit buffers on each GPU that weights stream through (at least 2: one computing, one arriving)." },
   chunk_mb: { label: "chunk", text: "Size in MiB of each host↔GPU copy." },
-  cast_scratch_mb: { label: "cast scratch", text: "With the bf16 cast on the GPU: MiB of fp32 scratch on each GPU that the cast reads from, in a ring of buffers on a stream of its own, so weights keep arriving while a cast waits for a long compute kernel. 0: one transfer chunk. Counted in the plan's GPU memory; left unset, the planner keeps 0 so far." },
+  cast_scratch_mb: { label: "cast scratch", text: "With the bf16 cast on the GPU: MiB of fp32 scratch on each GPU that the cast reads from, in a ring of buffers on a stream of its own, so weights keep arriving while a cast waits for a long compute kernel. 0: one transfer chunk. Counted in the plan's GPU memory; left unset, the planner takes the 256 MiB it calibrated where that fits and is faster, else 0." },
   loss_chunk_tokens: { label: "loss chunk", text: "Tokens per chunk of the output head and cross-entropy, so the full fp32 logits never exist at once." },
   staging_slots: { label: "staging slots", text: "Host buffers for gradients on their way to the CPU update (max(8, window + 1)); when all are taken, backward waits (staging wait)." },
   phases: { label: "phases", text: "The predicted step split into forward, backward and the waits for the host update (update tail) and for transfers (delivery wait); they add up to the step time." },

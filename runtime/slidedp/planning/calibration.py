@@ -16,6 +16,8 @@ What is measured (docs/interfaces.md §5 has the JSON):
   unit         one decoder layer of the job's model (transformers' own class) at the job's (micro-batch, seq):
                forward and backward keeping activations, forward without graph and recompute+backward
                (checkpoint), and the bytes each keeps for backward
+  delivery_cast  on CUDA with bf16: one decoder layer's delivery with the cast on the GPU (the engine's Routes),
+               alone and beside the layer's forward, by transfer chunk and through the cast scratch
   unit_compiled  on CUDA, the same figures for the layer through the engine's compiled layer
                (policy.compiled_layers), with the compile's first-call seconds and graph counts
   embedding, loss_head   the embedding and the chunked final norm + lm_head + cross-entropy (time per token,
@@ -54,6 +56,7 @@ from slidedp.planning.microbench import (
     MIB,
     compute_threads,
     cpu_rates,
+    delivery_cast,
     device_update,
     host_dram,
     median_time,
@@ -78,6 +81,8 @@ from slidedp.version import __version__ as slidedp_version
 # on cold buffers: the updater ran 20-40% slower in steps than the `cpu` rates alone.
 # 6: unit_compiled, the decoder layer through the engine's compiled layer (policy.compiled_layers) on CUDA, without
 # which AutoPolicy cannot price compiled layers.
+# 7: delivery_cast, a decoder layer's delivery with the bf16 cast on the GPU alone and beside the layer's forward,
+# by transfer chunk and through the cast scratch: beside a layer's GEMMs it ran below the link's rate.
 # (SCHEMA_VERSION lives in shape.py, which the API reads without torch.)
 
 
@@ -111,6 +116,8 @@ def calibrate(
         out["unit"] = parts.decoder_layer(cfg.micro_batch_size, cfg.seq_len, reps=3 if quick else 8)
         if cuda:
             out["unit_compiled"] = compiled_unit(parts, cfg, reps=3 if quick else 8)
+        if cuda and dtype == torch.bfloat16 and not quick:
+            out["delivery_cast"] = cast_figure(parts, cfg, device)
         out["embedding"] = parts.embedding(cfg.micro_batch_size, cfg.seq_len, reps=3 if quick else 8)
         out["loss_head"] = parts.loss_head(
             cfg.policy.loss_chunk_tokens, cfg.micro_batch_size * cfg.seq_len, reps=3 if quick else 6
@@ -132,6 +139,17 @@ def calibrate(
         )
     out["elapsed_s"] = time.perf_counter() - t_start
     return out
+
+
+def cast_figure(parts: ModelParts, cfg: JobConfig, device: torch.device) -> dict[str, Any]:
+    """The delivery cast beside the layer's forward (microbench.delivery_cast), or why it could not be measured:
+    the plan then charges a GPU-cast delivery the link's rate, as without the figure, and the job still plans."""
+    try:
+        calls = parts.layer_calls(cfg.micro_batch_size, cfg.seq_len)
+        return delivery_cast(device, calls.params, calls.ckpt_fwd)
+    except (RuntimeError, torch.cuda.OutOfMemoryError) as exc:
+        torch.cuda.empty_cache()
+        return {"error": f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"}
 
 
 def compiled_unit(parts: ModelParts, cfg: JobConfig, reps: int) -> dict[str, Any]:

@@ -135,6 +135,35 @@ class Rates:
         bw = _interp(chunks, t[key], math.log(min(chunk_mb, nbytes / 2**20) if nbytes > 2**20 else 1.0))
         return nbytes / (bw * 1e9) + t.get("latency_s", 0.0)
 
+    def cast_figure(self, pol: ExecutionPolicy) -> dict[str, Any] | None:
+        """Calibration's timing of a decoder layer's delivery with the bf16 cast on the GPU (`delivery_cast`: alone
+        and beside the layer's forward) that this policy's deliveries run as: through the cast scratch where the
+        policy holds at least the scratch measured at the chunk it was measured with (the ring's buffers are half a
+        chunk), else the default cast at the transfer chunk nearest the policy's; None where the GPUs make no cast
+        (host cast, fp32, CPU ranks) or it was not measured."""
+        d = self.c.get("delivery_cast")
+        if not d or "error" in d or not self.job.on_gpu or self.job.pbytes == 4 or pol.delivery_cast != "gpu":
+            return None
+        if pol.cast_scratch_mb >= d["ring_mib"] and pol.chunk_mb == d["ring_chunk_mib"]:
+            return d["ring"]
+        chunks = d["chunk_mib"]
+        return d["default"][min(range(len(chunks)), key=lambda i: abs(math.log(chunks[i] / max(1, pol.chunk_mb))))]
+
+    def deliver_s(self, nbytes: float, pol: ExecutionPolicy) -> float:
+        """One delivery of nbytes host->GPU alone: the link's time at the policy's chunk, or where the GPUs cast,
+        no less than calibration's delivery of a layer through the same cast took per byte alone."""
+        t = self.transfer_s("h2d", nbytes, pol.chunk_mb)
+        fig = self.cast_figure(pol)
+        if fig is None:
+            return t
+        return max(t, nbytes * fig["alone_s"] / self.c["delivery_cast"]["bytes"])
+
+    def cast_beside_compute(self, pol: ExecutionPolicy) -> float:
+        """How many times longer a delivery with the cast on the GPU takes while the compute stream runs than
+        alone (calibration's `delivery_cast`, beside the layer's forward); 1 where no cast or not measured."""
+        fig = self.cast_figure(pol)
+        return max(1.0, fig["beside_s"] / fig["alone_s"]) if fig and fig["alone_s"] > 0 else 1.0
+
     def collective_s(self, op: str, nbytes: float) -> float:
         coll = self.c.get("collectives") or {}
         rows = coll.get(op)
@@ -351,7 +380,8 @@ def durations(job: Job, pol: ExecutionPolicy, rates: Rates, zero: frozenset = fr
         layer_fwd=fwd,
         layer_bwd=bwd,
         gradient_out=[rates.gradient_out_s(job.padded(u)) if 0 < u < n_units - 1 else 0.0 for u in range(n_units)],
-        deliver=[rates.transfer_s("h2d", b, pol.chunk_mb) if b else 0.0 for b in deliver_bytes],
+        deliver=[rates.deliver_s(b, pol) if b else 0.0 for b in deliver_bytes],
+        cast_beside_compute=rates.cast_beside_compute(pol),
         deliver_bytes=deliver_bytes,
         all_gather=[rates.collective_s("all_gather", b) if sharded else 0.0 for b in coll_bytes],
         grad_d2h=[rates.transfer_s("d2h", b, pol.chunk_mb) if b else 0.0 for b in grad_bytes],

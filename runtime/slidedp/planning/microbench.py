@@ -373,3 +373,63 @@ def pinned_alloc(quick: bool) -> float:
     dt = time.perf_counter() - t
     del buf
     return dt * 2**30 / nbytes
+
+
+# ---------------------------------------------------------------------------- the delivery cast beside compute
+CAST_CHUNKS_MB = (16, 64, 256)  # the transfer chunks AutoPolicy tries (planning/knobs.CHUNKS_MB)
+CAST_RING_MB = 256  # the cast scratch AutoPolicy tries (policy.cast_scratch_mb)
+
+
+def delivery_cast(device: torch.device, numel: int, compute: Callable[[], None], reps: int = 5) -> dict[str, Any]:
+    """One decoder layer's delivery with the bf16 cast on the GPU (delivery_cast: gpu), through the engine's own
+    Routes.deliver, alone and while the compute stream runs the job's layer (`compute`, one forward): the default
+    cast at each transfer chunk AutoPolicy tries, and the cast through CAST_RING_MB of scratch at 64 MiB chunks.
+
+    The default cast copies a chunk into one scratch buffer and casts it there on the copy stream, so the next
+    chunk's copy waits for a cast kernel, which waits for the compute kernel running: beside a layer's GEMMs the
+    delivery runs below the link's rate (docs/planning.md, "Prediction against measured steps"). The forward is
+    issued right behind the delivery, enough of it to cover the delivery twice over, and the delivery is timed with
+    events on its own stream; each figure is the median of `reps`."""
+    from slidedp.step.devices import Streams
+    from slidedp.step.routes import Routes, ShardMap
+
+    streams = Streams(device)
+    host = torch.empty(numel, dtype=torch.float32, pin_memory=True)
+    host.normal_()
+    buf = torch.empty(numel, dtype=torch.bfloat16, device=device)
+    compute()
+    torch.cuda.synchronize(device)
+    fwd_s = statistics.median(event_times(compute, 3))
+
+    def deliver(routes: Routes, beside: int) -> float:
+        free = streams.record(streams.compute)
+        start, ready = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        with streams.on(streams.h2d):
+            start.record(streams.h2d)
+        routes.deliver(0, host, buf, free, ready)
+        for _ in range(beside):  # issued right after the delivery's few calls: the GPU runs both from its start
+            compute()
+        torch.cuda.synchronize(device)
+        return start.elapsed_time(ready) / 1e3
+
+    def figures(chunk_mb: int, scratch_mb: int) -> dict[str, float]:
+        routes = Routes("replicated", "host", ShardMap([numel], 1, 0), streams, None, None, chunk_mb * MIB,
+                        scratch_mb * MIB)
+        deliver(routes, 0)
+        alone = statistics.median(deliver(routes, 0) for _ in range(reps))
+        beside = 1 + int(2 * alone / max(fwd_s, 1e-6))
+        return {"alone_s": alone, "beside_s": statistics.median(deliver(routes, beside) for _ in range(reps)),
+                "forwards": beside}
+
+    out: dict[str, Any] = {
+        "params": numel,
+        "bytes": numel * host.element_size(),
+        "forward_s": fwd_s,
+        "chunk_mib": list(CAST_CHUNKS_MB),
+        "default": [figures(c, 0) for c in CAST_CHUNKS_MB],
+        "ring_mib": CAST_RING_MB,
+        "ring_chunk_mib": 64,
+        "ring": figures(64, CAST_RING_MB),
+    }
+    del host, buf
+    return out

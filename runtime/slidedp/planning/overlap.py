@@ -39,6 +39,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from slidedp.planning.pools import capacities, pool_users, slowdowns
 from slidedp.planning.program import IN_ORDER, Durations, Program, Task
 
@@ -215,12 +217,17 @@ def replay(d: Durations, iterations: int = SHARING_ROUNDS) -> Outcome:
     capacity = capacities(d)
     rep.run()
     users = pool_users(rep.tasks, capacity)
-    # only a task that loads a pool is ever slowed: every other keeps its base duration, so the rounds walk the
-    # pools' users alone
-    shared = sorted({t.order: t for pool in users.values() for t, _ in pool}.items())
+    casts = [t for t in rep.tasks if t.kind == "deliver" and t.loads.get("h2d") and t.base > 0] \
+        if d.cast_beside_compute > 1.0 else []
+    # only a task that loads a pool (or casts beside the compute) is ever slowed: every other keeps its base
+    # duration, so the rounds walk those alone
+    shared = sorted({**{t.order: t for t in casts},
+                     **{t.order: t for pool in users.values() for t, _ in pool}}.items())
     step, moved_before = 1.0, None
-    for _ in range(iterations if capacity else 0):
-        factors = slowdowns(users, capacity, d.dram_update_weight)
+    for _ in range(iterations if capacity or casts else 0):
+        factors = slowdowns(users, capacity, d.dram_update_weight) if capacity else {}
+        if casts:
+            _beside_compute(casts, rep.queues["compute"], d.cast_beside_compute, factors)
         moved = 0.0
         for _, t in shared:
             new = t.dur + step * (t.base * factors.get(t.order, 1.0) - t.dur)
@@ -233,6 +240,27 @@ def replay(d: Durations, iterations: int = SHARING_ROUNDS) -> Outcome:
             step = 0.5
         moved_before = moved
     return _measure(rep)
+
+
+def _beside_compute(casts: list[Task], compute: list[Task], k: float, factors: dict[int, float]) -> None:
+    """Slow each delivery that casts on the GPU by 1 + (k - 1) x the share of it the compute stream was busy
+    (k: how much longer such a delivery took beside a running layer than alone), on top of its pools' factor."""
+    starts = np.array([t.start for t in compute])
+    ends = np.array([t.end for t in compute])
+    busy_before = np.concatenate(([0.0], np.cumsum(ends - starts)))  # compute's busy seconds before task i
+
+    def busy_until(x: np.ndarray) -> np.ndarray:  # compute's busy seconds from 0 to each x (in-order: no overlap)
+        i = np.searchsorted(ends, x, side="right")  # tasks ended by x
+        part = np.clip(x - starts[np.minimum(i, len(starts) - 1)], 0.0, None) * (i < len(starts))
+        return busy_before[i] + part
+
+    a = np.array([t.start for t in casts])
+    b = np.array([t.end for t in casts])
+    span = np.maximum(b - a, 1e-12)
+    share = np.clip((busy_until(b) - busy_until(a)) / span, 0.0, 1.0)
+    for t, f in zip(casts, share.tolist()):
+        if f > 0:
+            factors[t.order] = factors.get(t.order, 1.0) * (1.0 + (k - 1.0) * f)
 
 
 def _measure(rep: _Replay) -> Outcome:

@@ -84,6 +84,9 @@ class Durations:
     # clip: the updater's time after the norm before its first post-norm unit has run at its rate, beyond that
     # unit's charge (cost_model.POST_NORM_START_S); no pool's load
     post_norm_start: float = 0.0
+    # a delivery over the link with the bf16 cast on the GPU runs this many times longer while the compute stream
+    # runs (cost_model.Rates.cast_beside_compute); 1: no cast, or not measured
+    cast_beside_compute: float = 1.0
     zero: frozenset = frozenset()  # kinds made free (to measure exposure)
 
 

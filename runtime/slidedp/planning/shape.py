@@ -57,7 +57,7 @@ def shape_matches(job: Job, calibration: dict[str, Any] | None) -> bool:
 
 # The calibration JSON's schema this runtime writes (calibration.py keeps the history of each version). A record of
 # an older schema still prices a plan preview; a run measures its shape again before it trains.
-SCHEMA_VERSION = 6
+SCHEMA_VERSION = 7
 
 # Shape fields that a record written before they existed lacks, and the model config key each comes from. The
 # architecture (model_type) is filled in too when the config names one; a config without it leaves it unset, as
