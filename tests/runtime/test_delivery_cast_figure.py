@@ -144,3 +144,23 @@ def test_calibration_keeps_a_failed_figure_as_its_reason():
 
     rec = calibration.cast_figure(Parts(), _cfg(FIXED), None)
     assert rec == {"error": "RuntimeError: CUDA error: out of memory"}
+
+
+def test_the_plan_says_what_the_scratch_buys(one_h200):
+    from slidedp.planning.plan import Plan
+    from slidedp.planning.report import format_plan
+
+    topo, cals = one_h200
+    free = {k: v for k, v in FIXED.items() if k not in ("window", "cast_scratch_mb")}
+    plan = _plan(topo, _figure(cals[CAL], 1.6, 1.02), free, gpu_memory_gib=40.0)
+    choice = plan["cast_scratch"]
+    assert choice["mb"] == 256 and not choice["fixed"]
+    assert choice["step_time_s"] == pytest.approx(plan["predicted"]["step_time_s"])
+    assert choice["without_s"] > choice["step_time_s"]
+    text = format_plan(Plan.from_dict(plan))
+    assert "cast scratch: 256 MiB on each GPU (taken by the planner)" in text and "s saved" in text
+    # set by the job, said so; none, nothing said
+    fixed = _plan(topo, _figure(cals[CAL], 1.6, 1.02), {**free, "cast_scratch_mb": 256}, gpu_memory_gib=40.0)
+    assert fixed["cast_scratch"]["fixed"] is True
+    plain = _plan(topo, cals[CAL], free, gpu_memory_gib=40.0)
+    assert "cast_scratch" not in plain and "cast scratch" not in format_plan(Plan.from_dict(plain))

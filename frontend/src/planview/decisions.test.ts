@@ -39,6 +39,14 @@ describe("decisions", () => {
     expect(Object.keys(s4)).toEqual(["route", "activations", "update", "cast", "staging", "bound"]);
   });
 
+  it("says the cast scratch the plan reads from and what it buys, in the cast's sentence", () => {
+    const pol = { ...p4.policy, delivery_cast: "gpu", cast_scratch_mb: 256 };
+    const withScratch = { ...p4, policy: pol, cast_scratch: { mb: 256, step_time_s: 2.431, without_s: 2.528, fixed: false } } as unknown as PlanAnswer;
+    expect(said(withScratch).cast).toBe("The bf16 weights are made on the GPUs from the fp32 master sent to them (cast gpu): as the job's policy.delivery_cast sets it. The cast reads from 256 MiB of scratch on each GPU, so the weights keep arriving while a cast waits for the layer computing: 0.10 s a step faster than without it.");
+    const none = { ...p4, policy: { ...pol, cast_scratch_mb: 0 } } as unknown as PlanAnswer;
+    expect(said(none).cast).not.toContain("scratch");
+  });
+
   it("says whether the layers run compiled, with the calibrated times, and why not where they stay eager", () => {
     const chosen = { ...p8, compiled_layers: { chosen: true, by: "planner", eager_layer_s: 0.0433, compiled_layer_s: 0.0328, compile_s: 17.1, reason: "compiling makes a layer 24% faster" } } as PlanAnswer;
     expect(said(chosen).layers).toBe("The decoder layers run compiled (compiled layers): a layer's forward and backward take 32.8 ms against 43.3 ms eager, as calibrated; each GPU compiles them once as the job starts (about 17 s, while the host memory is filled).");

@@ -113,6 +113,14 @@ export function decisions(plan: PlanAnswer): Decision[] {
     else if (t !== null && other.step_time_s !== null) cast.push(`: ${s(Math.max(0, other.step_time_s - t))} a step faster than the other cast.`);
     else cast.push(": the host's on a tie, as nothing is timed.");
   } else cast.push(": as the job's policy.delivery_cast sets it.");
+  // ... through a scratch on each GPU (the plan's `cast_scratch`), with what it buys
+  const scratch = (plan as { cast_scratch?: CastScratchRow }).cast_scratch;
+  if (scratch && pol.delivery_cast === "gpu") {
+    const saved = scratch.without_s - scratch.step_time_s;
+    cast.push(" The cast reads from ", [`${scratch.mb} MiB of scratch`, "cast_scratch_mb"],
+      ` on each GPU${scratch.fixed ? " (as the job sets it)" : ""}, so the weights keep arriving while a cast waits for the layer computing: `,
+      saved >= 0 ? `${s(saved)} a step faster than without it.` : `${s(-saved)} a step slower than without it.`);
+  }
   out.push({ topic: "cast", parts: cast });
 
   // the safety margin of GPU memory (docs/planning.md "Headroom"): said only where the fastest plan lacks it
@@ -193,6 +201,13 @@ interface HeadroomRow {
   fastest_free_fraction: number;
   slower_by_fraction: number;
   outcome: string;
+}
+
+interface CastScratchRow {
+  mb: number;
+  step_time_s: number;
+  without_s: number;
+  fixed: boolean;
 }
 
 interface CastRow {

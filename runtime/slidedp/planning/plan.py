@@ -240,6 +240,7 @@ class Plan(_Section):
     smallest_gpu_memory_gib: float | None = dataclasses.field(default=None, metadata=_OMIT)
     card_sweep: list[dict[str, Any]] | None = dataclasses.field(default=None, metadata=_OMIT)
     delivery_cast_choice: Mapping[str, Any] | None = dataclasses.field(default=None, metadata=_OMIT)
+    cast_scratch: Mapping[str, Any] | None = dataclasses.field(default=None, metadata=_OMIT)
     ways_out: list[dict[str, Any]] | None = dataclasses.field(default=None, metadata=_OMIT)
     declared: Mapping[str, Any] | None = dataclasses.field(default=None, metadata=_OMIT)
     basis: Mapping[str, Any] | None = dataclasses.field(default=None, metadata=_OMIT)

@@ -86,6 +86,8 @@ def format_plan(plan: Plan | dict[str, Any]) -> str:
         lines.append(f"predicted: no step time ({note})")
     if plan.clipping is not None:  # where the update runs, where gradients wait, what clipping costs
         lines.append(clipping_words(plan.clipping))
+    if plan.cast_scratch:  # the delivery cast through a scratch, and what it buys
+        lines.append(cast_scratch_words(plan.cast_scratch))
     if plan.compiled_layers:  # compiled or eager layers, and why (planning/compiled_choice.py)
         lines.append(compiled_words(plan.compiled_layers))
     if plan.candidates:
@@ -109,6 +111,16 @@ def format_plan(plan: Plan | dict[str, Any]) -> str:
     lines.append("")
     lines.append("why: " + plan.why)
     return "\n".join(lines)
+
+
+def cast_scratch_words(choice: dict[str, Any]) -> str:
+    """The plan's cast scratch (Plan.cast_scratch) in one sentence."""
+    saved = choice["without_s"] - choice["step_time_s"]
+    who = "as the job sets it" if choice["fixed"] else "taken by the planner"
+    gain = f"{saved:.3f} s saved" if saved >= 0 else f"{-saved:.3f} s slower"
+    return (f"cast scratch: {choice['mb']} MiB on each GPU ({who}), so the weights keep arriving while a cast waits "
+            f"for the layer computing: {choice['step_time_s']:.3f} s a step against {choice['without_s']:.3f} s "
+            f"without ({gain})")
 
 
 def format_card_sweep(rows: list[dict[str, Any]]) -> list[str]:
