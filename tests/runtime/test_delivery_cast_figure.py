@@ -164,3 +164,13 @@ def test_the_plan_says_what_the_scratch_buys(one_h200):
     assert fixed["cast_scratch"]["fixed"] is True
     plain = _plan(topo, cals[CAL], free, gpu_memory_gib=40.0)
     assert "cast_scratch" not in plain and "cast scratch" not in format_plan(Plan.from_dict(plain))
+
+
+def test_any_failure_of_the_figure_leaves_the_calibration_standing():
+    from slidedp.planning import calibration
+
+    class Parts:
+        def layer_calls(self, mb, seq):
+            raise TypeError("unexpected keyword")
+
+    assert calibration.cast_figure(Parts(), _cfg(FIXED), None) == {"error": "TypeError: unexpected keyword"}

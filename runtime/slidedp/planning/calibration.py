@@ -147,7 +147,7 @@ def cast_figure(parts: ModelParts, cfg: JobConfig, device: torch.device) -> dict
     try:
         calls = parts.layer_calls(cfg.micro_batch_size, cfg.seq_len)
         return delivery_cast(device, calls.params, calls.ckpt_fwd)
-    except (RuntimeError, torch.cuda.OutOfMemoryError) as exc:
+    except Exception as exc:  # noqa: BLE001 - a figure the plan can do without never stops the calibration
         torch.cuda.empty_cache()
         return {"error": f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"}
 

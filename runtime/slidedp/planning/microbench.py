@@ -431,5 +431,4 @@ def delivery_cast(device: torch.device, numel: int, compute: Callable[[], None],
         "ring_chunk_mib": 64,
         "ring": figures(64, CAST_RING_MB),
     }
-    del host, buf
     return out
