@@ -386,7 +386,7 @@ PY
              timeout 170 $BENCH --gpus 1 --mbs 8 --steps ${STEPS:-8} --threads 16 --data pattern \
                --policies "${CASTAB_POLICY:-replicated:host:keep8:0:7:gpu:gpu:0:auto:0:eager:1}" --out "$OUT/castcal-fixed.jsonl" 2>&1 | quiet 3
              A=auto:auto:auto; R=auto:auto:auto:auto:auto:auto:compiled
-             timeout ${CASTCAL_S:-300} $BENCH --gpus 1 --mbs 8 --steps ${STEPS:-8} --threads 16 --policies "$A:0:$R,$A:1.0:$R" \
+             [ "${CASTCAL_S:-300}" -gt 0 ] && timeout ${CASTCAL_S:-300} $BENCH --gpus 1 --mbs 8 --steps ${STEPS:-8} --threads 16 --policies "$A:0:$R,$A:1.0:$R" \
                --out "$OUT/castcal-auto.jsonl" 2>&1 | quiet 6 ;;
     castab) P=${CASTAB_POLICY:-replicated:host:keep8:0:7:gpu:gpu:0:auto:0:eager:1}
             for run in ${CASTAB_RUNS:-new1 old new2}; do

@@ -378,6 +378,7 @@ def pinned_alloc(quick: bool) -> float:
 # ---------------------------------------------------------------------------- the delivery cast beside compute
 CAST_CHUNKS_MB = (16, 64, 256)  # the transfer chunks AutoPolicy tries (planning/knobs.CHUNKS_MB)
 CAST_RING_MB = 256  # the cast scratch AutoPolicy tries (policy.cast_scratch_mb)
+CAST_MAX_FORWARDS = 256  # a layer so small that more would be needed is launch-bound: its cast meets no long kernel
 
 
 def delivery_cast(device: torch.device, numel: int, compute: Callable[[], None], reps: int = 5) -> dict[str, Any]:
@@ -417,7 +418,7 @@ def delivery_cast(device: torch.device, numel: int, compute: Callable[[], None],
                         scratch_mb * MIB)
         deliver(routes, 0)
         alone = statistics.median(deliver(routes, 0) for _ in range(reps))
-        beside = 1 + int(2 * alone / max(fwd_s, 1e-6))
+        beside = min(CAST_MAX_FORWARDS, 1 + int(2 * alone / max(fwd_s, 1e-6)))
         return {"alone_s": alone, "beside_s": statistics.median(deliver(routes, beside) for _ in range(reps)),
                 "forwards": beside}
 
