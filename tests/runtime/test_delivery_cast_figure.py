@@ -174,3 +174,28 @@ def test_any_failure_of_the_figure_leaves_the_calibration_standing():
             raise TypeError("unexpected keyword")
 
     assert calibration.cast_figure(Parts(), _cfg(FIXED), None) == {"error": "TypeError: unexpected keyword"}
+
+
+def test_the_slowdown_follows_the_share_of_a_delivery_the_compute_runs():
+    """overlap._beside_compute: a delivery wholly beside the compute k times, half beside it 1 + (k - 1) / 2, one
+    before it or after it not at all, on top of a pool's factor."""
+    from slidedp.planning.overlap import _beside_compute
+    from slidedp.planning.program import Task
+
+    def task(kind: str, res: str, a: float, b: float, order: int) -> Task:
+        t = Task(kind, res, b - a, [])
+        t.start, t.end, t.order = a, b, order
+        return t
+
+    compute = [task("compute", "compute", 1.0, 2.0, 0), task("compute", "compute", 2.0, 3.0, 1),
+               task("compute", "compute", 4.0, 5.0, 2)]
+    casts = [task("deliver", "h2d", 1.5, 2.5, 10), task("deliver", "h2d", 3.0, 4.0, 11),
+             task("deliver", "h2d", 2.5, 4.5, 12), task("deliver", "h2d", 0.0, 0.5, 13),
+             task("deliver", "h2d", 5.0, 6.0, 14)]
+    factors = {12: 1.5}
+    _beside_compute(casts, compute, 1.8, factors)
+    assert factors[10] == pytest.approx(1.8)
+    assert 11 not in factors and 13 not in factors and 14 not in factors
+    assert factors[12] == pytest.approx(1.5 * (1 + 0.8 * 0.5))  # 2.5-3.0 and 4.0-4.5 of 2.5-4.5
+    _beside_compute(casts, [], 1.8, factors)  # no compute: nothing changes
+    assert factors[10] == pytest.approx(1.8)

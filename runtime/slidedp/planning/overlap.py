@@ -245,6 +245,8 @@ def replay(d: Durations, iterations: int = SHARING_ROUNDS) -> Outcome:
 def _beside_compute(casts: list[Task], compute: list[Task], k: float, factors: dict[int, float]) -> None:
     """Slow each delivery that casts on the GPU by 1 + (k - 1) x the share of it the compute stream was busy
     (k: how much longer such a delivery took beside a running layer than alone), on top of its pools' factor."""
+    if not compute:
+        return
     starts = np.array([t.start for t in compute])
     ends = np.array([t.end for t in compute])
     busy_before = np.concatenate(([0.0], np.cumsum(ends - starts)))  # compute's busy seconds before task i
