@@ -1,5 +1,5 @@
 import { describe, expect, it } from "vitest";
-import { copyLines, copyRates, hostDram, hostDramLines, matchWords, measuredLines, observedLines, perGiB, summarizeCalibration } from "./calibration";
+import { castLines, copyLines, copyRates, hostDram, hostDramLines, matchWords, measuredLines, observedLines, perGiB, summarizeCalibration } from "./calibration";
 import { readHost, softwareLines } from "./topology";
 
 // The nvidia-h200-x2 fixture record (tests/runtime/fixtures/h200x2_calibration.json, qwen3-8b_bs8_nvlink) as the
@@ -124,5 +124,25 @@ describe("the topology's numbers", () => {
     expect([v.copies?.h2dAll, v.copies?.d2hAll]).toEqual([53.17, 54.45]);
     expect([v.hostDram?.copyAloneGBps, v.hostDram?.copyBesideUpdateGBps]).toEqual([136, 80.98]);
     expect(readHost({ gpus: [] }, null).copies).toBeNull();
+  });
+});
+
+describe("the delivery cast's figure", () => {
+  const figure = {
+    params: 218_112_000, bytes: 872_448_000, forward_s: 0.0131, chunk_mib: [16, 64, 256],
+    default: [{ alone_s: 0.0168, beside_s: 0.026, forwards: 3 }, { alone_s: 0.0159, beside_s: 0.0223, forwards: 4 }, { alone_s: 0.0158, beside_s: 0.019, forwards: 4 }],
+    ring_mib: 256, ring_chunk_mib: 64, ring: { alone_s: 0.016, beside_s: 0.0165, forwards: 4 },
+  };
+  it("says a layer's delivery alone and beside its forward, with and without the scratch", () => {
+    expect(castLines({ delivery_cast: figure })).toEqual([
+      "a layer's weights cast on the GPU (0.872 GB of fp32): 15.9 ms alone, 22.3 ms beside its forward (40% longer)",
+      "the same through 256 MiB of cast scratch: 16 ms alone, 16.5 ms beside its forward (3% longer)",
+    ]);
+  });
+  it("says why it was not measured, and nothing for a record without it", () => {
+    expect(castLines({ delivery_cast: { error: "OutOfMemoryError: CUDA out of memory" } })).toEqual([
+      "a layer's weights cast on the GPU: not measured (OutOfMemoryError: CUDA out of memory)",
+    ]);
+    expect(castLines({})).toEqual([]);
   });
 });

@@ -174,11 +174,32 @@ export function hostDramLines(d: HostDram | null): string[] {
   ];
 }
 
+/** A decoder layer's delivery with the bf16 cast on the GPU (calibration `delivery_cast`, schema 7): alone and
+ *  beside the layer's forward, through the default cast at 64 MiB chunks and through the cast scratch. Nothing for
+ *  records without it. */
+export function castLines(rec: Obj): string[] {
+  const d = isObj(rec.delivery_cast) ? rec.delivery_cast : null;
+  if (!d) return [];
+  if (typeof d.error === "string") return [`a layer's weights cast on the GPU: not measured (${d.error})`];
+  const chunks = Array.isArray(d.chunk_mib) ? d.chunk_mib : [];
+  const rows = Array.isArray(d.default) ? d.default : [];
+  const at64 = rows[chunks.indexOf(64)];
+  const both = (f: unknown): string => {
+    if (!isObj(f) || !isNum(f.alone_s) || !isNum(f.beside_s)) return "not measured";
+    return `${seconds(f.alone_s)} alone, ${seconds(f.beside_s)} beside its forward${drop(f.alone_s, f.beside_s, "longer")}`;
+  };
+  const gb = isNum(d.bytes) ? ` (${num(d.bytes / 1e9, 3)} GB of fp32)` : "";
+  return [
+    `a layer's weights cast on the GPU${gb}: ${both(at64)}`,
+    `the same through ${isNum(d.ring_mib) ? d.ring_mib : "?"} MiB of cast scratch: ${both(d.ring)}`,
+  ];
+}
+
 /** Everything a record measured about the host, one line each, in units people use. */
 export function measuredLines(rec: Obj): string[] {
   // a CPU job's record measures no GPU copies: there is nothing to say "not measured" about
   const out = rec.device === "cpu" ? [] : rec.transfers ? copyLines(copyRates(rec)) : ["host ↔ GPU copies: not measured"];
-  if (rec.device !== "cpu") out.push(`pinned allocation: ${perGiB(rec.pinned_alloc_s_per_gib)}`, ...hostDramLines(hostDram(rec)));
+  if (rec.device !== "cpu") out.push(`pinned allocation: ${perGiB(rec.pinned_alloc_s_per_gib)}`, ...hostDramLines(hostDram(rec)), ...castLines(rec));
   const cpu = isObj(rec.cpu) ? rec.cpu : null;
   if (cpu && Array.isArray(cpu.threads) && Array.isArray(cpu.copy_GBps)) {
     const i = cpu.threads.length - 1;
