@@ -14,7 +14,7 @@ pytestmark = pytest.mark.gpu
 def test_the_delivery_cast_is_timed_alone_and_beside_the_layers_forward():
     if not torch.cuda.is_available():
         pytest.skip("needs a GPU")
-    from slidedp.planning.microbench import CAST_CHUNKS_MB, CAST_RING_MB, delivery_cast
+    from slidedp.planning.microbench import CAST_CHUNKS_MB, CAST_MAX_FORWARDS, CAST_RING_MB, delivery_cast
     from slidedp.planning.model_bench import ModelParts
     from slidedp.presets import model_config_dict
 
@@ -28,5 +28,5 @@ def test_the_delivery_cast_is_timed_alone_and_beside_the_layers_forward():
         # a PCIe or NVLink-C2C link: between 5 and 1000 GB/s alone; beside the compute never much faster than alone
         assert fig["bytes"] / 1000e9 < f["alone_s"] < fig["bytes"] / 5e9, f
         assert f["beside_s"] > 0.9 * f["alone_s"], f
-        assert f["forwards"] >= 1 + 2 * f["alone_s"] / fig["forward_s"] - 1
+        assert 1 <= f["forwards"] <= CAST_MAX_FORWARDS
     print({"forward_s": fig["forward_s"], "default": fig["default"], "ring": fig["ring"]})
