@@ -126,7 +126,7 @@ def test_a_plan_with_the_scratch_stays_within_a_tight_cap(one_h200):
 
 
 def test_a_figure_that_could_not_be_measured_charges_the_link(one_h200):
-    """Calibration records why the figure failed (calibration.cast_figure) and the job still plans, as before it."""
+    """Calibration records why the figure failed (calibration.measured_cast) and the job still plans, as before it."""
     topo, cals = one_h200
     cal = dict(cals[CAL], delivery_cast={"error": "OutOfMemoryError: CUDA out of memory"})
     job = Job.from_config(_cfg(FIXED), topo)
@@ -142,7 +142,7 @@ def test_calibration_keeps_a_failed_figure_as_its_reason():
         def layer_calls(self, mb, seq):
             raise RuntimeError("CUDA error: out of memory\nmore")
 
-    rec = calibration.cast_figure(Parts(), _cfg(FIXED), None)
+    rec = calibration.measured_cast(Parts(), _cfg(FIXED), None)
     assert rec == {"error": "RuntimeError: CUDA error: out of memory"}
 
 
@@ -173,7 +173,7 @@ def test_any_failure_of_the_figure_leaves_the_calibration_standing():
         def layer_calls(self, mb, seq):
             raise TypeError("unexpected keyword")
 
-    assert calibration.cast_figure(Parts(), _cfg(FIXED), None) == {"error": "TypeError: unexpected keyword"}
+    assert calibration.measured_cast(Parts(), _cfg(FIXED), None) == {"error": "TypeError: unexpected keyword"}
 
 
 def test_the_slowdown_follows_the_share_of_a_delivery_the_compute_runs():

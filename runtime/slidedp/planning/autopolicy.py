@@ -27,7 +27,6 @@ from __future__ import annotations
 import dataclasses
 import os
 import time
-from collections.abc import Mapping
 from typing import Any, Protocol
 
 from slidedp.planning.basis import TOPOLOGY_PARTS as TOPOLOGY_PARTS
@@ -305,20 +304,9 @@ def _plan_and_sweep(cfg: Any, topology: dict[str, Any], calibration: dict[str, A
         host_update=planner.rates.host_update_summary(plan.policy["delivery_cast"]) if planner.rates else None,
         calibration=_kind(calibration) if planner.rates else "missing",
         calibration_note=note,
-        cast_scratch=_cast_scratch_choice(planner, plan.policy),
+        cast_scratch=planner.cast_scratch_choice(plan.policy),
     )
     return plan, sweep_of
-
-
-def _cast_scratch_choice(planner: _Planner, policy: Mapping[str, Any]) -> dict[str, Any] | None:
-    """Where the plan casts through a scratch (policy.cast_scratch_mb): its MiB, the step with it and the same
-    policy's step without it, and whether the job set it; None where there is none or nothing is timed."""
-    if not planner.rates or policy.get("delivery_cast") != "gpu" or not policy.get("cast_scratch_mb"):
-        return None
-    chosen = ExecutionPolicy.from_dict(dict(policy))
-    return {"mb": chosen.cast_scratch_mb, "step_time_s": planner.time(chosen),
-            "without_s": planner.time(dataclasses.replace(chosen, cast_scratch_mb=0)),
-            "fixed": "cast_scratch_mb" in planner.fixed}
 
 
 def headroom_words(headroom: dict[str, Any]) -> str:

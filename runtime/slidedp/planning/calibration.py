@@ -117,7 +117,7 @@ def calibrate(
         if cuda:
             out["unit_compiled"] = compiled_unit(parts, cfg, reps=3 if quick else 8)
         if cuda and dtype == torch.bfloat16 and not quick:
-            out["delivery_cast"] = cast_figure(parts, cfg, device)
+            out["delivery_cast"] = measured_cast(parts, cfg, device)
         out["embedding"] = parts.embedding(cfg.micro_batch_size, cfg.seq_len, reps=3 if quick else 8)
         out["loss_head"] = parts.loss_head(
             cfg.policy.loss_chunk_tokens, cfg.micro_batch_size * cfg.seq_len, reps=3 if quick else 6
@@ -141,7 +141,7 @@ def calibrate(
     return out
 
 
-def cast_figure(parts: ModelParts, cfg: JobConfig, device: torch.device) -> dict[str, Any]:
+def measured_cast(parts: ModelParts, cfg: JobConfig, device: torch.device) -> dict[str, Any]:
     """The delivery cast beside the layer's forward (microbench.delivery_cast), or why it could not be measured:
     the plan then charges a GPU-cast delivery the link's rate, as without the figure, and the job still plans."""
     try:

@@ -10,6 +10,7 @@ when it is at least 0.1% faster or makes a plan that did not fit fit. Imports no
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from typing import Any
 
 from slidedp.config import PolicyConfig
@@ -98,10 +99,10 @@ class KnobSearch:
         """Where the GPUs cast the deliveries, the cast through the scratch calibration measured
         (policy.cast_scratch_mb, calibration's `delivery_cast`): its GPU memory is refitted from the rest of the plan,
         and it is taken when the plan that results fits and is 0.1% faster."""
-        ring = (self.rates.c.get("delivery_cast") or {}).get("ring_mib") if self.rates else None
-        if (not ring or "cast_scratch_mb" in self.fixed or pol.cast_scratch_mb or pol.delivery_cast != "gpu"
-                or self.rates.cast_figure(pol) is None):
+        if (not self.rates or "cast_scratch_mb" in self.fixed or pol.cast_scratch_mb
+                or self.rates.cast_figure(pol) is None):  # no cast on the GPUs, or not measured
             return pol
+        ring = self.rates.c["delivery_cast"]["ring_mib"]
         alt = self.refill(self.shrink_to_fit(dataclasses.replace(pol, cast_scratch_mb=ring)), marginal)
         if alt is None or alt == pol:
             return pol
@@ -109,6 +110,16 @@ class KnobSearch:
         if self.fits(alt) is None and self.time(alt) < self.time(pol) * 0.999:
             return alt
         return pol
+
+    def cast_scratch_choice(self, policy: Mapping[str, Any]) -> dict[str, Any] | None:
+        """The plan's `cast_scratch` where its policy casts through a scratch: its MiB, the step with it and the
+        same policy's step without it, and whether the job set it; None where there is none or nothing is timed."""
+        if not self.rates or policy.get("delivery_cast") != "gpu" or not policy.get("cast_scratch_mb"):
+            return None
+        chosen = ExecutionPolicy.from_dict(dict(policy))
+        return {"mb": chosen.cast_scratch_mb, "step_time_s": self.time(chosen),
+                "without_s": self.time(dataclasses.replace(chosen, cast_scratch_mb=0)),
+                "fixed": "cast_scratch_mb" in self.fixed}
 
     def sweep_staging(self, pol: ExecutionPolicy, candidates: list[Candidate]) -> ExecutionPolicy:
         """More gradient staging slots than the default where the model prices them 1% faster: the backward then
