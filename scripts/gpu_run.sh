@@ -133,7 +133,8 @@
 #   castcal the delivery cast's calibration figure and the ring on the GPU (tests/gpu/test_gpu_delivery_cast_figure.py,
 #           test_gpu_cast_ring.py), then Qwen3-8B seq 2048 micro-batch 8 on the whole card: the castab policy fixed
 #           with the default cast (calibrating its shape), then every policy field auto but compiled layers, unclipped
-#           and clipped at 1.0 in one command: -> $OUT/castcal-tests.log, castcal-fixed.jsonl, castcal-auto.jsonl
+#           and clipped at 1.0 in one command: -> $OUT/castcal-tests.log, castcal-fixed.jsonl, castcal-auto.jsonl (step
+#           timelines -> castcal-auto-trace/)
 #   castab  Qwen3-8B, seq 2048, micro-batch 8, the whole card, no clipping, the policy CASTAB_POLICY fixed (the fp32
 #           master cast on the GPU), STEPS (8) steps, one bench command per run of CASTAB_RUNS (default: new1 old
 #           new2): a run named NAME=DIR runs the engine under DIR (a copy of runtime/, e.g. `git archive REV runtime
@@ -386,7 +387,7 @@ PY
              timeout 170 $BENCH --gpus 1 --mbs 8 --steps ${STEPS:-8} --threads 16 --data pattern \
                --policies "${CASTAB_POLICY:-replicated:host:keep8:0:7:gpu:gpu:0:auto:0:eager:1}" --out "$OUT/castcal-fixed.jsonl" 2>&1 | quiet 3
              A=auto:auto:auto; R=auto:auto:auto:auto:auto:auto:compiled
-             [ "${CASTCAL_S:-300}" -gt 0 ] && timeout ${CASTCAL_S:-300} $BENCH --gpus 1 --mbs 8 --steps ${STEPS:-8} --threads 16 --policies "$A:0:$R,$A:1.0:$R" \
+             [ "${CASTCAL_S:-300}" -gt 0 ] && SLIDEDP_TRACE=$OUT/castcal-auto-trace timeout ${CASTCAL_S:-300} $BENCH --gpus 1 --mbs 8 --steps ${STEPS:-8} --threads 16 --policies "$A:0:$R,$A:1.0:$R" \
                --out "$OUT/castcal-auto.jsonl" 2>&1 | quiet 6 ;;
     castab) P=${CASTAB_POLICY:-replicated:host:keep8:0:7:gpu:gpu:0:auto:0:eager:1}
             for run in ${CASTAB_RUNS:-new1 old new2}; do
