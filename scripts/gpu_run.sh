@@ -135,6 +135,11 @@
 #           with the default cast (calibrating its shape), then every policy field auto but compiled layers, unclipped
 #           and clipped at 1.0 in one command: -> $OUT/castcal-tests.log, castcal-fixed.jsonl, castcal-auto.jsonl (step
 #           timelines -> castcal-auto-trace/)
+#   widen   the clipped update's pieces alone (scripts/probe_post_norm.py: the post-norm update at each chunk against
+#           the unclipped update) -> $OUT/post-norm.jsonl; then Qwen3-8B seq 2048 micro-batch 8 on the whole card,
+#           clipped at 1.0, every policy field auto but compiled layers: this engine, the same engine with the
+#           fastest chunk of the probe as WIDEN_CHUNK (a copy under /tmp), this engine again
+#           -> $OUT/widen-{old1,new,old2}.jsonl, step timelines widen-*-trace/
 #   castab  Qwen3-8B, seq 2048, micro-batch 8, the whole card, no clipping, the policy CASTAB_POLICY fixed (the fp32
 #           master cast on the GPU), STEPS (8) steps, one bench command per run of CASTAB_RUNS (default: new1 old
 #           new2): a run named NAME=DIR runs the engine under DIR (a copy of runtime/, e.g. `git archive REV runtime
@@ -389,6 +394,19 @@ PY
              A=auto:auto:auto; R=auto:auto:auto:auto:auto:auto:compiled
              [ "${CASTCAL_S:-300}" -gt 0 ] && SLIDEDP_TRACE=$OUT/castcal-auto-trace timeout ${CASTCAL_S:-300} $BENCH --gpus 1 --mbs 8 --steps ${STEPS:-8} --threads 16 --policies "$A:0:$R,$A:1.0:$R" \
                --out "$OUT/castcal-auto.jsonl" 2>&1 | quiet 6 ;;
+    widen) timeout 150 python3 scripts/probe_post_norm.py --threads 16 --chunks 18,19,20,21,22,24 | tee "$OUT/post-norm.jsonl"
+           best=$(python3 -c "import json; r=[json.loads(l) for l in open('$OUT/post-norm.jsonl')]
+r=[x for x in r if x['piece'][10:].isdigit()]; print(min(r, key=lambda x: x['s'])['piece'][10:] if r else '')")
+           [ -n "$best" ] || { echo "the probe gave no chunk" >&2; exit 3; }
+           rm -rf /tmp/wide && mkdir -p /tmp/wide && cp -r runtime /tmp/wide/
+           sed -i "s/^WIDEN_CHUNK = .*/WIDEN_CHUNK = $best/" /tmp/wide/runtime/slidedp/step/optimizer.py
+           grep -n "^WIDEN_CHUNK" /tmp/wide/runtime/slidedp/step/optimizer.py
+           A=auto:auto:auto; R=auto:auto:auto:auto:auto:auto:compiled
+           for run in old1 new old2; do
+             RT=$PWD/runtime; [ $run = new ] && RT=/tmp/wide/runtime
+             PYTHONPATH=$RT:$PWD SLIDEDP_TRACE=$OUT/widen-$run-trace timeout ${WIDEN_S:-150} $BENCH --gpus 1 --mbs 8 \
+               --steps ${STEPS:-8} --threads 16 --data pattern --policies "$A:1.0:$R" --out "$OUT/widen-$run.jsonl" 2>&1 | quiet 3
+           done ;;
     castab) P=${CASTAB_POLICY:-replicated:host:keep8:0:7:gpu:gpu:0:auto:0:eager:1}
             for run in ${CASTAB_RUNS:-new1 old new2}; do
               RT=$PWD/runtime; [ $run = old ] && RT=$PWD/${OLD_TREE:-ab_old}/runtime

@@ -111,6 +111,23 @@ def test_autopolicy_takes_the_cast_scratch_only_where_it_pays_and_fits(one_h200)
                  gpu_memory_gib=40.0)["policy"]["cast_scratch_mb"] == 0
 
 
+def test_a_scratch_the_later_knobs_leave_unpaid_is_given_back(one_h200):
+    """As calibrated on an H100 host (docs/results/s37): the default cast slowed beside the compute at 64 MiB
+    chunks, hardly at 256 MiB, the ring hardly at 64. The sweep takes the scratch at 64 MiB and the chunk sweep then
+    moves to 256 MiB, where the scratch buys nothing and its buffers are not the ring measured: it is given back."""
+    topo, cals = one_h200
+    cal = _figure(cals[CAL], 1.31, 1.07, per_chunk={16: 2.07, 256: 1.0})
+    free = {k: v for k, v in FIXED.items() if k not in ("window", "chunk_mb", "cast_scratch_mb")}
+    plan = _plan(topo, cal, free, gpu_memory_gib=40.0)
+    pol = plan["policy"]
+    if pol["cast_scratch_mb"]:
+        assert pol["chunk_mb"] == 64, pol
+        assert plan["cast_scratch"]["step_time_s"] < plan["cast_scratch"]["without_s"] * 0.999
+    # where the ring's chunk is the one that pays, the scratch stays
+    assert _plan(topo, _figure(cals[CAL], 1.6, 1.02, per_chunk={16: 2.0, 256: 1.6}), free,
+                 gpu_memory_gib=40.0)["policy"]["cast_scratch_mb"] == 256
+
+
 def test_a_plan_with_the_scratch_stays_within_a_tight_cap(one_h200):
     """Under a cap the scratch's 256 MiB come out of the plan's other memory (a window buffer, kept activations),
     and the plan that results must fit, or the scratch is not taken."""

@@ -92,7 +92,7 @@ class KnobSearch:
                     if self.time(alt) < self.time(pol) * 0.999 or (self.fits(pol) is not None
                                                                    and self.fits(alt) is None):
                         pol = alt
-        return self.sweep_staging(pol, candidates)
+        return self.sweep_staging(self.drop_unpaid_scratch(pol, marginal, candidates), candidates)
 
     def sweep_cast_scratch(self, pol: ExecutionPolicy, marginal: dict[str, Any],
                            candidates: list[Candidate]) -> ExecutionPolicy:
@@ -110,6 +110,19 @@ class KnobSearch:
         if self.fits(alt) is None and self.time(alt) < self.time(pol) * 0.999:
             return alt
         return pol
+
+    def drop_unpaid_scratch(self, pol: ExecutionPolicy, marginal: dict[str, Any],
+                            candidates: list[Candidate]) -> ExecutionPolicy:
+        """The scratch the sweep took, given back where the knobs chosen after it leave it buying less than 0.1%
+        (a larger transfer chunk can slow the default cast as little as the scratch does, and its buffers are then
+        not the ring calibration measured); its GPU memory goes back to the plan."""
+        if not self.rates or "cast_scratch_mb" in self.fixed or not pol.cast_scratch_mb:
+            return pol
+        alt = self.refill(self.shrink_to_fit(dataclasses.replace(pol, cast_scratch_mb=0)), marginal)
+        if alt is None or alt == pol or self.fits(alt) is not None:
+            return pol
+        candidates.append(self.candidate(alt))
+        return alt if self.time(pol) >= self.time(alt) * 0.999 else pol
 
     def cast_scratch_choice(self, policy: Mapping[str, Any]) -> dict[str, Any] | None:
         """The plan's `cast_scratch` where its policy casts through a scratch: its MiB, the step with it and the
