@@ -66,6 +66,7 @@ def test_a_body_nested_100k_deep_says_it_nests_too_deeply(client):
     assert latin1.status_code == 400 and "JSON must be UTF-8 encoded" in latin1.json()["detail"]
 
 
+@pytest.mark.slow  # trains and exports a job: part of make test
 def test_an_exported_file_replaced_by_one_of_the_same_size_is_a_409(client, dataset, worker):
     job = client.post("/api/jobs", json=tiny_job(dataset, steps=2)).json()
     assert wait_status(client, job["id"], ("completed", "failed"), timeout=240)["status"] == "completed"

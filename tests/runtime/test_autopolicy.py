@@ -656,6 +656,7 @@ def test_the_bound_charges_the_host_update_the_gap_before_the_next_first_gradien
     assert b["step_time_s"] <= cm.predict(job, pol, rates)["step_time_s"]
 
 
+@pytest.mark.slow  # five whole Qwen3-8B plans on two GPUs: part of make test
 def test_a_staging_slot_count_the_job_fixes_is_the_one_planned_and_priced(x2):
     """The plan's policy and its prediction carry the job's own policy.staging_slots: the mix search rebuilt the
     policy without it, so a job fixing 32 slots was priced (and shown) with the window's default of 8, while the
