@@ -246,7 +246,8 @@ class PolicyConfig:
         "link runs on while a cast waits for a long compute kernel (a Qwen3-8B step at micro-batch 8 on an H100 "
         "machine: 2.434 s with 256 MiB against 2.578-2.616 s with the default, in one command). Counted in the "
         "plan's GPU memory. 0: one transfer chunk, cast on the copy stream. None (default): AutoPolicy's choice, "
-        "the 256 MiB its calibration timed (`delivery_cast`) where the plan with it fits and is faster, else 0.",
+        "the 256 MiB its calibration timed (`delivery_cast`) where the plan with it fits and, at the transfer chunk "
+        "and window finally chosen, is faster, else 0.",
         ge=0, le=65536,
     )
     loss_chunk_tokens: int = _f(
