@@ -142,7 +142,7 @@
 #           -> $OUT/widen-{old1,new,old2}.jsonl, step timelines widen-*-trace/
 #   pairs   what clipping at 1.0 costs, every policy field auto but compiled layers: Qwen3-8B seq 2048 micro-batch 8
 #           on the whole card, then Qwen3-4B micro-batch 4 under --gpu-memory-gib 24, each unclipped then clipped
-#           -> $OUT/pairs-8b.jsonl, pairs-4b-24.jsonl, step timelines pairs-*-trace/
+#           (PAIRS_MODELS, default "8b 4b") -> $OUT/pairs-8b.jsonl, pairs-4b-24.jsonl, step timelines pairs-*-trace/
 #   castab  Qwen3-8B, seq 2048, micro-batch 8, the whole card, no clipping, the policy CASTAB_POLICY fixed (the fp32
 #           master cast on the GPU), STEPS (8) steps, one bench command per run of CASTAB_RUNS (default: new1 old
 #           new2): a run named NAME=DIR runs the engine under DIR (a copy of runtime/, e.g. `git archive REV runtime
@@ -411,11 +411,13 @@ r=[x for x in r if x['piece'][10:].isdigit()]; print(min(r, key=lambda x: x['s']
                --steps ${STEPS:-8} --threads 16 --data pattern --policies "$A:1.0:$R" --out "$OUT/widen-$run.jsonl" 2>&1 | quiet 3
            done ;;
     pairs) A=auto:auto:auto; R=auto:auto:auto:auto:auto:auto:compiled
+           case " ${PAIRS_MODELS:-8b 4b} " in *" 8b "*)
            SLIDEDP_TRACE=$OUT/pairs-8b-trace timeout ${PAIRS_S:-240} $BENCH --gpus 1 --mbs 8 --steps ${STEPS:-8} \
-             --threads 16 --data pattern --policies "$A:0:$R,$A:1.0:$R" --out "$OUT/pairs-8b.jsonl" 2>&1 | quiet 6
+             --threads 16 --data pattern --policies "$A:0:$R,$A:1.0:$R" --out "$OUT/pairs-8b.jsonl" 2>&1 | quiet 6 ;; esac
+           case " ${PAIRS_MODELS:-8b 4b} " in *" 4b "*)
            SLIDEDP_TRACE=$OUT/pairs-4b-trace timeout ${PAIRS_S:-240} python3 -m slidedp.cli bench --model qwen3-4b \
              --seq 2048 --gpus 1 --mbs 4 --steps ${STEPS:-8} --threads 16 --data pattern --gpu-memory-gib 24 \
-             --policies "$A:0:$R,$A:1.0:$R" --out "$OUT/pairs-4b-24.jsonl" 2>&1 | quiet 6 ;;
+             --policies "$A:0:$R,$A:1.0:$R" --out "$OUT/pairs-4b-24.jsonl" 2>&1 | quiet 6 ;; esac ;;
     castab) P=${CASTAB_POLICY:-replicated:host:keep8:0:7:gpu:gpu:0:auto:0:eager:1}
             for run in ${CASTAB_RUNS:-new1 old new2}; do
               RT=$PWD/runtime; [ $run = old ] && RT=$PWD/${OLD_TREE:-ab_old}/runtime
