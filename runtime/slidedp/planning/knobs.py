@@ -74,9 +74,9 @@ class KnobSearch:
     ) -> ExecutionPolicy:
         """The best policy of the sweep around `pol` (the route search's choice); every policy tried is appended
         to `candidates`."""
-        # the cast scratch first: a delivery that keeps the link busy beside the compute can change which window
-        # pays; then knobs around the best route and mix, defaults first (a change must beat them by 0.1%): window
-        # depth, transfer chunk, and the loss chunk (a smaller one frees HBM that kept activations can use)
+        # the cast scratch before and after the knobs around the best route and mix, defaults first (a change must
+        # beat them by 0.1%): window depth, transfer chunk, and the loss chunk (a smaller one frees HBM that kept
+        # activations can use)
         pol = self.sweep_cast_scratch(pol, marginal, candidates)
         for w in self._defaults_first("window", self.knob("window", WINDOWS)):
             if w >= pol.staging_slots:  # the user's slot count holds the window below it
@@ -92,37 +92,28 @@ class KnobSearch:
                     if self.time(alt) < self.time(pol) * 0.999 or (self.fits(pol) is not None
                                                                    and self.fits(alt) is None):
                         pol = alt
-        return self.sweep_staging(self.drop_unpaid_scratch(pol, marginal, candidates), candidates)
+        if pol.cast_scratch_mb:  # taken before the knobs: kept where it still pays at theirs
+            pol = self.sweep_cast_scratch(pol, marginal, candidates)
+        return self.sweep_staging(pol, candidates)
 
     def sweep_cast_scratch(self, pol: ExecutionPolicy, marginal: dict[str, Any],
                            candidates: list[Candidate]) -> ExecutionPolicy:
-        """Where the GPUs cast the deliveries, the cast through the scratch calibration measured
-        (policy.cast_scratch_mb, calibration's `delivery_cast`): its GPU memory is refitted from the rest of the plan,
-        and it is taken when the plan that results fits and is 0.1% faster."""
-        if (not self.rates or "cast_scratch_mb" in self.fixed or pol.cast_scratch_mb
+        """Where the GPUs cast the deliveries, `pol` with and without the cast scratch calibration measured
+        (policy.cast_scratch_mb, calibration's `delivery_cast`), the other one's GPU memory refitted from the rest of
+        the plan: the scratch where that plan fits and it buys 0.1%. Tried before the window and chunk (a delivery
+        that keeps pace can change which window pays) and, where taken, again after them (a larger transfer chunk can
+        slow the default cast as little as the scratch does, whose buffers are then not the ring calibration
+        measured)."""
+        if (not self.rates or "cast_scratch_mb" in self.fixed
                 or self.rates.cast_figure(pol) is None):  # no cast on the GPUs, or not measured
             return pol
-        ring = self.rates.c["delivery_cast"]["ring_mib"]
-        alt = self.refill(self.shrink_to_fit(dataclasses.replace(pol, cast_scratch_mb=ring)), marginal)
-        if alt is None or alt == pol:
-            return pol
-        candidates.append(self.candidate(alt))
-        if self.fits(alt) is None and self.time(alt) < self.time(pol) * 0.999:
-            return alt
-        return pol
-
-    def drop_unpaid_scratch(self, pol: ExecutionPolicy, marginal: dict[str, Any],
-                            candidates: list[Candidate]) -> ExecutionPolicy:
-        """The scratch the sweep took, given back where the knobs chosen after it leave it buying less than 0.1%
-        (a larger transfer chunk can slow the default cast as little as the scratch does, and its buffers are then
-        not the ring calibration measured); its GPU memory goes back to the plan."""
-        if not self.rates or "cast_scratch_mb" in self.fixed or not pol.cast_scratch_mb:
-            return pol
-        alt = self.refill(self.shrink_to_fit(dataclasses.replace(pol, cast_scratch_mb=0)), marginal)
+        mb = 0 if pol.cast_scratch_mb else self.rates.c["delivery_cast"]["ring_mib"]
+        alt = self.refill(self.shrink_to_fit(dataclasses.replace(pol, cast_scratch_mb=mb)), marginal)
         if alt is None or alt == pol or self.fits(alt) is not None:
             return pol
         candidates.append(self.candidate(alt))
-        return alt if self.time(pol) >= self.time(alt) * 0.999 else pol
+        scratch, without = (alt, pol) if mb else (pol, alt)
+        return scratch if self.time(scratch) < self.time(without) * 0.999 else without
 
     def cast_scratch_choice(self, policy: Mapping[str, Any]) -> dict[str, Any] | None:
         """The plan's `cast_scratch` where its policy casts through a scratch: its MiB, the step with it and the
