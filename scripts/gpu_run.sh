@@ -166,6 +166,8 @@ P8=${P8:-sharded:gpu:checkpoint:0:36,sharded:gpu:auto:0:36,auto:auto:auto:0:auto
 BENCH="python3 -m slidedp.cli bench --model qwen3-8b --seq 2048"
 M1=${M1:-qwen3-4b}; L1=${L1:-36}
 P1=${P1:-replicated:gpu:checkpoint:0:$L1:host:host:0,replicated:gpu:checkpoint:0:$L1:host:gpu:0,auto:auto:auto:0:auto:host:host:0,auto:auto:auto:0:auto:host:auto:auto}
+# every policy field auto: the route's three ($A), then clipping, then the rest ($R; a part adds :compiled or :eager)
+A=auto:auto:auto; R=auto:auto:auto:auto:auto:auto
 quiet() { grep -vE "Warning|return func|warnings.warn" | tail -"${1:-40}"; }
 for part in "$@"; do
   echo "===== $part $(date +%T)"
@@ -257,11 +259,11 @@ for f in glob.glob(os.path.join(calibration_dir(), '*.json')):
             --delivery-cast ${CAST:-gpu} > "$OUT/first8-hf.log" 2>&1; grep -vE "Warning|warn" "$OUT/first8-hf.log" | tail -9 ;;
     passes) timeout ${PROBE_S:-150} python3 scripts/probe_update_passes.py --params 1e9 --threads 16 \
               --out "$OUT/probe-update-passes.jsonl" 2>&1 | grep -v Warn | cut -c1-400 ;;
-    passes4) A=auto:auto:auto; R=auto:auto:auto:auto:auto:auto
+    passes4)
              SLIDEDP_TRACE=$OUT/passes4-trace timeout ${PAIR_S:-300} python3 -m slidedp.cli bench --model qwen3-4b \
                --seq 2048 --gpus 1 --mbs 4 --steps ${STEPS:-10} --threads 16 --data pattern --gpu-memory-gib ${GPU_GIB:-24} \
                --policies "$A:0:$R,$A:1.0:$R,$A:1.0:$R:auto:1" --out "$OUT/passes4-${GPU_GIB:-24}.jsonl" 2>&1 | quiet 16 ;;
-    passes8) A=auto:auto:auto; R=auto:auto:auto:auto:auto:auto
+    passes8)
              SLIDEDP_TRACE=$OUT/passes8-trace timeout ${COMP_S:-560} python3 -m slidedp.cli bench --model qwen3-8b \
                --seq 2048 --gpus 1 --mbs 8 --steps ${COMP_STEPS:-8} --threads 16 \
                --policies "$A:0:$R:compiled,$A:1.0:$R:compiled,$A:1.0:$R:compiled:1" --out "$OUT/passes8.jsonl" 2>&1 | quiet 16 ;;
@@ -292,14 +294,14 @@ for f in glob.glob(os.path.join(calibration_dir(), '*.json')):
             --policies auto:auto:auto:0:auto:gpu:auto:auto --peers fsdp2:0 --out "$OUT/pol8.jsonl" 2>&1 | quiet 16 ;;
     one8x1) timeout ${ONE_S:-560} $BENCH --gpus 1 --mbs 8 --steps 20 --threads 16 --data pattern --lr 1e-4 \
               --policies auto:auto:auto:0:auto:gpu:auto:auto --peers fsdp2:0 --out "$OUT/bench-8b-x1.jsonl" 2>&1 | quiet 40 ;;
-    cast17) R=replicated:gpu:keep28:0:7
+    cast17) P17=replicated:gpu:keep28:0:7
             timeout ${CAST_S:-300} python3 -m slidedp.cli bench --model qwen3-1.7b --seq 2048 --gpus 1 --mbs ${MBS:-8} \
-              --steps 8 --threads 16 --policies $R:host:gpu:7,$R:gpu:gpu:7 --out "$OUT/cast17.jsonl" 2>&1 | quiet 6 ;;
+              --steps 8 --threads 16 --policies $P17:host:gpu:7,$P17:gpu:gpu:7 --out "$OUT/cast17.jsonl" 2>&1 | quiet 6 ;;
     gil17) timeout 120 python3 scripts/probe_update_contention.py --threads 16 --out "$OUT/update_contention.jsonl" \
              2>&1 | quiet 14
-           R=replicated:gpu:keep28:0:7:host:gpu:7,replicated:gpu:checkpoint:0:28
+           P17=replicated:gpu:keep28:0:7:host:gpu:7,replicated:gpu:checkpoint:0:28
            timeout ${GIL_S:-200} python3 -m slidedp.cli bench \
-             --model qwen3-1.7b --seq 2048 --gpus 1 --mbs ${MBS:-8} --steps 8 --threads 16 --policies $R \
+             --model qwen3-1.7b --seq 2048 --gpus 1 --mbs ${MBS:-8} --steps 8 --threads 16 --policies $P17 \
              --out "$OUT/gil17.jsonl" 2>&1 | quiet 4
            timeout ${GIL_S:-200} python3 -m slidedp.cli bench --model qwen3-1.7b --seq 2048 --gpus 1 --mbs ${MBS:-8} \
              --steps 8 --threads 16 --policies auto:auto:auto:0:auto:host:auto:auto,replicated:gpu:keep28:0:auto:host:gpu:28 \
@@ -358,18 +360,18 @@ for f in glob.glob(os.path.join(calibration_dir(), '*.json')):
               --gpu-memory-gib ${GPU_GIB:-24} --delivery-cast ${CAST:-gpu} --compiled-layers $l \
               > "$OUT/firstc-$l.log" 2>&1; cat "$OUT/firstc-$l.log" >> "$OUT/firstc-all.log"
             grep -vE "Warning|warn" "$OUT/firstc-$l.log" | tail -7; done ;;
-    comp8) A=auto:auto:auto; R=auto:auto:auto:auto:auto:auto
+    comp8)
            SLIDEDP_TRACE=$OUT/comp8-trace timeout ${COMP_S:-560} python3 -m slidedp.cli bench --model qwen3-8b \
              --seq 2048 --gpus 1 --mbs 8 \
              --steps ${COMP_STEPS:-8} --threads 16 --policies "$A:0:$R:eager,$A:0:$R:compiled,$A:1.0:$R:compiled" \
              --peers fsdp2:0,fsdp2:0:0:compiled --out "$OUT/comp8.jsonl" 2>&1 | quiet 30 ;;
     copies) for m in qwen3-4b:4 qwen3-8b:8; do timeout ${COPIES_S:-90} python3 scripts/probe_layer_copies.py \
               --model ${m%:*} --mbs ${m#*:} --out "$OUT/layer-copies.jsonl" 2>&1 | quiet 16; done ;;
-    clip8) A=auto:auto:auto; R=auto:auto:auto:auto:auto:auto
+    clip8)
            SLIDEDP_TRACE=$OUT/clip8-trace timeout ${COMP_S:-560} python3 -m slidedp.cli bench --model qwen3-8b \
              --seq 2048 --gpus 1 --mbs 8 --steps ${COMP_STEPS:-8} --threads 16 \
              --policies "$A:0:$R:compiled,$A:1.0:$R:compiled" --out "$OUT/clip8.jsonl" 2>&1 | quiet 20 ;;
-    comp3) A=auto:auto:auto; R=auto:auto:auto:auto:auto:auto; K=${COMP3_PEER_KEEP:-none}
+    comp3) K=${COMP3_PEER_KEEP:-none}
            timeout ${COMP_S:-560} python3 -m slidedp.cli bench --model llama3.2-3b --seq 2048 --gpus 1 --mbs 8 \
              --steps ${COMP_STEPS:-8} --threads 16 --policies "$A:0:$R:eager,$A:0:$R:compiled" \
              --peers fsdp2:$K,fsdp2:$K:0:compiled --out "$OUT/comp3.jsonl" 2>&1 | quiet 30 ;;
@@ -394,8 +396,7 @@ PY
              grep -E "PASSED|FAILED|ERROR|passed|failed|forward_s" "$OUT/castcal-tests.log" | tail -12
              timeout 170 $BENCH --gpus 1 --mbs 8 --steps ${STEPS:-8} --threads 16 --data pattern \
                --policies "${CASTAB_POLICY:-replicated:host:keep8:0:7:gpu:gpu:0:auto:0:eager:1}" --out "$OUT/castcal-fixed.jsonl" 2>&1 | quiet 3
-             A=auto:auto:auto; R=auto:auto:auto:auto:auto:auto:compiled
-             [ "${CASTCAL_S:-300}" -gt 0 ] && SLIDEDP_TRACE=$OUT/castcal-auto-trace timeout ${CASTCAL_S:-300} $BENCH --gpus 1 --mbs 8 --steps ${STEPS:-8} --threads 16 --policies "$A:0:$R,$A:1.0:$R" \
+             [ "${CASTCAL_S:-300}" -gt 0 ] && SLIDEDP_TRACE=$OUT/castcal-auto-trace timeout ${CASTCAL_S:-300} $BENCH --gpus 1 --mbs 8 --steps ${STEPS:-8} --threads 16 --policies "$A:0:$R:compiled,$A:1.0:$R:compiled" \
                --out "$OUT/castcal-auto.jsonl" 2>&1 | quiet 6 ;;
     widen) timeout 150 python3 scripts/probe_post_norm.py --threads 16 --chunks 18,19,20,21,22,24 | tee "$OUT/post-norm.jsonl"
            best=$(python3 -c "import json; r=[json.loads(l) for l in open('$OUT/post-norm.jsonl')]
@@ -404,20 +405,18 @@ r=[x for x in r if x['piece'][10:].isdigit()]; print(min(r, key=lambda x: x['s']
            rm -rf /tmp/wide && mkdir -p /tmp/wide && cp -r runtime /tmp/wide/
            sed -i "s/^WIDEN_CHUNK = .*/WIDEN_CHUNK = $best/" /tmp/wide/runtime/slidedp/step/optimizer.py
            grep -n "^WIDEN_CHUNK" /tmp/wide/runtime/slidedp/step/optimizer.py
-           A=auto:auto:auto; R=auto:auto:auto:auto:auto:auto:compiled
            for run in old1 new old2; do
              RT=$PWD/runtime; [ $run = new ] && RT=/tmp/wide/runtime
              PYTHONPATH=$RT:$PWD SLIDEDP_TRACE=$OUT/widen-$run-trace timeout ${WIDEN_S:-150} $BENCH --gpus 1 --mbs 8 \
-               --steps ${STEPS:-8} --threads 16 --data pattern --policies "$A:1.0:$R" --out "$OUT/widen-$run.jsonl" 2>&1 | quiet 3
+               --steps ${STEPS:-8} --threads 16 --data pattern --policies "$A:1.0:$R:compiled" --out "$OUT/widen-$run.jsonl" 2>&1 | quiet 3
            done ;;
-    pairs) A=auto:auto:auto; R=auto:auto:auto:auto:auto:auto:compiled
-           case " ${PAIRS_MODELS:-8b 4b} " in *" 8b "*)
+    pairs) case " ${PAIRS_MODELS:-8b 4b} " in *" 8b "*)
            SLIDEDP_TRACE=$OUT/pairs-8b-trace timeout ${PAIRS_S:-240} $BENCH --gpus 1 --mbs 8 --steps ${STEPS:-8} \
-             --threads 16 --data pattern --policies "$A:0:$R,$A:1.0:$R" --out "$OUT/pairs-8b.jsonl" 2>&1 | quiet 6 ;; esac
+             --threads 16 --data pattern --policies "$A:0:$R:compiled,$A:1.0:$R:compiled" --out "$OUT/pairs-8b.jsonl" 2>&1 | quiet 6 ;; esac
            case " ${PAIRS_MODELS:-8b 4b} " in *" 4b "*)
            SLIDEDP_TRACE=$OUT/pairs-4b-trace timeout ${PAIRS_S:-240} python3 -m slidedp.cli bench --model qwen3-4b \
              --seq 2048 --gpus 1 --mbs 4 --steps ${STEPS:-8} --threads 16 --data pattern --gpu-memory-gib 24 \
-             --policies "$A:0:$R,$A:1.0:$R" --out "$OUT/pairs-4b-24.jsonl" 2>&1 | quiet 6 ;; esac ;;
+             --policies "$A:0:$R:compiled,$A:1.0:$R:compiled" --out "$OUT/pairs-4b-24.jsonl" 2>&1 | quiet 6 ;; esac ;;
     castab) P=${CASTAB_POLICY:-replicated:host:keep8:0:7:gpu:gpu:0:auto:0:eager:1}
             for run in ${CASTAB_RUNS:-new1 old new2}; do
               RT=$PWD/runtime; [ $run = old ] && RT=$PWD/${OLD_TREE:-ab_old}/runtime
