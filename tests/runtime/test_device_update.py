@@ -6,7 +6,7 @@ CPU, real gloo ranks: the device is the CPU, so both paths run the same fused Ad
 must agree bit for bit (losses, grad norms, clip decisions, master weights and both moments after the last step,
 as the final checkpoint holds them: written back from the devices). Cases: 2 ranks bf16 sharded delivery, tied
 embeddings, clipping that fires and gradient accumulation, edges and one layer on the device; 1 rank fp32 (untied
-head) with edges and two layers; 3 ranks fp32 replicated delivery with two layers and the edges on the host; 1 rank
+head) with edges and two layers; 1 rank bf16 with clipping and two layers whose gradients wait in bf16; 3 ranks fp32 replicated delivery with two layers and the edges on the host; 1 rank
 bf16 with every unit on the device (the host update has nothing to do, yet every step must finish).
 """
 
@@ -31,6 +31,9 @@ CASES = {
                    "delivery": "replicated", "preset": "tiny-llama", "edge": "gpu", "layers": 2},
     "3ranks-layers-only": {"ranks": 3, "precision": "fp32", "grad_accum": 1, "max_grad_norm": 0.05,
                            "delivery": "replicated", "preset": "tiny-qwen3", "edge": "host", "layers": 2},
+    # one rank, bf16, no accumulation: the device layers' gradients wait in bf16 (held_in_bf16)
+    "1rank-bf16-layers-held-in-bf16": {"ranks": 1, "precision": "bf16", "grad_accum": 1, "max_grad_norm": 0.05,
+                                       "delivery": "replicated", "preset": "tiny-qwen3", "edge": "gpu", "layers": 2},
     # no unit left to the host update: the updater still reports each step's norm and clip decision
     "1rank-everything-on-the-device": {"ranks": 1, "precision": "bf16", "grad_accum": 2, "max_grad_norm": 0.05,
                                        "delivery": "replicated", "preset": "tiny-qwen3", "edge": "gpu",
@@ -166,3 +169,46 @@ def test_a_run_from_step_0_reads_only_the_master_of_a_device_updated_unit():
         assert torch.equal(dev.master[1], torch.arange(float(n)))
         expected = torch.full((n,), 7.0) if moments else torch.zeros(n)
         assert torch.equal(dev.exp_avg[1], expected) and torch.equal(dev.exp_avg_sq[1], expected)
+
+
+@pytest.mark.parametrize("chunk", [4096, 96])
+def test_a_layer_gradient_held_in_bf16_updates_to_the_same_bits(monkeypatch, chunk):
+    """With one rank and bf16 layers a device layer's gradient waits in bf16 (held_in_bf16: 14 B/param of device
+    state, not 16) and is widened a chunk at a time for the update. Against the same unit held in fp32: the same
+    norm, master and moments after three clipped steps, whether the unit is one chunk or several with a shorter
+    last one. (A chunk is the whole unit or STREAM_CHUNK, 2^24: its bounds are multiples of any vector width, which
+    the CPU kernel needs for the same bits: its scalar tail rounds differently.)"""
+    from slidedp.config import OptimizerConfig, ScheduleConfig
+    from slidedp.step import device_update as du
+    from slidedp.step.devices import Streams
+    from slidedp.step.routes import Routes, ShardMap
+
+    n = 1000
+    monkeypatch.setattr(du, "chunk_elements", lambda lens: min(chunk, max(lens)))
+    gen = torch.Generator().manual_seed(3)
+    master = torch.randn(n, generator=gen)
+    grads = [(torch.randn(n, generator=gen) * 3).bfloat16().float() for _ in range(3)]  # bf16 values, as in bf16 layers
+    shards = ShardMap([n, n, n], 1, 0)
+    cpu = torch.device("cpu")
+    opt = OptimizerConfig(lr=1e-2, weight_decay=0.1, max_grad_norm=1.0)
+    out = {}
+    for hold in ((), (1,)):
+        routes = Routes("replicated", "gpu", shards, Streams(cpu), None, None, 1 << 20)
+        host = _HostUnits(master.clone(), torch.zeros(n), torch.zeros(n))
+        dev = du.DeviceUpdate(units=[1], state=host, shards=shards, routes=routes, buffers={1: torch.zeros(n)},
+                              opt=opt, sched=ScheduleConfig(), total_steps=3, device=cpu, hold_bf16=hold)
+        dev.load(moments=False)
+        assert dev.grad[1].dtype == (torch.bfloat16 if hold else torch.float32)
+        norms = []
+        for step, g in enumerate(grads, start=1):
+            dev.reduce(1, g.clone())
+            norms.append(float(routes.sumsq))
+            dev.keep_norm()
+            routes.sumsq.zero_()
+            dev.update(step)
+        out[hold] = (norms, dev.master[1].clone(), dev.exp_avg[1].clone(), dev.exp_avg_sq[1].clone())
+    fp32, bf16 = out[()], out[(1,)]
+    assert fp32[0] == bf16[0] and all(s > 1.0 for s in fp32[0])  # the same norms, over max_grad_norm: clipped
+    for a, b in zip(fp32[1:], bf16[1:]):
+        assert torch.equal(a, b)
+    assert not torch.equal(fp32[1], master)

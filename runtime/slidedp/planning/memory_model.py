@@ -129,11 +129,15 @@ def gpu_parts(
     backward_peak = acts.keep if counts["checkpoint"] else 0.0
     parts["transient"] = max(head_peak, backward_peak)
     # units updated on the GPUs: fp32 master and both moments of 1/N of each, and its reduced gradient (with one
-    # rank the embedding's and head's accumulators serve, a layer's gradient is copied out of the parity buffers)
+    # rank the embedding's and head's accumulators serve, a layer's gradient is copied out of the parity buffers,
+    # in bf16 where exact, and widened into one fp32 chunk at a time for the update: slidedp.step.device_update)
     on_device = pol.device_units(L)
     if on_device:
-        parts["device_state"] = sum(job.padded(u) / N * 4 * (4 if (N > 1 or u not in (0, head)) else 3)
-                                    for u in on_device)
+        bf16 = set(held_in_bf16(N, job.precision, job.grad_accum, L)) & set(on_device)
+        parts["device_state"] = sum(job.padded(u) / N * (12 + (0 if N == 1 and u in (0, head) else
+                                                               2 if u in bf16 else 4)) for u in on_device)
+        if bf16:
+            parts["device_state"] += chunk_elements([job.padded(u) for u in bf16]) * 4
     # the delivery cast's ring of fp32 scratch (policy.cast_scratch_mb, slidedp.step.cast_ring), held for the run;
     # the default, one transfer chunk, is within the allocator's slack
     if job.on_gpu and job.pbytes != 4 and pol.delivery_cast == "gpu" and pol.cast_scratch_mb:

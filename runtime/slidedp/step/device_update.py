@@ -14,6 +14,13 @@ gradient norm accumulated in the same order (each unit's sum of squares where th
 the clip factor computed in float64 as the host computes it. On the CPU (gloo) both paths run the same kernels and
 train to the same bits (tests/runtime/test_device_update.py).
 
+A decoder layer's gradient waits for the update in bf16 where that is exact (one rank, bf16 layers, no
+accumulation: slidedp.step.layout.held_in_bf16; the engine widened a bf16 tensor to fp32 for the trip, so rounding
+it back changes no value): 14 B per parameter of device state instead of 16, which leaves room for more layers on
+the GPU. The update widens it into one fp32 scratch chunk at a time (`layout.chunk_elements`, as the streamed
+update does) and applies the same AdamW to each chunk: elementwise, on chunks whose bounds are whole multiples of
+any vector width, so the same bits as over the whole unit.
+
 The host state keeps its slots for these units: `write_back()` copies the shards (master, both moments and the
 bf16 copy when the host keeps one) into it before every checkpoint and at the end of the run, so checkpoints,
 resume and export read one authoritative host state as always; `load()` reads them from it at start (resume).
@@ -25,6 +32,7 @@ import torch
 from slidedp.config import OptimizerConfig, ScheduleConfig
 from slidedp.step.collectives import all_gather
 from slidedp.step.host_state import HostState
+from slidedp.step.layout import chunk_elements
 from slidedp.step.optimizer import clip_coefficient, clips, lr_at
 from slidedp.step.routes import Routes, ShardMap, sum_of_squares
 
@@ -32,7 +40,7 @@ from slidedp.step.routes import Routes, ShardMap, sum_of_squares
 class DeviceUpdate:
     def __init__(self, *, units: list[int], state: HostState, shards: ShardMap, routes: Routes,
                  buffers: dict[int, torch.Tensor], opt: OptimizerConfig, sched: ScheduleConfig, total_steps: int,
-                 device: torch.device):
+                 device: torch.device, hold_bf16: tuple[int, ...] = ()):
         self.units = list(units)
         self.state, self.shards, self.routes, self.buffers = state, shards, routes, buffers
         self.opt, self.sched, self.total_steps = opt, sched, total_steps
@@ -47,9 +55,14 @@ class DeviceUpdate:
         self.exp_avg_sq = {u: torch.zeros(z[u], dtype=torch.float32, device=device) for u in self.units}
         # the reduced gradient's shard; with one rank a layer's gradient is copied out of the engine's parity
         # buffers (reused two units later), while the embedding's and head's accumulators stay until the update
+        # (bf16 for the units in `hold_bf16`, with one rank: see the module's docstring; widened a chunk at a time
+        # into `_wide` for the update)
         edges = {0, len(shards.numels) - 1}
-        self.grad = {u: torch.zeros(z[u], dtype=torch.float32, device=device) for u in self.units
-                     if self.world > 1 or u not in edges}
+        bf16 = set(hold_bf16) if self.world == 1 else set()
+        self.grad = {u: torch.zeros(z[u], dtype=torch.bfloat16 if u in bf16 else torch.float32, device=device)
+                     for u in self.units if self.world > 1 or u not in edges}
+        narrow = [z[u] for u, g in self.grad.items() if g.dtype != torch.float32]
+        self._wide = torch.empty(chunk_elements(narrow), dtype=torch.float32, device=device) if narrow else None
         self._reduced: dict[int, torch.Tensor] = {}
         self._reduced_ev: dict[int, object] = {}
         self._global_sumsq: torch.Tensor | None = None
@@ -109,13 +122,15 @@ class DeviceUpdate:
             if self.world > 1:
                 self.routes.reduce_scatter_unit(u, self.grad[u], grad)
                 shard = self.grad[u]
-            elif u in self.grad:
-                shard = self.grad[u]
-                shard.copy_(grad[: self.shards.padded[u]])
+                if hi > lo:
+                    self.routes.sumsq += sum_of_squares(shard[: hi - lo])
             else:
+                if hi > lo:  # the fp32 values, whichever dtype the shard keeps them in
+                    self.routes.sumsq += sum_of_squares(grad[: hi - lo])
                 shard = grad[: self.shards.padded[u]]
-            if hi > lo:
-                self.routes.sumsq += sum_of_squares(shard[: hi - lo])
+                if u in self.grad:
+                    self.grad[u].copy_(shard)  # a bf16 shard rounds values that are bf16 already: exact
+                    shard = self.grad[u]
             self._reduced_ev[u] = s.record(s.d2h)
         self._reduced[u] = shard
 
@@ -149,10 +164,21 @@ class DeviceUpdate:
         step_t.fill_(float(step))
         for u in self.units:
             g = self._reduced.pop(u)
-            if coef is not None:
-                g.mul_(coef)
-            torch._fused_adamw_([self.master[u]], [g], [self.exp_avg[u]], [self.exp_avg_sq[u]], [], [step_t],
-                                lr=lr, beta1=self.opt.betas[0], beta2=self.opt.betas[1],
-                                weight_decay=self.opt.weight_decay, eps=self.opt.eps, amsgrad=False, maximize=False,
-                                found_inf=found_inf)
+            if g.dtype == torch.float32:
+                self._adamw(u, slice(None), g, coef, step_t, lr, found_inf)
+            else:
+                n, c = g.numel(), self._wide.numel()
+                for a in range(0, n, c):
+                    wide = self._wide[: min(c, n - a)]
+                    wide.copy_(g[a : a + c])
+                    self._adamw(u, slice(a, a + c), wide, coef, step_t, lr, found_inf)
             self._fill(u)
+
+    def _adamw(self, u: int, part: slice, g: torch.Tensor, coef, step_t: torch.Tensor, lr: float, found_inf) -> None:
+        """AdamW on elements `part` of unit u's shard with its fp32 gradient `g` (scaled here by the clip factor)."""
+        if coef is not None:
+            g.mul_(coef)
+        torch._fused_adamw_([self.master[u][part]], [g], [self.exp_avg[u][part]], [self.exp_avg_sq[u][part]], [],
+                            [step_t], lr=lr, beta1=self.opt.betas[0], beta2=self.opt.betas[1],
+                            weight_decay=self.opt.weight_decay, eps=self.opt.eps, amsgrad=False, maximize=False,
+                            found_inf=found_inf)

@@ -104,7 +104,8 @@ class RankEngine:
                 raise ValueError("units updated on the GPUs reduce their gradients there: it needs grad_reduce gpu")
             self.device_update = DeviceUpdate(units=sorted(device_units), state=state, shards=self.shards,
                                               routes=self.routes, buffers=self.window.dedicated, opt=cfg.optimizer,
-                                              sched=cfg.schedule, total_steps=cfg.steps, device=device)
+                                              sched=cfg.schedule, total_steps=cfg.steps, device=device,
+                                              hold_bf16=held_in_bf16(world, cfg.precision, cfg.grad_accum, self.L))
             self.device_update.load(moments=not zero_moments)
         self.streamed: StreamedUpdate | None = None
         if policy.streamed_units():
