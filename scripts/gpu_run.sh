@@ -145,7 +145,7 @@
 #           (PAIRS_MODELS, default "8b 4b") -> $OUT/pairs-8b.jsonl, pairs-4b-24.jsonl, step timelines pairs-*-trace/
 #   clip24  what clipping at 1.0 costs under a workstation cap, peers beside: Qwen3-4B seq 2048 micro-batch 4 under
 #           --gpu-memory-gib 24, one bench command: SlideDP every policy field auto (compiled layers) unclipped and
-#           clipped, the clipped row again with eager layers, then DeepSpeed ZeRO-3 offload and FSDP2 +
+#           clipped, the clipped row again with eager layers (CLIP24_POLICIES), then DeepSpeed ZeRO-3 offload and FSDP2 +
 #           CPUOffloadPolicy, both clipping at 1.0 (needs .device-wheels, carried) -> $OUT/clip24.jsonl, SlideDP
 #           step timelines -> $OUT/clip24-trace/
 #   castab  Qwen3-8B, seq 2048, micro-batch 8, the whole card, no clipping, the policy CASTAB_POLICY fixed (the fp32
@@ -426,7 +426,8 @@ r=[x for x in r if x['piece'][10:].isdigit()]; print(min(r, key=lambda x: x['s']
             PYTHONPATH=/tmp/peer-pkgs:$PYTHONPATH PATH=/tmp/peer-pkgs/bin:$PATH SLIDEDP_TRACE=$OUT/clip24-trace \
               timeout ${CLIP24_S:-560} python3 -m slidedp.cli bench --model qwen3-4b --seq 2048 --gpus 1 --mbs 4 \
               --steps ${STEPS:-6} --threads 16 --data pattern --gpu-memory-gib 24 \
-              --policies "$A:0:$R:compiled,$A:1.0:$R:compiled,$A:1.0:$R:eager" --peers ds-zero3:1.0,fsdp2-offload:0:1.0 \
+              --policies "${CLIP24_POLICIES:-$A:0:$R:compiled,$A:1.0:$R:compiled,$A:1.0:$R:eager}" \
+              --peers ds-zero3:1.0,fsdp2-offload:0:1.0 \
               --out "$OUT/clip24.jsonl" 2>&1 | quiet 30 ;;
     castab) P=${CASTAB_POLICY:-replicated:host:keep8:0:7:gpu:gpu:0:auto:0:eager:1}
             for run in ${CASTAB_RUNS:-new1 old new2}; do
