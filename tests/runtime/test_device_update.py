@@ -171,13 +171,15 @@ def test_a_run_from_step_0_reads_only_the_master_of_a_device_updated_unit():
         assert torch.equal(dev.exp_avg[1], expected) and torch.equal(dev.exp_avg_sq[1], expected)
 
 
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
 @pytest.mark.parametrize("chunk", [4096, 96])
-def test_a_layer_gradient_held_in_bf16_updates_to_the_same_bits(monkeypatch, chunk):
+def test_a_layer_gradient_held_in_bf16_updates_to_the_same_bits(monkeypatch, chunk, device):
     """With one rank and bf16 layers a device layer's gradient waits in bf16 (held_in_bf16: 14 B/param of device
     state, not 16) and is widened a chunk at a time for the update. Against the same unit held in fp32: the same
     norm, master and moments after three clipped steps, whether the unit is one chunk or several with a shorter
     last one. (A chunk is the whole unit or STREAM_CHUNK, 2^24: its bounds are multiples of any vector width, which
-    the CPU kernel needs for the same bits: its scalar tail rounds differently.)"""
+    the CPU kernel needs for the same bits: its scalar tail rounds differently.) On the CPU, and on a GPU where
+    there is one (the fused CUDA kernel, the copy streams)."""
     from slidedp.config import OptimizerConfig, ScheduleConfig
     from slidedp.step import device_update as du
     from slidedp.step.devices import Streams
@@ -189,24 +191,31 @@ def test_a_layer_gradient_held_in_bf16_updates_to_the_same_bits(monkeypatch, chu
     master = torch.randn(n, generator=gen)
     grads = [(torch.randn(n, generator=gen) * 3).bfloat16().float() for _ in range(3)]  # bf16 values, as in bf16 layers
     shards = ShardMap([n, n, n], 1, 0)
-    cpu = torch.device("cpu")
+    if device == "cuda" and not torch.cuda.is_available():
+        pytest.skip("no GPU here")
+    dev_t = torch.device(device)
     opt = OptimizerConfig(lr=1e-2, weight_decay=0.1, max_grad_norm=1.0)
     out = {}
     for hold in ((), (1,)):
-        routes = Routes("replicated", "gpu", shards, Streams(cpu), None, None, 1 << 20)
+        routes = Routes("replicated", "gpu", shards, Streams(dev_t), None, None, 1 << 20)
         host = _HostUnits(master.clone(), torch.zeros(n), torch.zeros(n))
-        dev = du.DeviceUpdate(units=[1], state=host, shards=shards, routes=routes, buffers={1: torch.zeros(n)},
-                              opt=opt, sched=ScheduleConfig(), total_steps=3, device=cpu, hold_bf16=hold)
+        dev = du.DeviceUpdate(units=[1], state=host, shards=shards, routes=routes,
+                              buffers={1: torch.zeros(n, device=dev_t)}, opt=opt, sched=ScheduleConfig(),
+                              total_steps=3, device=dev_t, hold_bf16=hold)
         dev.load(moments=False)
         assert dev.grad[1].dtype == (torch.bfloat16 if hold else torch.float32)
         norms = []
         for step, g in enumerate(grads, start=1):
-            dev.reduce(1, g.clone())
-            norms.append(float(routes.sumsq))
+            dev.reduce(1, g.to(dev_t))
+            if dev_t.type == "cuda":  # the engine keeps the norm on the d2h stream, as the routes sum it
+                torch.cuda.synchronize()
             dev.keep_norm()
+            norms.append(float(dev._global_sumsq))
             routes.sumsq.zero_()
             dev.update(step)
-        out[hold] = (norms, dev.master[1].clone(), dev.exp_avg[1].clone(), dev.exp_avg_sq[1].clone())
+        if dev_t.type == "cuda":
+            torch.cuda.synchronize()
+        out[hold] = (norms, *(t[1].cpu() for t in (dev.master, dev.exp_avg, dev.exp_avg_sq)))
     fp32, bf16 = out[()], out[(1,)]
     assert fp32[0] == bf16[0] and all(s > 1.0 for s in fp32[0])  # the same norms, over max_grad_norm: clipped
     for a, b in zip(fp32[1:], bf16[1:]):

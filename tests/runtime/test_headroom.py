@@ -3,7 +3,8 @@ warns that an error in the memory prediction could run the job out of memory) is
 slower keeps the margin; where none does, the fastest is kept and the plan says so. On the fixtures of two H200s
 (Qwen3-8B, micro-batch 8, over NVLink: the fastest leaves about 1% free; without P2P, where the host's memory binds
 the step, no kept activation pays and the fastest plan leaves two thirds of the card free) and of one H200
-(Qwen3-4B, micro-batch 4, 32 GiB cap: the fastest leaves 0.2%, and every plan that frees more is over 2% slower)."""
+(Qwen3-4B, micro-batch 4, 29 GiB cap: the fastest leaves 0.08%, and every plan that frees more is over 2% slower;
+at 32 GiB, the cap this test had, one 0.1% slower keeps the margin since a device layer's gradient waits in bf16)."""
 
 import os
 
@@ -65,7 +66,7 @@ def test_where_no_plan_within_two_percent_keeps_the_margin_the_fastest_is_kept(o
     topo, cals = one_h200
     cal = cals["calibration_qwen3-4b_bs4"]
     cfg = JobConfig.from_dict({"model": "qwen3-4b", "data": {"path": "x.jsonl"}, "gpus": 1, "micro_batch_size": 4,
-                               "seq_len": 2048, "gpu_memory_gib": 32, "policy": {"delivery_cast": "host"},
+                               "seq_len": 2048, "gpu_memory_gib": 29, "policy": {"delivery_cast": "host"},
                                "optimizer": {"max_grad_norm": 0.0}})
     plan = ap.plan_job(cfg, topo, cal)
     assert plan["feasible"], plan["errors"]
