@@ -64,9 +64,15 @@ BEFORE_TWO_PASSES = BEFORE_KEPT_WEIGHTS + ("s21",)
 # Sessions whose engine streamed the last `streamed_layers` layers, before they followed the device layers
 # (slidedp.schedule.streamed_units): every session checked here.
 BEFORE_EARLY_STREAMED = BEFORE_TWO_PASSES + ("s22",)
+# Sessions whose engine kept a device-updated layer's gradient in fp32 (before it waited in bf16 where exact,
+# slidedp.step.device_update): every session up to s39.
+
+
+def before_bf16_device_gradients(session: str) -> bool:
+    return session.startswith("s") and session[1:].isdigit() and int(session[1:]) < 40
 
 # Sessions on machines of the kind nvidia-h100-x1, and the topology one of them detected
-H100_SESSIONS = ("s22", "s23", "s25", "s26", "s27", "s28", "s29", "s30", "s31", "s32", "s33", "s36", "s37", "s38", "s39")
+H100_SESSIONS = ("s22", "s23", "s25", "s26", "s27", "s28", "s29", "s30", "s31", "s32", "s33", "s36", "s37", "s38", "s39", "s40")
 H100_TOPOLOGY = os.path.join(RESULTS, "s25", "topology.json")
 
 sys.path.insert(0, os.path.join(ROOT, "runtime"))
@@ -178,19 +184,22 @@ def last_layers_streamed(layers: int, device_layers: int, streamed_layers: int) 
 
 def engine_as_run(session: str):
     """A context in which the planner prices the engine as it ran in `session` (BEFORE_KEPT_WEIGHTS: streamed
-    layers delivered from the host; BEFORE_EARLY_STREAMED: the last layers streamed), or today's. (The post-norm
-    update's passes are a policy field: job_config sets them as the row ran.)"""
+    layers delivered from the host; BEFORE_EARLY_STREAMED: the last layers streamed; before_bf16_device_gradients:
+    device layers' gradients in fp32), or today's. (The post-norm update's passes are a policy field: job_config
+    sets them as the row ran.)"""
     import contextlib
     from unittest import mock
 
     from slidedp import policy
-    from slidedp.planning import cost_model
+    from slidedp.planning import cost_model, memory_model
 
     stack = contextlib.ExitStack()
     if session in BEFORE_EARLY_STREAMED:
         stack.enter_context(mock.patch.object(policy, "streamed_units", last_layers_streamed))
     if session in BEFORE_KEPT_WEIGHTS:
         stack.enter_context(mock.patch.object(cost_model, "streamed_weights_stay", lambda world, delivery: False))
+    if before_bf16_device_gradients(session):
+        stack.enter_context(mock.patch.object(memory_model, "device_gradients_bf16", lambda job: set()))
     return stack
 
 

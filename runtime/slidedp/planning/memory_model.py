@@ -99,6 +99,12 @@ def gradient_bytes(job: Job, pol: ExecutionPolicy) -> int:
     return 2 * (max_layer * p + fp32_copy + shard) + (job.padded(0) + job.padded(L + 1)) * 4
 
 
+def device_gradients_bf16(job: Job) -> set[int]:
+    """The layers whose gradient, where they are updated on the device, waits there in bf16 (held_in_bf16:
+    slidedp.step.device_update)."""
+    return set(held_in_bf16(job.world, job.precision, job.grad_accum, job.layers))
+
+
 def gpu_parts(
     job: Job, pol: ExecutionPolicy, acts: ActivationSizes, offload_backlog: int | None = None
 ) -> dict[str, float]:
@@ -133,7 +139,7 @@ def gpu_parts(
     # in bf16 where exact, and widened into one fp32 chunk at a time for the update: slidedp.step.device_update)
     on_device = pol.device_units(L)
     if on_device:
-        bf16 = set(held_in_bf16(N, job.precision, job.grad_accum, L)) & set(on_device)
+        bf16 = device_gradients_bf16(job) & set(on_device)
         parts["device_state"] = sum(job.padded(u) / N * (12 + (0 if N == 1 and u in (0, head) else
                                                                2 if u in bf16 else 4)) for u in on_device)
         if bf16:
