@@ -64,12 +64,13 @@ BEFORE_TWO_PASSES = BEFORE_KEPT_WEIGHTS + ("s21",)
 # Sessions whose engine streamed the last `streamed_layers` layers, before they followed the device layers
 # (slidedp.schedule.streamed_units): every session checked here.
 BEFORE_EARLY_STREAMED = BEFORE_TWO_PASSES + ("s22",)
-# Sessions whose engine kept a device-updated layer's gradient in fp32 (before it waited in bf16 where exact,
-# slidedp.step.device_update): every session up to s39.
 
 
 def before_bf16_device_gradients(session: str) -> bool:
+    """Whether the session's engine kept a device-updated layer's gradient in fp32 (before it waited in bf16 where
+    exact, slidedp.step.device_update): every session up to s39."""
     return session.startswith("s") and session[1:].isdigit() and int(session[1:]) < 40
+
 
 # Sessions on machines of the kind nvidia-h100-x1, and the topology one of them detected
 H100_SESSIONS = ("s22", "s23", "s25", "s26", "s27", "s28", "s29", "s30", "s31", "s32", "s33", "s36", "s37", "s38", "s39", "s40")

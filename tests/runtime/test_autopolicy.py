@@ -517,14 +517,15 @@ def _freed_since_measured(cfg, topo) -> float:
     layer's gradient then waited in fp32; it waits in bf16 now (held_in_bf16), widened through one fp32 chunk:
     2 B per parameter of those layers less, one chunk of 4 B more."""
     from slidedp.planning.job import Job
-    from slidedp.step.layout import chunk_elements, held_in_bf16
+    from slidedp.planning.memory_model import device_gradients_bf16
+    from slidedp.step.layout import chunk_elements
 
     job = Job.from_config(cfg, topo)
     largest_unit = max(job.padded(u) for u in range(len(job.units)))
     largest_layer = max(job.padded(u) for u in range(1, job.layers + 1))
     freed = 2 * 4 * (2 * largest_unit - largest_layer)
     device_layers = int(cfg.policy.device_layers or 0)
-    bf16 = [u for u in held_in_bf16(1, job.precision, job.grad_accum, job.layers) if u <= device_layers]
+    bf16 = sorted(u for u in device_gradients_bf16(job) if u <= device_layers)
     if bf16:
         freed += 2 * sum(job.padded(u) for u in bf16) - 4 * chunk_elements([job.padded(u) for u in bf16])
     return freed / 2**30
