@@ -81,6 +81,7 @@
 #           twice in one command: each run checks its prediction and keeps the host factor it observed with the
 #           calibration (slidedp.planning.observed; on 2026-12-07 the second pair was also planned with them, which
 #           no plan does since); the calibration's observed_host after each
+#   bf16u   the GPU case of a device layer's gradient held in bf16 (same bits as held in fp32) -> $OUT/gpu-bf16u.log
 #   exact1  the one-GPU exactness tests (every route of one rank, 20 bf16 steps against autocast, the cast on the GPU,
 #           streamed layers with their weights kept on the GPU) and the step records' memory figures
 #   pin     where a rank's start waits (scripts/probe_rank_start.py): a filled 32 GiB shared-memory state page-locked
@@ -251,6 +252,9 @@ for f in glob.glob(os.path.join(calibration_dir(), '*.json')):
     c = json.load(open(f)); print(os.path.basename(f), c['shape']['model'], json.dumps(c.get('observed_host')))
 "; done ;;
     hdram) timeout ${HDRAM_S:-120} python3 scripts/probe_host_dram.py --rounds 4 --out "$OUT/host-dram.jsonl" 2>&1 | quiet 12 ;;
+    bf16u) timeout ${BF16U_S:-120} python3 -m pytest -v -rfE --tb=short -p no:cacheprovider -m gpu \
+             tests/runtime/test_device_update.py -k held_in_bf16 > "$OUT/gpu-bf16u.log" 2>&1
+           grep -E "PASSED|FAILED|ERROR|SKIPPED|passed|failed" "$OUT/gpu-bf16u.log" | tail -6 ;;
     exact1) timeout ${TESTS_S:-240} python3 -m pytest -v -rfE --tb=short -p no:cacheprovider -m gpu \
               tests/gpu/test_gpu_exactness.py tests/gpu/test_gpu_delivery_cast.py tests/gpu/test_gpu_step_figures.py \
               -k "1] or same_bits or figures" > "$OUT/gpu-exact1.log" 2>&1
