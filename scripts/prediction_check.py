@@ -73,7 +73,7 @@ def before_bf16_device_gradients(session: str) -> bool:
 
 
 # Sessions on machines of the kind nvidia-h100-x1, and the topology one of them detected
-H100_SESSIONS = ("s22", "s23", "s25", "s26", "s27", "s28", "s29", "s30", "s31", "s32", "s33", "s36", "s37", "s38", "s39", "s40")
+H100_SESSIONS = ("s22", "s23", "s25", "s26", "s27", "s28", "s29", "s30", "s31", "s32", "s33", "s36", "s37", "s38", "s39", "s40", "s41")
 H100_TOPOLOGY = os.path.join(RESULTS, "s25", "topology.json")
 
 sys.path.insert(0, os.path.join(ROOT, "runtime"))
