@@ -150,6 +150,7 @@ def test_cli_help_runs_without_the_web_stack(no_web_env, tmp_path):
         assert command in proc.stdout, f"`slidedp --help` does not list {command!r}:\n{proc.stdout}"
 
 
+@pytest.mark.slow
 def test_tiny_training_runs_without_the_web_stack(no_web_env, tmp_path):
     seq_len, micro_batch = 32, 2
     data = tmp_path / "tokens.jsonl"

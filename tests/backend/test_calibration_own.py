@@ -42,6 +42,7 @@ def home(tmp_path, monkeypatch) -> Path:
     return tmp_path / "home"
 
 
+@pytest.mark.slow
 def test_a_workbench_lists_only_the_calibrations_made_under_its_data_folder(tmp_path, home, redis_server):
     settings = make_settings(tmp_path / "data", redis_server.url)
     own_dir = (tmp_path / "data" / "calibration").resolve()
@@ -70,6 +71,7 @@ def test_a_workbench_lists_only_the_calibrations_made_under_its_data_folder(tmp_
     assert [(e["shape"]["seq"], e["host_digest"]) for e in calibration["entries"]] == [(64, own["host_digest"])]
 
 
+@pytest.mark.slow
 def test_a_record_measured_on_other_hardware_is_measured_again(tmp_path, monkeypatch):
     cache = tmp_path / "cache"
     cache.mkdir()

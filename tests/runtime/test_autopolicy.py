@@ -277,6 +277,7 @@ def test_edge_update_auto_is_not_timed_without_the_device_rate(x2):
     assert "edge-gpu not timed" in plan["why"] and "device AdamW rate" in plan["why"]
 
 
+@pytest.mark.slow
 def test_edge_update_auto_weighs_the_host_bytes_it_saves_against_hbm(x2):
     topo, cal = x2
     job_cfg = _cfg(policy={"edge_update": "auto", "device_layers": 0})  # the edges alone
@@ -320,6 +321,7 @@ def test_the_cost_model_moves_no_host_bytes_for_device_updated_units(x2):
     assert 0.14 < saved < 0.16  # embedding + lm_head of Qwen3-8B: 1.24B of 8.19B parameters
 
 
+@pytest.mark.slow
 def test_the_plan_reports_the_physical_bound_under_its_prediction(x2):
     topo, cal = x2
     for raw in ({}, {"optimizer": {"max_grad_norm": 1.0}}, {"micro_batch_size": 4}):
@@ -335,6 +337,7 @@ def test_the_plan_reports_the_physical_bound_under_its_prediction(x2):
     assert "bound:" in ap.format_plan(plan)
 
 
+@pytest.mark.slow
 def test_the_planner_spends_spare_hbm_on_layers_updated_on_the_gpus(x2):
     topo, cal = x2
     calib = _with_device_rate(cal["qwen3-8b_bs4_nvlink"])

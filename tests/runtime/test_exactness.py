@@ -139,7 +139,8 @@ def test_three_ranks_sharded_pad_units_that_three_does_not_divide(workdir, grad)
     _check(workdir, "tied", 3, "sharded", grad, 1, CLIP)
 
 
-@pytest.mark.parametrize("preset", ["tiny-llama", pytest.param("tiny-mistral", marks=pytest.mark.slow)])
+@pytest.mark.slow
+@pytest.mark.parametrize("preset", ["tiny-llama", "tiny-mistral"])
 def test_llama_and_mistral_match_adamw(workdir, preset):
     """The other architectures slidedp streams beside Qwen3 (no q/k norms; Mistral's attention class), on two
     ranks with sharded delivery, gpu reduction, accumulation and clipping."""

@@ -186,6 +186,7 @@ print(json.dumps({"seen": seen, "parts": result.metrics[0]["startup_parts_s"]}))
 """
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_train_imports_transformers_only_once_its_ranks_are_spawned(tmp_path):
     """A run from step 0 plans and lays out its host state without transformers; the launcher builds the meta
@@ -217,6 +218,7 @@ print(json.dumps({"transformers": sorted(m for m in sys.modules if m.split(".")[
 """
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_bench_plan_only_reads_the_shape_not_a_model(tmp_path):
     """`slidedp bench --plan-only` plans each policy from the model's shape: from a cached calibration it imports

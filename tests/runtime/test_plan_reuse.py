@@ -150,6 +150,7 @@ def _train_cfg(tmp_path, name: str) -> JobConfig:
                 output_dir=str(tmp_path / name))
 
 
+@pytest.mark.slow
 def test_train_runs_a_stored_plan_made_on_this_host_without_planning(tmp_path, monkeypatch):
     cfg = _train_cfg(tmp_path, "reused")
     topo = topology.detect()
