@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 
+import pytest
 from backend_support import tiny_job, tokens_dataset
 from slidedp.planning import host_file
 
@@ -26,6 +27,7 @@ def qwen3_8b(dataset, **over):
     return {k: v for k, v in tiny_job(dataset, **job).items() if k != "ranks"}
 
 
+@pytest.mark.slow
 def test_an_imported_two_h200_host_plans_qwen3_8b_and_never_takes_a_job(client, module_dir):
     dataset = tokens_dataset(module_dir / "tokens-2048.jsonl", rows=8, seq_len=2048)
     saved = saved_x2()

@@ -158,6 +158,7 @@ def test_duplicate_queue_message_never_runs_a_job_twice(client, worker, dataset,
     assert statuses(before) == ["queued", "running", "completed"]
 
 
+@pytest.mark.slow
 def test_cancel_stops_a_running_job_at_a_step_boundary_and_a_queued_one_at_once(client, worker, dataset):
     long_job = client.post("/api/jobs", json=tiny_job(dataset, steps=100_000)).json()
     waiting = client.post("/api/jobs", json=tiny_job(dataset, steps=2)).json()

@@ -270,6 +270,7 @@ def _with_device_rate(cal: dict) -> dict:
     return {**cal, "device_update": {"params": 1 << 27, "adamw_cast_s_per_1e9": 0.0075}}
 
 
+@pytest.mark.slow
 def test_edge_update_auto_is_not_timed_without_the_device_rate(x2):
     topo, cal = x2
     plan = ap.plan_job(_cfg(), topo["nvlink"], cal["qwen3-8b_bs8_nvlink"])  # the defaults: both auto

@@ -146,6 +146,7 @@ def test_slidedp_plan_prints_the_sweep_with_the_jobs_row_marked(swept):
     assert [line.split("|")[3].strip() for line in table] == ["yes" if r["fits"] else "no" for r in swept["card_sweep"]]
 
 
+@pytest.mark.slow
 def test_the_sweep_reuses_the_chosen_casts_search(x2, monkeypatch):
     """With the delivery cast left to AutoPolicy the job is searched once per cast; the card sweep runs on the
     chosen cast's planner (its predictions kept) instead of searching that cast a third time, and the plan is

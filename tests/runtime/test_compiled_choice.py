@@ -103,6 +103,7 @@ def test_rates_and_activation_sizes_read_the_compiled_layer_for_a_compiled_polic
     assert ActivationSizes.of(job, fast, False).keep == cal["unit"]["saved_keep_bytes"]
 
 
+@pytest.mark.slow
 def test_autopolicy_chooses_compiled_layers_and_prices_them(h200):
     topo, cal = h200
     fast = with_compiled(cal)

@@ -120,6 +120,7 @@ def test_three_ranks_sharded_gpu_with_accumulation_and_clipping(workdir):
     _check(workdir, "untied", 3, "sharded", "gpu", 2, CLIP)
 
 
+@pytest.mark.slow
 def test_tied_embeddings_match_adamw(workdir):
     _check(workdir, "tied", 2, "sharded", "host", 1, CLIP)
 

@@ -79,6 +79,7 @@ def runs(tmp_path_factory):
             "logs": logs}
 
 
+@pytest.mark.slow
 def test_a_normal_export_lists_the_files_it_wrote(runs):
     n = runs["N"]
     assert n.status == "completed" and n.final_dir == os.path.join(runs["n_out"], "final")

@@ -38,6 +38,7 @@ def _same_json(a: dict, b: dict) -> None:
     assert json.dumps(a) == json.dumps(b)  # the same keys, values and order
 
 
+@pytest.mark.slow
 def test_a_timed_plan_with_its_sweep_reads_and_writes_back_unchanged(swept):
     plan = Plan.from_dict(swept)
     _same_json(plan.to_dict(), swept)

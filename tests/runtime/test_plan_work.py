@@ -104,6 +104,7 @@ def _full(job, pol, rates, m: int) -> overlap.Outcome:
     return overlap.replay(cm.durations(dataclasses.replace(job, grad_accum=m), pol, rates))
 
 
+@pytest.mark.slow
 def test_a_long_steps_prediction_is_the_linear_extension_of_full_replays(cpu_demo, gpu_policies):
     """A long step predicts what full replays of short steps extend to: per two micro-batches the step takes
     what the full replays at 14 and 16 (15 and 17 for an odd step) differ by, from the one at 16."""

@@ -204,6 +204,7 @@ def test_the_derivation_fed_our_h200s_figures_lands_near_what_it_measured():
 
 
 # ---------------------------------------------------------------------------- the command line
+@pytest.mark.slow
 def test_plan_with_a_profile_reports_the_declared_host_and_never_measures_here(tmp_path, monkeypatch, capsys):
     def refuse(*a, **k):
         raise AssertionError("a declared plan must not detect or calibrate this host")

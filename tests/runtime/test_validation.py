@@ -248,6 +248,7 @@ def test_host_ram_too_small_states_needed_and_available_gib(tmp_path):
         assert lean == 12 * param_count(PRESETS["qwen3-8b"]), extra
 
 
+@pytest.mark.slow
 def test_a_host_state_too_large_for_shared_memory_is_refused_before_anything_is_created(tmp_path, monkeypatch):
     """The segments are sparse files: a tmpfs too small would show only as a SIGBUS on first touch, mid-start.
     train() compares the layout's bytes with the folder's free space first and names what to change."""
