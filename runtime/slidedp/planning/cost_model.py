@@ -243,6 +243,14 @@ class Rates:
             return 1.0
         return min(2.0, max(0.5, kept_update / kept_copies))
 
+    def copies_beside_update(self) -> float | None:
+        """Bytes/s that host<->GPU copies moved together beside the host update when calibrated (`host_dram`
+        .dma_with_update_GBps); None off the GPU or when not measured."""
+        if not self.job.on_gpu:
+            return None
+        v = (self.c.get("host_dram") or {}).get("dma_with_update_GBps")
+        return v * 1e9 if v else None
+
     def direction_capacity(self, direction: str) -> float | None:
         """One direction of one GPU's link in bytes/s: the fastest this calibration measured that direction at
         (no copy alone goes faster, so only copies sharing the direction are slowed by it); None off the GPU or
@@ -409,6 +417,7 @@ def durations(job: Job, pol: ExecutionPolicy, rates: Rates, zero: frozenset = fr
         coll_bytes=coll_bytes,
         dram_capacity=dram,
         dram_update_weight=rates.dram_update_weight(),
+        copies_beside_update=rates.copies_beside_update(),
         pcie_capacity=pcie,
         h2d_capacity=rates.direction_capacity("h2d"),
         d2h_capacity=rates.direction_capacity("d2h"),

@@ -225,7 +225,7 @@ def replay(d: Durations, iterations: int = SHARING_ROUNDS) -> Outcome:
                      **{t.order: t for pool in users.values() for t, _ in pool}}.items())
     step, moved_before = 1.0, None
     for _ in range(iterations if capacity or casts else 0):
-        factors = slowdowns(users, capacity, d.dram_update_weight) if capacity else {}
+        factors = slowdowns(users, capacity, d.dram_update_weight, d.copies_beside_update) if capacity else {}
         if casts:
             _beside_compute(casts, rep.queues["compute"], d.cast_beside_compute, factors)
         moved = 0.0

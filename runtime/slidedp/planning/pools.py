@@ -52,7 +52,7 @@ def _average(times, at, edges, per_time) -> np.ndarray:
 
 
 def slowdowns(users: dict[str, list[tuple[Any, float]]], capacity: dict[str, float],
-              update_weight: float = 1.0) -> dict[int, float]:
+              update_weight: float = 1.0, copies_beside_update: float | None = None) -> dict[int, float]:
     """Per task, how much slower it runs than alone.
 
     On a GPU link (both ways, each direction): the total demand on it while the task runs / its capacity,
@@ -99,7 +99,36 @@ def slowdowns(users: dict[str, list[tuple[Any, float]]], capacity: dict[str, flo
                 total = link.get(order_i, 1.0) * float(out[i])
                 if total > factors.get(order_i, 1.0):
                     factors[order_i] = total
+        if copies_beside_update and running:
+            _beside_update(running, copies_beside_update, factors)
     return factors
+
+
+def _beside_update(running: list[tuple[Any, float]], rate: float, factors: dict[int, float]) -> None:
+    """Copies beside the host update: while an update runs, the copies together move at most `rate` bytes/s, the
+    rate calibration measured them at beside it (`host_dram.dma_with_update_GBps`, every GPU copying both ways).
+    The weighted sharing above gives a copy only what host memory's capacity leaves it, and in a step the update
+    leaves less than that: its demand there is its in-step rate, below the probe's, while the copies moved at the
+    probe's rate beside it (a clipped step's streamed layers: the step timelines of docs/notebook/
+    prediction-check-2026-12-08.md). A copy's factor is at least its average over its run of the copies' demand /
+    `rate` where an update runs (1 elsewhere, and where the demand is below `rate`). `running`: host memory's
+    users at their demand reaching it."""
+    copies = [(t, r) for t, r in running if t.res != "cpu"]
+    updates = [(t, 0.0) for t, _ in running if t.res == "cpu"]
+    if not copies or not updates:
+        return
+    times, at, edges, steps, level = _levels(copies + updates)
+    nc = len(copies)
+    # how many updates run from each time to the next: the updates' edges only, +1 at a start, -1 at an end
+    ups = np.zeros(len(steps))
+    ups[2 * nc::2], ups[2 * nc + 1::2] = 1.0, -1.0
+    running_updates = np.cumsum(np.bincount(at, weights=ups, minlength=len(times)))
+    per_time = np.where(running_updates > 0.5, np.maximum(level / rate, 1.0), 1.0)
+    f = _average(times, at[:2 * nc], edges[:2 * nc], per_time)
+    for i in np.flatnonzero(f > 1.0).tolist():
+        order_i = copies[i][0].order
+        if f[i] > factors.get(order_i, 1.0):
+            factors[order_i] = float(f[i])
 
 
 def capacities(d: Any) -> dict[str, float]:

@@ -76,6 +76,8 @@ class Durations:
     dram_capacity: float | None = None  # bytes/s
     # host memory's share for the host update against copies, per byte of demand (pools.slowdowns)
     dram_update_weight: float = 1.0
+    # bytes/s that copies move together while the host update runs (pools._beside_update); None: not measured
+    copies_beside_update: float | None = None
     pcie_capacity: float | None = None  # bytes/s, both directions of one GPU's link
     # bytes/s of one direction of one GPU's link (host->GPU, GPU->host): what one direction's copies share
     h2d_capacity: float | None = None
