@@ -12,7 +12,7 @@ calibration it was planned with (`observed_host`, one list per clipping state, t
 No plan is priced with it: charged to the host update of later plans, it centred the rows already measured when
 each was planned again with the policy it ran, but on a live pair the clipped plan it priced moved two more layers
 onto the GPU stream, and that plan's updater was again busy 1.17x its charge (the notebook's 2026-12-07 entry). It
-is kept for the Hosts page and for the model's next term.
+is kept for the Hosts page.
 """
 
 from __future__ import annotations

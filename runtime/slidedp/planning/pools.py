@@ -7,7 +7,8 @@ rate when alone (bytes / base seconds); while the total demand on a link or the 
 task on it runs slower by demand / capacity (proportional sharing). A copy reaches host memory at the rate its links
 leave it, and host memory is shared by weight: the host update's share per byte of demand against a copy's is what
 calibration measured when the two ran together (copies lose more of their rate than the update does, by 0.7-1.45x
-over the calibrations kept), so a copy slowed on its link is slowed again there. Tasks are the replay's (`loads`,
+over the calibrations kept), so a copy slowed on its link is slowed again there. While the host update runs, the
+copies together move at most what calibration measured them at beside it (_beside_update). Tasks are the replay's (`loads`,
 `base`, `start`, `end`, `order`, `res`); durations its Durations. Imports no torch.
 """
 
