@@ -26,7 +26,7 @@ export const PHASE_TERMS: Readonly<Record<string, Term>> = {
   },
   update_tail: {
     label: "update tail",
-    text: "Host-side wait inside the spans: the issuing thread waited for the previous step's CPU update (AdamW on the host copy) of a unit before it could send that unit's new weights to the GPU. The part of the host update the pipeline could not hide.",
+    text: "Host-side wait inside the spans: the issuing thread waited for the previous step's CPU update (AdamW on the host copy) of a unit before it could send that unit's new weights to the GPU. That thread runs up to the window ahead of the GPU, so this wait can overlap GPU work already queued (with clipping, layers streamed through the GPU after the norm may be what the GPU waits on instead): the GPU idled for at most this long on the host update.",
   },
   staging_wait: {
     label: "staging wait",
