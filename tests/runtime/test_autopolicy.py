@@ -518,21 +518,24 @@ def _freed_since_measured(cfg, topo) -> float:
     one rank it kept a reduce-scatter output the size of the largest unit (the embedding), and an fp32 gradient
     copy per parity sized for that unit rather than for a layer. Both were allocated once at start and held, so
     the allocator's peak drops by their bytes: 2 x 4 B x (2 x largest unit - largest layer). And a device-updated
-    layer's gradient then waited in fp32; it waits in bf16 now (held_in_bf16), widened through one fp32 chunk:
-    2 B per parameter of those layers less, one chunk of 4 B more."""
+    layer's gradient then waited in fp32; it waits in bf16 now (held_in_bf16): what the memory model's device
+    state gives up by that, asked of it with no layer held in bf16 and as it plans today."""
+    from unittest import mock
+
+    from slidedp.planning import memory_model
     from slidedp.planning.job import Job
-    from slidedp.planning.memory_model import device_gradients_bf16
-    from slidedp.step.layout import chunk_elements
+    from slidedp.policy import ExecutionPolicy
 
     job = Job.from_config(cfg, topo)
     largest_unit = max(job.padded(u) for u in range(len(job.units)))
     largest_layer = max(job.padded(u) for u in range(1, job.layers + 1))
     freed = 2 * 4 * (2 * largest_unit - largest_layer)
-    device_layers = int(cfg.policy.device_layers or 0)
-    bf16 = sorted(u for u in device_gradients_bf16(job) if u <= device_layers)
-    if bf16:
-        freed += 2 * sum(job.padded(u) for u in bf16) - 4 * chunk_elements([job.padded(u) for u in bf16])
-    return freed / 2**30
+    pol = ExecutionPolicy.default(job.layers, device_layers=int(cfg.policy.device_layers or 0))
+    acts = memory_model.ActivationSizes.of(job, None)
+    now = memory_model.gpu_parts(job, pol, acts).get("device_state", 0.0)
+    with mock.patch.object(memory_model, "device_gradients_bf16", lambda job: set()):
+        then = memory_model.gpu_parts(job, pol, acts).get("device_state", 0.0)
+    return (freed + then - now) / 2**30
 
 
 def test_every_plan_that_ran_is_planned_not_refused(measured_hbm):
