@@ -112,8 +112,9 @@ def _beside_update(running: list[tuple[Any, float]], rate: float, factors: dict[
     leaves less than that: its demand there is its in-step rate, below the probe's, while the copies moved at the
     probe's rate beside it (a clipped step's streamed layers: the step timelines of docs/notebook/
     prediction-check-2026-12-08.md). A copy's factor is at least its average over its run of the copies' demand /
-    `rate` where an update runs (1 elsewhere, and where the demand is below `rate`). `running`: host memory's
-    users at their demand reaching it."""
+    `rate` where an update runs (1 elsewhere, and where the demand is below `rate`); the updater's other host-memory
+    work (a clipped step's gradient holds) counts as an update. `running`: host memory's users at their demand
+    reaching it."""
     copies = [(t, r) for t, r in running if t.res != "cpu"]
     updates = [(t, 0.0) for t, _ in running if t.res == "cpu"]
     if not copies or not updates:
