@@ -116,6 +116,27 @@ def _streamed_pace(path: str, streamed: range, first_step: int = 3) -> float:
     return statistics.median(gaps)
 
 
+def _policy_as_run(job: Job, chosen: dict, **extra) -> ExecutionPolicy:
+    """The policy a bench row's `chosen` records, with the fields it does not record given in `extra`."""
+    return ExecutionPolicy.mix(job.layers, chosen["keep_layers"], chosen["offload_layers"], chosen["resident_layers"],
+                               window=chosen["window"], delivery_cast=chosen["delivery_cast"],
+                               edge_update=chosen["edge_update"], device_layers=chosen["device_layers"],
+                               streamed_layers=chosen["streamed_layers"], **extra)
+
+
+def _streamed_charge(monkeypatch, job: Job, pol: ExecutionPolicy, calibration: dict, units=None) -> float:
+    """The median duration the replay gives the first step's streamed units after the norm (those in `units`, every
+    one where None): the replay placed by cost_model.predict, caught as it is measured."""
+    captured = []
+    real = overlap._measure
+    monkeypatch.setattr(overlap, "_measure", lambda rep: captured.append(rep) or real(rep))
+    cm.predict(job, pol, cm.Rates(calibration, job))
+    rep = captured[-1]
+    b0 = rep.backward_last[0].end
+    return statistics.median(t.dur for t in rep.tasks if t.kind == "streamed" and t.start >= b0 and t.step == 0
+                             and (units is None or t.unit in units))
+
+
 def test_the_streamed_layers_are_charged_near_the_pace_the_step_timeline_measured(monkeypatch):
     """s31's clipped Qwen3-8B on the whole card (8 device layers, layers 9-17 streamed, the cast on the GPU), planned
     as it ran with its calibration: the replay's streamed units within 20% of the timeline's pace (~90 ms), not
@@ -125,19 +146,10 @@ def test_the_streamed_layers_are_charged_near_the_pace_the_step_timeline_measure
     chosen = row["chosen"]
     assert chosen["streamed_layers"] == 9 and chosen["device_layers"] == 8
     job = _job(clip=1.0)
-    pol = ExecutionPolicy.mix(job.layers, chosen["keep_layers"], chosen["offload_layers"], chosen["resident_layers"],
-                              window=chosen["window"], delivery_cast=chosen["delivery_cast"],
-                              edge_update=chosen["edge_update"], device_layers=chosen["device_layers"],
-                              streamed_layers=chosen["streamed_layers"], post_norm_passes=1)
+    pol = _policy_as_run(job, chosen, post_norm_passes=1)
     streamed = sorted(pol.streamed_units())
     assert streamed == list(range(9, 18))
-    captured = []
-    real = overlap._measure
-    monkeypatch.setattr(overlap, "_measure", lambda rep: captured.append(rep) or real(rep))  # the replay placed
-    cm.predict(job, pol, cm.Rates(_calibration(), job))
-    rep = captured[-1]
-    b0 = rep.backward_last[0].end
-    charged = statistics.median(t.dur for t in rep.tasks if t.kind == "streamed" and t.start >= b0 and t.step == 0)
+    charged = _streamed_charge(monkeypatch, job, pol, _calibration())
     pace = _streamed_pace(os.path.join(RESULTS, "s31", "pair8-trace", "trace-rank0-2.jsonl"), range(11, 18))
     assert 0.08 < pace < 0.10  # what the timeline says, read the same way every time
     assert charged == pytest.approx(pace, rel=0.20), (charged, pace)
@@ -187,8 +199,11 @@ def test_s41s_streamed_layers_are_charged_within_ten_percent_of_the_pace_measure
     with open(os.path.join(S41, f"{bench}.jsonl")) as fh:
         row = [json.loads(line) for line in fh if line.strip()][row_i]
     assert row["clipped"] and row["model"] == shape[0]
-    cal = next(c for c in (json.load(open(f)) for f in sorted(glob.glob(os.path.join(S41, "calibration", "*.json"))))
-               if (c["shape"]["model"], c["shape"]["micro_batch"]) == shape)
+    cals = []
+    for f in sorted(glob.glob(os.path.join(S41, "calibration", "*.json"))):
+        with open(f) as fh:
+            cals.append(json.load(fh))
+    cal = next(c for c in cals if (c["shape"]["model"], c["shape"]["micro_batch"]) == shape)
     with open(os.path.join(RESULTS, "s25", "topology.json")) as fh:
         topology = json.load(fh)
     cfg = {"model": shape[0], "data": {"path": "x.jsonl"}, "gpus": 1, "micro_batch_size": shape[1], "seq_len": 2048,
@@ -197,19 +212,9 @@ def test_s41s_streamed_layers_are_charged_within_ten_percent_of_the_pace_measure
         cfg["gpu_memory_gib"] = row["gpu_memory_gib"]
     job = Job.from_config(JobConfig.from_dict(cfg), topology)
     ch = row["chosen"]
-    pol = ExecutionPolicy.mix(job.layers, ch["keep_layers"], ch["offload_layers"], ch["resident_layers"],
-                              window=ch["window"], delivery_cast=ch["delivery_cast"], edge_update=ch["edge_update"],
-                              device_layers=ch["device_layers"], streamed_layers=ch["streamed_layers"],
-                              post_norm_passes=ch.get("post_norm_passes", 1), compiled_layers=True,
-                              cast_scratch_mb=ch.get("cast_scratch_mb", 0))
+    pol = _policy_as_run(job, ch, post_norm_passes=ch.get("post_norm_passes", 1), compiled_layers=True,
+                         cast_scratch_mb=ch.get("cast_scratch_mb", 0))
     assert set(streamed_range) <= pol.streamed_units()
-    captured = []
-    real = overlap._measure
-    monkeypatch.setattr(overlap, "_measure", lambda rep: captured.append(rep) or real(rep))
-    cm.predict(job, pol, cm.Rates(cal, job))
-    rep = captured[-1]
-    b0 = rep.backward_last[0].end
-    charged = statistics.median(t.dur for t in rep.tasks if t.kind == "streamed" and t.start >= b0 and t.step == 0
-                                and t.unit in streamed_range)
+    charged = _streamed_charge(monkeypatch, job, pol, cal, streamed_range)
     pace = _streamed_pace(os.path.join(S41, f"{bench}-trace", "trace-rank0-2.jsonl"), streamed_range)
     assert charged == pytest.approx(pace, rel=0.10), (charged, pace)
